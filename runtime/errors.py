@@ -1,0 +1,75 @@
+"""The runtime's public exceptions: what a caller sees when remote work goes wrong."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+class RuntimeErrorBase(Exception):
+    """Base class of every error the runtime raises on purpose."""
+
+
+class ActorError(RuntimeErrorBase):
+    """An endpoint raised; carries the remote traceback. The actor itself lives on."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        remote_traceback: str = "",
+        exception_type: str = "",
+        mesh: str = "",
+        rank: Optional[int] = None,
+        endpoint: str = "",
+        exception: Optional[BaseException] = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.remote_traceback = remote_traceback
+        self.exception_type = exception_type
+        self.mesh = mesh
+        self.rank = rank
+        self.endpoint = endpoint
+        self.exception = exception
+
+    def __str__(self) -> str:
+        where = f"{self.mesh}.{self.endpoint}" if self.endpoint else self.mesh
+        head = f"{where} (rank {self.rank}) raised: {self.message}" if where else self.message
+        if self.remote_traceback:
+            return f"{head}\n\nRemote traceback:\n{self.remote_traceback.rstrip()}"
+        return head
+
+    def __reduce__(self) -> Any:
+        return (
+            _rebuild_actor_error,
+            (self.message, self.remote_traceback, self.exception_type, self.mesh,
+             self.rank, self.endpoint),
+        )
+
+
+def _rebuild_actor_error(message, tb, etype, mesh, rank, endpoint) -> ActorError:
+    return ActorError(message, remote_traceback=tb, exception_type=etype, mesh=mesh,
+                      rank=rank, endpoint=endpoint)
+
+
+class SupervisionError(RuntimeErrorBase):
+    """The actor (or its process) has failed; calls to it cannot complete."""
+
+    def __init__(self, message: str, failure: Any = None) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+    def __reduce__(self) -> Any:
+        return (SupervisionError, (self.args[0], self.failure))
+
+
+class MessageTooLargeError(RuntimeErrorBase, ValueError):
+    """A message exceeds the configured size limit; nothing was sent."""
+
+
+class SerializationError(RuntimeErrorBase, TypeError):
+    """An argument or a return value could not be pickled."""
+
+
+class MeshStoppedError(RuntimeErrorBase):
+    """The mesh was stopped; it accepts no more calls."""

@@ -1,0 +1,164 @@
+"""Future: the result of a remote operation, usable with `.get()` and with `await`.
+
+A Future is resolved by the runtime's I/O thread and waited on by user threads or by
+any asyncio loop, including one already running in the calling thread (a notebook cell).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable, Generator, Generic, Optional, TypeVar
+
+R = TypeVar("R")
+
+_PENDING = object()
+
+
+class Future(Generic[R]):
+    """A value that arrives later. `.get()` blocks; `await fut` suspends a coroutine."""
+
+    __slots__ = ("_lock", "_event", "_value", "_exc", "_callbacks", "_on_interrupt", "_label")
+
+    def __init__(self, label: str = "") -> None:
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._value: Any = _PENDING
+        self._exc: Optional[BaseException] = None
+        self._callbacks: list[Callable[["Future[R]"], None]] = []
+        self._on_interrupt: Optional[Callable[[], None]] = None
+        self._label = label
+
+    # -- resolution (runtime side) -------------------------------------------------
+    def _resolve(self, value: Any = None, exc: Optional[BaseException] = None) -> bool:
+        with self._lock:
+            if self._event.is_set():
+                return False
+            if exc is not None:
+                self._exc = exc
+            else:
+                self._value = value
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            try:
+                cb(self)
+            except Exception:  # a callback's failure must not break the I/O thread
+                import logging
+
+                logging.getLogger("runtime").exception("future callback failed")
+        return True
+
+    def set_result(self, value: R) -> bool:
+        """Resolve with a value; returns False if already resolved."""
+        return self._resolve(value=value)
+
+    def set_exception(self, exc: BaseException) -> bool:
+        """Resolve with an error; returns False if already resolved."""
+        return self._resolve(exc=exc)
+
+    # -- inspection ------------------------------------------------------------------
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        self._wait(timeout)
+        return self._exc
+
+    def result(self, timeout: Optional[float] = None) -> R:
+        """Alias of `get`, for concurrent.futures-style code."""
+        return self.get(timeout)
+
+    def add_done_callback(self, fn: Callable[["Future[R]"], None]) -> None:
+        """Call `fn(self)` once resolved (at once if already resolved), on the resolving thread."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    # -- waiting ---------------------------------------------------------------------
+    def _wait(self, timeout: Optional[float]) -> None:
+        if self._event.is_set():
+            return
+        try:
+            if timeout is None:
+                # Wait in slices so Ctrl-C in the main thread is seen promptly.
+                while not self._event.wait(0.25):
+                    pass
+            elif not self._event.wait(timeout):
+                raise TimeoutError(
+                    f"{self._label or 'future'} not resolved within {timeout:g} s"
+                )
+        except KeyboardInterrupt:
+            hook = self._on_interrupt
+            if hook is not None:
+                try:
+                    hook()
+                except Exception:
+                    pass
+            raise
+
+    def get(self, timeout: Optional[float] = None) -> R:
+        """Block until resolved and return the value (or raise the error).
+
+        On timeout raises TimeoutError and leaves the future usable."""
+        self._wait(timeout)
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def __await__(self) -> Generator[Any, None, R]:
+        if not self._event.is_set():
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future = loop.create_future()
+
+            def wake(_: "Future[R]") -> None:
+                def settle() -> None:
+                    if not waiter.done():
+                        waiter.set_result(None)
+
+                if loop.is_closed():
+                    return
+                try:
+                    if threading.get_ident() == getattr(loop, "_thread_id", None):
+                        settle()
+                    else:
+                        loop.call_soon_threadsafe(settle)
+                except RuntimeError:  # loop closed meanwhile
+                    pass
+
+            self.add_done_callback(wake)
+            try:
+                yield from waiter.__await__()
+            except asyncio.CancelledError:
+                hook = self._on_interrupt
+                if hook is not None:
+                    try:
+                        hook()
+                    except Exception:
+                        pass
+                raise
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def __repr__(self) -> str:
+        state = "pending"
+        if self._event.is_set():
+            state = "error" if self._exc is not None else "done"
+        return f"<Future {self._label} {state}>"
+
+
+def resolved(value: Any) -> Future:
+    """A future that is already resolved with `value`."""
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+def failed(exc: BaseException) -> Future:
+    """A future that is already resolved with the error `exc`."""
+    f: Future = Future()
+    f.set_exception(exc)
+    return f

@@ -1,0 +1,212 @@
+"""The health model: per-actor state as plain data, with snapshots and change events.
+
+The runtime writes it (from its I/O thread); views (the notebook dashboard, the admin
+TUI) read snapshots or subscribe to events. It holds no sockets and no processes.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
+
+
+class ActorState(str, enum.Enum):
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    PAUSED = "paused"  # stopped at a breakpoint
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class ProcStats:
+    """Resource figures of one proc, as last reported."""
+
+    proc_id: str
+    host: str
+    pid: int
+    cpu_percent: float = 0.0
+    rss_bytes: int = 0
+    gpu_mem_bytes: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ActorHealth:
+    """The state of one actor of a mesh."""
+
+    mesh: str
+    rank: int
+    coords: dict[str, int]
+    state: ActorState
+    proc_id: str = ""
+    host: str = ""
+    pid: int = 0
+    endpoint: Optional[str] = None  # the endpoint running, when busy or paused
+    since: float = field(default_factory=time.time)  # when the state began (epoch s)
+    handled: int = 0  # messages handled so far
+    errors: int = 0  # endpoint calls that raised
+    last_error: Optional[str] = None
+    last_traceback: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class MeshHealth:
+    """A snapshot of every actor of one actor mesh."""
+
+    name: str
+    proc_mesh: str
+    sizes: dict[str, int]
+    actors: tuple[ActorHealth, ...]
+    procs: tuple[ProcStats, ...] = ()
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in self.actors:
+            out[a.state.value] = out.get(a.state.value, 0) + 1
+        return out
+
+    @property
+    def state(self) -> str:
+        """One word for the mesh: failed if any actor failed, else the commonest state."""
+        c = self.counts()
+        if not c:
+            return "empty"
+        for s in ("failed", "stopped", "starting", "paused", "busy"):
+            if c.get(s) == len(self.actors) or (s == "failed" and c.get(s)):
+                return s
+        if c.get("busy"):
+            return "busy"
+        if c.get("paused"):
+            return "paused"
+        if c.get("starting"):
+            return "starting"
+        return "idle"
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """One actor changed state."""
+
+    mesh: str
+    rank: int
+    old: Optional[ActorState]
+    new: ActorState
+    time: float
+    detail: Optional[str] = None
+
+
+Subscriber = Callable[[HealthEvent], None]
+
+
+class HealthModel:
+    """Thread-safe store of actor health, with change subscribers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._meshes: dict[str, dict[str, Any]] = {}
+        self._actors: dict[str, dict[int, ActorHealth]] = {}
+        self._procs: dict[str, ProcStats] = {}
+        self._subs: list[Subscriber] = []
+        self.version = 0
+
+    # -- writers (runtime) -------------------------------------------------------------
+    def add_mesh(self, name: str, proc_mesh: str, sizes: dict[str, int],
+                 actors: list[ActorHealth]) -> None:
+        with self._lock:
+            self._meshes[name] = {"proc_mesh": proc_mesh, "sizes": dict(sizes)}
+            self._actors[name] = {a.rank: a for a in actors}
+            self.version += 1
+        for a in actors:
+            self._emit(HealthEvent(name, a.rank, None, a.state, time.time()))
+
+    def remove_mesh(self, name: str) -> None:
+        with self._lock:
+            self._meshes.pop(name, None)
+            self._actors.pop(name, None)
+            self.version += 1
+
+    def update(self, mesh: str, rank: int, state: Optional[ActorState] = None,
+               detail: Optional[str] = None, **fields: Any) -> None:
+        """Change one actor's record; emits an event when its state changes."""
+        with self._lock:
+            actors = self._actors.get(mesh)
+            if actors is None or rank not in actors:
+                return
+            old = actors[rank]
+            if old.state in (ActorState.FAILED, ActorState.STOPPED) and state not in (
+                None, ActorState.STOPPED
+            ):
+                return  # terminal states stick (a stale busy report must not revive it)
+            changes = dict(fields)
+            if state is not None and state != old.state:
+                changes["state"] = state
+                changes.setdefault("since", time.time())
+            if not changes:
+                return
+            new = replace(old, **changes)
+            if new == old:
+                return
+            actors[rank] = new
+            self.version += 1
+        if state is not None and state != old.state:
+            self._emit(HealthEvent(mesh, rank, old.state, state, time.time(), detail))
+
+    def update_proc(self, stats: ProcStats) -> None:
+        with self._lock:
+            self._procs[stats.proc_id] = stats
+            self.version += 1
+
+    # -- readers (views) ------------------------------------------------------------------
+    def snapshot(self) -> list[MeshHealth]:
+        with self._lock:
+            out = []
+            for name, meta in self._meshes.items():
+                actors = tuple(sorted(self._actors[name].values(), key=lambda a: a.rank))
+                pids = []
+                seen = set()
+                for a in actors:
+                    if a.proc_id in self._procs and a.proc_id not in seen:
+                        seen.add(a.proc_id)
+                        pids.append(self._procs[a.proc_id])
+                out.append(MeshHealth(name, meta["proc_mesh"], meta["sizes"], actors,
+                                      tuple(pids)))
+            return out
+
+    def mesh(self, name: str) -> Optional[MeshHealth]:
+        for m in self.snapshot():
+            if m.name == name:
+                return m
+        return None
+
+    def proc_stats(self, proc_id: str) -> Optional[ProcStats]:
+        with self._lock:
+            return self._procs.get(proc_id)
+
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        """Call `fn(event)` on every state change (on the runtime's thread; keep it short).
+
+        Returns a function that unsubscribes."""
+        with self._lock:
+            self._subs.append(fn)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if fn in self._subs:
+                    self._subs.remove(fn)
+
+        return unsubscribe
+
+    def _emit(self, ev: HealthEvent) -> None:
+        with self._lock:
+            subs = list(self._subs)
+        for fn in subs:
+            try:
+                fn(ev)
+            except Exception:
+                import logging
+
+                logging.getLogger("runtime").exception("health subscriber failed")
