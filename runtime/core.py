@@ -121,6 +121,7 @@ class Runtime:
         self.output_sink: Optional[Callable[[str, str, str], None]] = None
         self.host_handler: Optional[Callable[[Header, Any, list], bool]] = None
         self.dead_procs: set = set()
+        self._handlers: dict[int, Callable[[Header, Any, list], None]] = {}
         self._closed = False
         self._lock = threading.RLock()
         self.stats = self.loop.stats
@@ -191,8 +192,17 @@ class Runtime:
         return f"proc {proc_id} is dead"
 
     # -- message dispatch (loop thread) -------------------------------------------------------------
+    def register_handler(self, kind: int, fn: Callable[[Header, Any, list], None]) -> None:
+        """Route messages of `kind` to `fn(header, body, buffers)` on the I/O thread
+        (extension point: the debugger uses Kind.DEBUG)."""
+        self._handlers[int(kind)] = fn
+
     def _on_message(self, h: Header, body: Any, buffers: list) -> None:
         k = h.kind
+        extra_handler = self._handlers.get(k)
+        if extra_handler is not None:
+            extra_handler(h, body, buffers)
+            return
         if k == Kind.REPLY or k == Kind.PORT_SEND:
             fn = self._ports.get(h.port)
             if fn is not None:
