@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import ast
 import inspect
-import itertools
 import linecache
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
-_counter = itertools.count(1)
 _FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
 
 
@@ -29,6 +27,8 @@ class CellResult:
     error_type: str = ""
     error_message: str = ""
     traceback: str = ""  # formatted, only frames of the cell and code it called
+    rank: int = -1  # the rank that ran it, in the whole mesh (set by the runner)
+    coords: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:
         if self.ok:
@@ -60,7 +60,8 @@ def new_namespace(name: str = "__mesh__", **extra: Any) -> dict[str, Any]:
 
 
 def _filename(tag: str) -> str:
-    return f"<mesh-cell-{tag}-{next(_counter)}>"
+    # The same on every rank for the same cell, so identical tracebacks fold together.
+    return f"<mesh-cell-{tag}>"
 
 
 def _register_source(filename: str, code: str) -> None:

@@ -15,6 +15,9 @@ import threading
 from typing import Any, Callable, Optional
 
 _LINE_END = re.compile(r"\r\n|\n|\r(?!\n)")
+#: The end-of-cell mark a %%mesh cell runner writes (see cell_runner.END_MARK).
+_MARK = re.compile(r"\x1b\]777;mk-end:([0-9A-Za-z_-]+)\x07(\r?\n)?")
+_MARK_START = "\x1b]777;mk-end:"
 
 
 class LinePrefixer:
@@ -88,6 +91,8 @@ class OutputRouter:
     def __init__(self, write: Writer, partial_delay: float = 0.2, fmt: str = "[{label}] ") -> None:
         self._write = write
         self._lock = threading.Lock()
+        self._marked = threading.Condition(self._lock)
+        self._marks: dict[str, int] = {}
         self._prefixer = LinePrefixer(fmt)
         self._delay = partial_delay
         self._timer: Optional[threading.Timer] = None
@@ -110,6 +115,11 @@ class OutputRouter:
         with self._lock:
             self.chunks += 1
             self.last_output = time.monotonic()
+            if _MARK_START in text:
+                for m in _MARK.finditer(text):
+                    self._marks[m.group(1)] = self._marks.get(m.group(1), 0) + 1
+                text = _MARK.sub("", text)
+                self._marked.notify_all()
             out = self._prefixer.feed(label, stream, text)
             if out:
                 self._write(stream, out, self.target)
@@ -132,6 +142,14 @@ class OutputRouter:
         for stream, text in items:
             if text:
                 self._write(stream, text, self.target)
+
+    def wait_marks(self, token: str, count: int, timeout: float) -> bool:
+        """Wait until `count` end-of-cell marks with `token` arrived (False on timeout):
+        all output written before them has then been written to the cell."""
+        with self._marked:
+            ok = self._marked.wait_for(lambda: self._marks.get(token, 0) >= count, timeout)
+            self._marks.pop(token, None)
+            return ok
 
     def wait_quiet(self, quiet: float = 0.05, limit: float = 0.5) -> None:
         """Block until no output arrived for `quiet` s (at most `limit` s): lets output that

@@ -1,0 +1,408 @@
+"""The %mesh line magic and the %%mesh cell magic.
+
+`%mesh alloc|spawn|list|status|stop|interrupt ...` manages meshes; `%%mesh MESH` runs the
+cell's code on every proc of MESH. Bad arguments raise IPython's UsageError, which the
+notebook shows as one line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+import uuid
+from typing import Any, Optional
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
+
+from monarch_kernel import args as margs
+from monarch_kernel.folding import MeshCellError, RankFailure
+from monarch_kernel.tables import Table
+
+#: How long a finished %%mesh cell waits for its remote output still in flight.
+OUTPUT_DRAIN_S = 2.0
+
+
+@magics_class
+class MeshMagics(Magics):
+    """%mesh and %%mesh; state lives in the NotebookSession passed in."""
+
+    def __init__(self, shell: Any, session: Any) -> None:
+        super().__init__(shell)
+        self.session = session
+        self._runners: dict[int, Any] = {}  # id(root ProcMesh) -> (root, runner ActorMesh)
+        self._cells = 0
+
+    # -- entry point -----------------------------------------------------------------------
+    @no_var_expand
+    @line_cell_magic
+    def mesh(self, line: str, cell: Optional[str] = None) -> Any:
+        """%mesh COMMAND ... manages meshes; %%mesh MESH runs a cell on them (see --help)."""
+        try:
+            if cell is None:
+                cmd = margs.parse_mesh_line(line)
+            else:
+                cmd = margs.parse_mesh_cell(line)
+        except margs.MagicHelp as h:
+            print(h.text.rstrip("\n"))
+            return None
+        except margs.MagicArgError as e:
+            raise UsageError(str(e)) from None
+        if cell is not None:
+            return self._run_cell(cmd, cell)
+        handler = getattr(self, "_cmd_" + type(cmd).__name__[:-4].lower())
+        return handler(cmd)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    @property
+    def _ns(self) -> dict:
+        return self.shell.user_ns
+
+    def _lookup(self, var: str, what: str) -> Any:
+        if var not in self._ns:
+            raise UsageError(f"%mesh: no variable {var!r} in the notebook ({what} expected)")
+        return self._ns[var]
+
+    def _proc_mesh(self, var: str, cmd: str) -> Any:
+        from runtime import ActorMesh, ProcMesh
+
+        obj = self._lookup(var, "a ProcMesh")
+        if isinstance(obj, ActorMesh):
+            obj = obj.proc_mesh
+            if obj is None:
+                raise UsageError(f"{cmd}: {var!r} is an ActorMesh without its ProcMesh here")
+        if not isinstance(obj, ProcMesh):
+            raise UsageError(f"{cmd}: {var!r} is a {type(obj).__name__}, not a ProcMesh "
+                             "(create one with %mesh alloc)")
+        if obj._stopped_flag or obj._root._stopped_flag:
+            raise UsageError(f"{cmd}: proc mesh {obj.name!r} was stopped")
+        return obj
+
+    def _runtime(self) -> Any:
+        """The runtime, with remote output routed into cells."""
+        from runtime import get_runtime
+
+        self.session.install_sink()
+        return get_runtime()
+
+    # -- %mesh alloc -------------------------------------------------------------------------
+    def _cmd_alloc(self, a: margs.AllocArgs) -> Any:
+        from runtime import HostMesh, this_host
+
+        self._runtime()
+        if a.hosts:
+            host = self._lookup(a.hosts, "a HostMesh")
+            if not isinstance(host, HostMesh):
+                raise UsageError(f"%mesh alloc: --hosts {a.hosts!r} is a "
+                                 f"{type(host).__name__}, not a HostMesh")
+        else:
+            host = this_host()
+        name = a.mesh_name or a.name
+        try:
+            procs = host.spawn_procs(per_host=a.per_host, name=name, env=a.env or None)
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"%mesh alloc: {e}") from None
+        self._wait_started(procs, a)
+        self._ns[a.name] = procs
+        return None
+
+    def _wait_started(self, procs: Any, a: margs.AllocArgs) -> None:
+        """Show procs coming up (a live progress display) until all are, or fail clearly."""
+        from IPython.display import display
+
+        from monarch_kernel.tables import Progress
+
+        total = len(procs.procs)
+        bar = Progress(f"allocating {procs.name} {procs.sizes}", total)
+        handle = display(bar, display_id=True) if a.progress else None
+        init = procs.initialized
+        start = time.monotonic()
+        deadline = None if a.timeout is None else start + a.timeout
+        try:
+            while True:
+                try:
+                    init.get(timeout=0.1)
+                    break
+                except TimeoutError:
+                    pass
+                except Exception as e:
+                    bar.fail(str(e).splitlines()[0])
+                    if handle is not None:
+                        handle.update(bar)
+                    procs.stop()
+                    raise UsageError(f"%mesh alloc: procs of {procs.name!r} failed to start: "
+                                     f"{str(e).splitlines()[0]}") from None
+                up = sum(1 for p in procs.procs if p.pid)
+                if handle is not None and up != bar.done:
+                    bar.done = up
+                    handle.update(bar)
+                if deadline is not None and time.monotonic() > deadline:
+                    procs.stop()
+                    raise UsageError(f"%mesh alloc: only {up} of {total} procs of "
+                                     f"{procs.name!r} started within {a.timeout:g} s")
+        except KeyboardInterrupt:
+            procs.stop()
+            raise
+        bar.done = total
+        bar.finish(time.monotonic() - start)
+        if handle is not None:
+            handle.update(bar)
+
+    # -- %mesh spawn -------------------------------------------------------------------------
+    def _resolve_class(self, path: str) -> Any:
+        head, _, rest = path.partition(".")
+        if head in self._ns:
+            obj = self._ns[head]
+            for part in rest.split(".") if rest else []:
+                obj = getattr(obj, part, None)
+                if obj is None:
+                    raise UsageError(f"%mesh spawn: {path!r} not found")
+            return obj
+        mod_name, _, attr = path.rpartition(".")
+        if not mod_name:
+            raise UsageError(f"%mesh spawn: no class {path!r} in the notebook")
+        try:
+            return getattr(importlib.import_module(mod_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise UsageError(f"%mesh spawn: cannot import {path!r}: {e}") from None
+
+    def _cmd_spawn(self, a: margs.SpawnArgs) -> Any:
+        from runtime import Actor
+
+        procs = self._proc_mesh(a.mesh, "%mesh spawn")
+        cls = self._resolve_class(a.actor_class)
+        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+            raise UsageError(f"%mesh spawn: {a.actor_class!r} is not an Actor subclass")
+        glb, loc = self.shell.user_global_ns, self._ns
+        try:
+            args = [eval(x, glb, loc) for x in a.args]
+            kwargs = {k: eval(x, glb, loc) for k, x in a.kwargs.items()}
+        except Exception as e:
+            raise UsageError(f"%mesh spawn: evaluating the arguments failed: "
+                             f"{type(e).__name__}: {e}") from None
+        name = a.name or a.var or cls.__name__.lower()
+        var = a.var or (name if name.isidentifier() else None)
+        if var is None:
+            raise UsageError(f"%mesh spawn: mesh name {name!r} is not an identifier; "
+                             "give --as VAR")
+        try:
+            mesh = procs.spawn(name, cls, *args, **kwargs)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"%mesh spawn: {e}") from None
+        self._ns[var] = mesh
+        print(f"{var} = {cls.__name__} actors {name!r} on {procs.name!r} {mesh.sizes}")
+        return None
+
+    # -- %mesh list / status -------------------------------------------------------------------
+    def _hidden(self, obj: Any) -> bool:
+        return any(r is obj or getattr(obj, "_rec", None) is getattr(r, "_rec", 0)
+                   for _, r in self._runners.values())
+
+    def _vars_for(self, obj: Any) -> str:
+        return ", ".join(k for k, v in self._ns.items() if v is obj and not k.startswith("_"))
+
+    def _cmd_list(self, a: margs.ListArgs) -> Any:
+        from runtime import ActorMesh, ProcMesh
+
+        from monarch_kernel.extension import _running_runtime
+
+        rt = _running_runtime()
+        t = Table(["name", "variable", "kind", "shape", "state"], title="meshes")
+        if rt is not None:
+            for obj in rt.meshes():
+                if self._hidden(obj):
+                    continue
+                if isinstance(obj, ProcMesh):
+                    t.add(obj.name, self._vars_for(obj), "procs", _fmt_sizes(obj.sizes),
+                          _proc_state(rt, obj))
+                elif isinstance(obj, ActorMesh):
+                    t.add(obj.name, self._vars_for(obj), f"actors ({obj._rec.cls_name})",
+                          _fmt_sizes(obj.sizes), _actor_state(rt, obj))
+        return t
+
+    def _cmd_status(self, a: margs.StatusArgs) -> Any:
+        from monarch_kernel.extension import _running_runtime
+
+        try:  # the live dashboard, where the widgets package provides it
+            from monarch_widgets import dashboard  # type: ignore[import-not-found]
+        except Exception:
+            dashboard = None
+        if dashboard is not None:
+            return dashboard(a.name)
+        rt = _running_runtime()
+        snaps = rt.health.snapshot() if rt is not None else []
+        if a.name is not None:
+            snaps = [m for m in snaps if a.name in (m.name, m.proc_mesh)
+                     or m.name.split("#")[0] == a.name]
+            if not snaps:
+                raise UsageError(f"%mesh status: no mesh named {a.name!r}; see %mesh list")
+        t = Table(["mesh", "rank", "coords", "state", "endpoint", "handled", "errors", "pid",
+                   "for"], title="status")
+        now = time.time()
+        for m in snaps:
+            for act in m.actors:
+                t.add(m.name, act.rank, _fmt_sizes(act.coords), act.state.value,
+                      act.endpoint or "", act.handled, act.errors, act.pid or "",
+                      f"{now - act.since:.0f} s")
+        return t
+
+    # -- %mesh stop ------------------------------------------------------------------------------
+    def _cmd_stop(self, a: margs.StopArgs) -> Any:
+        from runtime import ActorMesh, ProcMesh
+
+        from monarch_kernel.extension import _running_runtime
+
+        if a.all:
+            rt = _running_runtime()
+            targets = [m for m in (rt.meshes() if rt is not None else [])
+                       if isinstance(m, ProcMesh) and m._root is m]
+            targets += [m for m in (rt.meshes() if rt is not None else [])
+                        if isinstance(m, ActorMesh) and m.proc_mesh is None]
+        else:
+            targets = []
+            for var in a.names:
+                obj = self._lookup(var, "a mesh")
+                if not isinstance(obj, (ProcMesh, ActorMesh)):
+                    raise UsageError(f"%mesh stop: {var!r} is a {type(obj).__name__}, "
+                                     "not a mesh")
+                targets.append(obj)
+        futs = [(m, m.stop()) for m in targets]
+        names = []
+        for m, f in futs:
+            try:
+                f.get(timeout=15)
+            except Exception as e:
+                print(f"%mesh stop: {m.name!r}: {e}")
+            names.append(m.name)
+            if isinstance(m, ProcMesh):
+                self._runners.pop(id(m._root), None)
+        print(f"stopped {len(names)} mesh{'es' if len(names) != 1 else ''}"
+              + (f": {', '.join(names)}" if names else ""))
+        return None
+
+    # -- %mesh interrupt ------------------------------------------------------------------------
+    def _cmd_interrupt(self, a: margs.InterruptArgs) -> Any:
+        from runtime.config import config
+
+        if a.mode is not None:
+            config.interrupt_remote = a.mode == "remote"
+        mode = "remote" if config.interrupt_remote else "local"
+        print(f"interrupt mode: {mode} ("
+              + ("Ctrl-C also interrupts the remote actors of the call"
+                 if mode == "remote" else "Ctrl-C only cancels the wait") + ")")
+        return None
+
+    # -- %%mesh ------------------------------------------------------------------------------------
+    def _runner_for(self, procs: Any) -> Any:
+        """The cell-runner actor mesh on `procs` (spawned once per proc mesh)."""
+        from monarch_kernel.cell_runner import CellRunner
+
+        root = procs._root
+        entry = self._runners.get(id(root))
+        if entry is None or entry[0] is not root or entry[1]._stopped_flag:
+            runner = root.spawn(root.name, CellRunner)
+            entry = (root, runner)
+            self._runners[id(root)] = entry
+        runner = entry[1]
+        if procs is not root:
+            runner = runner._new_with_shape(procs._shape)
+        return runner
+
+    def _run_cell(self, a: margs.CellArgs, code: str) -> Any:
+        from runtime import ShapeError
+
+        self._runtime()
+        procs = self._proc_mesh(a.mesh, "%%mesh")
+        runner = self._runner_for(procs)
+        if a.ranks:
+            try:
+                runner = runner.slice(**a.ranks)
+            except (ShapeError, ValueError, KeyError) as e:
+                raise UsageError(f"%%mesh: --ranks: {e}") from None
+        self._cells += 1
+        mark = uuid.uuid4().hex
+        n = runner.size()
+        fut = runner.run.call(code, str(self._cells), mark if not a.noblock else "")
+        label = procs.name
+        if a.noblock:
+            out = _chain(fut, lambda vm: _finish(vm, label))
+            if a.out:
+                self._ns[a.out] = out
+            return None if a.quiet else out
+        try:
+            vm = fut.get(timeout=a.timeout)
+        except TimeoutError:
+            hook = fut._on_interrupt
+            if hook is not None:
+                hook()
+            raise UsageError(f"%%mesh: the cell did not finish within {a.timeout:g} s "
+                             "(the remote cell was interrupted)") from None
+        self.session.router.wait_marks(mark, 2 * n, OUTPUT_DRAIN_S)
+        try:
+            result = _finish(vm, label)
+        except MeshCellError as e:
+            if a.out:
+                self._ns[a.out] = e
+            raise
+        if a.out:
+            self._ns[a.out] = result
+        return None if a.quiet else result
+
+
+def _finish(vm: Any, mesh: str) -> Any:
+    """ValueMesh of CellResults -> ValueMesh of values (None if no rank had a value);
+    raises MeshCellError, folded, if any rank failed."""
+    from runtime import ValueMesh
+
+    results = list(vm.values())
+    failures = [RankFailure(r.rank, dict(r.coords), r.error_type, r.error_message, r.traceback)
+                for r in results if not r.ok]
+    if failures:
+        raise MeshCellError(failures, total=len(results), mesh=mesh, results=vm)
+    if not any(r.has_value for r in results):
+        return None
+    return ValueMesh(vm.shape, [r.value for r in results])
+
+
+def _chain(fut: Any, fn: Any) -> Any:
+    """A Future resolved with fn(result of `fut`) (or its error); Ctrl-C on it interrupts
+    the remote call like a wait on `fut` would."""
+    from runtime import Future
+
+    out: Future = Future(f"%%mesh {getattr(fut, '_label', '')}")
+    out._on_interrupt = fut._on_interrupt
+
+    def done(f: Any) -> None:
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+            return
+        try:
+            out.set_result(fn(f.get()))
+        except BaseException as e:  # noqa: BLE001 - delivered to the waiter
+            out.set_exception(e)
+
+    fut.add_done_callback(done)
+    return out
+
+
+def _fmt_sizes(sizes: dict) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in sizes.items()) + "}" if sizes else "{}"
+
+
+def _proc_state(rt: Any, pm: Any) -> str:
+    counts: dict[str, int] = {}
+    for p in pm.procs:
+        rec = rt.procs.get(p.proc_id)
+        state = rec.state if rec is not None else "unknown"
+        counts[state] = counts.get(state, 0) + 1
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+
+
+def _actor_state(rt: Any, am: Any) -> str:
+    h = rt.health.mesh(am._rec.health_name)
+    if h is None:
+        return "stopped" if am._stopped_flag else "unknown"
+    return h.state
