@@ -13,7 +13,7 @@ import uuid
 from typing import Any, Optional
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 
 from monarch_kernel import args as margs
 from monarch_kernel.folding import MeshCellError, RankFailure
@@ -33,25 +33,32 @@ class MeshMagics(Magics):
         self._runners: dict[int, Any] = {}  # id(root ProcMesh) -> (root, runner ActorMesh)
         self._cells = 0
 
-    # -- entry point -----------------------------------------------------------------------
-    @no_var_expand
-    @line_cell_magic
-    def mesh(self, line: str, cell: Optional[str] = None) -> Any:
-        """%mesh COMMAND ... manages meshes; %%mesh MESH runs a cell on them (see --help)."""
+    # -- entry points ----------------------------------------------------------------------
+    @line_magic("mesh")
+    def mesh_line(self, line: str) -> Any:
+        """%mesh COMMAND ...: alloc, spawn, list, status, stop, interrupt (see --help)."""
         try:
-            if cell is None:
-                cmd = margs.parse_mesh_line(line)
-            else:
-                cmd = margs.parse_mesh_cell(line)
+            cmd = margs.parse_mesh_line(line)
         except margs.MagicHelp as h:
             print(h.text.rstrip("\n"))
             return None
         except margs.MagicArgError as e:
             raise UsageError(str(e)) from None
-        if cell is not None:
-            return self._run_cell(cmd, cell)
         handler = getattr(self, "_cmd_" + type(cmd).__name__[:-4].lower())
         return handler(cmd)
+
+    @no_var_expand  # {x} and $x belong to the remote code, not to the controller
+    @cell_magic("mesh")
+    def mesh_cell(self, line: str, cell: str) -> Any:
+        """%%mesh MESH [--ranks ...]: run the cell on every selected proc (see --help)."""
+        try:
+            cmd = margs.parse_mesh_cell(line)
+        except margs.MagicHelp as h:
+            print(h.text.rstrip("\n"))
+            return None
+        except margs.MagicArgError as e:
+            raise UsageError(str(e)) from None
+        return self._run_cell(cmd, cell)
 
     # -- helpers ---------------------------------------------------------------------------------
     @property

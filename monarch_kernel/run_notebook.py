@@ -96,6 +96,9 @@ def run_notebook(path: str, kernel_name: str = "monarch", timeout: float = 300.0
     except DeadKernelError as e:
         out.write(f"=== {path}: the kernel died: {e}\n")
         status = 1
+    except RuntimeError as e:  # e.g. the kernel did not start in time
+        out.write(f"=== {path}: {e}\n")
+        status = 1
     finally:
         if save:
             nbformat.write(nb, save)
