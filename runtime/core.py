@@ -270,7 +270,7 @@ class Runtime:
             rank = rec.rank
             if not label:
                 label = rec.mesh
-            lines = text.splitlines()
+            lines = [ln for ln in text.splitlines() if not ln.startswith(logs.CONTROL_MARK)]
             rec.output.extend(f"[{stream}] {ln}" for ln in lines)
             if stream == "stderr":
                 rec.stderr_tail.extend(lines)
