@@ -223,12 +223,12 @@ def test_remote_output_is_forwarded_with_prefix(echo):
     assert any(s == "stderr" and "hello-err" in t for _, s, t in got)
 
 
-def test_workers_do_not_import_torch_until_needed(procs):
+def test_workers_do_not_import_torch_until_needed():
     from _actors import Probe
 
-    p = procs.slice(procs=0).spawn("probe", Probe)
-    assert "torch" not in p.modules.call_one().get(timeout=20)
-    p.stop().get(timeout=10)
+    with this_host().spawn_procs(per_host={"procs": 1}) as pm:
+        p = pm.spawn("probe", Probe)
+        assert "torch" not in p.modules.call_one().get(timeout=20)
 
 
 def test_classes_defined_in_main_travel_by_value(tmp_path):
