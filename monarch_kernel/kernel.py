@@ -3,8 +3,11 @@ remote output routed into cells, and every mesh stopped on shutdown or restart."
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-from typing import Any
+import signal
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from ipykernel.ipkernel import IPythonKernel
 
@@ -27,6 +30,29 @@ class MonarchKernel(IPythonKernel):
         base = super().banner
         return (f"{base}\nMonarch kernel {__version__}: this notebook is the controller. "
                 "Try '%mesh --help'.\n")
+
+    @contextmanager
+    def _cancel_on_sigint(self, future: "asyncio.Future[Any]") -> Iterator[None]:
+        """Cancel an awaiting cell at once on SIGINT (the stop button).
+
+        ipykernel 7's version sets the result from another thread's loop, so the cell's
+        loop only notices at its next wake-up (an awaited call then runs to its end). Here
+        the handler wakes the cell's own loop; cancelling the awaited runtime Future also
+        interrupts the remote actors of the call."""
+        loop = future.get_loop()
+
+        def cancel() -> None:
+            if not future.done():
+                future.cancel()
+
+        def handle_sigint(*args: Any) -> None:
+            loop.call_soon_threadsafe(cancel)
+
+        saved = signal.signal(signal.SIGINT, handle_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, saved)
 
     async def do_shutdown(self, restart: bool) -> Any:
         """Stop every mesh this notebook created before the process goes (or restarts)."""

@@ -179,6 +179,75 @@ def test_interrupt_stops_the_wait_and_the_remote_work(kernel):
     assert time.monotonic() - t1 < 5.0
 
 
+def interrupt_cell(kernel, code: str, after: float = 1.5) -> tuple[str, float]:
+    """Run `code`, interrupt the kernel `after` s later; (error name, seconds to idle)."""
+    msg_id = kernel.kc.execute(code)
+    time.sleep(after)
+    t0 = time.monotonic()
+    kernel.km.interrupt_kernel()
+    ename = None
+    while True:
+        msg = kernel.kc.get_iopub_msg(timeout=20)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "error":
+            ename = msg["content"]["ename"]
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return ename, time.monotonic() - t0
+
+
+def test_interrupt_an_awaited_call_interrupts_the_actor(kernel):
+    r = kernel.execute(
+        "import time\n"
+        "class Sleeper(Actor):\n"
+        "    @endpoint\n"
+        "    async def nap(self, seconds):\n"
+        "        end = time.monotonic() + seconds\n"
+        "        while time.monotonic() < end:\n"
+        "            time.sleep(0.05)\n"
+        "        return 'rested'\n"
+        "    @endpoint\n"
+        "    def ping(self):\n"
+        "        return 'pong'\n")
+    assert r["error"] is None, r["error"]
+    kernel.execute("%mesh spawn workers Sleeper --as sleepers")
+    ename, took = interrupt_cell(kernel, "await sleepers.nap.call(30)")
+    assert ename in ("KeyboardInterrupt", "CancelledError") and took < 3.0, (ename, took)
+    t1 = time.monotonic()
+    r = kernel.execute("sleepers.ping.call().get(timeout=20)", timeout=25)
+    assert r["error"] is None, r["error"]
+    assert time.monotonic() - t1 < 5.0  # the nap was interrupted on both actors
+
+
+def test_local_interrupt_mode_leaves_remote_work_running(kernel):
+    r = kernel.execute("%mesh interrupt local")
+    assert "interrupt mode: local" in r["stdout"]
+    try:
+        ename, took = interrupt_cell(kernel, "sleepers.nap.call(3.0).get()", after=0.5)
+        assert ename == "KeyboardInterrupt" and took < 2.0
+        # The actors keep napping: the next call waits for the nap to end (~2.5 s more).
+        t1 = time.monotonic()
+        r = kernel.execute("sleepers.ping.call().get(timeout=20)", timeout=25)
+        assert r["error"] is None, r["error"]
+        assert time.monotonic() - t1 > 1.0
+    finally:
+        r = kernel.execute("%mesh interrupt remote")
+        assert "interrupt mode: remote" in r["stdout"]
+
+
+def test_noblock_returns_a_future(kernel):
+    r = kernel.execute("%%mesh workers --noblock -o pending\nimport time\ntime.sleep(0.5)\n"
+                       "current_rank().rank + 100")
+    assert r["error"] is None, r["error"]
+    assert r["results"] and r["results"][0].startswith("<Future")
+    r = kernel.execute("pending.get(timeout=20)")
+    assert r["results"] == ["ValueMesh({'procs': 2}, {{procs=0}: 100, {procs=1}: 101})"]
+    r = kernel.execute("%%mesh workers --noblock -o bad\nraise RuntimeError('nope')")
+    r = kernel.execute("bad.get(timeout=20)")
+    assert r["error"]["ename"] == "MeshCellError"
+    assert "RuntimeError: nope" in "\n".join(r["error"]["traceback"])
+
+
 def test_stop_mesh(kernel):
     r = kernel.execute("%mesh stop --all")
     assert r["error"] is None and "stopped" in r["stdout"]
