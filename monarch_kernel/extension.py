@@ -21,7 +21,7 @@ class NotebookSession:
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell
-        self.router = OutputRouter(kernel_writer(sys.stdout, sys.stderr))
+        self.router = OutputRouter(kernel_writer())
         self.sink_rt: Any = None  # the runtime our sink is installed on
         self.magics: Any = None
 

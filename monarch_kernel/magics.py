@@ -157,9 +157,12 @@ class MeshMagics(Magics):
 
     # -- %mesh spawn -------------------------------------------------------------------------
     def _resolve_class(self, path: str) -> Any:
+        import builtins
+
         head, _, rest = path.partition(".")
-        if head in self._ns:
-            obj = self._ns[head]
+        scope = self._ns if head in self._ns else vars(builtins)
+        if head in scope:
+            obj = scope[head]
             for part in rest.split(".") if rest else []:
                 obj = getattr(obj, part, None)
                 if obj is None:
@@ -345,6 +348,7 @@ class MeshMagics(Magics):
             raise UsageError(f"%%mesh: the cell did not finish within {a.timeout:g} s "
                              "(the remote cell was interrupted)") from None
         self.session.router.wait_marks(mark, 2 * n, OUTPUT_DRAIN_S)
+        self.session.router.flush()
         try:
             result = _finish(vm, label)
         except MeshCellError as e:

@@ -116,9 +116,7 @@ class OutputRouter:
             self.chunks += 1
             self.last_output = time.monotonic()
             if _MARK_START in text:
-                for m in _MARK.finditer(text):
-                    self._marks[m.group(1)] = self._marks.get(m.group(1), 0) + 1
-                text = _MARK.sub("", text)
+                text = self._take_marks(text)
                 self._marked.notify_all()
             out = self._prefixer.feed(label, stream, text)
             if out:
@@ -127,6 +125,17 @@ class OutputRouter:
                 self._timer = threading.Timer(self._delay, self._flush_partials)
                 self._timer.daemon = True
                 self._timer.start()
+
+    def _take_marks(self, text: str) -> str:
+        """Count and remove end-of-cell marks; a mark on its own line goes with its line,
+        one after a partial line leaves that line's newline in place."""
+
+        def drop(m: "re.Match[str]") -> str:
+            self._marks[m.group(1)] = self._marks.get(m.group(1), 0) + 1
+            at_line_start = m.start() == 0 or text[m.start() - 1] in "\r\n"
+            return "" if at_line_start else (m.group(2) or "")
+
+        return _MARK.sub(drop, text)
 
     def _flush_partials(self) -> None:
         with self._lock:
@@ -165,11 +174,13 @@ class OutputRouter:
 
 
 def kernel_writer(stdout: Any = None, stderr: Any = None) -> Writer:
-    """A Writer onto ipykernel's OutStreams that sets this thread's parent per write."""
-    streams = {"stdout": stdout or sys.stdout, "stderr": stderr or sys.stderr}
+    """A Writer onto ipykernel's OutStreams that sets this thread's parent per write.
+
+    Without explicit streams it writes to whatever sys.stdout/sys.stderr are at the time."""
+    fixed = {"stdout": stdout, "stderr": stderr}
 
     def write(stream: str, text: str, parent: Optional[dict]) -> None:
-        s = streams[stream]
+        s = fixed[stream] or getattr(sys, stream)
         set_parent = getattr(s, "set_thread_parent", None)
         if parent is not None and set_parent is not None:
             token = set_parent(parent)

@@ -1,0 +1,96 @@
+"""`%load_ext monarch_kernel` in a plain IPython shell (in this process): the magics work
+with real procs, remote output is routed with prefixes, and bad input is a UsageError."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+from IPython.utils.capture import capture_output
+
+import runtime
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "monarch_kernel")
+    shell.run_line_magic("load_ext", "monarch_kernel")  # loading twice is harmless
+    try:
+        yield shell
+    finally:
+        try:
+            shell.run_line_magic("mesh", "stop --all")
+        finally:
+            shell.run_line_magic("unload_ext", "monarch_kernel")
+            runtime.shutdown()
+
+
+def test_help_is_printed_not_raised(ip):
+    with capture_output() as cap:
+        assert ip.run_line_magic("mesh", "alloc --help") is None
+    assert cap.stdout.startswith("usage: %mesh alloc")
+
+
+def test_alloc_on_a_host_mesh_variable_and_run_cells(ip):
+    ip.user_ns["h"] = runtime.this_host()
+    with capture_output() as cap:
+        ip.run_line_magic("mesh", "alloc ext --hosts h --per-host procs=2 --no-progress")
+    assert cap.stdout == ""  # --no-progress
+    assert isinstance(ip.user_ns["ext"], runtime.ProcMesh)
+    assert ip.user_ns["ext"].sizes == {"procs": 2}
+    with capture_output() as cap:
+        vm = ip.run_cell_magic("mesh", "ext", "x = {'r': current_rank().rank}\n"
+                                              "print('line one')\nprint('tail', end='')\nx")
+    assert isinstance(vm, runtime.ValueMesh)
+    assert list(vm.values()) == [{"r": 0}, {"r": 1}]
+    lines = cap.stdout.splitlines()
+    assert "[ext 0] line one" in lines and "[ext 1] line one" in lines
+    assert "[ext 0] tail" in lines and "[ext 1] tail" in lines  # partial lines flushed
+    assert "mk-end" not in cap.stdout and "mk-end" not in cap.stderr
+    # `{x}` is the remote set display of the remote dict... not expanded by the controller.
+    ip.user_ns["x"] = "controller"
+    vm = ip.run_cell_magic("mesh", "ext --ranks procs=0", "len({x['r']})")
+    assert vm.item() == 1
+
+
+def test_actor_mesh_variable_runs_on_its_procs(ip):
+    ip.run_cell("from runtime import Actor, endpoint\n"
+                "class Noop(Actor):\n"
+                "    def __init__(self, flag=True):\n"
+                "        self.flag = flag\n"
+                "    @endpoint\n"
+                "    def ok(self):\n"
+                "        return True\n")
+    with capture_output():
+        ip.run_line_magic("mesh", "spawn ext Noop --as noops")
+    assert list(ip.user_ns["noops"].ok.call().get().values()) == [True, True]
+    vm = ip.run_cell_magic("mesh", "noops -q -o where", "current_rank().rank")
+    assert vm is None and list(ip.user_ns["where"].values()) == [0, 1]
+
+
+@pytest.mark.parametrize("line,message", [
+    ("alloc p2 --hosts nothere", "no variable 'nothere'"),
+    ("alloc p2 --hosts ext", "is a ProcMesh, not a HostMesh"),
+    ("spawn ext int", "'int' is not an Actor subclass"),
+    ("spawn ext Noop --as n2 1 2", "Noop.__init__: too many positional arguments"),
+    ("spawn ext Noop undefined_name", "NameError"),
+    ("spawn nothere Noop", "no variable 'nothere'"),
+])
+def test_bad_input_is_a_one_line_usage_error(ip, line, message):
+    with pytest.raises(UsageError) as e:
+        ip.run_line_magic("mesh", line)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_stopped_mesh_is_refused(ip):
+    ip.user_ns["h"] = runtime.this_host()
+    with capture_output():
+        ip.run_line_magic("mesh", "alloc short --per-host procs=1 --no-progress")
+        ip.run_line_magic("mesh", "stop short")
+    with pytest.raises(UsageError, match="proc mesh 'short' was stopped"):
+        ip.run_cell_magic("mesh", "short", "1")
+    table = ip.run_line_magic("mesh", "list")
+    assert "short" not in repr(table) and "ext" in repr(table)
