@@ -43,6 +43,9 @@ class NotebookSession:
 
     def post_run_cell(self, result: Any = None) -> None:
         self._adopt_runtime()
+        rt = self.sink_rt
+        if rt is not None and _running_runtime() is rt and rt.meshes():
+            self.router.settle()  # a short grace for remote output still on its way
         self.router.flush()
 
     def _adopt_runtime(self) -> None:

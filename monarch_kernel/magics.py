@@ -235,10 +235,17 @@ class MeshMagics(Magics):
 
         try:  # the live dashboard, where the widgets package provides it
             from monarch_widgets import dashboard  # type: ignore[import-not-found]
-        except Exception:
+        except ImportError:
             dashboard = None
         if dashboard is not None:
-            return dashboard(a.name)
+            try:
+                return dashboard(a.name)
+            except KeyError as e:
+                raise UsageError(f"%mesh status: no mesh named {a.name!r}; see %mesh list"
+                                 ) from None
+            except Exception as e:  # the text table below still tells the state
+                print(f"%mesh status: the dashboard failed ({type(e).__name__}: {e}); "
+                      "showing a text table")
         rt = _running_runtime()
         snaps = rt.health.snapshot() if rt is not None else []
         if a.name is not None:

@@ -160,17 +160,19 @@ class OutputRouter:
             self._marks.pop(token, None)
             return ok
 
-    def wait_quiet(self, quiet: float = 0.05, limit: float = 0.5) -> None:
-        """Block until no output arrived for `quiet` s (at most `limit` s): lets output that
-        is still in flight when a call returns reach the cell that made the call."""
+    def settle(self, grace: float = 0.03, quiet: float = 0.03, limit: float = 0.25) -> float:
+        """Wait `grace` s, then until no output arrived for `quiet` s (at most `limit` s in
+        all): output still in flight when a cell ends then lands in that cell. Returns the
+        time waited. (Remote output travels proc -> host agent -> here, replies directly.)"""
         import time
 
-        end = time.monotonic() + limit
-        while time.monotonic() < end:
-            since = time.monotonic() - self.last_output
-            if since >= quiet:
-                return
-            time.sleep(min(quiet - since, max(0.0, end - time.monotonic())) + 0.001)
+        start = time.monotonic()
+        end = start + limit
+        while True:
+            now = time.monotonic()
+            if now >= end or (now - start >= grace and now - self.last_output >= quiet):
+                return now - start
+            time.sleep(0.005)
 
 
 def kernel_writer(stdout: Any = None, stderr: Any = None) -> Writer:

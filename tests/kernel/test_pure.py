@@ -159,3 +159,24 @@ def test_router_is_thread_safe_lines_never_interleave():
     for line in lines:
         label, rest = line.split("] ", 1)
         assert rest.endswith(f"of {label[-1]}"), line
+
+
+def test_router_settle_waits_for_late_output_then_quiet():
+    import time
+
+    r = OutputRouter(lambda s, t, p: None)
+    waited = r.settle(grace=0.05, quiet=0.03, limit=1.0)
+    assert 0.05 <= waited < 0.5  # nothing arrives: just the grace
+
+    def late():
+        for _ in range(6):
+            r("m 0", "stdout", "x\n")
+            time.sleep(0.02)
+
+    t = threading.Thread(target=late)
+    t.start()
+    time.sleep(0.005)
+    waited = r.settle(grace=0.01, quiet=0.05, limit=2.0)
+    t.join()
+    assert waited >= 0.1  # kept waiting while output kept coming
+    assert r.settle(grace=0.0, quiet=0.05, limit=0.2) <= 0.2
