@@ -56,7 +56,7 @@ def install(name: str = KERNEL_NAME, display_name: str = DISPLAY_NAME, user: boo
     with tempfile.TemporaryDirectory() as tmp:
         src = write_kernel_spec(os.path.join(tmp, name), display_name, env)
         return KernelSpecManager().install_kernel_spec(
-            src, kernel_name=name, user=user, prefix=prefix, replace=True)
+            src, kernel_name=name, user=user, prefix=prefix)
 
 
 def _env_item(text: str) -> tuple[str, str]:
