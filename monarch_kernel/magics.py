@@ -99,7 +99,8 @@ class MeshMagics(Magics):
         self._runtime()
         if a.hosts:
             host = self._lookup(a.hosts, "a HostMesh")
-            if not isinstance(host, HostMesh):
+            if not isinstance(host, HostMesh) and not callable(getattr(host, "spawn_procs",
+                                                                       None)):
                 raise UsageError(f"%mesh alloc: --hosts {a.hosts!r} is a "
                                  f"{type(host).__name__}, not a HostMesh")
         else:

@@ -56,6 +56,14 @@ def test_alloc_on_a_host_mesh_variable_and_run_cells(ip):
     assert vm.item() == 1
 
 
+def test_unpicklable_values_come_back_as_their_repr(ip):
+    from monarch_kernel.cell_exec import Unpicklable
+
+    vm = ip.run_cell_magic("mesh", "ext", "import threading\nthreading.Lock()")
+    values = list(vm.values())
+    assert all(isinstance(v, Unpicklable) and "lock" in repr(v) for v in values), values
+
+
 def test_actor_mesh_variable_runs_on_its_procs(ip):
     ip.run_cell("from runtime import Actor, endpoint\n"
                 "class Noop(Actor):\n"
