@@ -350,11 +350,13 @@ class MeshMagics(Magics):
         try:
             vm = fut.get(timeout=a.timeout)
         except TimeoutError:
-            hook = fut._on_interrupt
+            hook = fut._on_interrupt  # set when interrupts reach remote actors (the default)
             if hook is not None:
                 hook()
+            what = ("the remote cell was interrupted" if hook is not None
+                    else "it goes on running remotely: %mesh interrupt is 'local'")
             raise UsageError(f"%%mesh: the cell did not finish within {a.timeout:g} s "
-                             "(the remote cell was interrupted)") from None
+                             f"({what})") from None
         self.session.router.wait_marks(mark, 2 * n, OUTPUT_DRAIN_S)
         self.session.router.flush()
         try:

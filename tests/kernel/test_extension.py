@@ -56,6 +56,26 @@ def test_alloc_on_a_host_mesh_variable_and_run_cells(ip):
     assert vm.item() == 1
 
 
+def test_line_magics_expand_variables_cell_magic_does_not(ip):
+    ip.user_ns["which"] = "ext"
+    table = ip.run_line_magic("mesh", "status {which}")  # expanded like any line magic
+    assert "ext" in repr(table)
+    with pytest.raises(UsageError, match="not a valid Python identifier"):
+        ip.run_cell_magic("mesh", "{which}", "1")
+
+
+def test_cell_timeout_interrupts_the_remote_cell(ip):
+    import time
+
+    with pytest.raises(UsageError, match="did not finish within 0.5 s .the remote cell was "
+                                         "interrupted"):
+        ip.run_cell_magic("mesh", "ext --timeout 0.5",
+                          "import time\nfor _ in range(200):\n    time.sleep(0.05)\n")
+    t0 = time.monotonic()
+    vm = ip.run_cell_magic("mesh", "ext", "'free'")
+    assert list(vm.values()) == ["free", "free"] and time.monotonic() - t0 < 5
+
+
 def test_unpicklable_values_come_back_as_their_repr(ip):
     from monarch_kernel.cell_exec import Unpicklable
 
