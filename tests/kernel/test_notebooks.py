@@ -16,12 +16,19 @@ from monarch_kernel.run_notebook import cell_text, run_notebook
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 
 
-def execute(name: str, tmp_path, timeout: float = 120) -> tuple[int, str, list]:
-    """Run a notebook; returns (status, printed text, executed code cells)."""
+def execute(name: str, tmp_path, timeout: float = 120, edit=None) -> tuple[int, str, list]:
+    """Run a notebook (after `edit(nb)` if given, from a copy next to the original);
+    returns (status, printed text, executed code cells)."""
     install_kernelspec()
     out = io.StringIO()
     saved = str(tmp_path / name)
-    status = run_notebook(os.path.join(NOTEBOOKS, name), timeout=timeout, save=saved, out=out)
+    path = os.path.join(NOTEBOOKS, name)
+    if edit is not None:
+        nb = nbformat.read(path, as_version=4)
+        edit(nb)
+        path = str(tmp_path / f"edited-{name}")
+        nbformat.write(nb, path)
+    status = run_notebook(path, timeout=timeout, save=saved, out=out, cwd=NOTEBOOKS)
     nb = nbformat.read(saved, as_version=4)
     return status, out.getvalue(), [c for c in nb.cells if c.cell_type == "code"]
 
@@ -57,17 +64,23 @@ def test_quickstart(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_ddp(tmp_path):
-    status, printed, cells = execute("ddp.ipynb", tmp_path, timeout=180)
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp(tmp_path, world):
+    def set_world(nb):
+        nb.cells[1].source = nb.cells[1].source.replace("WORLD_SIZE = 2",
+                                                        f"WORLD_SIZE = {world}")
+
+    status, printed, cells = execute("ddp.ipynb", tmp_path, timeout=180,
+                                     edit=set_world if world != 2 else None)
     assert status == 0, printed
     setup = output_of(cells, "%mesh spawn ddp_procs DDPActor")
-    assert "[ddp 0] joined the process group as rank 0 of 2" in setup
-    assert "[ddp 1] joined the process group as rank 1 of 2" in setup
-    steps = re.findall(r"step (\d+): rank 0: ([\d.]+)  rank 1: ([\d.]+)",
-                       output_of(cells, "losses = "))
-    assert [int(s[0]) for s in steps] == list(range(10))
+    for r in range(world):
+        assert f"[ddp {r}] joined the process group as rank {r} of {world}" in setup
+    losses = output_of(cells, "losses = ")
+    steps = re.findall(r"step (\d+): " + "  ".join([r"rank \d: ([\d.]+)"] * world), losses)
+    assert len(steps) == 10, losses
     assert "weights in sync across ranks: True" in output_of(cells, "checksums = ")
-    assert "(1, 2, 'gloo')" in output_of(cells, "%%mesh ddp_procs")
+    assert f"({world - 1}, {world}, 'gloo')" in output_of(cells, "%%mesh ddp_procs")
     m = re.search(r"first step ([\d.]+), last step ([\d.]+)", output_of(cells, "first = "))
     assert m and float(m.group(2)) < float(m.group(1))  # it learned
 
