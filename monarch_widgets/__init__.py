@@ -1,0 +1,41 @@
+"""Views of the runtime's health model: a live notebook dashboard and static renderings.
+
+`dashboard()` returns the live widget; `render_text` / `render_html` render a snapshot
+without widgets (for `%mesh status` and meshes' `_repr_html_`). The terminal admin lives
+in `monarch_widgets.tui` (console script `monarch-admin`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from monarch_widgets.render import render_html, render_text
+
+__all__ = ["dashboard", "render_html", "render_text", "status_html"]
+
+
+def dashboard(runtime: Any = None, *, health: Any = None, max_rate: float = 4.0) -> Any:
+    """The live dashboard widget of `runtime` (default: `runtime.get_runtime()`).
+
+    Pass `health` (a HealthModel) to show one you fill yourself."""
+    from monarch_widgets.widget import Dashboard
+
+    if health is None:
+        if runtime is None:
+            from runtime import get_runtime
+
+            runtime = get_runtime()
+        health = runtime.health
+    return Dashboard(health, runtime=runtime, max_rate=max_rate)
+
+
+def status_html(mesh_name: Optional[str] = None, runtime: Any = None) -> str:
+    """HTML of the current health of one mesh (by name) or all, for `_repr_html_`."""
+    if runtime is None:
+        from runtime import get_runtime
+
+        runtime = get_runtime()
+    snap = runtime.health.snapshot()
+    if mesh_name is not None:
+        snap = [m for m in snap if m.name == mesh_name or m.proc_mesh == mesh_name]
+    return render_html(snap)
