@@ -63,8 +63,10 @@ function render({ model, el: root }) {
     try { return v ? JSON.parse(typeof v === "string" ? v : decoder.decode(v)) : {}; } catch (e) { return {}; }
   };
   let state = load();
-  // the kernel's clock may differ from the browser's: measure durations on the kernel's
-  const skew = () => (state.t ? Date.now() / 1000 - state.t : 0);
+  // the kernel's clock may differ from the browser's: durations count from the kernel's
+  // time `t` of the last state, plus the browser time elapsed since it arrived
+  let receivedAt = Date.now() / 1000;
+  const kernelNow = () => (state.t || receivedAt) + (Date.now() / 1000 - receivedAt);
 
   function actorRecord(meshName, rank) {
     const m = (state.meshes || []).find((x) => x.name === meshName);
@@ -87,7 +89,7 @@ function render({ model, el: root }) {
     const since = state.t - age;
     const proc = pi >= 0 ? state.procs[pi] : null;
     const st = STATES[code];
-    const now = Date.now() / 1000 - skew();
+    const now = kernelNow();
     const title = el("div", "mw-detail-title");
     title.append(el("b", "", `${m.name}[${rank}]`), el("span", `mw-badge s-${st}`, st));
     title.append(el("span", "", ` for ${fmtDur(now - since)}`));
@@ -143,6 +145,7 @@ function render({ model, el: root }) {
 
   function update() {
     state = load();
+    receivedAt = Date.now() / 1000;
     const meshes = state.meshes || [];
     let total = 0;
     const counts = {};
