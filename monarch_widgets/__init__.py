@@ -30,7 +30,7 @@ def dashboard(runtime: Any = None, *, health: Any = None, max_rate: float = 4.0)
 
 
 def status_html(mesh_name: Optional[str] = None, runtime: Any = None) -> str:
-    """HTML of the current health of one mesh (by name) or all, for `_repr_html_`."""
+    """HTML of the current health of one mesh (actor or proc mesh, by name) or of all."""
     if runtime is None:
         from runtime import get_runtime
 

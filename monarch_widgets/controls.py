@@ -22,14 +22,23 @@ def _runtime(runtime: Any) -> Any:
     return get_runtime()
 
 
+def _names(mesh: Any) -> set[str]:
+    """The names a live mesh answers to: its own, and its health-model name if different."""
+    names = {str(getattr(mesh, "name", ""))}
+    rec = getattr(mesh, "_rec", None)  # ActorMesh: the health model may say "name~2"
+    if rec is not None and getattr(rec, "health_name", ""):
+        names.add(rec.health_name)
+    return names - {""}
+
+
 def stop_mesh(name: str, runtime: Any = None, timeout: float = 30.0) -> str:
     """Stop every live actor mesh or proc mesh called `name`; returns a one-line report."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"mesh name must be a non-empty string, got {name!r}")
     rt = _runtime(runtime)
-    found = [m for m in rt.meshes() if getattr(m, "name", None) == name]
+    found = [m for m in rt.meshes() if name in _names(m)]
     if not found:
-        known = sorted({str(getattr(m, "name", "?")) for m in rt.meshes()})
+        known = sorted({n for m in rt.meshes() for n in _names(m)})
         raise KeyError(f"no live mesh named {name!r}; live meshes: {known}")
     for m in found:
         res = m.stop()

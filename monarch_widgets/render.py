@@ -22,9 +22,11 @@ SYMBOLS: dict[str, str] = {
 }
 
 
-def render_text(snapshot: list[MeshHealth], now: Optional[float] = None) -> str:
+def render_text(snapshot: list[MeshHealth], now: Optional[float] = None, *,
+                mesh: Optional[str] = None, proc_mesh: Optional[str] = None) -> str:
     """A terminal-friendly summary: per mesh a symbol grid, its procs, and failures."""
     now = time.time() if now is None else now
+    snapshot = select(snapshot, mesh, proc_mesh)
     if not snapshot:
         return "no meshes"
     out: list[str] = []
@@ -63,11 +65,21 @@ def _actor_title(a, now: float) -> str:
     return "\n".join(parts)
 
 
-def render_html(snapshot: list[MeshHealth], now: Optional[float] = None) -> str:
+def select(snapshot: list[MeshHealth], mesh: Optional[str] = None,
+           proc_mesh: Optional[str] = None) -> list[MeshHealth]:
+    """The meshes of `snapshot` named `mesh` and/or living on proc mesh `proc_mesh`."""
+    return [m for m in snapshot if (mesh is None or m.name == mesh)
+            and (proc_mesh is None or m.proc_mesh == proc_mesh)]
+
+
+def render_html(snapshot: list[MeshHealth], now: Optional[float] = None, *,
+                mesh: Optional[str] = None, proc_mesh: Optional[str] = None) -> str:
     """Self-contained HTML (inline styles, no script): a coloured grid per mesh, proc table.
 
-    Hovering a cell shows its details (title attribute); failures are listed below."""
+    `mesh` / `proc_mesh` keep only those meshes (for a mesh's `_repr_html_`). Hovering a
+    cell shows its details (title attribute); failures are listed below."""
     now = time.time() if now is None else now
+    snapshot = select(snapshot, mesh, proc_mesh)
     esc = html.escape
     parts = ['<div class="monarch-status" style="font-family:sans-serif;font-size:12px">']
     if not snapshot:
