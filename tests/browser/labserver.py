@@ -27,6 +27,16 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the test process dies (Linux), so no server outlives it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -81,7 +91,8 @@ class JupyterLab:
             cmd.append("--allow-root")
         self._logf = open(self.log, "wb")
         self.proc = subprocess.Popen(cmd, env=env, cwd=self.root, stdout=self._logf,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
