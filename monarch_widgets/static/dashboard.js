@@ -190,19 +190,35 @@ function render({ model, el: root }) {
     notice.textContent = state.notice || "";
     // proc table (capped so 1,000 procs stay cheap)
     const procs = state.procs || [];
+    // a proc's state: the worst of its actors' (failed > paused > busy > starting > idle > stopped)
+    const rankOrder = { failed: 5, paused: 4, busy: 3, starting: 2, idle: 1, stopped: 0 };
+    const procState = new Map();
+    for (const m of meshes) {
+      for (const a of m.actors) {
+        const st = STATES[a[1]];
+        const cur = procState.get(a[2]);
+        if (cur === undefined || rankOrder[st] > rankOrder[cur]) procState.set(a[2], st);
+      }
+    }
     procsBox.replaceChildren(el("summary", "", `${procs.length} procs`));
     const table = el("table", "mw-proc-table");
     const hr = el("tr");
-    for (const h of ["proc", "host", "pid", "CPU", "RSS", "GPU mem"]) hr.append(el("th", "", h));
+    for (const h of ["", "proc", "host", "pid", "CPU", "RSS", "GPU mem"]) hr.append(el("th", "", h));
     table.append(hr);
-    for (const p of procs.slice(0, 64)) {
+    procs.slice(0, 64).forEach((p, i) => {
       const tr = el("tr");
       tr.dataset.proc = p[0];
+      const st = procState.get(i) || "starting";
+      tr.dataset.state = st;
+      const dot = el("td");
+      dot.append(el("span", `mw-dot s-${st}`));
+      dot.title = st;
+      tr.append(dot);
       for (const v of [p[0], p[1], p[2], p[3] === null ? "-" : `${Math.round(p[3])}%`, fmtBytes(p[4]), fmtBytes(p[5])]) {
         tr.append(el("td", "", String(v)));
       }
       table.append(tr);
-    }
+    });
     procsBox.append(table);
     if (procs.length > 64) procsBox.append(el("div", "mw-hint", `... and ${procs.length - 64} more`));
     showDetail();

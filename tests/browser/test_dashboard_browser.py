@@ -97,6 +97,11 @@ def test_dashboard_in_jupyterlab(lab):
                 assert prompts[-1].strip() == "[*]:", prompts
                 states = _cells(page)
                 assert states[1] == "failed" and states.count("failed") == 1, states
+                failed_rows = page.eval_on_selector_all(
+                    ".mw-proc-table tr[data-state='failed']", "els => els.map(e => e.dataset.proc)")
+                # the proc table marks the killed proc (ids are "<mesh>-<rank>-<hex>")
+                assert len(failed_rows) == 1 and failed_rows[0].startswith("trainers-1-"), \
+                    failed_rows
                 page.wait_for_selector(".mw-cell[data-mesh='trainers'][data-rank='2']"
                                        "[data-state='busy']", timeout=10_000)
                 page.hover(".mw-cell[data-mesh='trainers'][data-rank='1']")
