@@ -39,3 +39,10 @@ def status_html(mesh_name: Optional[str] = None, runtime: Any = None) -> str:
     if mesh_name is not None:
         snap = [m for m in snap if m.name == mesh_name or m.proc_mesh == mesh_name]
     return render_html(snap)
+
+
+def load_ipython_extension(ip: Any) -> None:
+    """`%load_ext monarch_widgets` registers `%mesh status|stop|attach|admin`."""
+    from monarch_widgets.magic import load_ipython_extension as load
+
+    load(ip)

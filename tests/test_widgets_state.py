@@ -208,3 +208,37 @@ def test_thousand_actors_state_size():
     w.close()
     size = len(w.payload)  # the bytes one update sends
     assert size < 100 * 1000, size
+
+
+def test_magic_subcommands():
+    from monarch_widgets.magic import handle
+
+    rt = FakeRuntime()
+    rt.health.update("trainers", 0, ActorState.FAILED, last_error="boom")
+    text = handle("status --text", runtime=rt)
+    assert "mesh trainers [hosts=2 x gpus=2] on procs: failed" in text
+    assert "no meshes" == handle("status --text nope", runtime=rt)
+    w = handle(["status"], runtime=rt)
+    try:
+        assert isinstance(w, Dashboard) and states(w)[0] == "failed"
+    finally:
+        w.close()
+    assert handle("stop trainers", runtime=rt) == "stopped mesh trainers"
+    assert rt.mesh.stops == 1
+    with pytest.raises(ValueError, match="usage: %mesh attach"):
+        handle("attach trainers x", runtime=rt)
+    with pytest.raises(ValueError, match="unknown %mesh subcommand 'frob'"):
+        handle("frob", runtime=rt)
+    assert "usage:" in handle("", runtime=rt)
+
+
+def test_load_ipython_extension_registers_mesh_magic():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    try:
+        ip.run_line_magic("load_ext", "monarch_widgets")
+        assert "mesh" in ip.magics_manager.magics["line"]
+        assert "usage:" in ip.run_line_magic("mesh", "")
+    finally:
+        InteractiveShell.clear_instance()
