@@ -311,7 +311,7 @@ class ProcServer:
                 if a.state == "busy" and (h.port == 0 or a.current_port == h.port):
                     a.interrupt()
             return True
-        if k == Kind.HEARTBEAT and h.src != self.rt.proc_id:
+        if k == Kind.HEARTBEAT and h.src not in self.rt.procs and h.src not in self.rt.agents:
             self.owner_last_seen = time.monotonic()
             return True
         return False
