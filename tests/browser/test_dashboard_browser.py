@@ -4,6 +4,7 @@ is busy, the grid checked in the page's DOM, and a screenshot kept as a test art
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -17,6 +18,9 @@ pytestmark = pytest.mark.timeout(150)
 
 ARTIFACTS = REPO / "test-artifacts"
 
+QUICKSTART = REPO / "notebooks" / "quickstart.ipynb"
+
+# used when the quickstart notebook has no dashboard cell (yet)
 SETUP = """\
 import time
 import monarch_widgets, runtime
@@ -34,16 +38,31 @@ trainers.step.call().get(timeout=60)"""
 
 DASHBOARD = "monarch_widgets.dashboard()"
 
+# kills rank 1 of the first 4-actor mesh, whichever notebook set it up
 KILL = """\
+import time, runtime
 time.sleep(3)
-napping = trainers.slice(procs=2).step.call_one(20)
-runtime.get_runtime().kill_proc(procs.procs[1].proc_id)
+_rt = runtime.get_runtime()
+_mesh = next(m for m in _rt.health.snapshot() if len(m.actors) == 4)
+_rt.kill_proc(_mesh.actors[1].proc_id)
+print("killed rank 1 of", _mesh.name)
 time.sleep(10)  # the cell stays busy: the dashboard must update meanwhile"""
 
 
-def _cells(page, state: str | None = None) -> list[str]:
-    sel = ".mw-mesh[data-mesh='trainers'] .mw-cell"
-    return page.eval_on_selector_all(sel, "els => els.map(e => e.dataset.state || '')")
+def notebook_cells() -> tuple[list[str], str]:
+    """The quickstart's cells up to its dashboard cell, else our own; plus where from."""
+    if QUICKSTART.exists():
+        nb = json.loads(QUICKSTART.read_text())
+        code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+        for i, src in enumerate(code):
+            if "dashboard(" in src:
+                return code[:i + 1] + [KILL], "quickstart"
+    return [SETUP, DASHBOARD, KILL], "built-in"
+
+
+def _cells(page, mesh: str) -> list[str]:
+    return page.eval_on_selector_all(f".mw-mesh[data-mesh='{mesh}'] .mw-cell",
+                                     "els => els.map(e => e.dataset.state || '')")
 
 
 @pytest.fixture
@@ -51,7 +70,8 @@ def lab(tmp_path):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no system chromium at {CHROMIUM} (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api", reason="python playwright is not installed")
-    write_notebook(tmp_path / "dashboard.ipynb", [SETUP, DASHBOARD, KILL])
+    cells, _ = notebook_cells()
+    write_notebook(tmp_path / "dashboard.ipynb", cells)
     server = JupyterLab(tmp_path)
     try:
         server.start()
@@ -82,31 +102,28 @@ def test_dashboard_in_jupyterlab(lab):
             page.evaluate("() => { window.jupyterapp.commands.execute("
                           "'notebook:run-all-cells'); }")
             try:
-                page.wait_for_function(
-                    "() => document.querySelectorAll(\".mw-mesh[data-mesh='trainers'] "
-                    ".mw-cell\").length === 4", timeout=60_000)
-                # four live actors, none failed, before the kill
-                page.wait_for_function(
-                    "() => [...document.querySelectorAll(\".mw-mesh[data-mesh='trainers'] "
-                    ".mw-cell\")].every(e => e.dataset.state === 'idle')", timeout=30_000)
+                # a mesh of four actors appears, all idle, before the kill
+                mesh = page.wait_for_function(
+                    """() => { for (const m of document.querySelectorAll('.mw-mesh')) {
+                        const c = [...m.querySelectorAll('.mw-cell')];
+                        if (c.length === 4 && c.every(e => e.dataset.state === 'idle'))
+                          return m.dataset.mesh; } return null; }""",
+                    timeout=90_000).json_value()
+                cell = f".mw-cell[data-mesh='{mesh}']"
                 # the kill cell runs: rank 1 turns failed while that cell is still busy
-                page.wait_for_selector(".mw-cell[data-mesh='trainers'][data-rank='1']"
-                                       "[data-state='failed']", timeout=30_000)
+                page.wait_for_selector(f"{cell}[data-rank='1'][data-state='failed']",
+                                       timeout=30_000)
                 prompts = page.eval_on_selector_all(
                     ".jp-CodeCell .jp-InputPrompt", "els => els.map(e => e.textContent)")
                 assert prompts[-1].strip() == "[*]:", prompts
-                states = _cells(page)
+                states = _cells(page, mesh)
                 assert states[1] == "failed" and states.count("failed") == 1, states
                 failed_rows = page.eval_on_selector_all(
                     ".mw-proc-table tr[data-state='failed']", "els => els.map(e => e.dataset.proc)")
-                # the proc table marks the killed proc (ids are "<mesh>-<rank>-<hex>")
-                assert len(failed_rows) == 1 and failed_rows[0].startswith("trainers-1-"), \
-                    failed_rows
-                page.wait_for_selector(".mw-cell[data-mesh='trainers'][data-rank='2']"
-                                       "[data-state='busy']", timeout=10_000)
-                page.hover(".mw-cell[data-mesh='trainers'][data-rank='1']")
+                assert len(failed_rows) == 1, failed_rows  # the proc table marks the killed proc
+                page.hover(f"{cell}[data-rank='1']")
                 detail = page.inner_text(".mw-detail")
-                assert "trainers[1]" in detail and "failed" in detail, detail
+                assert f"{mesh}[1]" in detail and "failed" in detail, detail
                 time.sleep(0.3)
                 page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
                 page.locator(".mw-root").screenshot(path=str(ARTIFACTS / "dashboard-widget.png"))
