@@ -14,10 +14,14 @@ from monarch_widgets.render import render_html, render_text
 __all__ = ["dashboard", "render_html", "render_text", "status_html"]
 
 
+_dashboards: dict[int, Any] = {}
+
+
 def dashboard(runtime: Any = None, *, health: Any = None, max_rate: float = 4.0) -> Any:
     """The live dashboard widget of `runtime` (default: `runtime.get_runtime()`).
 
-    Pass `health` (a HealthModel) to show one you fill yourself."""
+    Pass `health` (a HealthModel) to show one you fill yourself. Calling it again (a
+    re-run cell) returns the same widget while it is open, so no stale updater piles up."""
     from monarch_widgets.widget import Dashboard
 
     if health is None:
@@ -26,7 +30,13 @@ def dashboard(runtime: Any = None, *, health: Any = None, max_rate: float = 4.0)
 
             runtime = get_runtime()
         health = runtime.health
-    return Dashboard(health, runtime=runtime, max_rate=max_rate)
+    old = _dashboards.get(id(health))
+    if (old is not None and old.is_live() and old.health is health
+            and old.max_rate == max_rate and old.runtime is runtime):
+        return old
+    w = Dashboard(health, runtime=runtime, max_rate=max_rate)
+    _dashboards[id(health)] = w
+    return w
 
 
 def status_html(mesh_name: Optional[str] = None, runtime: Any = None) -> str:

@@ -127,6 +127,22 @@ class Dashboard(anywidget.AnyWidget):
         self.set_notice(msg)
         return msg
 
+    @property
+    def health(self) -> HealthModel:
+        return self._health
+
+    @property
+    def runtime(self) -> Any:
+        return self._runtime
+
+    @property
+    def max_rate(self) -> float:
+        return 1.0 / self._interval
+
+    def is_live(self) -> bool:
+        """True until `close()`: the widget is still being updated."""
+        return not self._stopped.is_set()
+
     def close(self) -> None:
         """Stop live updates and close the widget."""
         if hasattr(self, "_stopped"):

@@ -58,6 +58,9 @@ def test_dashboard_and_admin_follow_a_killed_proc():
         w = Dashboard(rt.health, runtime=rt, max_rate=10)
         try:
             assert wait_for(lambda: grid(w, "talkers") == ["idle"] * 4), grid(w, "talkers")
+            # frontends without widgets: the meshes' own HTML comes from render_html
+            assert talkers._repr_html_().count('data-state="idle"') == 4
+            assert procs._repr_html_().count('data-state="idle"') == 4
             srv = serve(rt)  # already started by the first mesh; same object
             assert isinstance(srv, AdminServer) and srv.connection_file.exists()
             client = AdminClient.from_connection_file(srv.connection_file, timeout=10)

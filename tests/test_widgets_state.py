@@ -150,6 +150,7 @@ class FakeRuntime:
 def test_controls_from_widget_callbacks():
     rt = FakeRuntime()
     w = monarch_widgets.dashboard(rt, max_rate=20)
+    assert monarch_widgets.dashboard(rt, max_rate=20) is w  # a re-run cell reuses it
     try:
         # callbacks arrive on the comm thread; actions run on their own thread
         w._on_front_msg(w, {"action": "stop_mesh", "mesh": "trainers"}, [])
@@ -167,6 +168,9 @@ def test_controls_from_widget_callbacks():
     finally:
         controls.set_attach_handler(None)
         w.close()
+    w2 = monarch_widgets.dashboard(rt, max_rate=20)  # a closed one is replaced
+    assert w2 is not w and w2.is_live()
+    w2.close()
 
 
 def test_bad_arguments():

@@ -179,7 +179,9 @@ class AdminServer:
 
     def _reject(self, why: str) -> None:
         self.rejected += 1
-        log.warning("admin endpoint %s: request dropped (%s)", self.address, why)
+        if self.rejected <= 10 or self.rejected % 1000 == 0:  # a flood must not flood the log
+            log.warning("admin endpoint %s: request dropped (%s); %d dropped so far",
+                        self.address, why, self.rejected)
 
     def _run(self, ident: bytes, rid: Any, op: str, args: dict[str, Any]) -> None:
         handler = self._handlers.get(op)
