@@ -196,16 +196,19 @@ class AdminApp(App[None]):
         return None
 
     # -- tree -----------------------------------------------------------------------------
-    def _labels(self) -> dict[Key, Text]:
+    def _labels(self) -> dict[Key, tuple[Text, Optional[Key]]]:
+        """Every tree node: key -> (label, parent key), parents before children."""
         stats = self._proc_stats()
-        labels: dict[Key, Text] = {}
+        labels: dict[Key, tuple[Text, Optional[Key]]] = {}
         for host, procs in self._layout().items():
+            hkey = ("host", host)
             actors = [a for acts in procs.values() for a in acts]
             bad = sum(a.state.value == "failed" for a in actors)
-            labels[("host", host)] = Text.assemble(
+            labels[hkey] = (Text.assemble(
                 (host, "bold"),
-                (f"  {len(procs)} procs" + (f", {bad} failed" if bad else ""), "dim"))
+                (f"  {len(procs)} procs" + (f", {bad} failed" if bad else ""), "dim")), None)
             for proc_id, acts in procs.items():
+                pkey = ("proc", proc_id)
                 st = stats.get(proc_id)
                 pid = st.pid if st else acts[0].pid
                 worst = "failed" if any(a.state.value == "failed" for a in acts) else (
@@ -215,13 +218,12 @@ class AdminApp(App[None]):
                 if st:
                     t += Text(f"  {fmt_cpu(st.cpu_percent)} {fmt_bytes(st.rss_bytes)}",
                               style="dim")
-                labels[("proc", proc_id)] = t
+                labels[pkey] = (t, hkey)
                 for a in acts:
-                    at = _state_text(a.state.value)
-                    at = Text(f"{a.mesh}[{a.rank}] ") + at
+                    at = Text(f"{a.mesh}[{a.rank}] ") + _state_text(a.state.value)
                     if a.endpoint:
                         at += Text(f" {a.endpoint}", style="italic")
-                    labels[("actor", a.mesh, a.rank)] = at
+                    labels[("actor", a.mesh, a.rank)] = (at, pkey)
         return labels
 
     def _update_tree(self) -> None:
@@ -229,21 +231,15 @@ class AdminApp(App[None]):
         labels = self._labels()
         structure = list(labels)
         if structure == self.tree_keys:
-            for key, text in labels.items():
+            for key, (text, _) in labels.items():
                 self.tree_nodes[key].set_label(text)
             return
         collapsed = {k for k, n in self.tree_nodes.items() if not n.is_expanded and
                      k[0] != "actor"}
         tree.clear()
         self.tree_nodes = {}
-        for key, text in labels.items():
-            if key[0] == "host":
-                parent = tree.root
-            elif key[0] == "proc":
-                parent = self.tree_nodes[("host", self._host_of_proc(key[1]))]
-            else:
-                a = self._actor(key[1], key[2])
-                parent = self.tree_nodes[("proc", a.proc_id or "?")]
+        for key, (text, parent_key) in labels.items():
+            parent = tree.root if parent_key is None else self.tree_nodes[parent_key]
             if key[0] == "actor":
                 node = parent.add_leaf(text, data=key)
             else:
