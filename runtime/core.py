@@ -682,6 +682,13 @@ class Runtime:
         with self._lock:
             self._mesh_objects = [r for r in self._mesh_objects if r() is not None]
             self._mesh_objects.append(weakref.ref(obj))
+        if not self.is_proc and os.environ.get("MONARCH_ADMIN", "1") != "0":
+            try:  # the controller's loopback admin endpoint (monarch-admin attaches to it)
+                from runtime.admin import serve
+
+                serve(self)
+            except Exception:
+                log.exception("admin endpoint did not start")
 
     # -- shutdown ------------------------------------------------------------------------------------
     def shutdown(self, timeout: float = 5.0) -> None:
