@@ -196,6 +196,7 @@ class ListArgs:
 @dataclass
 class StatusArgs:
     name: Optional[str] = None
+    text: bool = False
 
 
 @dataclass
@@ -210,6 +211,17 @@ class InterruptArgs:
 
 
 @dataclass
+class AttachArgs:
+    mesh: str
+    rank: int
+
+
+@dataclass
+class AdminArgs:
+    pass
+
+
+@dataclass
 class CellArgs:
     mesh: str
     ranks: Optional[dict[str, RankSel]] = None
@@ -219,7 +231,8 @@ class CellArgs:
     quiet: bool = False
 
 
-MeshCommand = Union[AllocArgs, SpawnArgs, ListArgs, StatusArgs, StopArgs, InterruptArgs]
+MeshCommand = Union[AllocArgs, SpawnArgs, ListArgs, StatusArgs, StopArgs, InterruptArgs,
+                    AttachArgs, AdminArgs]
 
 
 _COMMANDS = {
@@ -229,6 +242,8 @@ _COMMANDS = {
     "status": "live dashboard of one mesh or all",
     "stop": "stop a mesh, or all of them",
     "interrupt": "what Ctrl-C does to remote work (remote or local)",
+    "attach": "attach the debugger to an actor paused at a breakpoint",
+    "admin": "serve the admin endpoint for the terminal admin (monarch-admin)",
 }
 
 
@@ -289,10 +304,12 @@ def _command_parsers() -> dict[str, _Parser]:
         description="Show the health dashboard of one mesh or all (a text table where "
                     "widgets are not available).")
     st.add_argument("name", metavar="NAME", nargs="?", help="a mesh name (default: all)")
+    st.add_argument("--text", action="store_true", help="a text table, not the live widget")
 
     sp = ps["stop"] = _Parser(prog="%mesh stop",
                               description="Stop meshes this notebook created, and their procs.")
-    sp.add_argument("names", metavar="NAME", nargs="*", help="mesh variables to stop")
+    sp.add_argument("names", metavar="NAME", nargs="*",
+                    help="meshes to stop: notebook variables, or mesh names")
     sp.add_argument("--all", action="store_true", help="stop every mesh")
 
     it = ps["interrupt"] = _Parser(
@@ -301,6 +318,18 @@ def _command_parsers() -> dict[str, _Parser]:
                     "actors of the call it waits on; 'local': only the wait is cancelled. "
                     "Without MODE, show the current mode.")
     it.add_argument("mode", nargs="?", choices=["remote", "local"])
+
+    at = ps["attach"] = _Parser(
+        prog="%mesh attach",
+        description="Attach the debugger to rank RANK of actor mesh MESH, paused at a "
+                    "breakpoint (the debugger registers how).")
+    at.add_argument("mesh", metavar="MESH", help="the actor mesh's name")
+    at.add_argument("rank", metavar="RANK", type=int, help="the rank (an integer)")
+
+    ps["admin"] = _Parser(
+        prog="%mesh admin",
+        description="Serve the admin endpoint of this controller and print how to attach "
+                    "the terminal admin (monarch-admin) to it.")
     return ps
 
 
@@ -360,8 +389,8 @@ def parse_mesh_line(line: str) -> MeshCommand:
 def _parse_mesh_line(line: str) -> MeshCommand:
     tokens = _split(line)
     if not tokens:
-        raise MagicArgError("%mesh: missing COMMAND (alloc, spawn, list, status, stop, "
-                            "interrupt); try '%mesh --help'")
+        raise MagicArgError(f"%mesh: missing COMMAND ({', '.join(_COMMANDS)}); "
+                            "try '%mesh --help'")
     cmd, rest = tokens[0], tokens[1:]
     if cmd in ("-h", "--help", "help"):
         raise MagicHelp(_line_help())
@@ -389,20 +418,19 @@ def _parse_mesh_line(line: str) -> MeshCommand:
     if cmd == "list":
         return ListArgs()
     if cmd == "status":
-        return StatusArgs(name=ns.name)
+        return StatusArgs(name=ns.name, text=ns.text)
     if cmd == "stop":
         if ns.all and ns.names:
             raise MagicArgError("%mesh stop: give mesh names or --all, not both")
         if not ns.all and not ns.names:
             raise MagicArgError("%mesh stop: give a mesh name, or --all")
-        for n in ns.names:
-            try:
-                parse_identifier(n, "mesh")
-            except MagicArgError as e:
-                raise MagicArgError(f"%mesh stop: {e}") from None
         return StopArgs(names=list(ns.names), all=ns.all)
     if cmd == "interrupt":
         return InterruptArgs(mode=ns.mode)
+    if cmd == "attach":
+        return AttachArgs(mesh=ns.mesh, rank=ns.rank)
+    if cmd == "admin":
+        return AdminArgs()
     raise MagicArgError(f"%mesh: unknown command {cmd!r}")  # pragma: no cover
 
 

@@ -17,7 +17,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 
 from monarch_kernel import args as margs
 from monarch_kernel.folding import MeshCellError, RankFailure
-from monarch_kernel.tables import Table
+from monarch_kernel.tables import Rendered, Table
 
 #: How long a finished %%mesh cell waits for its remote output still in flight.
 OUTPUT_DRAIN_S = 2.0
@@ -234,28 +234,32 @@ class MeshMagics(Magics):
     def _cmd_status(self, a: margs.StatusArgs) -> Any:
         from monarch_kernel.extension import _running_runtime
 
-        try:  # the live dashboard, where the widgets package provides it
-            from monarch_widgets import dashboard  # type: ignore[import-not-found]
-        except ImportError:
-            dashboard = None
-        if dashboard is not None:
-            try:
-                return dashboard(a.name)
-            except KeyError as e:
-                raise UsageError(f"%mesh status: no mesh named {a.name!r}; see %mesh list"
-                                 ) from None
-            except Exception as e:  # the text table below still tells the state
-                print(f"%mesh status: the dashboard failed ({type(e).__name__}: {e}); "
-                      "showing a text table")
         rt = _running_runtime()
         snaps = rt.health.snapshot() if rt is not None else []
         if a.name is not None:
             snaps = [m for m in snaps if a.name in (m.name, m.proc_mesh)
-                     or m.name.split("#")[0] == a.name]
+                     or m.name.split("~")[0] == a.name]
             if not snaps:
-                raise UsageError(f"%mesh status: no mesh named {a.name!r}; see %mesh list")
+                live = [m for m in (rt.meshes() if rt is not None else [])
+                        if getattr(m, "name", None) == a.name and not self._hidden(m)]
+                if not live:
+                    raise UsageError(f"%mesh status: no mesh named {a.name!r}; "
+                                     "see %mesh list")
+                pm = live[0]  # a proc mesh with no actors: nothing in the health model yet
+                return Rendered(f"proc mesh {a.name} {_fmt_sizes(pm.sizes)}: "
+                                f"{_proc_state(rt, pm)}, no actors")
+        try:  # the views package: the live dashboard, and its text and HTML renderings
+            import monarch_widgets
+        except ImportError:
+            monarch_widgets = None
+        if monarch_widgets is not None:
+            if a.name is None and not a.text:
+                return monarch_widgets.dashboard(self._runtime())
+            from monarch_widgets.render import render_html, render_text
+
+            return Rendered(render_text(snaps), None if a.text else render_html(snaps))
         t = Table(["mesh", "rank", "coords", "state", "endpoint", "handled", "errors", "pid",
-                   "for"], title="status")
+                   "for"], title="meshes")
         now = time.time()
         for m in snaps:
             for act in m.actors:
@@ -263,6 +267,25 @@ class MeshMagics(Magics):
                       act.endpoint or "", act.handled, act.errors, act.pid or "",
                       f"{now - act.since:.0f} s")
         return t
+
+    # -- %mesh attach / admin (the views and debugger packages) --------------------------------
+    def _cmd_attach(self, a: margs.AttachArgs) -> Any:
+        try:
+            from monarch_widgets import controls
+        except ImportError:
+            raise UsageError("%mesh attach: needs the monarch_widgets package") from None
+        try:
+            return Rendered(controls.attach(a.mesh, a.rank))
+        except (RuntimeError, KeyError, ValueError) as e:
+            raise UsageError(f"%mesh attach: {e}") from None
+
+    def _cmd_admin(self, a: margs.AdminArgs) -> Any:
+        try:
+            from monarch_widgets.magic import handle
+        except ImportError:
+            raise UsageError("%mesh admin: needs the monarch_widgets package") from None
+        self._runtime()
+        return handle(["admin"])
 
     # -- %mesh stop ------------------------------------------------------------------------------
     def _cmd_stop(self, a: margs.StopArgs) -> Any:
@@ -278,12 +301,8 @@ class MeshMagics(Magics):
                         if isinstance(m, ActorMesh) and m.proc_mesh is None]
         else:
             targets = []
-            for var in a.names:
-                obj = self._lookup(var, "a mesh")
-                if not isinstance(obj, (ProcMesh, ActorMesh)):
-                    raise UsageError(f"%mesh stop: {var!r} is a {type(obj).__name__}, "
-                                     "not a mesh")
-                targets.append(obj)
+            for name in a.names:
+                targets.extend(self._meshes_named(name))
         futs = [(m, m.stop()) for m in targets]
         names = []
         for m, f in futs:
@@ -297,6 +316,26 @@ class MeshMagics(Magics):
         print(f"stopped {len(names)} mesh{'es' if len(names) != 1 else ''}"
               + (f": {', '.join(names)}" if names else ""))
         return None
+
+    def _meshes_named(self, name: str) -> list:
+        """The mesh in variable `name`, else the live meshes whose name is `name`."""
+        from runtime import ActorMesh, ProcMesh
+
+        from monarch_kernel.extension import _running_runtime
+
+        obj = self._ns.get(name)
+        if isinstance(obj, (ProcMesh, ActorMesh)):
+            return [obj]
+        rt = _running_runtime()
+        found = [m for m in (rt.meshes() if rt is not None else [])
+                 if name in (getattr(m, "name", None),
+                             getattr(getattr(m, "_rec", None), "health_name", None))
+                 and not self._hidden(m)]
+        if not found:
+            what = (f"is a {type(obj).__name__}, not a mesh" if name in self._ns
+                    else "is neither a mesh variable nor a live mesh's name")
+            raise UsageError(f"%mesh stop: {name!r} {what}; see %mesh list")
+        return found
 
     # -- %mesh interrupt ------------------------------------------------------------------------
     def _cmd_interrupt(self, a: margs.InterruptArgs) -> Any:

@@ -42,6 +42,20 @@ class Table:
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+class Rendered:
+    """Text shown as is (no quotes), with an HTML form for notebooks when given."""
+
+    def __init__(self, text: str, html_text: Optional[str] = None) -> None:
+        self.text = text
+        self.html = html_text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> Optional[str]:
+        return self.html
+
+
 class Progress:
     """How many of `total` things are done; updated in place through a display handle."""
 

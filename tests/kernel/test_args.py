@@ -3,7 +3,7 @@
 import pytest
 
 from monarch_kernel.args import (
-    AllocArgs, CellArgs, InterruptArgs, ListArgs, MagicArgError, MagicHelp, SpawnArgs,
+    AdminArgs, AttachArgs, AllocArgs, CellArgs, InterruptArgs, ListArgs, MagicArgError, MagicHelp, SpawnArgs,
     StatusArgs, StopArgs, parse_mesh_cell, parse_mesh_line, parse_ranks, parse_sizes,
 )
 
@@ -29,6 +29,9 @@ def test_simple_commands():
     assert parse_mesh_line("list") == ListArgs()
     assert parse_mesh_line("status") == StatusArgs(None)
     assert parse_mesh_line("status trainers") == StatusArgs("trainers")
+    assert parse_mesh_line("status --text") == StatusArgs(None, True)
+    assert parse_mesh_line("attach trainers 3") == AttachArgs("trainers", 3)
+    assert parse_mesh_line("admin") == AdminArgs()
     assert parse_mesh_line("stop a b") == StopArgs(["a", "b"], False)
     assert parse_mesh_line("stop --all") == StopArgs([], True)
     assert parse_mesh_line("interrupt") == InterruptArgs(None)
@@ -44,7 +47,7 @@ def test_cell_args():
 
 @pytest.mark.parametrize("line", ["--help", "-h", "help", "alloc --help", "spawn --help",
                                   "list --help", "status -h", "stop --help",
-                                  "interrupt --help"])
+                                  "interrupt --help", "attach --help", "admin --help"])
 def test_every_line_command_has_help(line):
     with pytest.raises(MagicHelp) as e:
         parse_mesh_line(line)
@@ -76,6 +79,8 @@ def test_cell_help():
     ("stop", "give a mesh name"),
     ("stop a --all", "not both"),
     ("interrupt sometimes", "invalid choice"),
+    ("attach trainers one", "invalid int value"),
+    ("attach trainers", "required: RANK"),
     ("alloc t --per-host 'procs=1", "cannot split"),
 ])
 def test_line_errors_are_one_line(line, needle):

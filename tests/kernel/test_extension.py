@@ -113,6 +113,29 @@ def test_bad_input_is_a_one_line_usage_error(ip, line, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
+def test_stop_by_mesh_name_and_status_views(ip):
+    with capture_output():
+        ip.run_line_magic("mesh", "alloc v1 --mesh-name labelled --per-host procs=1 "
+                                  "--no-progress")
+    status = ip.run_line_magic("mesh", "status labelled")
+    assert repr(status) == "proc mesh labelled {procs: 1}: running, no actors"
+    with capture_output():
+        ip.run_line_magic("mesh", "spawn v1 Noop --as lab_actors")
+    status = ip.run_line_magic("mesh", "status --text labelled")
+    assert repr(status).startswith("mesh lab_actors [procs=1] on labelled")
+    assert status._repr_html_() is None  # --text: no HTML form
+    status = ip.run_line_magic("mesh", "status lab_actors")
+    assert "<" in status._repr_html_()
+    with pytest.raises(UsageError, match="no mesh named 'nope'"):
+        ip.run_line_magic("mesh", "status nope")
+    with capture_output() as cap:
+        ip.run_line_magic("mesh", "stop labelled")  # not a variable: a mesh name
+    assert cap.stdout.strip() == "stopped 1 mesh: labelled"  # (its actors with it)
+    assert ip.user_ns["v1"]._stopped_flag
+    with pytest.raises(UsageError, match="neither a mesh variable nor a live mesh's name"):
+        ip.run_line_magic("mesh", "stop labelled")
+
+
 def test_stopped_mesh_is_refused(ip):
     ip.user_ns["h"] = runtime.this_host()
     with capture_output():
