@@ -113,7 +113,7 @@ def test_quickstart_runs_in_jupyterlab(lab):
         assert hits, f"no cell starting {start!r} in {list(by_source)}"
         return hits[0]
 
-    assert len(cells) == 18
+    assert len(cells) == 19
     assert "2/2 procs up" in out("%mesh alloc trainers")
     assert "[counters 0] value is now 15" in out("counters.incr.call(5)")
     assert "[counters 1] value is now 15" in out("counters.incr.call(5)")

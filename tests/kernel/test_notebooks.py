@@ -59,6 +59,7 @@ def test_quickstart(tmp_path):
     assert "ValueError: rank 0 does not like this input" in err
     assert "ZeroDivisionError: division by zero" in err
     assert "counters  counters  actors (Counter)" in output_of(cells, "%mesh list")
+    assert "mesh counters [procs=2] on trainers: idle" in output_of(cells, "%mesh status --text")
     assert output_of(cells, "%mesh stop trainers").strip() == "stopped 1 mesh: trainers"
     assert cells[-1].outputs and "(no meshes)" in cell_text(cells[-1])
 
