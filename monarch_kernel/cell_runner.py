@@ -4,7 +4,6 @@ that persists across cells, and returns each cell's last value or its formatted 
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from runtime import Actor, current_rank, current_size, endpoint
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand

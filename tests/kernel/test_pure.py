@@ -4,8 +4,6 @@ import asyncio
 import pickle
 import threading
 
-import pytest
-
 from monarch_kernel.cell_exec import Unpicklable, new_namespace, portable, run_cell
 from monarch_kernel.folding import MeshCellError, RankFailure, compress_ranks, fold, render
 from monarch_kernel.output import LinePrefixer, OutputRouter
