@@ -132,6 +132,8 @@ class OutputRouter:
 
         def drop(m: "re.Match[str]") -> str:
             self._marks[m.group(1)] = self._marks.get(m.group(1), 0) + 1
+            while len(self._marks) > 256:  # marks of cells nobody waits for (interrupted)
+                del self._marks[next(iter(self._marks))]
             at_line_start = m.start() == 0 or text[m.start() - 1] in "\r\n"
             return "" if at_line_start else (m.group(2) or "")
 
