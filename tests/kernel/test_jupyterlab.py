@@ -121,5 +121,8 @@ def test_quickstart_runs_in_jupyterlab(lab):
     assert "MeshCellError: 2 of 2 ranks failed on trainers" in out("%%mesh trainers\nif rank")
     assert "stopped 1 mesh: trainers" in out("%mesh stop trainers")
     assert "(no meshes)" in cells[-1][1]
+    status = [c for c in nb["cells"] if "".join(c["source"]).strip() == "%mesh status"][0]
+    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
+               for o in status["outputs"]), status["outputs"]  # the live dashboard widget
     errors = [s for s, o in cells if "Traceback" in o and not s.startswith("%%mesh trainers\nif")]
     assert not errors, errors
