@@ -1,0 +1,83 @@
+"""SlurmJob's launcher on the namespaced cluster, with a stand-in agent (no runtime needed):
+one batch job, one srun per node, addresses published from each node, scancel stops all."""
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.job import JobError, SlurmJob
+
+from .mhcluster import pid_alive
+
+STANDIN = Path(__file__).parent / "fixtures" / "standin_agent.py"
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def slurm_env(cluster, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", str(cluster.dir / "slurm.conf"))
+    return cluster
+
+
+def _key(tmp_path: Path) -> Path:
+    k = tmp_path / "cluster.key"
+    k.write_bytes(b"not a real key: the stand-in only checks the file mode")
+    k.chmod(0o600)
+    return k
+
+
+def test_slurm_job_starts_one_agent_per_node(slurm_env, tmp_path):
+    cluster = slurm_env
+    job = SlurmJob({"trainers": 2, "gen": 1}, python=str(STANDIN), key_file=_key(tmp_path),
+                   workdir=tmp_path / "jobs", progress=False, timeout=60)
+    try:
+        addrs = job.wait_addresses()
+        assert job.slurm_state() == "RUNNING"
+        hosts = {}
+        for slot, addr in addrs.items():
+            host, port = addr[len("tcp://"):].rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=5) as c:
+                name, mode = c.recv(200).decode().split()
+            assert mode == "0o600" and cluster.addr(name) == host
+            hosts[slot] = name
+        assert sorted(hosts.values()) == cluster.nodes  # every node, each once
+        agents = {n: [p for p in ps] for n, ps in cluster.ns_pids().items()}
+        assert all(agents[n] for n in cluster.nodes)
+    finally:
+        job.kill()
+    assert job.slurm_state() not in ("RUNNING", "PENDING")
+    deadline = time.monotonic() + 15
+    stray = []
+    while time.monotonic() < deadline:  # only slurmd itself may stay in a node's namespace
+        daemons = set(cluster.pids)
+        stray = [p for n in cluster.nodes for p in cluster.ns_pids()[n] if p not in daemons]
+        if not stray:
+            break
+        time.sleep(0.2)
+    assert not stray, f"processes left on nodes after kill: {stray}"
+
+
+def test_slurm_job_reports_agents_that_fail(slurm_env, tmp_path):
+    job = SlurmJob({"m": 1}, python="/nonexistent/python", key_file=_key(tmp_path),
+                   workdir=tmp_path / "jobs", progress=False, timeout=30)
+    t0 = time.monotonic()
+    with pytest.raises(JobError, match="ended|did not start") as e:
+        try:
+            job.wait_addresses()
+        finally:
+            job.kill()
+    assert "nonexistent" in str(e.value)  # the agent's own error is in the report
+    assert time.monotonic() - t0 < 30
+
+
+def test_slurm_job_needs_enough_nodes(slurm_env, tmp_path):
+    job = SlurmJob({"m": 4}, python=str(STANDIN), key_file=_key(tmp_path),
+                   workdir=tmp_path / "jobs", progress=False, timeout=5)
+    with pytest.raises(JobError, match="sbatch failed|did not start"):
+        try:
+            job.wait_addresses()
+        finally:
+            job.kill()
