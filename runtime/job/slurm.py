@@ -138,22 +138,27 @@ class SlurmJob(Job):
         """The job's SLURM state (PENDING, RUNNING, ...), or 'GONE' once squeue forgot it."""
         if self.job_id is None:
             return "NOT_SUBMITTED"
-        r = subprocess.run(["squeue", "-h", "-j", self.job_id, "-o", "%T"], capture_output=True,
-                           text=True, timeout=30)
-        state = r.stdout.strip().split("\n")[0] if r.returncode == 0 else ""
-        return state or "GONE"
+        state, _ = self._squeue()
+        return state
+
+    def _squeue(self) -> tuple[str, str]:
+        r = subprocess.run(["squeue", "-h", "-j", str(self.job_id), "-o", "%T|%r"],
+                           capture_output=True, text=True, timeout=30)
+        line = r.stdout.strip().split("\n")[0] if r.returncode == 0 else ""
+        state, _, reason = line.partition("|")
+        return (state or "GONE"), ("" if reason in ("", "None") else reason)
 
     def _addresses(self) -> dict[tuple[str, int], str]:
         assert self.workdir is not None
         return read_address_files(self.workdir / "addrs", slots(self.meshes))
 
     def _check(self) -> str:
-        state = self.slurm_state()
+        state, reason = self._squeue()
         self._last_state = state
         if state not in _ACTIVE:
             raise JobError(f"slurm job {self.job_id} ended ({state}) before all agents "
                            f"started{self._diagnostics()}")
-        return f"job {self.job_id} {state}"
+        return f"job {self.job_id} {state}" + (f" ({reason})" if reason else "")
 
     def _diagnostics(self) -> str:
         if self.workdir is None:

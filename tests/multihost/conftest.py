@@ -7,6 +7,7 @@ with the reason; set MONARCH_REQUIRE_MULTIHOST=1 (CI) to turn that skip into a f
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,50 @@ def cluster(mh_cluster):
         for node in mh_cluster.nodes:
             mh_cluster.heal(node)
             mh_cluster.link(node, True)
+
+
+@pytest.fixture(scope="session")
+def sshd_nodes(mh_cluster, tmp_path_factory):
+    """An sshd inside every node namespace (port 22 on the node's address, key login only).
+
+    Yields (ssh options, user@address per node). Skips when openssh-server is missing."""
+    import shutil
+    import subprocess
+    import time
+
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not Path(sshd).exists() or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        _skip_or_fail("openssh-server / openssh-client not installed")
+    d = tmp_path_factory.mktemp("sshd")
+    d.chmod(0o700)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host")], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "user")], check=True)
+    (d / "authorized_keys").write_bytes((d / "user.pub").read_bytes())
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    procs = []
+    for node in mh_cluster.nodes:
+        conf = d / f"sshd_{node}.conf"
+        conf.write_text(
+            f"ListenAddress {mh_cluster.addr(node)}:22\nHostKey {d}/host\n"
+            f"AuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd_{node}.pid\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nX11Forwarding no\n"
+            "AllowTcpForwarding no\nLogLevel ERROR\n")
+        procs.append(mh_cluster.popen(node, [sshd, "-D", "-e", "-f", str(conf)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    opts = ("-i", str(d / "user"), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", f"UserKnownHostsFile={d}/known_hosts", "-o", "StrictHostKeyChecking=no",
+            "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5", "-T")
+    dests = [f"root@{mh_cluster.addr(n)}" for n in mh_cluster.nodes]
+    deadline = time.monotonic() + 15
+    for dest in dests:
+        while subprocess.run(["ssh", *opts, dest, "true"], capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sshd on {dest} did not come up")
+            time.sleep(0.2)
+    try:
+        yield opts, dests
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)
