@@ -152,3 +152,22 @@ def test_kubernetes_bad_names():
         KubernetesJob({"a": 1}, image="x", name="Bad_Name")
     with pytest.raises(ValueError, match="image"):
         KubernetesJob({"a": 1}, image="")
+
+
+def test_parse_alloc():
+    from runtime.job.alloc import parse_alloc
+
+    s = parse_alloc("trainers --job slurm --hosts 2 --per-host procs=2 --partition debug --time 10")
+    assert (s.name, s.kind, s.hosts, s.per_host) == ("trainers", "slurm", 2, {"procs": 2})
+    assert s.options == {"partition": "debug", "time_limit": "10"}
+    job = s.make_job()
+    assert isinstance(job, SlurmJob) and job.meshes == {"trainers": 2} and job.partition == "debug"
+    assert parse_alloc("w --hosts 3").make_job().meshes == {"w": 3}
+    s = parse_alloc("w --job ssh --ssh-hosts a b --per-host gpus=8")
+    assert s.hosts == 2 and s.per_host == {"gpus": 8} and s.make_job().host_names == ["a", "b"]
+    for line, words in [("w", "--hosts"), ("w --hosts 0", "positive"), ("1w --hosts 1", "identifier"),
+                        ("w --hosts 2 --per-host procs", "DIM=N"), ("w --hosts 1 --job pbs", "invalid choice"),
+                        ("w --hosts 1 --partition p", "does not apply"), ("w --hosts 1 --bogus", "unknown"),
+                        ("w --job kubernetes --hosts 1", "--image"), ("w --job ssh --hosts 1", "--ssh-hosts")]:
+        with pytest.raises(ValueError, match=words):
+            parse_alloc(line)
