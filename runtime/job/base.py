@@ -6,6 +6,7 @@ returns one `HostMesh` per mesh name. `kill()` stops the meshes and cancels the 
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -50,8 +51,14 @@ def check_meshes(meshes: dict[str, int]) -> dict[str, int]:
 
 
 def parse_address(text: str) -> str:
-    """Return the agent address in `text` ('tcp://HOST:PORT'), or raise ValueError."""
+    """The agent address in `text`: 'tcp://HOST:PORT', or the agent's address-file JSON
+    ({"address": "tcp://HOST:PORT", ...}); raise ValueError otherwise."""
     addr = text.strip()
+    if addr.startswith("{"):
+        try:
+            addr = str(json.loads(addr)["address"])
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"not an agent address file: {text!r}") from None
     m = ADDRESS_RE.match(addr)
     if not m or not 0 < int(m.group(2)) < 65536:
         raise ValueError(f"not an agent address (tcp://HOST:PORT): {text!r}")

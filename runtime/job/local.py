@@ -16,9 +16,9 @@ from .base import Job, JobError, read_address_files, slots, tail
 
 
 def agent_argv(python: str, listen: str, key_file: Path, address_file: Path) -> list[str]:
-    """The command line of one host agent."""
+    """The command line of one host agent; it exits when this process dies."""
     return [python, "-m", "runtime.host", "--listen", listen, "--key-file", str(key_file),
-            "--address-file", str(address_file)]
+            "--address-file", str(address_file), "--parent-pid", str(os.getpid())]
 
 
 class LocalJob(Job):

@@ -27,7 +27,8 @@ def test_bad_meshes_are_named(bad, words):
 def test_parse_address():
     assert parse_address("tcp://10.77.0.1:4242\n") == "tcp://10.77.0.1:4242"
     assert parse_address("tcp://[::1]:1") == "tcp://[::1]:1"
-    for bad in ["", "tcp://h:0", "tcp://h:70000", "ipc:///x", "tcp://h", "tcp://a b:1"]:
+    assert parse_address('{"address": "tcp://h1:7", "ipc": "ipc:///x"}') == "tcp://h1:7"
+    for bad in ["", '{"address": "ipc:///x"}', '{"addr', "tcp://h:0", "tcp://h:70000", "ipc:///x", "tcp://h", "tcp://a b:1"]:
         with pytest.raises(ValueError, match="not an agent address"):
             parse_address(bad)
 
