@@ -81,3 +81,42 @@ def test_slurm_job_needs_enough_nodes(slurm_env, tmp_path):
             job.wait_addresses()
         finally:
             job.kill()
+
+
+def _node_state(cluster, node: str) -> str:
+    return cluster.run("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip()
+
+
+def test_lost_node_shrinks_job_instead_of_killing_it(slurm_env, tmp_path):
+    """--no-kill + one srun per host: SLURM drops the lost node, the other agents run on."""
+    cluster = slurm_env
+    lost = cluster.nodes[2]
+    job = SlurmJob({"m": 3}, python=str(STANDIN), key_file=_key(tmp_path),
+                   workdir=tmp_path / "jobs", progress=False, timeout=60)
+    try:
+        addrs = job.wait_addresses()
+        cluster.link(lost, False)
+        t0 = time.monotonic()
+        while "down" not in _node_state(cluster, lost):  # SlurmdTimeout=10 in the test cluster
+            assert time.monotonic() - t0 < 40, "SLURM never noticed the lost node"
+            time.sleep(0.5)
+        print(f"\nSLURM marked {lost} down after {time.monotonic() - t0:.1f} s")
+        time.sleep(1)
+        assert job.slurm_state() == "RUNNING"
+        nodelist = cluster.run("squeue", "-h", "-j", job.job_id, "-o", "%N").stdout.strip()
+        left = cluster.run("scontrol", "show", "hostnames", nodelist).stdout.split()
+        assert left == cluster.nodes[:2]  # the job shrank to the surviving nodes
+        for (_, i), addr in addrs.items():
+            if i == 2:
+                continue
+            host, port = addr[len("tcp://"):].rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=5) as c:
+                assert c.recv(200).decode().split()[0] == cluster.nodes[i]
+    finally:
+        cluster.link(lost, True)
+        job.kill()
+        cluster.run("scontrol", "update", f"nodename={lost}", "state=resume", check=False)
+        t1 = time.monotonic()
+        while _node_state(cluster, lost) != "idle" and time.monotonic() - t1 < 30:
+            time.sleep(0.5)
+    assert _node_state(cluster, lost) == "idle"
