@@ -239,6 +239,35 @@ class Job(ABC):
     def _diagnostics(self) -> str:
         return ""
 
+    # --- persistence: reattach from a new kernel ------------------------------------------
+    _transient = ("_state",)
+
+    def dump(self, path: str | os.PathLike) -> Path:
+        """Save what is needed to reattach to this running job (mode 0600), e.g. after a
+        kernel restart: `Job.load(path).state()` attaches to the same agents."""
+        import cloudpickle
+
+        if not self._launched or self._killed:
+            raise JobError(f"only a running job can be dumped ({self!r})")
+        data = {k: v for k, v in self.__dict__.items() if k not in self._transient}
+        path = Path(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            cloudpickle.dump((type(self), data), f)
+        return path
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Job":
+        """A job saved with `dump()`; its agents must still be running."""
+        import pickle
+
+        with open(path, "rb") as f:
+            cls, data = pickle.load(f)
+        job = cls.__new__(cls)
+        job.__dict__.update(data)
+        job._state = None
+        return job
+
     def __enter__(self) -> "Job":
         return self.apply()
 

@@ -71,6 +71,10 @@ class LocalJob(Job):
                 p.kill()
                 p.wait(timeout=5)
 
+    def dump(self, path):  # type: ignore[override]
+        """Not supported: local agents exit with the process that started them."""
+        raise JobError("a LocalJob's agents exit with this process; it cannot be dumped")
+
     @property
     def pids(self) -> list[int]:
         """Process ids of the agents (for tests and admin views)."""

@@ -76,6 +76,10 @@ class SSHJob(Job):
         self._found: dict[tuple[str, int], str] = {}
         self._errors: dict[tuple[str, int], list[str]] = {}
 
+    def dump(self, path):  # type: ignore[override]
+        """Not supported: the agents live only as long as this process's ssh sessions."""
+        raise JobError("an SSHJob's agents end with this process's ssh sessions; it cannot be dumped")
+
     def _launch(self) -> None:
         assert self.key_file is not None
         key = Path(self.key_file).read_bytes()

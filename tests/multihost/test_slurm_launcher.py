@@ -120,3 +120,26 @@ def test_lost_node_shrinks_job_instead_of_killing_it(slurm_env, tmp_path):
         while _node_state(cluster, lost) != "idle" and time.monotonic() - t1 < 30:
             time.sleep(0.5)
     assert _node_state(cluster, lost) == "idle"
+
+
+def test_dump_and_load_reattaches_to_running_job(slurm_env, tmp_path):
+    """A new process (e.g. a restarted kernel) loads the job and finds the same agents."""
+    import subprocess
+    import sys
+
+    job = SlurmJob({"m": 2}, python=str(STANDIN), key_file=_key(tmp_path),
+                   workdir=tmp_path / "jobs", progress=False, timeout=60)
+    try:
+        addrs = job.wait_addresses()
+        path = job.dump(tmp_path / "job.pkl")
+        assert path.stat().st_mode & 0o777 == 0o600
+        code = ("import sys; from runtime.job import Job; j = Job.load(sys.argv[1]); "
+                "print(j.job_id, j.slurm_state(), sorted(j.wait_addresses().values()))")
+        out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                             text=True, timeout=30, check=True).stdout.split(" ", 2)
+        assert out[0] == job.job_id and out[1] == "RUNNING"
+        assert out[2].strip() == str(sorted(addrs.values()))
+    finally:
+        job.kill()
+    with pytest.raises(JobError, match="running"):
+        job.dump(tmp_path / "again.pkl")
