@@ -15,11 +15,10 @@ import runtime
 from runtime.config import config
 
 from .actors import Where
+from .agents import HB_TIMEOUT, REPO, Agents
 from .mhcluster import pid_alive
 
 pytestmark = pytest.mark.timeout(120)
-HB_TIMEOUT = 3.0  # heartbeat timeout for these tests (controller and agents)
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,40 +37,6 @@ def key_file(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "runtime.transport.auth", "keygen", str(k)],
                    check=True, capture_output=True)
     return k
-
-
-class Agents:
-    """Real host agents, one per node namespace, started directly (no SLURM)."""
-
-    def __init__(self, cluster, key_file: Path, tmp: Path) -> None:
-        self.cluster, self.key_file, self.tmp = cluster, key_file, tmp
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, node: str) -> str:
-        af = self.tmp / f"{node}.{time.monotonic_ns()}.addr"
-        env = {**os.environ, "PYTHONPATH": str(REPO), "MONARCH_HEARTBEAT_TIMEOUT": str(HB_TIMEOUT)}
-        p = self.cluster.popen(node, [sys.executable, "-m", "runtime.host", "--listen",
-                                      f"tcp://{self.cluster.addr(node)}:0", "--key-file",
-                                      str(self.key_file), "--address-file", str(af)], env=env,
-                               cwd=str(REPO))
-        self.procs[node] = p
-        deadline = time.monotonic() + 30
-        while not af.exists():
-            assert p.poll() is None, f"agent on {node} exited with {p.returncode}"
-            assert time.monotonic() < deadline, f"agent on {node} published no address"
-            time.sleep(0.05)
-        return json.loads(af.read_text())["address"]
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
 
 @pytest.fixture
