@@ -8,11 +8,56 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any, Callable, Generator, Generic, Optional, TypeVar
 
 R = TypeVar("R")
 
 _PENDING = object()
+
+#: Functions called as fn(future) about every 0.1 s by a thread blocked in Future.get();
+#: the debugger uses this to open a pdb prompt in the waiting cell.
+_wait_hooks: list = []
+
+
+def add_wait_hook(fn: Callable[["Future"], None]) -> None:
+    """Register `fn(future)`, called periodically while a thread blocks in `get()`."""
+    if fn not in _wait_hooks:
+        _wait_hooks.append(fn)
+
+
+def remove_wait_hook(fn: Callable[["Future"], None]) -> None:
+    if fn in _wait_hooks:
+        _wait_hooks.remove(fn)
+
+
+class _LazyEvent:
+    """A threading.Event whose condition variable is made only if someone has to wait."""
+
+    __slots__ = ("_flag", "_ev")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._ev: Optional[threading.Event] = None
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+        ev = self._ev
+        if ev is not None:
+            ev.set()
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        if self._flag:
+            return True
+        ev = self._ev
+        if ev is None:
+            ev = self._ev = threading.Event()
+            if self._flag:  # set() ran before the event existed
+                return True
+        return ev.wait(timeout)
 
 
 class Future(Generic[R]):
@@ -22,7 +67,7 @@ class Future(Generic[R]):
 
     def __init__(self, label: str = "") -> None:
         self._lock = threading.Lock()
-        self._event = threading.Event()
+        self._event = _LazyEvent()
         self._value: Any = _PENDING
         self._exc: Optional[BaseException] = None
         self._callbacks: list[Callable[["Future[R]"], None]] = []
@@ -82,14 +127,19 @@ class Future(Generic[R]):
         if self._event.is_set():
             return
         try:
-            if timeout is None:
-                # Wait in slices so Ctrl-C in the main thread is seen promptly.
-                while not self._event.wait(0.25):
-                    pass
-            elif not self._event.wait(timeout):
-                raise TimeoutError(
-                    f"{self._label or 'future'} not resolved within {timeout:g} s"
-                )
+            deadline = None if timeout is None else time.monotonic() + timeout
+            # Wait in slices so Ctrl-C in the main thread is seen promptly and wait hooks run.
+            while True:
+                step = 0.1
+                if deadline is not None:
+                    step = min(step, deadline - time.monotonic())
+                    if step <= 0:
+                        raise TimeoutError(
+                            f"{self._label or 'future'} not resolved within {timeout:g} s")
+                if self._event.wait(step):
+                    return
+                for hook in list(_wait_hooks):
+                    hook(self)
         except KeyboardInterrupt:
             hook = self._on_interrupt
             if hook is not None:

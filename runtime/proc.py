@@ -29,6 +29,12 @@ from .transport.serialization import dumps, loads
 log = logging.getLogger("runtime.proc")
 
 _STOP = "stop"
+_tls = threading.local()
+
+
+def current_actor() -> Optional["ActorInstance"]:
+    """The ActorInstance whose thread is running (None outside actor threads)."""
+    return getattr(_tls, "actor", None)
 
 
 class ActorInstance:
@@ -51,6 +57,7 @@ class ActorInstance:
         self.errors = 0
         self.failed: Optional[str] = None
         self.current_port = -1
+        self.current_reply = ""  # the caller's address while a call with a reply runs
         self.instance: Any = None
         self.endpoints: dict = {}
         self._aloop: Optional[asyncio.AbstractEventLoop] = None
@@ -63,6 +70,7 @@ class ActorInstance:
         ctx = ActorContext(self.actor_id, self.name, Point(self.rank, self.shape),
                            self.rt.proc_id, self.rt.host, os.getpid())
         _set_context(ctx)
+        _tls.actor = self
         logs.set_thread_label(self.name)
         self._init()
         mailbox = self.mailbox
@@ -136,6 +144,7 @@ class ActorInstance:
             return
         self._set_state("busy", name)
         self.current_port = h.port
+        self.current_reply = h.reply
         ok = False
         result = None
         try:
@@ -370,17 +379,18 @@ def main(cfg: dict) -> None:
     sys.stdout = logs.TaggedWriter(1, "<stdout>")
     sys.stderr = logs.TaggedWriter(2, "<stderr>")
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
                         format="%(levelname)s %(name)s: %(message)s")
     keys = None
     if cfg.get("key_file"):
         keys = auth.read_key_file(cfg["key_file"])
     rt = Runtime(proc_id=cfg["proc_id"], token=bytes.fromhex(cfg["token"]), rundir=cfg["rundir"],
-                 owner_address=cfg["owner"], is_proc=True, keys=keys)
+                 owner_address=cfg["owner"], is_proc=True, keys=keys, start=False)
     rt.agent_address = cfg.get("agent", "")
     rt.host_id = cfg.get("host_id", "")
     set_runtime(rt)
     server = ProcServer(rt, cfg)
+    rt.start()
     rt.send(cfg["owner"], Header(Kind.HELLO, extra={"pid": os.getpid(), "host": rt.host,
                                                     "address": rt.address}))
     signal.signal(signal.SIGTERM, lambda *_: server.stopped.set())
