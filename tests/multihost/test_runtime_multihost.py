@@ -121,7 +121,7 @@ def _wait_failure(call_future, budget: float):
     return time.monotonic() - t0, e.value
 
 
-def test_link_down_fails_actors_on_that_host_only(cluster, mesh3, agents, key_file):
+def test_link_down_fails_actors_on_that_host_only(cluster, mesh3, record_detection):
     hosts, procs, where = mesh3
     lost = hosts.hosts[2]
     cluster.link(lost, False)
@@ -131,7 +131,7 @@ def test_link_down_fails_actors_on_that_host_only(cluster, mesh3, agents, key_fi
         fut = where.slice(hosts=2).where.call()
         dt, err = _wait_failure(fut, HB_TIMEOUT * 3 + 5)
         detect = time.monotonic() - t0
-        print(f"\nlink down: host {lost} detected after {detect:.2f} s (timeout {HB_TIMEOUT} s)")
+        record_detection(f"multihost: link down ({lost}), heartbeat timeout {HB_TIMEOUT:g} s", detect)
         assert detect < HB_TIMEOUT * 2 + 3
         assert lost in str(err)
         failure = getattr(err, "failure", None)
@@ -155,20 +155,20 @@ def test_link_down_fails_actors_on_that_host_only(cluster, mesh3, agents, key_fi
             time.sleep(1)
 
 
-def test_agent_killed_is_detected_and_named(cluster, mesh3, agents):
+def test_agent_killed_is_detected_and_named(cluster, mesh3, agents, record_detection):
     hosts, procs, where = mesh3
     victim = hosts.hosts[1]
     t0 = time.monotonic()
     agents.procs[victim].kill()
     dt, err = _wait_failure(where.slice(hosts=1).where.call(), HB_TIMEOUT * 3 + 5)
     detect = time.monotonic() - t0
-    print(f"\nagent killed: host {victim} detected after {detect:.2f} s")
+    record_detection(f"multihost: agent killed ({victim}), heartbeat timeout {HB_TIMEOUT:g} s", detect)
     assert detect < HB_TIMEOUT * 2 + 3 and victim in str(err)
     ok = where.slice(hosts=2).where.call().get(timeout=20)
     assert [v[0] for _, v in ok.items()] == [hosts.hosts[2]] * 2
 
 
-def test_partition_between_agents_is_reported_not_fatal(cluster, mesh3):
+def test_partition_between_agents_is_reported_not_fatal(cluster, mesh3, record_detection):
     hosts, procs, where = mesh3
     a, b = hosts.hosts[0], hosts.hosts[1]
     src = where.slice(hosts=0, procs=0)
@@ -178,8 +178,8 @@ def test_partition_between_agents_is_reported_not_fatal(cluster, mesh3):
         t0 = time.monotonic()
         with pytest.raises((runtime.ActorError, runtime.SupervisionError, TimeoutError)) as e:
             src.ask.call_one(where, 2, HB_TIMEOUT * 2).get(timeout=HB_TIMEOUT * 4 + 10)
-        print(f"\npartition {a}<->{b}: reported after {time.monotonic() - t0:.2f} s: "
-              f"{type(e.value).__name__}")
+        record_detection(f"multihost: partition {a}<->{b} reported to the caller "
+                         f"({type(e.value).__name__})", time.monotonic() - t0)
         # nobody mistook the partition for a dead controller or a dead host
         got = where.where.call().get(timeout=20)
         assert sorted(v[0] for _, v in got.items()) == sorted(cluster.nodes * 2)

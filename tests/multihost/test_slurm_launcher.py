@@ -87,7 +87,7 @@ def _node_state(cluster, node: str) -> str:
     return cluster.run("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip()
 
 
-def test_lost_node_shrinks_job_instead_of_killing_it(slurm_env, tmp_path):
+def test_lost_node_shrinks_job_instead_of_killing_it(slurm_env, tmp_path, record_detection):
     """--no-kill + one srun per host: SLURM drops the lost node, the other agents run on."""
     cluster = slurm_env
     lost = cluster.nodes[2]
@@ -100,7 +100,8 @@ def test_lost_node_shrinks_job_instead_of_killing_it(slurm_env, tmp_path):
         while "down" not in _node_state(cluster, lost):  # SlurmdTimeout=10 in the test cluster
             assert time.monotonic() - t0 < 40, "SLURM never noticed the lost node"
             time.sleep(0.5)
-        print(f"\nSLURM marked {lost} down after {time.monotonic() - t0:.1f} s")
+        record_detection(f"multihost: SLURM marks a lost node ({lost}) down, SlurmdTimeout=10",
+                         time.monotonic() - t0)
         time.sleep(1)
         assert job.slurm_state() == "RUNNING"
         nodelist = cluster.run("squeue", "-h", "-j", job.job_id, "-o", "%N").stdout.strip()
