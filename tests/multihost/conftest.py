@@ -20,19 +20,34 @@ def _skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+_summary: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Show in CI's log that the namespaced cluster really ran (or why it did not)."""
+    if _summary:
+        terminalreporter.section("multihost cluster")
+        for line in _summary:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def mh_cluster():
     """A running 3-node SLURM cluster of network namespaces (torn down after the session)."""
     reason = unavailable()
     if reason:
+        _summary.append(f"not run: {reason}")
         _skip_or_fail(reason)
     cluster = Cluster(n=3)
     cluster.up()  # raises (test error) on failure, after tearing down what it started
+    _summary.append(f"up in {cluster.up_seconds:.1f} s: SLURM nodes {', '.join(cluster.nodes)} "
+                    f"as network namespaces on {cluster.bridge} ({cluster.net}.0/24)")
     try:
         yield cluster
     finally:
         cluster.down(check=False)
         left = cluster.leftovers()
+        _summary.append(f"torn down; left behind: {left or 'nothing'}")
         assert not left, f"cluster teardown left: {left}"
 
 
