@@ -124,6 +124,12 @@ def _wait_failure(call_future, budget: float):
 def test_link_down_fails_actors_on_that_host_only(cluster, mesh3, record_detection):
     hosts, procs, where = mesh3
     lost = hosts.hosts[2]
+    deadline = time.monotonic() + 10
+    while not all(p.pid for p in procs.slice(hosts=2).procs):  # pid known after the proc's hello
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    old_pids = [p.pid for p in procs.slice(hosts=2).procs]
+    assert all(pid_alive(p) for p in old_pids), old_pids
     cluster.link(lost, False)
     t0 = time.monotonic()
     try:
@@ -141,8 +147,9 @@ def test_link_down_fails_actors_on_that_host_only(cluster, mesh3, record_detecti
         assert [v[0] for _, v in ok.items()] == [hosts.hosts[0]] * 2
     finally:
         cluster.link(lost, True)
-    # after the link returns, new procs can be spawned on that host
+    # after the link returns (the next heartbeat), new procs can be spawned on that host
     deadline = time.monotonic() + 30
+    t_up = time.monotonic()
     while True:
         try:
             p2 = hosts.slice(hosts=2).spawn_procs(per_host={"procs": 1}, name="again")
@@ -150,9 +157,15 @@ def test_link_down_fails_actors_on_that_host_only(cluster, mesh3, record_detecti
             w2.initialized.get(timeout=20)
             assert [v[0] for _, v in w2.where.call().get(timeout=20).items()] == [lost]
             break
-        except runtime.SupervisionError:
-            assert time.monotonic() < deadline
-            time.sleep(1)
+        except (runtime.SupervisionError, runtime.MeshStoppedError):
+            assert time.monotonic() < deadline, "the host never came back"
+            time.sleep(0.2)
+    record_detection(f"multihost: link back ({lost}) to new procs answering", time.monotonic() - t_up)
+    # the procs that were declared failed while cut off do not linger on the host
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in old_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(pid_alive(p) for p in old_pids)
 
 
 def test_agent_killed_is_detected_and_named(cluster, mesh3, agents, record_detection):
