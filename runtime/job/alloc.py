@@ -53,7 +53,7 @@ class AllocSpec:
 
 def _per_host(items: list[str]) -> dict[str, int]:
     out: dict[str, int] = {}
-    for item in items:
+    for item in (part for group in items for part in group.split(",") if part):
         key, eq, val = item.partition("=")
         if not eq or not key.isidentifier() or not val.isdigit() or int(val) < 1:
             raise ValueError(f"--per-host takes DIM=N with N >= 1 (e.g. procs=2), got {item!r}")

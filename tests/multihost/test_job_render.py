@@ -164,6 +164,7 @@ def test_parse_alloc():
     job = s.make_job()
     assert isinstance(job, SlurmJob) and job.meshes == {"trainers": 2} and job.partition == "debug"
     assert parse_alloc("w --hosts 3").make_job().meshes == {"w": 3}
+    assert parse_alloc("w --hosts 1 --per-host procs=2,gpus=4").per_host == {"procs": 2, "gpus": 4}
     s = parse_alloc("w --job ssh --ssh-hosts a b --per-host gpus=8")
     assert s.hosts == 2 and s.per_host == {"gpus": 8} and s.make_job().host_names == ["a", "b"]
     for line, words in [("w", "--hosts"), ("w --hosts 0", "positive"), ("1w --hosts 1", "identifier"),

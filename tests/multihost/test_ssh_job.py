@@ -43,3 +43,30 @@ def test_ssh_job_starts_agents_on_nodes(cluster, sshd_nodes, tmp_path):
             break
         time.sleep(0.2)
     assert not new, f"left on nodes after kill: {new}"
+
+
+@pytest.mark.timeout(90)
+def test_ssh_job_real_agents_end_to_end(cluster, sshd_nodes):
+    import sys
+
+    from .actors import Where
+    from .agents import REPO
+
+    opts, dests = sshd_nodes
+    job = SSHJob(dests, python=sys.executable, chdir=str(REPO), ssh_options=opts,
+                 progress=False, timeout=60)
+    before = cluster.ns_pids()
+    try:
+        hosts = job.state().hosts
+        assert sorted(hosts.hosts) == cluster.nodes
+        w = hosts.spawn_procs(per_host={"procs": 1}).spawn("w", Where)
+        assert sorted(v[0] for _, v in w.where.call().get(timeout=30).items()) == cluster.nodes
+    finally:
+        job.kill()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        new = [p for n, ps in cluster.ns_pids().items() for p in ps if p not in before[n]]
+        if not new:
+            break
+        time.sleep(0.2)
+    assert not new, f"left on nodes after kill: {new}"
