@@ -233,7 +233,7 @@ class Job(ABC):
     def cleanup(self) -> None:
         """Kill, then remove the job's private directory (keys, logs, address files)."""
         self.kill()
-        if self.workdir is not None and self._workdir_arg is None:
+        if self.workdir is not None:  # always a fresh directory of ours (private_dir)
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _diagnostics(self) -> str:
