@@ -72,7 +72,7 @@ def sshd_nodes(mh_cluster, tmp_path_factory):
 
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     if not Path(sshd).exists() or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
-        _skip_or_fail("openssh-server / openssh-client not installed")
+        pytest.skip("openssh-server / openssh-client not installed (apt-get install openssh-server)")
     d = tmp_path_factory.mktemp("sshd")
     d.chmod(0o700)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host")], check=True)

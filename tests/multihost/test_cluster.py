@@ -24,7 +24,10 @@ def test_srun_hostname_on_all_nodes(cluster):
 
 
 def _ping(cluster, src: str, dst_addr: str) -> bool:
-    r = cluster.run("ping", "-c1", "-W1", dst_addr, node=src, check=False, timeout=10)
+    """Can `src` open a TCP connection to `dst_addr` (slurmd's port 6818, slurmctld's 6817)?"""
+    port = 6817 if dst_addr.endswith(".250") else 6818
+    r = cluster.run("timeout", "2", "bash", "-c", f"exec 3<>/dev/tcp/{dst_addr}/{port}",
+                    node=src, check=False, timeout=10)
     return r.returncode == 0
 
 
