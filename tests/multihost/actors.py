@@ -30,6 +30,11 @@ class Where(Actor):
     def add(self, a: int, b: int) -> int:
         return a + b
 
+    @endpoint
+    def report(self, port) -> None:
+        """Send this actor's host and rank to `port` (a Port from the controller)."""
+        port.send((socket.gethostname(), dict(current_rank())))
+
 
 def _point(mesh, rank: int) -> dict:
     sizes = dict(mesh.sizes)

@@ -105,6 +105,15 @@ def test_output_forwarded_with_host_names(cluster, mesh3):
         assert host in cluster.nodes and f"@{host}" in label
 
 
+def test_ports_across_hosts(cluster, mesh3):
+    hosts, procs, where = mesh3
+    port, recv = runtime.Channel.open()
+    where.report.call(port).get(timeout=30)
+    got = sorted(recv.recv().get(timeout=10)[0] for _ in range(6))
+    assert got == sorted(cluster.nodes * 2)
+    recv.close()
+
+
 def test_cast_sends_one_message_per_host(cluster, mesh3):
     hosts, procs, where = mesh3
     rt = runtime.get_runtime()
