@@ -127,6 +127,13 @@ def _parse_index(name: str, spec: str) -> RankSel:
     return slice(*nums)
 
 
+def _parse_hosts_var(text: str) -> str:
+    if text.isdigit():
+        raise MagicArgError(f"{text!r} is a number: --hosts names a HostMesh variable here; "
+                            "for N hosts of a new job add --job KIND")
+    return parse_identifier(text, "variable")
+
+
 def parse_env(items: list[str]) -> dict[str, str]:
     """Parse repeated `KEY=VALUE` options into a dict."""
     out: dict[str, str] = {}
@@ -176,6 +183,15 @@ class AllocArgs:
     env: dict[str, str] = field(default_factory=dict)
     progress: bool = True
     timeout: Optional[float] = None
+
+
+@dataclass
+class JobAllocArgs:
+    """`%mesh alloc NAME --job KIND ...`: the job's arguments go to runtime.job.alloc."""
+
+    name: str
+    argv: list[str]  # for runtime.job.alloc.parse_alloc (NAME first)
+    progress: bool = True
 
 
 @dataclass
@@ -231,7 +247,7 @@ class CellArgs:
     quiet: bool = False
 
 
-MeshCommand = Union[AllocArgs, SpawnArgs, ListArgs, StatusArgs, StopArgs, InterruptArgs,
+MeshCommand = Union[AllocArgs, JobAllocArgs, SpawnArgs, ListArgs, StatusArgs, StopArgs, InterruptArgs,
                     AttachArgs, AdminArgs]
 
 
@@ -262,14 +278,19 @@ def _command_parsers() -> dict[str, _Parser]:
     ps: dict[str, _Parser] = {}
     a = ps["alloc"] = _Parser(
         prog="%mesh alloc",
-        description="Allocate a process mesh and bind it to NAME in the notebook's namespace.")
+        description="Allocate a process mesh and bind it to NAME in the notebook's namespace.",
+        epilog="On a new multi-host job instead: %mesh alloc NAME --job local|slurm|ssh|"
+               "kubernetes --hosts N [--per-host DIM=N] [--partition P] [--time T] "
+               "[--account A] [--qos Q] [--ssh-hosts H ...] [--image I] [--namespace NS] "
+               "[--timeout S] [--no-progress]; the Job is bound to NAME_job, and "
+               "'%mesh stop NAME' also ends the job (see docs/multihost.md).")
     a.add_argument("name", metavar="NAME", type=_arg_type(parse_identifier),
                    help="variable to bind the ProcMesh to (also its mesh name)")
     a.add_argument("--per-host", dest="per_host", type=_arg_type(parse_sizes),
                    default={"procs": 1}, metavar="DIM=N[,DIM=N]",
                    help="procs per host, as named dimensions (default procs=1)")
-    a.add_argument("--hosts", metavar="VAR", type=_arg_type(parse_identifier),
-                   help="a HostMesh variable (a multi-host job) to allocate on "
+    a.add_argument("--hosts", metavar="VAR", type=_arg_type(_parse_hosts_var),
+                   help="a HostMesh variable (e.g. a job's hosts) to allocate on "
                         "(default: this host)")
     a.add_argument("--mesh-name", dest="mesh_name", metavar="LABEL",
                    help="the mesh's name in output and dashboards (default NAME)")
@@ -398,6 +419,15 @@ def _parse_mesh_line(line: str) -> MeshCommand:
     if parser is None:
         raise MagicArgError(f"%mesh: unknown command {cmd!r} (choose from "
                             f"{', '.join(_COMMANDS)}); try '%mesh --help'")
+    if cmd == "alloc" and any(t == "--job" or t.startswith("--job=") for t in rest):
+        if any(t in ("-h", "--help") for t in rest):
+            raise MagicHelp(parser.format_help())
+        argv = [t for t in rest if t != "--no-progress"]
+        if not argv or argv[0].startswith("-"):
+            raise MagicArgError("%mesh alloc: NAME must come first, e.g. "
+                                "%mesh alloc trainers --job slurm --hosts 2")
+        parse_identifier(argv[0], "name")
+        return JobAllocArgs(name=argv[0], argv=argv, progress="--no-progress" not in rest)
     if cmd == "spawn":
         options, call_args = _split_spawn_tokens(rest)
         ns = parser.parse_args(options)

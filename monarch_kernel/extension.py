@@ -24,6 +24,16 @@ class NotebookSession:
         self.router = OutputRouter(kernel_writer())
         self.sink_rt: Any = None  # the runtime our sink is installed on
         self.magics: Any = None
+        self.jobs: dict[int, tuple[Any, Any]] = {}  # id(ProcMesh) -> (ProcMesh, Job)
+
+    def kill_jobs(self) -> None:
+        """End every job `%mesh alloc --job` started (cancels cluster allocations)."""
+        jobs, self.jobs = list(self.jobs.values()), {}
+        for _, job in jobs:
+            try:
+                job.kill()
+            except Exception as e:  # the others must still end
+                print(f"monarch_kernel: ending a {job.kind} job failed: {e}", file=sys.__stderr__)
 
     # -- cell tracking ---------------------------------------------------------------
     def current_parent(self) -> Optional[dict]:
@@ -123,7 +133,10 @@ def unload(shell: Any) -> None:
 
 
 def shutdown_all() -> None:
-    """Stop every mesh this process created and the runtime with them (kernel shutdown)."""
+    """Stop every mesh this process created and the runtime with them (kernel shutdown),
+    and end the jobs the magics started."""
+    if _session is not None:
+        _session.kill_jobs()
     if _running_runtime() is None:
         return
     import runtime

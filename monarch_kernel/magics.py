@@ -114,6 +114,44 @@ class MeshMagics(Magics):
         self._ns[a.name] = procs
         return None
 
+    def _cmd_joballoc(self, a: margs.JobAllocArgs) -> Any:
+        """`%mesh alloc NAME --job KIND ...`: start a job, attach, spawn procs on its hosts."""
+        from IPython.display import display
+
+        from runtime.job.alloc import parse_alloc
+
+        try:
+            spec = parse_alloc(a.argv)
+        except ValueError as e:
+            raise UsageError(_one_line(e, "%mesh alloc")) from None
+        self._runtime()
+        job = spec.make_job()
+        note = Rendered(f"starting a {spec.kind} job for {spec.name}: {spec.hosts} host(s), "
+                        f"{spec.per_host} per host")
+        handle = display(note, display_id=True) if a.progress else None
+        try:
+            job, procs = spec.run(job)
+        except KeyboardInterrupt:
+            job.kill()
+            raise
+        except Exception as e:
+            job.kill()
+            raise UsageError(_one_line(e, f"%mesh alloc: the {spec.kind} job failed")) from None
+        if handle is not None:
+            handle.update(Rendered(f"{spec.kind} job for {spec.name} is up; starting procs"))
+        self.session.jobs[id(procs)] = (procs, job)
+        self._ns[a.name + "_job"] = job
+        try:
+            self._wait_started(procs, margs.AllocArgs(name=a.name, per_host=spec.per_host,
+                                                      progress=a.progress,
+                                                      timeout=spec.options.get("timeout")))
+        except BaseException:
+            self.session.jobs.pop(id(procs), None)
+            job.kill()
+            raise
+        self._ns[a.name] = procs
+        return None
+
     def _wait_started(self, procs: Any, a: margs.AllocArgs) -> None:
         """Show procs coming up (a live progress display) until all are, or fail clearly."""
         from IPython.display import display
@@ -313,6 +351,12 @@ class MeshMagics(Magics):
             names.append(m.name)
             if isinstance(m, ProcMesh):
                 self._runners.pop(id(m._root), None)
+                entry = self.session.jobs.pop(id(m._root), None)
+                if entry is not None:  # a mesh allocated on its own job: end the job too
+                    entry[1].kill()
+                    names[-1] += f" (and its {entry[1].kind} job)"
+        if a.all:
+            self.session.kill_jobs()
         print(f"stopped {len(names)} mesh{'es' if len(names) != 1 else ''}"
               + (f": {', '.join(names)}" if names else ""))
         return None
@@ -444,6 +488,14 @@ def _chain(fut: Any, fn: Any) -> Any:
 
     fut.add_done_callback(done)
     return out
+
+
+def _one_line(e: BaseException, prefix: str) -> str:
+    """`prefix: message` on one line (the message's own prefix not repeated)."""
+    msg = " ".join(str(e).split())
+    if msg.startswith(prefix.split(":")[0] + ":"):
+        return msg
+    return f"{prefix}: {msg}"
 
 
 def _fmt_sizes(sizes: dict) -> str:

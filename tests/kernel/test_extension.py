@@ -145,3 +145,35 @@ def test_stopped_mesh_is_refused(ip):
         ip.run_cell_magic("mesh", "short", "1")
     table = ip.run_line_magic("mesh", "list")
     assert "short" not in repr(table) and "ext" in repr(table)
+
+
+def test_alloc_on_a_new_local_job_and_stop_ends_it(ip):
+    from _kernel_helpers import snapshot, wait_gone
+
+    with capture_output() as cap:
+        ip.run_line_magic("mesh", "alloc lj --job local --hosts 2 --per-host procs=1")
+    shown = "\n".join(o.data.get("text/plain", "") for o in cap.outputs)
+    assert "starting a local job for lj: 2 host(s)" in shown
+    assert "local job for lj is up" in shown and "2/2 procs up" in shown, shown
+    procs, job = ip.user_ns["lj"], ip.user_ns["lj_job"]
+    assert len(procs.procs) == 2 and procs.sizes["procs"] == 1, procs.sizes
+    agents = snapshot(job.pids)
+    assert len(agents) == 2
+    vm = ip.run_cell_magic("mesh", "lj", "import os\nos.getpid()")
+    assert len(set(vm.values())) == 2
+    with capture_output() as cap:
+        ip.run_line_magic("mesh", "stop lj")
+    assert "stopped 1 mesh: lj (and its local job)" in cap.stdout
+
+    assert not wait_gone(agents, timeout=10)  # the job's agents are gone
+
+
+@pytest.mark.parametrize("line,message", [
+    ("alloc j --job local", "--hosts N is required"),
+    ("alloc j --job local --hosts 1 --partition gpu", "--partition does not apply"),
+    ("alloc j --job moon --hosts 1", "invalid choice"),
+])
+def test_job_alloc_errors_are_one_line(ip, line, message):
+    with pytest.raises(UsageError) as e:
+        ip.run_line_magic("mesh", line)
+    assert message in str(e.value) and "\n" not in str(e.value)
