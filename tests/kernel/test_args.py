@@ -3,7 +3,7 @@
 import pytest
 
 from monarch_kernel.args import (
-    AdminArgs, AttachArgs, AllocArgs, CellArgs, InterruptArgs, ListArgs, MagicArgError, MagicHelp, SpawnArgs,
+    AdminArgs, AttachArgs, AllocArgs, JobAllocArgs, CellArgs, InterruptArgs, ListArgs, MagicArgError, MagicHelp, SpawnArgs,
     StatusArgs, StopArgs, parse_mesh_cell, parse_mesh_line, parse_ranks, parse_sizes,
 )
 
@@ -15,6 +15,20 @@ def test_alloc_defaults_and_options():
     assert a == AllocArgs(name="t", per_host={"hosts": 1, "procs": 4}, hosts="job",
                           mesh_name="tr", env={"A": "1", "B": "x=y"}, progress=False,
                           timeout=30.0)
+
+
+def test_alloc_on_a_job_passes_the_job_arguments_through():
+    a = parse_mesh_line("alloc t --job slurm --hosts 2 --per-host procs=8 --partition gpu "
+                        "--no-progress")
+    assert a == JobAllocArgs(name="t", argv=["t", "--job", "slurm", "--hosts", "2",
+                                             "--per-host", "procs=8", "--partition", "gpu"],
+                             progress=False)
+    with pytest.raises(MagicArgError, match="for N hosts of a new job add --job KIND"):
+        parse_mesh_line("alloc t --hosts 2")
+    with pytest.raises(MagicArgError, match="NAME must come first"):
+        parse_mesh_line("alloc --job local t")
+    with pytest.raises(MagicHelp, match="--job local"):
+        parse_mesh_line("alloc t --job local --help")
 
 
 def test_spawn_args_and_kwargs_anywhere():
