@@ -27,7 +27,7 @@ def test_alloc_on_a_job_passes_the_job_arguments_through():
         parse_mesh_line("alloc t --hosts 2")
     with pytest.raises(MagicArgError, match="NAME must come first"):
         parse_mesh_line("alloc --job local t")
-    with pytest.raises(MagicHelp, match="--job local"):
+    with pytest.raises(MagicHelp, match="On a new multi-host job instead"):
         parse_mesh_line("alloc t --job local --help")
 
 
