@@ -97,6 +97,7 @@ class ActorMeshRecord:
     sigs: dict = field(default_factory=dict)  # endpoint name -> inspect.Signature or None
     rr: int = 0  # round-robin start for choose()
     routes: list = field(default_factory=list)  # by global rank: (agent address, proc id)
+    init_failed: set = field(default_factory=set)  # ranks whose __init__ raised
 
     def target(self, rank: int) -> tuple:
         return (self.addresses[rank], self.routes[rank] if self.routes else None)
@@ -452,6 +453,7 @@ class Runtime:
             caused_by=caused_by if isinstance(caused_by, MeshFailure) else None,
         )
         if e.get("init"):
+            m.init_failed.add(rank)
             m.ready[rank] = f"{failure.cause}\n{failure.traceback}"
             m.failed[rank] = failure
             self.health.update(m.health_name, rank, ActorState.FAILED,
@@ -473,6 +475,7 @@ class Runtime:
         for pid in list(self._waiting.get(proc, ())):
             fail = self._port_fail.get(pid)
             if fail is not None:
+                failure.seen_by_waiter = True
                 fail(SupervisionError(failure.report(), failure),
                      actor=m.actor_id)
 
