@@ -106,6 +106,10 @@ def test_fault_handling(tmp_path):
     after = output_of(cells, "print(w.slice(procs=0)")
     assert "9" in after.splitlines() and "the whole mesh: SupervisionError" in after
     assert "{procs=0}: 16, {procs=1}: 16" in output_of(cells, "w.square.call(4)")
+    recovered = output_of(cells, "victim = trainer")
+    assert "restarts: 1" in recovered and "new workers: True" in recovered, recovered
+    assert "supervisor: mesh 'steps' rank(s) [1] failed: process killed by SIGKILL" in \
+        "".join(cell_text(c) for c in cells), "the supervisor's output reaches the notebook"
 
 
 @pytest.mark.timeout(120)
