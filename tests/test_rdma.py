@@ -412,3 +412,23 @@ def test_cuda_tensors_on_both_sides(owner, transport):
     out = torch.empty(1000, dtype=torch.float32)
     cbuf.read_into(out).get(timeout=30)
     assert torch.equal(out, own.cpu())
+
+
+@pytest.mark.timeout(60)
+def test_owner_on_another_host_is_reached_over_tcp_data_sockets(owner, monkeypatch):
+    """A handle whose host id differs (as after crossing hosts) must not use process_vm."""
+    monkeypatch.delenv("MONARCH_RDMA_TRANSPORT", raising=False)
+    key, buf = owner.make(6 << 20, seed=31)
+    remote = pickle.loads(pickle.dumps(buf))
+    remote._h = dataclasses.replace(buf._h, host_id="elsewhere/boot/pidns")
+    assert get_rdma_backend(remote) == "tcp"
+    dst = torch.empty(6 << 20, dtype=torch.uint8)
+    remote.read_into(dst).get(timeout=30)
+    assert remote.last_transport == "tcp"
+    assert sha(dst) == owner.call("sha", key)
+
+
+def test_timeout_must_be_positive():
+    buf = RDMABuffer(torch.zeros(8, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="timeout"):
+        buf.read_into(torch.empty(8, dtype=torch.uint8), timeout=0)

@@ -113,7 +113,9 @@ class RDMABuffer:
                 f"owner={self.owner}, id={self._h.buffer_id})")
 
     # -- transfers -----------------------------------------------------------------------
-    def _check(self, local: Any, what: str, offset: int, need_writable: bool):
+    def _check(self, local: Any, what: str, offset: int, need_writable: bool, timeout: float):
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         span = span_of(local, what=what, need_writable=need_writable)
         check_dtype(span, self._h.dtype, what)
         if not isinstance(offset, int) or offset < 0:
@@ -130,7 +132,7 @@ class RDMABuffer:
 
     def read_into(self, dst: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT) -> Future:
         """Copy the remote bytes [offset, offset+dst.nbytes) into `dst`; Future of the byte count."""
-        span = self._check(dst, "read_into destination", offset, need_writable=True)
+        span = self._check(dst, "read_into destination", offset, True, timeout)
 
         def run() -> int:
             self.last_transport = client.transfer(self._h, span, offset, False, timeout)
@@ -140,7 +142,7 @@ class RDMABuffer:
 
     def write_from(self, src: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT) -> Future:
         """Copy `src` into the remote bytes [offset, offset+src.nbytes); Future of the byte count."""
-        span = self._check(src, "write_from source", offset, need_writable=False)
+        span = self._check(src, "write_from source", offset, False, timeout)
 
         def run() -> int:
             self.last_transport = client.transfer(self._h, span, offset, True, timeout)

@@ -181,7 +181,7 @@ def _pick_address(h: Handle, same_host: bool) -> str:
 
 
 # -- transports ------------------------------------------------------------------------
-_streams = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rdma-stream")
+_streams = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rdma-stream")
 
 
 def _split(nbytes: int, parts: int) -> list[tuple[int, int]]:
@@ -254,7 +254,8 @@ def tcp_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: boo
     _parallel(pieces, lambda s, n: _tcp_piece(h, addr, span_addr + s, offset + s, n, write, dl))
 
 
-_vm_refused: Optional[str] = None  # why process_vm_* cannot be used here, once known
+# Why process_vm_* cannot be used here, once known (Yama mode 3 forbids it outright).
+_vm_refused: Optional[str] = "Yama ptrace_scope is 3" if vm.ptrace_scope() == 3 else None
 
 
 def vm_usable() -> bool:
@@ -442,7 +443,7 @@ def _staged(h: Handle, span: Span, offset: int, write: bool, timeout: float) -> 
 def _after_fork() -> None:
     global _pool, _streams, _ib_lock, _ib_peers
     _pool = _Pool()
-    _streams = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rdma-stream")
+    _streams = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rdma-stream")
     _ib_lock = threading.Lock()
     _ib_peers = {}
 

@@ -21,7 +21,8 @@ from .registry import Entry, Registry
 
 log = logging.getLogger("runtime.rdma")
 
-LISTEN_HOST_ENV = "MONARCH_RDMA_HOST"  # address to bind and advertise for cross-host TCP
+LISTEN_HOST_ENV = "MONARCH_RDMA_HOST"  # address to bind for cross-host TCP (default loopback)
+ADVERTISE_HOST_ENV = "MONARCH_RDMA_ADVERTISE_HOST"  # address peers dial, if not the bound one
 HANDSHAKE_TIMEOUT = 5.0
 CUDA_STAGE = 16 << 20  # bytes staged through host memory per step for CUDA buffers
 
@@ -53,7 +54,12 @@ class DataServer:
         ts.bind((host, 0))
         ts.listen(64)
         self._listeners = [us, ts]
-        self.addresses = [f"unix:{path}", f"tcp:{host}:{ts.getsockname()[1]}"]
+        advertise = os.environ.get(ADVERTISE_HOST_ENV) or host
+        if advertise in ("0.0.0.0", "::"):
+            advertise = socket.gethostbyname(socket.gethostname())
+        if ":" in advertise:
+            advertise = f"[{advertise}]"
+        self.addresses = [f"unix:{path}", f"tcp:{advertise}:{ts.getsockname()[1]}"]
         for sock in self._listeners:
             threading.Thread(target=self._accept_loop, args=(sock,), daemon=True,
                              name="rdma-data-server").start()
