@@ -119,44 +119,23 @@ class IbvEndpoint:
 
     def connect(self, remote: bytes) -> None:
         """Move the QP through INIT, RTR and RTS towards the peer described by `remote`."""
-        pv, e, c = self.c.pv, self.c.pv["e"], self.c
-        r = json.loads(remote)
-        attr = pv["QPAttr"](port_num=c.port, path_mtu=min(int(c.mtu), int(r["mtu"])))
-        attr.qp_access_flags = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ
-                                | e.IBV_ACCESS_REMOTE_WRITE)
-        attr.dest_qp_num = r["qpn"]
-        attr.rq_psn = r["psn"]
-        attr.sq_psn = self.psn
-        attr.max_dest_rd_atomic = 16
-        attr.max_rd_atomic = 16
-        attr.min_rnr_timer = 12
-        attr.timeout = 14
-        attr.retry_cnt = 7
-        attr.rnr_retry = 7
-        if c.roce:
-            gr = pv["GlobalRoute"](dgid=pv["GID"](r["gid"]), sgid_index=c.gid_index, hop_limit=64)
-            ah = pv["AHAttr"](port_num=c.port, is_global=1, gr=gr)
-        else:
-            ah = pv["AHAttr"](port_num=c.port, dlid=r["lid"])
-        attr.ah_attr = ah
+        c = self.c
+        attr = qp_attr_for(c.pv, port=c.port, mtu=int(c.mtu), roce=c.roce, gid_index=c.gid_index,
+                           sq_psn=self.psn, remote=json.loads(remote))
         self.qp.to_rts(attr)
 
     def transfer(self, local_mr: Any, local_addr: int, remote_addr: int, rkey: int, nbytes: int,
                  *, write: bool, deadline: float) -> None:
         """One-sided RDMA READ (or WRITE) of nbytes, pipelined in CHUNK-sized work requests."""
         pv, e = self.c.pv, self.c.pv["e"]
-        opcode = e.IBV_WR_RDMA_WRITE if write else e.IBV_WR_RDMA_READ
         posted = completed = 0
         pos = 0
         wr_id = 0
         while completed < posted or pos < nbytes:
             while pos < nbytes and posted - completed < DEPTH:
                 n = min(CHUNK, nbytes - pos)
-                sge = pv["SGE"](local_addr + pos, n, local_mr.lkey)
-                wr = pv["SendWR"](wr_id=wr_id, opcode=opcode, num_sge=1, sg=[sge],
-                                  send_flags=e.IBV_SEND_SIGNALED)
-                wr.set_wr_rdma(rkey, remote_addr + pos)
-                self.qp.post_send(wr)
+                self.qp.post_send(rdma_wr(pv, wr_id, write, local_addr + pos, n, local_mr.lkey,
+                                          remote_addr + pos, rkey))
                 posted += 1
                 wr_id += 1
                 pos += n
@@ -182,6 +161,41 @@ class IbvEndpoint:
                 obj.close()
             except Exception:
                 pass
+
+
+def qp_attr_for(pv: dict[str, Any], *, port: int, mtu: int, roce: bool, gid_index: int,
+                sq_psn: int, remote: dict[str, Any]) -> Any:
+    """QPAttr carrying everything INIT->RTR->RTS needs for an RC QP towards `remote`."""
+    e = pv["e"]
+    attr = pv["QPAttr"](port_num=port, path_mtu=min(mtu, int(remote["mtu"])))
+    attr.qp_access_flags = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_READ
+                            | e.IBV_ACCESS_REMOTE_WRITE)
+    attr.dest_qp_num = remote["qpn"]
+    attr.rq_psn = remote["psn"]
+    attr.sq_psn = sq_psn
+    attr.max_dest_rd_atomic = 16
+    attr.max_rd_atomic = 16
+    attr.min_rnr_timer = 12
+    attr.timeout = 14
+    attr.retry_cnt = 7
+    attr.rnr_retry = 7
+    if roce:  # Ethernet link layer: address by GID through a global route header
+        gr = pv["GlobalRoute"](dgid=pv["GID"](remote["gid"]), sgid_index=gid_index, hop_limit=64)
+        attr.ah_attr = pv["AHAttr"](port_num=port, is_global=1, gr=gr)
+    else:  # InfiniBand: address by LID
+        attr.ah_attr = pv["AHAttr"](port_num=port, dlid=remote["lid"])
+    return attr
+
+
+def rdma_wr(pv: dict[str, Any], wr_id: int, write: bool, local_addr: int, nbytes: int,
+            lkey: int, remote_addr: int, rkey: int) -> Any:
+    """A signaled one-sided RDMA READ or WRITE work request of one scatter-gather entry."""
+    e = pv["e"]
+    sge = pv["SGE"](local_addr, nbytes, lkey)
+    wr = pv["SendWR"](wr_id=wr_id, opcode=e.IBV_WR_RDMA_WRITE if write else e.IBV_WR_RDMA_READ,
+                      num_sge=1, sg=[sge], send_flags=e.IBV_SEND_SIGNALED)
+    wr.set_wr_rdma(rkey, remote_addr)
+    return wr
 
 
 def open_context() -> Optional[IbvContext]:
