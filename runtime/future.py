@@ -8,11 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any, Callable, Generator, Generic, Optional, TypeVar
 
 R = TypeVar("R")
 
 _PENDING = object()
+
+#: Functions called as fn(future) about every 0.1 s by a thread blocked in Future.get();
+#: the debugger uses this to open a pdb prompt in the waiting cell.
+_wait_hooks: list = []
+
+
+def add_wait_hook(fn: Callable[["Future"], None]) -> None:
+    """Register `fn(future)`, called periodically while a thread blocks in `get()`."""
+    if fn not in _wait_hooks:
+        _wait_hooks.append(fn)
+
+
+def remove_wait_hook(fn: Callable[["Future"], None]) -> None:
+    if fn in _wait_hooks:
+        _wait_hooks.remove(fn)
 
 
 class Future(Generic[R]):
@@ -82,14 +98,19 @@ class Future(Generic[R]):
         if self._event.is_set():
             return
         try:
-            if timeout is None:
-                # Wait in slices so Ctrl-C in the main thread is seen promptly.
-                while not self._event.wait(0.25):
-                    pass
-            elif not self._event.wait(timeout):
-                raise TimeoutError(
-                    f"{self._label or 'future'} not resolved within {timeout:g} s"
-                )
+            deadline = None if timeout is None else time.monotonic() + timeout
+            # Wait in slices so Ctrl-C in the main thread is seen promptly and wait hooks run.
+            while True:
+                step = 0.1
+                if deadline is not None:
+                    step = min(step, deadline - time.monotonic())
+                    if step <= 0:
+                        raise TimeoutError(
+                            f"{self._label or 'future'} not resolved within {timeout:g} s")
+                if self._event.wait(step):
+                    return
+                for hook in list(_wait_hooks):
+                    hook(self)
         except KeyboardInterrupt:
             hook = self._on_interrupt
             if hook is not None:

@@ -1,0 +1,25 @@
+"""monarch-notebook's actor runtime: meshes of processes and actors driven from one
+controller (a script or a notebook), with Monarch's API names and semantics."""
+
+from .actor import Actor, ActorContext, context, current_rank, current_size, endpoint
+from .channel import Accumulator, Channel, Port, PortReceiver
+from .core import get_runtime, shutdown
+from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, SerializationError,
+                     SupervisionError)
+from .future import Future
+from .meshes import ActorMesh, HostMesh, ProcInfo, ProcMesh, this_host, this_proc
+from .shapes import Point, Shape, ShapeError
+from .supervision import MeshFailure, default_unhandled_fault_hook
+from .supervision.health import ActorState
+from .value_mesh import ValueMesh
+
+#: Called at the root with a MeshFailure nobody handled; replace it to change the policy.
+unhandled_fault_hook = default_unhandled_fault_hook
+
+__all__ = [
+    "Actor", "ActorContext", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
+    "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
+    "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape", "ShapeError",
+    "SupervisionError", "ValueMesh", "context", "current_rank", "current_size", "endpoint",
+    "get_runtime", "shutdown", "this_host", "this_proc", "unhandled_fault_hook",
+]

@@ -1,0 +1,44 @@
+"""Process plumbing: die with the parent (PR_SET_PDEATHSIG) and small helpers."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+
+
+def die_with_parent(expected_ppid: int | None = None, sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send `sig` when the parent thread dies; exit if it already has."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if expected_ppid is not None and os.getppid() != expected_ppid:
+        os._exit(1)
+
+
+def set_process_name(name: str) -> None:
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def describe_status(code: int | None, sig: int | None) -> str:
+    if sig:
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return f"killed by {name}"
+    return f"exited with code {code}"

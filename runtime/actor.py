@@ -1,0 +1,131 @@
+"""Actor base class, the @endpoint decorator, and the per-actor context.
+
+User code subclasses `Actor` and marks methods with `@endpoint`. Inside an actor,
+`current_rank()`, `current_size()` and `context()` describe where it runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, TypeVar, overload
+
+from .shapes import Point, Shape
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Actor:
+    """Base class of actors. Define `@endpoint` methods; optionally `__supervise__(failure)`
+    to handle failures of meshes this actor owns, and `__cleanup__(exc)` run at stop."""
+
+
+class EndpointDef:
+    """An endpoint method on an Actor class (a descriptor)."""
+
+    def __init__(self, fn: Callable[..., Any], propagate: Any = None) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.propagate = propagate
+        self.__doc__ = fn.__doc__
+        self.__name__ = fn.__name__
+        self.__wrapped__ = fn
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return self.fn.__get__(obj, objtype)  # inside the actor: a plain bound method
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+@overload
+def endpoint(fn: F) -> F: ...
+@overload
+def endpoint(*, propagate: Any = None) -> Callable[[F], F]: ...
+
+
+def endpoint(fn: Any = None, *, propagate: Any = None) -> Any:
+    """Mark an Actor method as callable from other processes (sync or async)."""
+    if fn is None:
+        return lambda f: EndpointDef(f, propagate)
+    return EndpointDef(fn, propagate)
+
+
+def endpoints_of(cls: type) -> dict[str, EndpointDef]:
+    """Every endpoint of an Actor class, including inherited ones."""
+    out: dict[str, EndpointDef] = {}
+    for klass in reversed(cls.__mro__):
+        for name, v in vars(klass).items():
+            if isinstance(v, EndpointDef):
+                out[name] = v
+            elif name in out:
+                del out[name]  # overridden by a plain attribute
+    return out
+
+
+def plain_signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """The signature without `self` and without annotations (cheap to pickle)."""
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())[1:]
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in params]
+    return sig.replace(parameters=params, return_annotation=inspect.Signature.empty)
+
+
+# -- the context of the running actor ---------------------------------------------------
+@dataclass(frozen=True)
+class ActorContext:
+    """Where an actor runs: its id, mesh name, rank (a Point), and proc."""
+
+    actor_id: str
+    name: str
+    rank: Point
+    proc_id: str
+    host: str
+    pid: int
+
+    @property
+    def size(self) -> dict[str, int]:
+        return dict(self.rank.extent)
+
+
+_local = threading.local()
+
+
+def _set_context(ctx: Optional[ActorContext]) -> None:
+    _local.ctx = ctx
+
+
+def _get_context() -> Optional[ActorContext]:
+    return getattr(_local, "ctx", None)
+
+
+def context() -> ActorContext:
+    """The running actor's context; outside an actor, the controller's (rank 0 of 1)."""
+    ctx = _get_context()
+    if ctx is not None:
+        return ctx
+    import os
+
+    from ._process import hostname
+    from .core import get_runtime
+
+    rt = get_runtime()
+    return ActorContext("controller", "controller", Point(0, Shape((), ())), rt.proc_id,
+                        hostname(), os.getpid())
+
+
+def current_rank() -> Point:
+    """This actor's point in its mesh."""
+    return context().rank
+
+
+def current_size() -> dict[str, int]:
+    """The sizes of this actor's mesh, by dimension."""
+    return dict(context().rank.extent)

@@ -1,0 +1,281 @@
+"""Adverbs on a mesh's endpoint: call, call_one, choose, broadcast, stream.
+
+`mesh.method` is an `EndpointRef`. Arguments are checked against the endpoint's signature
+and pickled in the caller's thread (errors name the argument); the I/O thread sends one
+message per proc and collects the replies into futures.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+from .config import config
+from .errors import ActorError, MeshStoppedError, MessageTooLargeError, SerializationError, \
+    SupervisionError
+from .future import Future
+from .transport import framing
+from .transport.framing import ERROR, Header, Kind
+from .transport.serialization import dumps, loads
+from .value_mesh import ValueMesh
+
+if TYPE_CHECKING:
+    from .meshes import ActorMesh
+
+
+class EndpointRef:
+    """An endpoint of an actor mesh (or of a slice of it)."""
+
+    def __init__(self, mesh: "ActorMesh", name: str, signature: Optional[inspect.Signature]) -> None:
+        self._mesh = mesh
+        self._name = name
+        self._sig = signature
+
+    def __repr__(self) -> str:
+        return f"<endpoint {self._mesh._rec.cls_name}.{self._name} of {self._mesh!r}>"
+
+    # -- preparation (caller's thread) ------------------------------------------------------------
+    def _qualname(self) -> str:
+        return f"{self._mesh._rec.cls_name}.{self._name}"
+
+    def _encode(self, args: tuple, kwargs: dict) -> tuple[bytes, list]:
+        if self._sig is not None:
+            try:
+                bound = self._sig.bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f"{self._qualname()}{self._sig}: {e}") from None
+        else:
+            bound = None
+        try:
+            body, bufs = dumps((args, kwargs), "arguments")
+        except SerializationError:
+            culprit = _find_unpicklable(bound, args, kwargs)
+            raise SerializationError(
+                f"argument {culprit} of {self._qualname()}() cannot be pickled"
+                + _reason(bound, args, kwargs)) from None
+        total = len(body) + sum(memoryview(b).nbytes for b in bufs)
+        if total > config.max_message_bytes:
+            raise MessageTooLargeError(
+                f"arguments of {self._qualname()}() are {total} bytes, over the message "
+                f"limit of {config.max_message_bytes} bytes (MONARCH_MAX_MESSAGE_BYTES); "
+                "send bulk data with RDMABuffer")
+        return body, bufs
+
+    def _ranks(self) -> list[int]:
+        return self._mesh._shape.global_ranks()
+
+    def _check_usable(self, ranks: list[int]) -> None:
+        rec = self._mesh._rec
+        if rec.stopped:
+            raise MeshStoppedError(f"actor mesh {rec.name!r} was stopped")
+        for r in ranks:
+            f = rec.failed.get(r)
+            if f is not None:
+                if rec.ready[r] not in (None, True):
+                    raise SupervisionError(
+                        f"actor mesh {rec.name!r} rank {r} failed in __init__:\n{rec.ready[r]}", f)
+                raise SupervisionError(
+                    f.report(), f)
+
+    # -- adverbs -------------------------------------------------------------------------------------
+    def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh]:
+        """Call every actor of the mesh; a Future of a ValueMesh of their results."""
+        ranks = self._ranks()
+        self._check_usable(ranks)
+        body, bufs = self._encode(args, kwargs)
+        fut: Future = Future(f"{self._qualname()}.call")
+        _Collector(self, ranks, body, bufs, "call", [fut]).start()
+        return fut
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Call the mesh's only actor (ValueError if it has several)."""
+        ranks = self._ranks()
+        if len(ranks) != 1:
+            raise ValueError(
+                f"call_one() needs a mesh of exactly one actor; {self._mesh._rec.name!r} has "
+                f"{len(ranks)} ({self._mesh.sizes}); slice it first, e.g. .slice(...)"
+            )
+        self._check_usable(ranks)
+        body, bufs = self._encode(args, kwargs)
+        fut: Future = Future(f"{self._qualname()}.call_one")
+        _Collector(self, ranks, body, bufs, "one", [fut]).start()
+        return fut
+
+    def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Call one actor of the mesh: the least loaded of those not failed."""
+        rec = self._mesh._rec
+        ranks = [r for r in self._ranks() if r not in rec.failed]
+        if not ranks:
+            self._check_usable(self._ranks())
+        body, bufs = self._encode(args, kwargs)
+        best = min(ranks, key=lambda r: (rec.inflight[r], (r - rec.rr) % len(rec.inflight)))
+        rec.rr = best + 1
+        fut: Future = Future(f"{self._qualname()}.choose")
+        _Collector(self, [best], body, bufs, "one", [fut]).start()
+        return fut
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Send to every actor without waiting; an exception there fails the actor."""
+        ranks = self._ranks()
+        self._check_usable(ranks)
+        body, bufs = self._encode(args, kwargs)
+        mesh = self._mesh
+        rt = mesh._rt
+        rec = mesh._rec
+        h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self._name)
+        for r in ranks:
+            addr = rec.addresses[r]
+            rt.loop.send(addr, framing.build(rt.token, h, body, bufs))
+
+    def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[Any]]:
+        """Call every actor; yields one future per actor, in the order replies arrive."""
+        ranks = self._ranks()
+        self._check_usable(ranks)
+        body, bufs = self._encode(args, kwargs)
+        futs = [Future(f"{self._qualname()}.stream[{i}]") for i in range(len(ranks))]
+        _Collector(self, ranks, body, bufs, "stream", futs).start()
+        return iter(futs)
+
+
+class _Collector:
+    """Gathers the replies of one call (runs on the I/O thread once started)."""
+
+    def __init__(self, ep: EndpointRef, ranks: list[int], body: bytes, bufs: list, mode: str,
+                 futs: list[Future]) -> None:
+        self.ep = ep
+        self.rt = ep._mesh._rt
+        self.rec = ep._mesh._rec
+        self.ranks = ranks
+        self.index = {r: i for i, r in enumerate(ranks)}
+        self.values: list = [None] * len(ranks)
+        self.remaining = set(ranks)
+        self.mode = mode
+        self.futs = futs
+        self.next_stream = 0
+        self.body = body
+        self.bufs = bufs
+        self.port = 0
+        self.done = False
+
+    def start(self) -> None:
+        rt = self.rt
+        self.port = rt.open_port(self.on_reply, self.on_fail)
+        for r in self.ranks:
+            self.rec.inflight[r] += 1
+        if config.interrupt_remote:
+            procs = [self.rec.proc_ids[r] for r in self.ranks]
+            port = self.port
+            hook = lambda: rt.interrupt(procs, port)  # noqa: E731
+            for f in self.futs:
+                f._on_interrupt = hook
+        rt.loop.call_soon(self._send)
+
+    def _send(self) -> None:
+        rt = self.rt
+        rec = self.rec
+        rt.watch(self.port, {rec.proc_ids[r] for r in self.ranks})
+        if self.done:
+            return
+        targets = [rec.addresses[r] for r in self.ranks]
+        h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self.ep._name,
+                   reply=rt.reply_address_for(targets[0]), port=self.port)
+        frames = framing.build(rt.token, h, self.body, self.bufs)
+        for addr in targets:
+            rt.loop.send(addr, frames)
+        self.body = self.bufs = None
+
+    def _finish_rank(self, r: int) -> None:
+        self.remaining.discard(r)
+        self.rec.inflight[r] -= 1
+        self.rt.unwatch(self.port, self.rec.proc_ids[r])
+
+    def on_reply(self, h: Header, body: Any, buffers: list) -> None:
+        r = h.rank
+        if r not in self.remaining:
+            return
+        self._finish_rank(r)
+        try:
+            value = loads(body, buffers)
+        except Exception as e:
+            h.status = ERROR
+            value = ActorError(f"cannot unpickle the reply of {self.ep._qualname()}(): "
+                               f"{type(e).__name__}: {e}", mesh=self.rec.name, rank=r,
+                               endpoint=self.ep._name)
+        if h.status == ERROR and not isinstance(value, BaseException):
+            value = ActorError(str(value), mesh=self.rec.name, rank=r, endpoint=self.ep._name)
+        if self.mode == "stream":
+            f = self.futs[self.next_stream]
+            self.next_stream += 1
+            if h.status == ERROR:
+                f.set_exception(value)
+            else:
+                f.set_result(value)
+        elif h.status == ERROR:
+            self._close()
+            self.futs[0].set_exception(value)
+            return
+        else:
+            self.values[self.index[r]] = value
+        if not self.remaining:
+            self._close()
+            if self.mode == "call":
+                shape = self.ep._mesh._shape
+                from .shapes import Shape
+
+                self.futs[0].set_result(ValueMesh(Shape(shape.labels, shape.sizes_), self.values))
+            elif self.mode == "one":
+                self.futs[0].set_result(self.values[0])
+
+    def on_fail(self, exc: BaseException, actor: Any = None) -> None:
+        if actor is not None and actor != self.rec.actor_id:
+            return
+        if self.done:
+            return
+        failed_ranks = []
+        f = getattr(exc, "failure", None)
+        for r in list(self.remaining):
+            if f is None or self.rec.proc_ids[r] == getattr(f, "proc_id", None) or actor:
+                failed_ranks.append(r)
+        if not failed_ranks:
+            failed_ranks = list(self.remaining)
+        if self.mode == "stream":
+            for r in failed_ranks:
+                self._finish_rank(r)
+                fut = self.futs[self.next_stream]
+                self.next_stream += 1
+                fut.set_exception(exc)
+            if not self.remaining:
+                self._close()
+            return
+        for r in list(self.remaining):
+            self._finish_rank(r)
+        self._close()
+        self.futs[0].set_exception(exc)
+
+    def _close(self) -> None:
+        if not self.done:
+            self.done = True
+            for r in list(self.remaining):
+                self._finish_rank(r)
+            self.rt.close_port(self.port)
+
+
+def _find_unpicklable(bound: Any, args: tuple, kwargs: dict) -> str:
+    items = list(bound.arguments.items()) if bound is not None else \
+        [(f"#{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    for name, value in items:
+        try:
+            dumps(value)
+        except SerializationError:
+            return repr(name)
+    return "(unknown)"
+
+
+def _reason(bound: Any, args: tuple, kwargs: dict) -> str:
+    items = list(bound.arguments.values()) if bound is not None else list(args) + list(kwargs.values())
+    for value in items:
+        try:
+            dumps(value)
+        except SerializationError as e:
+            return f": {e.__cause__ or e}"
+    return ""

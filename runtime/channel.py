@@ -1,0 +1,114 @@
+"""Channels and ports: one-way message streams any actor can send into, and Accumulator."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Callable, Generic, Optional, TypeVar
+
+from .core import get_runtime
+from .future import Future
+from .transport.framing import Header, Kind
+from .transport.serialization import dumps, loads
+
+T = TypeVar("T")
+
+
+class Port(Generic[T]):
+    """The sending end of a channel; picklable, so it can be passed to endpoints."""
+
+    def __init__(self, address: str, port_id: int) -> None:
+        self.address = address
+        self.port_id = port_id
+
+    def send(self, value: T) -> None:
+        """Send `value` to the receiver (from any process of this controller's session)."""
+        rt = get_runtime()
+        body, bufs = dumps(value, "the value sent to a port")
+        rt.send(self.address, Header(Kind.PORT_SEND, port=self.port_id), body, tuple(bufs))
+
+    def __reduce__(self) -> Any:
+        return (Port, (self.address, self.port_id))
+
+    def __repr__(self) -> str:
+        return f"<Port {self.port_id} at {self.address}>"
+
+
+class PortReceiver(Generic[T]):
+    """The receiving end: `recv()` returns a Future of the next value."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: collections.deque = collections.deque()
+        self._waiters: collections.deque = collections.deque()
+        self._port_id = 0
+
+    def _deliver(self, h: Header, body: Any, buffers: list) -> None:
+        try:
+            value: Any = loads(body, buffers)
+            ok = True
+        except Exception as e:
+            value, ok = e, False
+        with self._lock:
+            if self._waiters:
+                fut = self._waiters.popleft()
+            else:
+                self._values.append((ok, value))
+                return
+        fut.set_result(value) if ok else fut.set_exception(value)
+
+    def recv(self) -> Future[T]:
+        fut: Future = Future("PortReceiver.recv")
+        with self._lock:
+            if self._values:
+                ok, value = self._values.popleft()
+            else:
+                self._waiters.append(fut)
+                return fut
+        fut.set_result(value) if ok else fut.set_exception(value)
+        return fut
+
+    def close(self) -> None:
+        get_runtime().close_port(self._port_id)
+
+
+class Channel(Generic[T]):
+    """Factory of (Port, PortReceiver) pairs."""
+
+    @staticmethod
+    def open(once: bool = False) -> tuple[Port[T], PortReceiver[T]]:
+        rt = get_runtime()
+        recv: PortReceiver[T] = PortReceiver()
+        pid = rt.open_port(recv._deliver)
+        recv._port_id = pid
+        return Port(rt.address, pid), recv
+
+
+class Accumulator(Generic[T]):
+    """Call an endpoint on every actor and fold the results: `combine(acc, value)`."""
+
+    def __init__(self, endpoint: Any, identity: T, combine: Callable[[T, Any], T]) -> None:
+        self._endpoint = endpoint
+        self._identity = identity
+        self._combine = combine
+
+    def accumulate(self, *args: Any, **kwargs: Any) -> Future[T]:
+        out: Future = Future("Accumulator.accumulate")
+        inner = self._endpoint.call(*args, **kwargs)
+
+        def done(f: Future) -> None:
+            exc = f._exc
+            if exc is not None:
+                out.set_exception(exc)
+                return
+            acc = self._identity
+            try:
+                for v in f._value.values():
+                    acc = self._combine(acc, v)
+            except BaseException as e:  # noqa: BLE001
+                out.set_exception(e)
+                return
+            out.set_result(acc)
+
+        inner.add_done_callback(done)
+        return out

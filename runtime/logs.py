@@ -1,0 +1,155 @@
+"""Forwarding of proc output to the controller.
+
+In a proc, fds 1 and 2 are pipes read by the host agent, so output from C code is caught
+too. Python-level writes from an actor's thread are tagged with the actor mesh's name
+(an escape sequence at the start of each line) so the controller can prefix each line
+with `[mesh rank]`. The agent splits the stream into labelled lines (`LineSplitter`).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import threading
+from typing import Callable, Optional
+
+TAG_START = "\x1b]777;mn:"
+TAG_END = "\x07"
+
+Sink = Callable[[str, str, str], None]
+
+_print_lock = threading.Lock()
+
+
+def emit(sink: Optional[Sink], prefix: str, stream: str, text: str) -> None:
+    """Deliver forwarded output: to `sink(prefix, stream, text)`, or print it prefixed."""
+    if sink is not None:
+        try:
+            sink(prefix, stream, text)
+            return
+        except Exception:
+            pass
+    out = sys.stderr if stream == "stderr" else sys.stdout
+    lines = text.splitlines(keepends=True)
+    formatted = "".join(f"[{prefix}] {ln}" if ln.strip("\r\n") or ln == "\n" else ln
+                        for ln in lines)
+    if formatted and not formatted.endswith("\n"):
+        formatted += "\n"
+    with _print_lock:
+        try:
+            out.write(formatted)
+            out.flush()
+        except (ValueError, OSError):
+            pass
+
+
+class LineSplitter:
+    """Splits a byte stream into (label, text) chunks, reading the per-line tags."""
+
+    def __init__(self, default_label: str) -> None:
+        self.default_label = default_label
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[tuple[str, str]]:
+        self._buf += data
+        if b"\n" not in self._buf:
+            return []
+        head, _, self._buf = self._buf.rpartition(b"\n")
+        return self._split(head.decode("utf-8", "replace") + "\n")
+
+    def flush(self) -> list[tuple[str, str]]:
+        if not self._buf:
+            return []
+        text, self._buf = self._buf.decode("utf-8", "replace"), b""
+        return self._split(text)
+
+    def pending(self) -> bool:
+        return bool(self._buf)
+
+    def _split(self, text: str) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for line in text.splitlines(keepends=True):
+            label = self.default_label
+            if line.startswith(TAG_START):
+                end = line.find(TAG_END)
+                if end > 0:
+                    label = line[len(TAG_START):end]
+                    line = line[end + 1:]
+            if out and out[-1][0] == label:
+                out[-1] = (label, out[-1][1] + line)
+            else:
+                out.append((label, line))
+        return out
+
+
+_current_label = threading.local()
+
+
+def set_thread_label(label: Optional[str]) -> None:
+    """Label Python-level output written by this thread (the actor mesh's name)."""
+    _current_label.value = label
+
+
+class TaggedWriter(io.TextIOBase):
+    """A text stream over a raw fd that tags each line with the writing thread's label."""
+
+    def __init__(self, fd: int, name: str) -> None:
+        self._fd = fd
+        self._name = name
+        self._at_line_start = threading.local()
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self._name
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    def write(self, s: str) -> int:
+        if not s:
+            return 0
+        label = getattr(_current_label, "value", None)
+        if label:
+            start = getattr(self._at_line_start, "v", True)
+            tag = f"{TAG_START}{label}{TAG_END}"
+            parts = s.split("\n")
+            out = []
+            for i, p in enumerate(parts):
+                if i > 0:
+                    out.append("\n")
+                if p and (start if i == 0 else True):
+                    out.append(tag)
+                out.append(p)
+            self._at_line_start.v = s.endswith("\n")
+            data = "".join(out).encode("utf-8", "replace")
+        else:
+            data = s.encode("utf-8", "replace")
+        with self._lock:
+            view = memoryview(data)
+            while view:
+                try:
+                    n = os.write(self._fd, view)
+                except InterruptedError:
+                    continue
+                except BlockingIOError:
+                    import select
+
+                    select.select([], [self._fd], [], 1.0)
+                    continue
+                view = view[n:]
+        return len(s)
+
+    def flush(self) -> None:
+        pass

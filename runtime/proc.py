@@ -1,0 +1,403 @@
+"""The proc: a process that hosts actors. Each actor has its own thread, mailbox and asyncio
+loop and handles one message at a time; the I/O thread keeps heartbeats going meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import faulthandler
+import inspect
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Optional
+
+from . import logs
+from .actor import ActorContext, _set_context, endpoints_of
+from .config import config
+from .errors import ActorError, SupervisionError
+from .shapes import Point, Shape
+from .supervision import MeshFailure
+from .transport.framing import ERROR, OK, Header, Kind
+from .transport.serialization import dumps, loads
+
+log = logging.getLogger("runtime.proc")
+
+_STOP = "stop"
+_tls = threading.local()
+
+
+def current_actor() -> Optional["ActorInstance"]:
+    """The ActorInstance whose thread is running (None outside actor threads)."""
+    return getattr(_tls, "actor", None)
+
+
+class ActorInstance:
+    """One actor in this proc: its thread, mailbox, state and counters."""
+
+    def __init__(self, server: "ProcServer", h: Header, body: Any, buffers: list) -> None:
+        e = h.extra or {}
+        self.server = server
+        self.rt = server.rt
+        self.actor_id: str = h.actor
+        self.name: str = e["name"]
+        self.rank: int = e["rank"]
+        self.shape = Shape(e["labels"], e["sizes"])
+        self.owner_addr: str = h.reply
+        self.mailbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.state = "starting"
+        self.endpoint: Optional[str] = None
+        self.since = time.time()
+        self.handled = 0
+        self.errors = 0
+        self.failed: Optional[str] = None
+        self.current_port = -1
+        self.current_reply = ""  # the caller's address while a call with a reply runs
+        self.instance: Any = None
+        self.endpoints: dict = {}
+        self._aloop: Optional[asyncio.AbstractEventLoop] = None
+        self._spawn = (body, buffers)
+        self.thread = threading.Thread(target=self._run, name=f"actor-{self.name}-{self.rank}",
+                                       daemon=True)
+
+    # -- thread body ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        ctx = ActorContext(self.actor_id, self.name, Point(self.rank, self.shape),
+                           self.rt.proc_id, self.rt.host, os.getpid())
+        _set_context(ctx)
+        _tls.actor = self
+        logs.set_thread_label(self.name)
+        self._init()
+        mailbox = self.mailbox
+        while True:
+            item = mailbox.get()
+            what = item[0]
+            if what == "call":
+                self._handle_call(item[1], item[2], item[3])
+            elif what == "supervise":
+                self._supervise(item[1])
+            elif what == _STOP:
+                self._stop(item[1])
+                return
+
+    def _init(self) -> None:
+        body, buffers = self._spawn
+        self._spawn = None
+        try:
+            cls, args, kwargs = loads(body, buffers)
+            self.endpoints = endpoints_of(cls)
+            self.instance = cls.__new__(cls)
+            init = self.instance.__init__(*args, **kwargs)
+            if inspect.iscoroutine(init):
+                self._run_coro(init)
+        except BaseException as e:  # noqa: BLE001 - reported to the owner
+            tb = traceback.format_exc()
+            self.failed = f"__init__ raised {type(e).__name__}: {e}"
+            self._set_state("failed")
+            self.rt.send(self.owner_addr, Header(Kind.ACTOR_FAILED, actor=self.actor_id,
+                                                 rank=self.rank, extra={
+                "cause": self.failed, "traceback": tb, "init": True}))
+            return
+        self._set_state("idle")
+        self.rt.send(self.owner_addr, Header(Kind.ACTOR_READY, actor=self.actor_id,
+                                             rank=self.rank))
+
+    def _set_state(self, state: str, endpoint: Optional[str] = None) -> None:
+        self.state = state
+        self.endpoint = endpoint
+        self.since = time.time()
+
+    def _run_coro(self, coro: Any) -> Any:
+        if self._aloop is None:
+            self._aloop = asyncio.new_event_loop()
+        return self._aloop.run_until_complete(coro)
+
+    def _reply(self, h: Header, status: int, body: bytes, buffers: tuple = ()) -> None:
+        self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=self.rank, status=status,
+                                     actor=self.actor_id), body, buffers)
+
+    def _reply_error(self, h: Header, exc: BaseException) -> None:
+        try:
+            body, bufs = dumps(exc)
+        except Exception:
+            body, bufs = dumps(ActorError(str(exc)))
+        self._reply(h, ERROR, body, tuple(bufs))
+
+    def _handle_call(self, h: Header, body: Any, buffers: list) -> None:
+        if self.failed is not None:
+            if h.port:
+                self._reply_error(h, SupervisionError(
+                    f"actor {self.name!r} rank {self.rank} has failed: {self.failed}"))
+            return
+        name = h.method
+        ep = self.endpoints.get(name)
+        if ep is None:
+            if h.port:
+                self._reply_error(h, ActorError(
+                    f"{type(self.instance).__name__} has no endpoint {name!r}",
+                    mesh=self.name, rank=self.rank, endpoint=name))
+            return
+        self._set_state("busy", name)
+        self.current_port = h.port
+        self.current_reply = h.reply
+        ok = False
+        result = None
+        try:
+            args, kwargs = loads(body, buffers)
+            result = ep.fn(self.instance, *args, **kwargs)
+            if inspect.iscoroutine(result):
+                result = self._run_coro(result)
+            ok = True
+        except BaseException as e:  # noqa: BLE001 - delivered to the caller
+            self.errors += 1
+            tb = _user_traceback(e)
+            err = ActorError(f"{type(e).__name__}: {e}", remote_traceback=tb,
+                             exception_type=type(e).__name__, mesh=self.name, rank=self.rank,
+                             endpoint=name)
+            if h.port:
+                self._reply_error(h, err)
+            else:
+                self._fail(f"{name}() raised {type(e).__name__}: {e} (no caller to receive it)",
+                           tb)
+        finally:
+            self.current_port = -1
+            self.handled += 1
+            if self.failed is None:
+                self._set_state("idle")
+        if ok and h.port:
+            try:
+                data, bufs = dumps(result, f"the return value of {name}()")
+            except Exception as e:
+                self.errors += 1
+                self._reply_error(h, ActorError(
+                    f"endpoint {name}() returned a value that cannot be pickled: {e}",
+                    mesh=self.name, rank=self.rank, endpoint=name))
+                return
+            total = len(data) + sum(memoryview(b).nbytes for b in bufs)
+            if total > config.max_message_bytes:
+                self._reply_error(h, ActorError(
+                    f"endpoint {name}() returned {total} bytes, over the message limit of "
+                    f"{config.max_message_bytes}", mesh=self.name, rank=self.rank, endpoint=name))
+                return
+            self._reply(h, OK, data, tuple(bufs))
+
+    def _fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None) -> None:
+        self.failed = cause
+        self._set_state("failed")
+        body = b""
+        if caused_by is not None:
+            try:
+                body, _ = dumps(caused_by)
+            except Exception:
+                body = b""
+        self.rt.send(self.owner_addr, Header(Kind.ACTOR_FAILED, actor=self.actor_id,
+                                             rank=self.rank, extra={"cause": cause,
+                                                                    "traceback": tb}), body)
+
+    def _supervise(self, failure: MeshFailure) -> None:
+        handler = getattr(self.instance, "__supervise__", None)
+        if self.failed is not None:
+            return
+        if handler is None:
+            self._fail(f"unhandled failure of a mesh it owns: {failure}", caused_by=failure)
+            return
+        self._set_state("busy", "__supervise__")
+        try:
+            handled = handler(failure)
+            if inspect.iscoroutine(handled):
+                handled = self._run_coro(handled)
+        except BaseException as e:  # noqa: BLE001
+            self._fail(f"__supervise__ raised {type(e).__name__}: {e}", traceback.format_exc(),
+                       caused_by=failure)
+            return
+        finally:
+            if self.failed is None:
+                self._set_state("idle")
+        if not handled:
+            self._fail(f"failure of a mesh it owns not handled: {failure}", caused_by=failure)
+
+    def _stop(self, h: Optional[Header]) -> None:
+        # children first: meshes this actor owns
+        for obj in list(self.rt.meshes()):
+            if getattr(obj, "_owner_actor", None) == self.actor_id and hasattr(obj, "_stop_now"):
+                try:
+                    obj._stop_now(timeout=config.stop_timeout)
+                except Exception:
+                    log.exception("stopping a child mesh failed")
+        cleanup = getattr(self.instance, "__cleanup__", None)
+        if cleanup is not None and self.instance is not None:
+            try:
+                r = cleanup(None)
+                if inspect.iscoroutine(r):
+                    self._run_coro(r)
+            except BaseException:  # noqa: BLE001
+                traceback.print_exc()
+        self._set_state("stopped")
+        if h is not None and h.reply:
+            self.rt.send(h.reply, Header(Kind.ACTOR_STOPPED, actor=self.actor_id, rank=self.rank))
+            if h.port:
+                self._reply(h, OK, dumps(None)[0])
+        if self._aloop is not None:
+            self._aloop.close()
+
+    def interrupt(self) -> None:
+        """Raise KeyboardInterrupt in this actor's thread at its next Python instruction."""
+        tid = self.thread.ident
+        if tid is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
+                                                       ctypes.py_object(KeyboardInterrupt))
+
+
+class ProcServer:
+    """Dispatches actor traffic to the actors of this proc."""
+
+    def __init__(self, rt: Any, cfg: dict) -> None:
+        self.rt = rt
+        self.cfg = cfg
+        self.actors: dict[str, ActorInstance] = {}
+        self.stopped = threading.Event()
+        self.owner_last_seen = time.monotonic()
+        self._proc = None
+        try:
+            import psutil
+
+            self._proc = psutil.Process()
+            self._proc.cpu_percent(None)
+        except Exception:
+            pass
+        rt.host_handler = self.handle
+        rt.heartbeat_extra = self.heartbeat_extra
+        rt.deliver_to_actor = self.deliver_to_actor
+
+    def handle(self, h: Header, body: Any, buffers: list) -> bool:
+        k = h.kind
+        if k == Kind.CALL:
+            a = self.actors.get(h.actor)
+            if a is None:
+                if h.port:
+                    self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank,
+                                                 status=ERROR), dumps(SupervisionError(
+                        f"no actor {h.actor} in proc {self.rt.proc_id}"))[0])
+                return True
+            a.mailbox.put(("call", h, body, buffers))
+            return True
+        if k == Kind.SPAWN_ACTOR:
+            if h.actor in self.actors:
+                return True
+            a = ActorInstance(self, h, body, buffers)
+            self.actors[h.actor] = a
+            a.thread.start()
+            return True
+        if k == Kind.STOP_ACTOR:
+            a = self.actors.get(h.actor)
+            if a is not None:
+                a.mailbox.put((_STOP, h))
+            elif h.reply:
+                self.rt.send(h.reply, Header(Kind.ACTOR_STOPPED, actor=h.actor, rank=h.rank))
+            return True
+        if k == Kind.STOP_PROC:
+            threading.Thread(target=self.stop, name="monarch-stop", daemon=True).start()
+            return True
+        if k == Kind.DUMP_STACK:
+            self.rt.send(h.reply, Header(Kind.REPLY, port=h.port), dump_stacks().encode())
+            return True
+        if k == Kind.INTERRUPT:
+            for a in self.actors.values():
+                if a.state == "busy" and (h.port == 0 or a.current_port == h.port):
+                    a.interrupt()
+            return True
+        if k == Kind.HEARTBEAT and h.src != self.rt.proc_id:
+            self.owner_last_seen = time.monotonic()
+            return True
+        return False
+
+    def deliver_to_actor(self, actor_id: str, failure: MeshFailure) -> bool:
+        a = self.actors.get(actor_id)
+        if a is None:
+            return False
+        a.mailbox.put(("supervise", failure))
+        return True
+
+    def heartbeat_extra(self) -> dict:
+        actors = {a.actor_id: [a.state, a.endpoint, a.since, a.handled, a.errors]
+                  for a in self.actors.values() if a.state != "starting"}
+        extra: dict = {"actors": actors}
+        if self._proc is not None:
+            try:
+                extra["cpu"] = self._proc.cpu_percent(None)
+                extra["rss"] = self._proc.memory_info().rss
+            except Exception:
+                pass
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            try:
+                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                    extra["gpu"] = int(torch.cuda.memory_allocated())
+            except Exception:
+                pass
+        return extra
+
+    def stop(self) -> None:
+        """Stop every actor (running __cleanup__), then exit the process."""
+        for a in list(self.actors.values()):
+            a.mailbox.put((_STOP, None))
+        deadline = time.monotonic() + config.stop_timeout
+        for a in list(self.actors.values()):
+            a.thread.join(max(0.0, deadline - time.monotonic()))
+        self.stopped.set()
+
+
+def _user_traceback(e: BaseException) -> str:
+    """The traceback of `e` without the runtime's own frames at its top."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(e), e, tb))
+
+
+def dump_stacks() -> str:
+    """The stack of every thread of this process, faulthandler-style but readable."""
+    frames = sys._current_frames()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = [f"Process {os.getpid()}:"]
+    for tid, frame in frames.items():
+        out.append(f"\nThread {names.get(tid, tid)} ({tid}):")
+        out.extend(ln.rstrip("\n") for ln in traceback.format_stack(frame))
+    return "\n".join(out) + "\n"
+
+
+def main(cfg: dict) -> None:
+    """Entry point of a forked proc (called by the zygote in the child)."""
+    from .core import Runtime, set_runtime
+    from .transport import auth
+
+    sys.stdout = logs.TaggedWriter(1, "<stdout>")
+    sys.stderr = logs.TaggedWriter(2, "<stderr>")
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    keys = None
+    if cfg.get("key_file"):
+        keys = auth.read_key_file(cfg["key_file"])
+    rt = Runtime(proc_id=cfg["proc_id"], token=bytes.fromhex(cfg["token"]), rundir=cfg["rundir"],
+                 owner_address=cfg["owner"], is_proc=True, keys=keys)
+    rt.agent_address = cfg.get("agent", "")
+    rt.host_id = cfg.get("host_id", "")
+    set_runtime(rt)
+    server = ProcServer(rt, cfg)
+    rt.send(cfg["owner"], Header(Kind.HELLO, extra={"pid": os.getpid(), "host": rt.host,
+                                                    "address": rt.address}))
+    signal.signal(signal.SIGTERM, lambda *_: server.stopped.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while not server.stopped.wait(1.0):
+        pass
+    try:
+        rt.loop.stop(timeout=1.0)
+    finally:
+        sys.stdout.flush()
+        os._exit(0)

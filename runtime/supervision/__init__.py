@@ -1,0 +1,105 @@
+"""Supervision: failures as data (MeshFailure), and what happens at the root when nobody
+handles one (`unhandled_fault_hook`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .health import ActorHealth, ActorState, HealthEvent, HealthModel, MeshHealth, ProcStats
+
+__all__ = [
+    "MeshFailure", "ActorState", "ActorHealth", "MeshHealth", "HealthEvent", "HealthModel",
+    "ProcStats", "default_unhandled_fault_hook", "is_interactive",
+]
+
+
+@dataclass
+class MeshFailure:
+    """Actors of a mesh failed: which ranks, why, and what their process said last."""
+
+    mesh: str
+    ranks: list[int]
+    cause: str
+    host: str = ""
+    pid: int = 0
+    proc_id: str = ""
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    stderr_tail: list[str] = field(default_factory=list)
+    traceback: str = ""
+    time: float = field(default_factory=time.time)
+    caused_by: Optional["MeshFailure"] = None
+
+    def report(self) -> str:
+        """A readable multi-line report."""
+        lines = [f"MeshFailure: mesh {self.mesh!r} rank(s) {self.ranks} failed: {self.cause}"]
+        if self.host or self.pid:
+            lines.append(f"  host {self.host}, pid {self.pid}, proc {self.proc_id}")
+        if self.exit_code is not None:
+            lines.append(f"  exit code {self.exit_code}")
+        if self.signal:
+            from .._process import describe_status
+
+            lines.append(f"  {describe_status(None, self.signal)}")
+        if self.traceback:
+            lines.append("  traceback:")
+            lines.extend("    " + ln for ln in self.traceback.rstrip().splitlines())
+        if self.stderr_tail:
+            lines.append("  last lines of stderr:")
+            lines.extend("    " + ln for ln in self.stderr_tail)
+        if self.caused_by is not None:
+            lines.append("  caused by:")
+            lines.extend("    " + ln for ln in self.caused_by.report().splitlines())
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return f"mesh {self.mesh!r} rank(s) {self.ranks} failed: {self.cause}"
+
+
+def is_interactive() -> bool:
+    """True in a REPL, IPython or a notebook kernel: failures must not end the process."""
+    policy = os.environ.get("MONARCH_FAULT_POLICY", "")
+    if policy == "raise":
+        return True
+    if policy == "exit":
+        return False
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return True
+    ip = sys.modules.get("IPython")
+    if ip is not None:
+        try:
+            return ip.get_ipython() is not None
+        except Exception:
+            return False
+    return False
+
+
+_reported: set[tuple[str, str]] = set()
+_report_lock = threading.Lock()
+
+
+def default_unhandled_fault_hook(failure: MeshFailure) -> None:
+    """At the root: in a script, report and exit non-zero; interactively, report once
+    (the waiting code gets SupervisionError; later use of the mesh raises)."""
+    key = (failure.mesh, failure.proc_id or str(failure.ranks))
+    with _report_lock:
+        first = key not in _reported
+        _reported.add(key)
+    if is_interactive():
+        if first:
+            print(f"[monarch] unhandled failure:\n{failure.report()}", file=sys.stderr,
+                  flush=True)
+        return
+    print(f"[monarch] unhandled failure, exiting (fail fast):\n{failure.report()}",
+          file=sys.stderr, flush=True)
+    try:
+        from ..core import get_runtime
+
+        get_runtime().shutdown(timeout=1.0)
+    finally:
+        os._exit(1)

@@ -1,0 +1,1 @@
+"""Transport: sockets, framing, serialization and authentication."""

@@ -1,0 +1,119 @@
+"""Serialization of message bodies: cloudpickle with out-of-band buffers.
+
+Classes and functions from `__main__` or a notebook cell travel by value (cloudpickle).
+numpy arrays and CPU torch tensors travel as pickle-protocol-5 buffers: separate zmq frames,
+sent without copies. torch is never imported here: tensors are recognised only when the
+process has already imported torch.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+from typing import Any, Sequence
+
+import cloudpickle
+
+from ..errors import SerializationError
+
+PROTOCOL = 5
+_SIMPLE = (type(None), bool, int, float, str, bytes)
+
+
+def _is_simple(obj: Any, depth: int = 0) -> bool:
+    """Plain data that pickles identically with the C pickler (no classes by reference)."""
+    t = type(obj)
+    if t in _SIMPLE:
+        return True
+    if depth > 3:
+        return False
+    if t is tuple or t is list:
+        return len(obj) <= 16 and all(_is_simple(x, depth + 1) for x in obj)
+    if t is dict:
+        return len(obj) <= 16 and all(
+            type(k) in _SIMPLE and _is_simple(v, depth + 1) for k, v in obj.items()
+        )
+    return False
+
+
+def _rebuild_tensor(arr: Any, dtype_name: str, shape: tuple, requires_grad: bool) -> Any:
+    import torch
+
+    t = torch.from_numpy(arr)
+    dtype = getattr(torch, dtype_name)
+    if t.dtype != dtype:
+        t = t.view(dtype)
+    t = t.reshape(shape)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+_VIEW_AS = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
+
+
+def _reduce_tensor(t: Any) -> Any:
+    """Reduce a CPU tensor to a numpy array (an out-of-band buffer) plus its dtype."""
+    torch = sys.modules["torch"]
+    if t.device.type != "cpu" or t.layout != torch.strided or t.is_quantized:
+        return NotImplemented
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        return NotImplemented
+    dtype_name = str(t.dtype).replace("torch.", "")
+    base = t.detach()
+    if not base.is_contiguous():
+        base = base.contiguous()
+    flat = base.reshape(-1)
+    if dtype_name in _VIEW_AS:
+        flat = flat.view(getattr(torch, _VIEW_AS[dtype_name]))
+    try:
+        arr = flat.numpy()
+    except (TypeError, RuntimeError):
+        return NotImplemented
+    if isinstance(t, torch.nn.Parameter):
+        return (_rebuild_parameter, (arr, dtype_name, tuple(t.shape), t.requires_grad))
+    return (_rebuild_tensor, (arr, dtype_name, tuple(t.shape), t.requires_grad))
+
+
+def _rebuild_parameter(arr: Any, dtype_name: str, shape: tuple, requires_grad: bool) -> Any:
+    import torch
+
+    return torch.nn.Parameter(_rebuild_tensor(arr, dtype_name, shape, False), requires_grad)
+
+
+class _Pickler(cloudpickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
+            r = _reduce_tensor(obj)
+            if r is not NotImplemented:
+                return r
+        return super().reducer_override(obj)
+
+
+def dumps(obj: Any, what: str = "value") -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Pickle `obj`; returns the pickle bytes and its out-of-band buffers.
+
+    Raises SerializationError naming `what` when the object cannot be pickled."""
+    if _is_simple(obj):
+        return pickle.dumps(obj, PROTOCOL), []
+    buffers: list[pickle.PickleBuffer] = []
+    f = io.BytesIO()
+    try:
+        _Pickler(f, protocol=PROTOCOL, buffer_callback=buffers.append).dump(obj)
+    except Exception as e:
+        raise SerializationError(f"cannot pickle {what}: {type(e).__name__}: {e}") from e
+    return f.getvalue(), buffers
+
+
+def loads(data: Any, buffers: Sequence[Any] = ()) -> Any:
+    """Unpickle a body produced by `dumps`."""
+    return pickle.loads(data, buffers=buffers)
+
+
+def buffer_nbytes(buffers: Sequence[Any]) -> int:
+    n = 0
+    for b in buffers:
+        n += memoryview(b).nbytes
+    return n
