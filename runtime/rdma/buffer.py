@@ -58,11 +58,15 @@ class RDMAOwner:
 def _current_actor_name() -> Optional[str]:
     """The calling actor's name when made inside an endpoint (None in a controller)."""
     try:
-        from .. import actor_context  # type: ignore[attr-defined]
+        from ..actor import _get_context  # thread-local: set only on actor threads
 
-        return actor_context.current_actor_name()
-    except Exception:
+        ctx = _get_context()
+    except Exception:  # runtime.actor unavailable: a plain process
         return None
+    if ctx is None:
+        return None
+    coords = ",".join(f"{k}={v}" for k, v in dict(ctx.rank).items())
+    return f"{ctx.actor_id}{{{coords}}}" if coords else ctx.actor_id
 
 
 class RDMABuffer:

@@ -121,9 +121,14 @@ def _connect(h: Handle, addr: str, dl: Deadline) -> socket.socket:
     try:
         sock.settimeout(dl.remaining())
         P.client_handshake(sock, secret)
-    except P.ProtocolError as e:
+    except P.HandshakeRejected as e:
         sock.close()
         raise RDMAAuthError(f"data server at {addr} rejected us: {e}") from None
+    except P.ProtocolError as e:  # closed before its greeting: a dying owner, or not ours
+        sock.close()
+        if h.host_id == host_id() and _wait_gone(h):
+            raise _owner_gone(h, "process exited while we connected") from None
+        raise RDMATransportError(f"data server at {addr} closed the connection: {e}") from None
     except socket.timeout:
         sock.close()
         raise RDMATimeoutError(f"authenticating with the data server at {addr} timed out") from None
@@ -131,6 +136,16 @@ def _connect(h: Handle, addr: str, dl: Deadline) -> socket.socket:
         sock.close()
         raise _owner_gone(h, f"connection lost during authentication ({e})") from None
     return sock
+
+
+def _wait_gone(h: Handle, within: float = 0.5) -> bool:
+    """True once the (same-host) owner is gone; gives a dying process `within` s to finish."""
+    end = time.monotonic() + within
+    while process_alive(h.pid, h.start_time):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 class _Conn:
@@ -164,7 +179,7 @@ class _Conn:
         return body
 
     def lost(self, e: BaseException) -> RDMAError:
-        if self.h.host_id == host_id() and not process_alive(self.h.pid, self.h.start_time):
+        if self.h.host_id == host_id() and _wait_gone(self.h):
             return _owner_gone(self.h, "process exited during the transfer")
         return RDMATransportError(f"connection to the data server at {self.addr} lost: {e}")
 

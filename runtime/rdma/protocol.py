@@ -41,6 +41,10 @@ class ProtocolError(Exception):
     """The peer broke the protocol (bad magic, MAC, oversized payload, early close)."""
 
 
+class HandshakeRejected(ProtocolError):
+    """The server heard our proof and refused it (or could not prove itself): wrong secret."""
+
+
 def recv_exact(sock: socket.socket, n: int) -> bytes:
     """Read exactly n bytes or raise ProtocolError if the peer closes first."""
     buf = bytearray(n)
@@ -84,10 +88,10 @@ def client_handshake(sock: socket.socket, secret: bytes) -> None:
     try:
         proof = recv_exact(sock, MAC)
     except ProtocolError:
-        raise ProtocolError("data server closed the connection during authentication "
-                            "(wrong session token?)") from None
+        raise HandshakeRejected("data server closed the connection after our proof "
+                                "(wrong session token?)") from None
     if not hmac.compare_digest(proof, _mac(secret, b"s", ns, nc)):
-        raise ProtocolError("data server failed authentication")
+        raise HandshakeRejected("data server failed authentication")
 
 
 def send_request(sock: socket.socket, op: int, buffer_id: int = 0, offset: int = 0,
