@@ -6,11 +6,12 @@ import dataclasses
 import errno
 import hashlib
 import logging
-import multiprocessing as mp
 import os
 import pickle
 import signal
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -72,12 +73,28 @@ def _owner_main(conn) -> None:
             conn.send((False, repr(e)))
 
 
+def _owner_entry(fd: int) -> None:
+    """Entry point of an owner subprocess: dies with its parent, serves commands on `fd`."""
+    import ctypes
+    from multiprocessing.connection import Connection
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    _owner_main(Connection(fd))
+
+
 class Owner:
+    """An owner process (a plain subprocess, not a runtime proc) driven over a socketpair."""
+
     def __init__(self) -> None:
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_owner_main, args=(child,), daemon=True)
-        self.proc.start()
+        from multiprocessing.connection import Connection
+
+        ours, theirs = socket.socketpair()
+        here = os.path.dirname(os.path.abspath(__file__))
+        code = ("import sys; sys.path[:0] = {!r}; import test_rdma; "
+                "test_rdma._owner_entry({})").format([here, os.path.dirname(here)], theirs.fileno())
+        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()])
+        theirs.close()
+        self.conn = Connection(ours.detach())
         self.pid = self.proc.pid
 
     def call(self, *msg, timeout: float = 60):
@@ -93,14 +110,24 @@ class Owner:
         return self.call("make", kind, nbytes, dtype, seed)
 
     def kill(self) -> None:
-        if self.proc.is_alive():
+        if self.proc.poll() is None:
             os.kill(self.pid, signal.SIGCONT)
             os.kill(self.pid, signal.SIGKILL)
-        self.proc.join(10)
+        self.proc.wait(10)
+        self.conn.close()
+
+
+@pytest.fixture(scope="module")
+def owner():
+    """One owner process shared by the tests that leave it healthy."""
+    o = Owner()
+    yield o
+    o.kill()
 
 
 @pytest.fixture
-def owner():
+def fresh_owner():
+    """An owner of its own, for tests that drop everything, stop or kill it."""
     o = Owner()
     yield o
     o.kill()
@@ -249,27 +276,27 @@ def test_dropped_by_owner_is_reported(owner, transport):
 
 
 @pytest.mark.timeout(60)
-def test_drop_from_a_holder_reaches_the_owner(owner, transport):
-    key, buf = owner.make(4096)
-    key2, other = owner.make(4096, seed=2)
-    assert owner.call("live") == 2
+def test_drop_from_a_holder_reaches_the_owner(fresh_owner, transport):
+    key, buf = fresh_owner.make(4096)
+    key2, other = fresh_owner.make(4096, seed=2)
+    assert fresh_owner.call("live") == 2
     buf.drop().get(timeout=10)
-    assert owner.call("live") == 1
+    assert fresh_owner.call("live") == 1
     with pytest.raises(RDMABufferDroppedError):
         buf.read_into(torch.empty(4096, dtype=torch.uint8)).get(timeout=10)
     dst = torch.empty(4096, dtype=torch.uint8)
     other.read_into(dst).get(timeout=10)  # the other buffer is untouched
-    assert sha(dst) == owner.call("sha", key2)
+    assert sha(dst) == fresh_owner.call("sha", key2)
 
 
 @pytest.mark.timeout(60)
-def test_dead_owner_gives_owner_died_not_a_hang(owner, transport):
-    _, buf = owner.make(1 << 20)
+def test_dead_owner_gives_owner_died_not_a_hang(fresh_owner, transport):
+    _, buf = fresh_owner.make(1 << 20)
     dst = torch.empty(1 << 20, dtype=torch.uint8)
     buf.read_into(dst).get(timeout=10)  # warm: a pooled connection now exists
-    owner.kill()
+    fresh_owner.kill()
     t0 = time.monotonic()
-    with pytest.raises(RDMAOwnerDiedError, match=str(owner.pid)):
+    with pytest.raises(RDMAOwnerDiedError, match=str(fresh_owner.pid)):
         buf.read_into(dst, timeout=5).get(timeout=10)
     with pytest.raises(RDMAOwnerDiedError):
         buf.write_from(dst, timeout=5).get(timeout=10)
@@ -277,10 +304,10 @@ def test_dead_owner_gives_owner_died_not_a_hang(owner, transport):
 
 
 @pytest.mark.timeout(60)
-def test_stalled_owner_times_out_with_an_error(owner, transport):
-    _, buf = owner.make(8 << 20)
+def test_stalled_owner_times_out_with_an_error(fresh_owner, transport):
+    _, buf = fresh_owner.make(8 << 20)
     dst = torch.empty(8 << 20, dtype=torch.uint8)
-    os.kill(owner.pid, signal.SIGSTOP)
+    os.kill(fresh_owner.pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
         with pytest.raises(RDMATimeoutError):
@@ -289,7 +316,7 @@ def test_stalled_owner_times_out_with_an_error(owner, transport):
             buf.write_from(dst, timeout=1.0).get(timeout=10)
         assert time.monotonic() - t0 < 6
     finally:
-        os.kill(owner.pid, signal.SIGCONT)
+        os.kill(fresh_owner.pid, signal.SIGCONT)
 
 
 @pytest.mark.timeout(60)
@@ -432,3 +459,18 @@ def test_timeout_must_be_positive():
     buf = RDMABuffer(torch.zeros(8, dtype=torch.uint8))
     with pytest.raises(ValueError, match="timeout"):
         buf.read_into(torch.empty(8, dtype=torch.uint8), timeout=0)
+
+
+@pytest.mark.timeout(60)
+def test_an_address_taken_over_by_another_process_is_not_trusted(owner, monkeypatch):
+    """A handle pointing at a data server that now belongs to someone else must not read it."""
+    monkeypatch.setenv("MONARCH_RDMA_TRANSPORT", "tcp")
+    _, theirs = owner.make(4096, seed=1)
+    mine = RDMABuffer(torch.zeros(4096, dtype=torch.uint8))  # this process's data server
+    stale = pickle.loads(pickle.dumps(theirs))
+    # same buffer id and secret as a live buffer here, but the owner identity of `theirs`
+    stale._h = dataclasses.replace(theirs._h, addresses=mine._h.addresses, secret=mine._h.secret,
+                                   buffer_id=mine._h.buffer_id, host_id="elsewhere/x/y")
+    with pytest.raises(RDMAOwnerDiedError, match=f"belongs to pid {os.getpid()}"):
+        stale.read_into(torch.empty(4096, dtype=torch.uint8)).get(timeout=10)
+    mine.drop()

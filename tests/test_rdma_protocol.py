@@ -48,7 +48,7 @@ def test_handshake_fails_on_both_sides_with_different_secrets():
 
     t = threading.Thread(target=serve)
     t.start()
-    with pytest.raises(P.ProtocolError, match="authentication"):
+    with pytest.raises(P.HandshakeRejected, match="wrong session token"):
         P.client_handshake(cli, b"client-secret")
     t.join(5)
     assert len(errors) == 1 and "authentication" in str(errors[0])

@@ -135,6 +135,17 @@ def _connect(h: Handle, addr: str, dl: Deadline) -> socket.socket:
     except OSError as e:
         sock.close()
         raise _owner_gone(h, f"connection lost during authentication ({e})") from None
+    # The address may have been reused by a later process: make sure it is still the owner.
+    try:
+        P.send_request(sock, P.OP_INFO)
+        status, body = P.recv_reply(sock)
+        pid, start = INFO_REPLY.unpack(body) if status == P.ST_OK else (-1, -1)
+    except (P.ProtocolError, OSError, struct.error) as e:
+        sock.close()
+        raise RDMATransportError(f"data server at {addr} failed its identity check: {e}") from None
+    if (pid, start) != (h.pid, h.start_time):
+        sock.close()
+        raise _owner_gone(h, f"its data-server address now belongs to pid {pid}")
     return sock
 
 
