@@ -87,7 +87,7 @@ def main() -> None:
         buffers = here.recv()
         print(f"# RDMABuffer benchmark: owner pid {proc.pid}, reader pid {os.getpid()}, "
               f"{os.cpu_count()} cpus; ibverbs: {why}; default cross-host backend: {get_rdma_backend()}")
-        print(f"# memcpy = single-threaded libc memmove into warm memory, measured per size in this run")
+        print("# memcpy = single-threaded libc memmove into warm memory, measured per size in this run")
         head = f"{'size':>9} {'transport':>9} {'read GB/s':>10} {'write GB/s':>11} {'memcpy GB/s':>12} {'read/memcpy':>12} {'write/memcpy':>13}"
         print(head)
         print("-" * len(head))
@@ -105,7 +105,6 @@ def main() -> None:
                 r_gbs, w_gbs = size / rd / 1e9, size / wr / 1e9
                 print(f"{fmt_size(size):>9} {t:>9} {r_gbs:>10.2f} {w_gbs:>11.2f} {mc_gbs:>12.2f} "
                       f"{r_gbs / mc_gbs:>12.2f} {w_gbs / mc_gbs:>13.2f}", flush=True)
-            del dst, src
     finally:
         os.environ.pop("MONARCH_RDMA_TRANSPORT", None)
         try:

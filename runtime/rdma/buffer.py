@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from ..future import Future
-from . import client
+from . import client, ibverbs
 from .errors import RDMASizeError
 from .handle import Handle
 from .identity import host_id, process_start_time, session_secret
@@ -185,12 +185,12 @@ def get_rdma_backend(buffer: Optional[RDMABuffer] = None) -> str:
     mode = os.environ.get(client.TRANSPORT_ENV, "auto").lower()
     if mode != "auto":
         return mode
-    return "ibverbs" if get_server().ib_context() is not None else "tcp"
+    return "ibverbs" if ibverbs.shared_context() is not None else "tcp"
 
 
 def is_rdma_available() -> bool:
     """True when an ibverbs device is usable here (the other transports always are)."""
-    return get_server().ib_context() is not None
+    return ibverbs.shared_context() is not None
 
 
 def _after_fork() -> None:

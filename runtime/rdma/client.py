@@ -352,9 +352,9 @@ _ib_peers: dict[str, tuple[object, socket.socket]] = {}
 def ib_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool,
                 dl: Deadline) -> None:
     """One-sided RDMA READ/WRITE through a queue pair set up over the data-server socket."""
-    from .server import get_server
+    from . import ibverbs
 
-    ctx = get_server().ib_context()
+    ctx = ibverbs.shared_context()
     if ctx is None:
         raise RDMATransportError("ibverbs requested but no RDMA device is usable in this process")
     addr = _pick_address(h, False)
@@ -418,9 +418,9 @@ def choose(h: Handle, local_cuda: bool) -> str:
     if same_host and h.device == "cpu" and vm_usable():
         return "vm"
     if not same_host and h.ib:
-        from .server import get_server
+        from . import ibverbs
 
-        if get_server().ib_context() is not None:
+        if ibverbs.shared_context() is not None:
             return "ibverbs"
     return "tcp"
 

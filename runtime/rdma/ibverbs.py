@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import random
+import threading
 import time
 from typing import Any, Optional
 
@@ -216,3 +217,26 @@ def open_context() -> Optional[IbvContext]:
         except Exception as exc:
             log.info("rdma: ibverbs device %s unusable: %s", name, exc)
     return None
+
+
+_shared: Optional[IbvContext] = None
+_shared_done = False
+_shared_lock = threading.Lock()
+
+
+def shared_context() -> Optional[IbvContext]:
+    """This process's ibverbs context, opened once (None when ibverbs is not usable)."""
+    global _shared, _shared_done
+    with _shared_lock:
+        if not _shared_done:
+            _shared = open_context()
+            _shared_done = True
+        return _shared
+
+
+def _after_fork() -> None:
+    global _shared, _shared_done, _shared_lock
+    _shared, _shared_done, _shared_lock = None, False, threading.Lock()  # verbs objects do not survive fork
+
+
+os.register_at_fork(after_in_child=_after_fork)

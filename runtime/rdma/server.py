@@ -42,8 +42,6 @@ class DataServer:
         self._rundir = tempfile.mkdtemp(prefix=f"monarch-rdma-{self.pid}-")  # mode 0700
         self._closed = False
         self._listeners: list[socket.socket] = []
-        self._ib = None  # ibverbs context, opened on the first ibverbs request
-        self._ib_lock = threading.Lock()
         path = os.path.join(self._rundir, "data.sock")
         us = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         us.bind(path)
@@ -226,12 +224,9 @@ class DataServer:
             self.registry.unpin(entry)
 
     def ib_context(self):  # -> Optional[ibverbs.IbvContext]
-        with self._ib_lock:
-            if self._ib is None:
-                from . import ibverbs
+        from . import ibverbs
 
-                self._ib = ibverbs.open_context() or False
-            return self._ib or None
+        return ibverbs.shared_context()
 
     # -- CUDA buffers: staged through host memory in the server thread -----------------
     def _send_cuda(self, sock: socket.socket, entry: Entry, off: int, length: int) -> None:
