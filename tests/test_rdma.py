@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import pytest
 import torch
@@ -85,14 +86,15 @@ def _owner_entry(fd: int) -> None:
 class Owner:
     """An owner process (a plain subprocess, not a runtime proc) driven over a socketpair."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: Optional[dict] = None) -> None:
         from multiprocessing.connection import Connection
 
         ours, theirs = socket.socketpair()
         here = os.path.dirname(os.path.abspath(__file__))
         code = ("import sys; sys.path[:0] = {!r}; import test_rdma; "
                 "test_rdma._owner_entry({})").format([here, os.path.dirname(here)], theirs.fileno())
-        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()])
+        self.proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()],
+                                     env={**os.environ, **(env or {})})
         theirs.close()
         self.conn = Connection(ours.detach())
         self.pid = self.proc.pid
@@ -474,3 +476,21 @@ def test_an_address_taken_over_by_another_process_is_not_trusted(owner, monkeypa
     with pytest.raises(RDMAOwnerDiedError, match=f"belongs to pid {os.getpid()}"):
         stale.read_into(torch.empty(4096, dtype=torch.uint8)).get(timeout=10)
     mine.drop()
+
+
+@pytest.mark.timeout(60)
+def test_data_server_binds_where_configured(monkeypatch):
+    """MONARCH_RDMA_HOST moves the TCP listener (here to another loopback address)."""
+    o = Owner(env={"MONARCH_RDMA_HOST": "127.0.0.2"})
+    try:
+        key, buf = o.make(5 << 20, seed=41)
+        assert buf._h.addresses[1].startswith("tcp:127.0.0.2:")
+        remote = pickle.loads(pickle.dumps(buf))
+        remote._h = dataclasses.replace(buf._h, host_id="elsewhere/boot/pidns")
+        monkeypatch.delenv("MONARCH_RDMA_TRANSPORT", raising=False)
+        dst = torch.empty(5 << 20, dtype=torch.uint8)
+        remote.read_into(dst).get(timeout=30)
+        assert remote.last_transport == "tcp"
+        assert sha(dst) == o.call("sha", key)
+    finally:
+        o.kill()
