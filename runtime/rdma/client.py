@@ -70,24 +70,25 @@ def _status_error(status: int, msg: bytes, h: Handle) -> RDMAError:
 
 # -- connections -----------------------------------------------------------------------
 class _Pool:
-    """Idle authenticated connections per data-server address."""
+    """Idle authenticated connections per data-server address, each with the number of
+    replies still to read from it (acknowledgements we chose not to wait for)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._idle: dict[str, list[socket.socket]] = {}
+        self._idle: dict[str, list[tuple[socket.socket, int]]] = {}
 
-    def take(self, addr: str) -> Optional[socket.socket]:
+    def take(self, addr: str) -> Optional[tuple[socket.socket, int]]:
         with self._lock:
             socks = self._idle.get(addr)
             return socks.pop() if socks else None
 
-    def give(self, addr: str, sock: socket.socket) -> None:
+    def give(self, addr: str, sock: socket.socket, pending: int = 0) -> None:
         with self._lock:
-            self._idle.setdefault(addr, []).append(sock)
+            self._idle.setdefault(addr, []).append((sock, pending))
 
     def discard(self, addr: str) -> None:
         with self._lock:
-            for s in self._idle.pop(addr, []):
+            for s, _ in self._idle.pop(addr, []):
                 s.close()
 
 
@@ -164,14 +165,43 @@ class _Conn:
 
     def __init__(self, h: Handle, addr: str, dl: Deadline) -> None:
         self.h, self.addr, self.dl = h, addr, dl
-        self.sock = _pool.take(addr) or _connect(h, addr, dl)
+        self.pending = 0
+        while True:
+            idle = _pool.take(addr)
+            if idle is None:
+                self.sock = _connect(h, addr, dl)
+                return
+            self.sock, pending = idle
+            if self._drain(pending):
+                return
+
+    def _drain(self, pending: int) -> bool:
+        """Read the acknowledgements left on a pooled connection; False (and closed) if it broke."""
+        try:
+            for _ in range(pending):
+                self.sock.settimeout(self.dl.remaining())
+                status, body = P.recv_reply(self.sock)
+                if status != P.ST_OK:
+                    log.debug("rdma: deferred acknowledgement said %d: %r", status, body)
+            return True
+        except (P.ProtocolError, OSError):
+            self.sock.close()
+            return False
+
+    def post(self, op: int) -> None:
+        """Send a request whose (OK) reply is read by the connection's next user."""
+        try:
+            P.send_request(self.sock, op, self.h.buffer_id)
+        except OSError as e:
+            raise self.lost(e) from None
+        self.pending += 1
 
     def __enter__(self) -> "_Conn":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
-            _pool.give(self.addr, self.sock)
+            _pool.give(self.addr, self.sock, self.pending)
         else:
             self.sock.close()
 
@@ -316,8 +346,12 @@ def vm_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool
             if e.errno == errno.ESRCH:
                 raise _owner_gone(h, "process exited during the transfer") from None
             raise RDMATransportError(str(e)) from None
-        # The unpin reply proves the owner lived (and kept the memory pinned) throughout.
-        c.call(P.OP_UNPIN)
+        # The pin reply showed the owner alive before the copy; the same process (same pid
+        # and start time) is alive after it, so the pinned memory stayed valid throughout.
+        # The unpin's reply is left for the connection's next user to read.
+        if not process_alive(h.pid, h.start_time):
+            raise _owner_gone(h, "process exited during the transfer")
+        c.post(P.OP_UNPIN)
 
 
 class _VMRefused(Exception):
@@ -368,7 +402,7 @@ def ib_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool
             ep = ctx.create_endpoint()
             sock = _connect(h, addr, dl)
             c = _Conn.__new__(_Conn)
-            c.h, c.addr, c.dl, c.sock = h, addr, dl, sock
+            c.h, c.addr, c.dl, c.sock, c.pending = h, addr, dl, sock, 0
             ep.connect(c.call(P.OP_IB_CONNECT, payload=ep.local_info()))
             peer = _ib_peers[addr] = (ep, sock)
     ep = peer[0]
