@@ -57,6 +57,12 @@ class Reader(Actor):
         return sha(dst)
 
     @endpoint
+    async def pull_async(self, buf: RDMABuffer) -> str:
+        dst = torch.empty(buf.size(), dtype=torch.uint8)
+        await buf.read_into(dst, timeout=20)
+        return sha(dst)
+
+    @endpoint
     def push_ones(self, buf: RDMABuffer) -> str:
         src = torch.ones(buf.size() // 4, dtype=torch.float32)
         buf.write_from(src.view(torch.uint8), timeout=20).get()
@@ -107,6 +113,7 @@ def test_actor_to_actor_transfer_without_the_controller(procs):
     # reader rank 1 pulls owner rank 0's buffer: a different process on this host
     got = readers.slice(procs=1).pull.call_one(bufs[0]).get(timeout=60)
     assert got == want[0]
+    assert readers.slice(procs=1).pull_async.call_one(bufs[0]).get(timeout=60) == want[0]
     wrote = readers.slice(procs=0).push_ones.call_one(bufs[1]).get(timeout=60)
     assert list(owners.checksum.call().get(timeout=60).values())[1] == wrote
     assert wrote != want[1]
