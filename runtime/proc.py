@@ -3,7 +3,6 @@ loop and handles one message at a time; the I/O thread keeps heartbeats going me
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import faulthandler
 import inspect
@@ -60,7 +59,7 @@ class ActorInstance:
         self.current_reply = ""  # the caller's address while a call with a reply runs
         self.instance: Any = None
         self.endpoints: dict = {}
-        self._aloop: Optional[asyncio.AbstractEventLoop] = None
+        self._aloop: Any = None
         self._spawn = (body, buffers)
         self.thread = threading.Thread(target=self._run, name=f"actor-{self.name}-{self.rank}",
                                        daemon=True)
@@ -114,6 +113,8 @@ class ActorInstance:
 
     def _run_coro(self, coro: Any) -> Any:
         if self._aloop is None:
+            import asyncio
+
             self._aloop = asyncio.new_event_loop()
         return self._aloop.run_until_complete(coro)
 
@@ -311,7 +312,7 @@ class ProcServer:
                 if a.state == "busy" and (h.port == 0 or a.current_port == h.port):
                     a.interrupt()
             return True
-        if k == Kind.HEARTBEAT and h.src != self.rt.proc_id:
+        if k == Kind.HEARTBEAT and h.src not in self.rt.procs and h.src not in self.rt.agents:
             self.owner_last_seen = time.monotonic()
             return True
         return False
@@ -379,19 +380,23 @@ def main(cfg: dict) -> None:
     sys.stdout = logs.TaggedWriter(1, "<stdout>")
     sys.stderr = logs.TaggedWriter(2, "<stderr>")
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
                         format="%(levelname)s %(name)s: %(message)s")
     keys = None
     if cfg.get("key_file"):
         keys = auth.read_key_file(cfg["key_file"])
     rt = Runtime(proc_id=cfg["proc_id"], token=bytes.fromhex(cfg["token"]), rundir=cfg["rundir"],
-                 owner_address=cfg["owner"], is_proc=True, keys=keys)
+                 owner_address=cfg["owner"], is_proc=True, keys=keys, start=False)
     rt.agent_address = cfg.get("agent", "")
     rt.host_id = cfg.get("host_id", "")
     set_runtime(rt)
     server = ProcServer(rt, cfg)
+    if cfg.get("listen_ip") and keys is not None:
+        rt.enable_tcp(cfg["listen_ip"])
+    rt.start()
     rt.send(cfg["owner"], Header(Kind.HELLO, extra={"pid": os.getpid(), "host": rt.host,
-                                                    "address": rt.address}))
+                                                    "address": rt.address,
+                                                    "tcp": rt.tcp_address}))
     signal.signal(signal.SIGTERM, lambda *_: server.stopped.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while not server.stopped.wait(1.0):
