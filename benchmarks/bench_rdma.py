@@ -65,7 +65,7 @@ def main() -> None:
     ap.add_argument("--min-size", default="1MiB")
     ap.add_argument("--transports", default="", help="comma list of vm,tcp,ibverbs (default: all usable)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--budget", type=float, default=0.4, help="seconds per cell beyond --reps")
+    ap.add_argument("--budget", type=float, default=0.8, help="seconds per cell beyond --reps")
     args = ap.parse_args()
     lo, hi = parse_size(args.min_size), parse_size(args.max_size)
     sizes = []
@@ -86,7 +86,8 @@ def main() -> None:
     try:
         buffers = here.recv()
         print(f"# RDMABuffer benchmark: owner pid {proc.pid}, reader pid {os.getpid()}, "
-              f"{os.cpu_count()} cpus; ibverbs: {why}; default cross-host backend: {get_rdma_backend()}")
+              f"{os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f} at start; "
+              f"ibverbs: {why}; default cross-host backend: {get_rdma_backend()}")
         print("# memcpy = single-threaded libc memmove into warm memory, measured per size in this run")
         head = f"{'size':>9} {'transport':>9} {'read GB/s':>10} {'write GB/s':>11} {'memcpy GB/s':>12} {'read/memcpy':>12} {'write/memcpy':>13}"
         print(head)
@@ -96,7 +97,7 @@ def main() -> None:
             src = torch.full((size,), 7, dtype=torch.uint8)
             mc = timed(lambda: ctypes.memmove(dst.data_ptr(), src.data_ptr(), size), args.reps, args.budget)
             mc_gbs = size / mc / 1e9
-            for t in transports:
+            for t in transports:  # each transport right after its memcpy reference
                 os.environ["MONARCH_RDMA_TRANSPORT"] = t
                 timeout = 30 + size / 2e8
                 rd = timed(lambda: buf.read_into(dst, timeout=timeout).get(), args.reps, args.budget)
@@ -105,6 +106,7 @@ def main() -> None:
                 r_gbs, w_gbs = size / rd / 1e9, size / wr / 1e9
                 print(f"{fmt_size(size):>9} {t:>9} {r_gbs:>10.2f} {w_gbs:>11.2f} {mc_gbs:>12.2f} "
                       f"{r_gbs / mc_gbs:>12.2f} {w_gbs / mc_gbs:>13.2f}", flush=True)
+        print(f"# load average {os.getloadavg()[0]:.2f} at end (other work on these cpus skews both columns)")
     finally:
         os.environ.pop("MONARCH_RDMA_TRANSPORT", None)
         try:
