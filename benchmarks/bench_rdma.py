@@ -97,7 +97,7 @@ def main() -> None:
             src = torch.full((size,), 7, dtype=torch.uint8)
             mc = timed(lambda: ctypes.memmove(dst.data_ptr(), src.data_ptr(), size), args.reps, args.budget)
             mc_gbs = size / mc / 1e9
-            for t in transports:  # each transport right after its memcpy reference
+            for t in transports:
                 os.environ["MONARCH_RDMA_TRANSPORT"] = t
                 timeout = 30 + size / 2e8
                 rd = timed(lambda: buf.read_into(dst, timeout=timeout).get(), args.reps, args.budget)
