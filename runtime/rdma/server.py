@@ -42,6 +42,7 @@ class DataServer:
         self._rundir = tempfile.mkdtemp(prefix=f"monarch-rdma-{self.pid}-")  # mode 0700
         self._closed = False
         self._listeners: list[socket.socket] = []
+        self._mr_lock = threading.Lock()  # one memory registration per buffer
         path = os.path.join(self._rundir, "data.sock")
         us = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         us.bind(path)
@@ -215,9 +216,11 @@ class DataServer:
         if entry is None:
             return
         try:
-            if entry.ib_mr is None:
-                entry.ib_mr = ctx.register(entry.span.addr, entry.span.nbytes, remote=True)
-            P.send_reply(sock, P.ST_OK, MR_REPLY.pack(entry.span.addr + off, entry.ib_mr.rkey))
+            with self._mr_lock:
+                if entry.ib_mr is None:
+                    entry.ib_mr = ctx.register(entry.span.addr, entry.span.nbytes, remote=True)
+                rkey = entry.ib_mr.rkey
+            P.send_reply(sock, P.ST_OK, MR_REPLY.pack(entry.span.addr + off, rkey))
         except Exception as e:
             P.send_reply(sock, P.ST_ERROR, f"memory registration failed: {e}".encode())
         finally:
