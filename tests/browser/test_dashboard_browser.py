@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import shutil
 import time
 from pathlib import Path
@@ -53,9 +54,11 @@ def notebook_cells() -> tuple[list[str], str]:
     """The quickstart's cells up to its dashboard cell, else our own; plus where from."""
     if QUICKSTART.exists():
         nb = json.loads(QUICKSTART.read_text())
-        code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+        # cells meant to fail are left out: run-all would stop there (their tag is not kept)
+        code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"
+                and "raises-exception" not in c.get("metadata", {}).get("tags", [])]
         for i, src in enumerate(code):
-            if "dashboard(" in src:
+            if "dashboard(" in src or src.strip() == "%mesh status":
                 return code[:i + 1] + [KILL], "quickstart"
     return [SETUP, DASHBOARD, KILL], "built-in"
 
@@ -70,9 +73,17 @@ def lab(tmp_path):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no system chromium at {CHROMIUM} (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api", reason="python playwright is not installed")
-    cells, _ = notebook_cells()
-    write_notebook(tmp_path / "dashboard.ipynb", cells)
+    cells, origin = notebook_cells()
+    kernel = "python3"
+    if origin == "quickstart":  # the quickstart's %mesh magics need the Monarch kernel
+        sys.path.insert(0, str(REPO / "tests" / "kernel"))
+        from _kernel_helpers import install_kernelspec
+
+        install_kernelspec()
+        kernel = "monarch"
+    write_notebook(tmp_path / "dashboard.ipynb", cells, kernel=kernel)
     server = JupyterLab(tmp_path)
+    server.kernel_name = kernel
     try:
         server.start()
         yield server
@@ -83,7 +94,7 @@ def lab(tmp_path):
 def test_dashboard_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
 
-    lab.start_session("dashboard.ipynb")
+    lab.start_session("dashboard.ipynb", kernel=getattr(lab, "kernel_name", "python3"))
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

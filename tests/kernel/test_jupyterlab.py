@@ -114,11 +114,11 @@ def test_quickstart_runs_in_jupyterlab(lab):
         return hits[0]
 
     assert len(cells) == 19
-    assert "2/2 procs up" in out("%mesh alloc trainers")
+    assert "4/4 procs up" in out("%mesh alloc trainers")
     assert "[counters 0] value is now 15" in out("counters.incr.call(5)")
     assert "[counters 1] value is now 15" in out("counters.incr.call(5)")
     assert "[trainers 0] hello from pid" in out("%%mesh trainers\nimport os")
-    assert "MeshCellError: 2 of 2 ranks failed on trainers" in out("%%mesh trainers\nif rank")
+    assert "MeshCellError: 2 of 4 ranks failed on trainers" in out("%%mesh trainers\nif rank")
     assert "stopped 1 mesh: trainers" in out("%mesh stop trainers")
     assert "(no meshes)" in cells[-1][1]
     status = [c for c in nb["cells"] if "".join(c["source"]).strip() == "%mesh status"][0]
