@@ -140,13 +140,17 @@ class Future(Generic[R]):
                 for hook in list(_wait_hooks):
                     hook(self)
         except KeyboardInterrupt:
-            hook = self._on_interrupt
-            if hook is not None:
-                try:
-                    hook()
-                except Exception:
-                    pass
+            self._interrupted()
             raise
+
+    def _interrupted(self) -> None:
+        """The wait was interrupted (Ctrl-C, task cancelled): tell the remote side."""
+        hook = self._on_interrupt
+        if hook is not None:
+            try:
+                hook()
+            except Exception:
+                pass
 
     def get(self, timeout: Optional[float] = None) -> R:
         """Block until resolved and return the value (or raise the error).
@@ -183,12 +187,7 @@ class Future(Generic[R]):
             try:
                 yield from waiter.__await__()
             except asyncio.CancelledError:
-                hook = self._on_interrupt
-                if hook is not None:
-                    try:
-                        hook()
-                    except Exception:
-                        pass
+                self._interrupted()
                 raise
         if self._exc is not None:
             raise self._exc
