@@ -641,6 +641,12 @@ def get_runtime() -> Runtime:
         if _runtime is None or _runtime._closed:
             _runtime = Runtime()
             atexit.register(_shutdown_at_exit)
+            try:
+                from .debugging import install_in_controller
+
+                install_in_controller(_runtime)
+            except Exception:
+                log.exception("debugger not installed")
         return _runtime
 
 

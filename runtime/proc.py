@@ -56,6 +56,7 @@ class ActorInstance:
         self.handled = 0
         self.errors = 0
         self.failed: Optional[str] = None
+        self.last_exception: Optional[BaseException] = None  # kept for post-mortem debugging
         self.current_port = -1
         self.current_reply = ""  # the caller's address while a call with a reply runs
         self.instance: Any = None
@@ -155,6 +156,7 @@ class ActorInstance:
             ok = True
         except BaseException as e:  # noqa: BLE001 - delivered to the caller
             self.errors += 1
+            self.last_exception = e
             tb = _user_traceback(e)
             err = ActorError(f"{type(e).__name__}: {e}", remote_traceback=tb,
                              exception_type=type(e).__name__, mesh=self.name, rank=self.rank,
@@ -390,6 +392,9 @@ def main(cfg: dict) -> None:
     rt.host_id = cfg.get("host_id", "")
     set_runtime(rt)
     server = ProcServer(rt, cfg)
+    from .debugging import install_in_proc
+
+    install_in_proc(rt)
     rt.send(cfg["owner"], Header(Kind.HELLO, extra={"pid": os.getpid(), "host": rt.host,
                                                     "address": rt.address}))
     signal.signal(signal.SIGTERM, lambda *_: server.stopped.set())
