@@ -273,6 +273,12 @@ class RemotePdb(pdb.Pdb):
 
     do_b = do_break
 
+    def lookupmodule(self, filename: str) -> Any:
+        found = super().lookupmodule(filename)
+        if found is None and linecache.cache.get(filename, (0, 0, None))[2]:
+            return filename  # a cell's code: its source came from the controller
+        return found
+
     def set_continue(self) -> None:
         super().set_continue()
         self.chan.resumed()

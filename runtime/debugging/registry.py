@@ -219,11 +219,11 @@ class DebugRegistry:
                 if s.attached or s.state != "paused":
                     continue
                 idle = now - s.unattended_since
-                if idle >= settings.timeout():
-                    expired.append(s)
-                elif idle >= NOTE_AFTER and not s.noted:
+                if idle >= min(NOTE_AFTER, settings.timeout()) and not s.noted:
                     s.noted = True
                     notes.append(s)
+                if idle >= settings.timeout():
+                    expired.append(s)
         for s in notes:
             self._note(f"monarch: {s.label} paused at {s.where} ({s.kind}); "
                        "run `%mesh debug` (or `monarch-debug`) to attach")
