@@ -39,16 +39,17 @@ class EndpointRef:
         return f"{self._mesh._rec.cls_name}.{self._name}"
 
     def _encode(self, args: tuple, kwargs: dict) -> tuple[bytes, list]:
-        if self._sig is not None:
+        bound = None
+        if self._sig is not None and not _fast_arity_ok(self._sig, args, kwargs):
             try:
                 bound = self._sig.bind(*args, **kwargs)
             except TypeError as e:
                 raise TypeError(f"{self._qualname()}{self._sig}: {e}") from None
-        else:
-            bound = None
         try:
             body, bufs = dumps((args, kwargs), "arguments")
         except SerializationError:
+            if bound is None and self._sig is not None:
+                bound = self._sig.bind(*args, **kwargs)
             culprit = _find_unpicklable(bound, args, kwargs)
             raise SerializationError(
                 f"argument {culprit} of {self._qualname()}() cannot be pickled"
@@ -62,7 +63,7 @@ class EndpointRef:
         return body, bufs
 
     def _ranks(self) -> list[int]:
-        return self._mesh._shape.global_ranks()
+        return self._mesh._ranks()
 
     def _check_usable(self, ranks: list[int]) -> None:
         rec = self._mesh._rec
@@ -260,6 +261,25 @@ class _Collector:
             for r in list(self.remaining):
                 self._finish_rank(r)
             self.rt.close_port(self.port)
+
+
+_arity_cache: dict = {}
+
+
+def _fast_arity_ok(sig: inspect.Signature, args: tuple, kwargs: dict) -> bool:
+    """True when positional-only calls certainly fit a plain signature (skips bind())."""
+    if kwargs:
+        return False
+    info = _arity_cache.get(id(sig))
+    if info is None or info[0] is not sig:
+        P = inspect.Parameter
+        params = list(sig.parameters.values())
+        plain = all(p.kind == P.POSITIONAL_OR_KEYWORD for p in params)
+        required = sum(1 for p in params if p.default is P.empty)
+        info = (sig, plain, required, len(params))
+        _arity_cache[id(sig)] = info
+    _, plain, required, total = info
+    return plain and required <= len(args) <= total
 
 
 def _find_unpicklable(bound: Any, args: tuple, kwargs: dict) -> str:

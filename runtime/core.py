@@ -60,7 +60,7 @@ class ProcRecord:
     state: str = "starting"  # starting, running, failed, stopped
     last_seen: float = field(default_factory=time.monotonic)
     output: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
-    stderr_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20))
+    stderr_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
     failure: Optional[MeshFailure] = None
     stopping: bool = False
     exited: Optional[Future] = None
@@ -94,7 +94,8 @@ class Runtime:
 
     def __init__(self, proc_id: Optional[str] = None, token: Optional[bytes] = None,
                  rundir: Optional[str] = None, owner_address: str = "",
-                 is_proc: bool = False, keys: Optional[auth.CurveKeys] = None) -> None:
+                 is_proc: bool = False, keys: Optional[auth.CurveKeys] = None,
+                 start: bool = True) -> None:
         self.proc_id = proc_id or f"ctl-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.token = token or auth.new_token()
         self.rundir = rundir or auth.private_dir()
@@ -125,6 +126,11 @@ class Runtime:
         self._closed = False
         self._lock = threading.RLock()
         self.stats = self.loop.stats
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the I/O thread (procs first install their handlers, then start)."""
         self.loop.start()
         self.loop.call_soon(self._start_timers)
 
@@ -133,7 +139,7 @@ class Runtime:
         return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
     def _start_timers(self) -> None:
-        self.loop.call_every(max(0.05, config.heartbeat_interval / 2), self._check_liveness)
+        self.loop.call_every(0.1, self._check_liveness)
         self.loop.call_every(config.heartbeat_interval, self._send_heartbeats)
 
     # -- sending ---------------------------------------------------------------------------------
@@ -464,7 +470,7 @@ class Runtime:
                 "procs": [proc_id], "signal": int(signal.SIGKILL)}))
         base = MeshFailure(mesh=rec.mesh, ranks=[rec.rank], cause=cause, host=rec.host,
                            pid=rec.pid, proc_id=proc_id, exit_code=code, signal=sig,
-                           stderr_tail=list(rec.stderr_tail)[-config.stderr_tail_lines:])
+                           stderr_tail=_tail(list(rec.stderr_tail), config.stderr_tail_lines))
         rec.failure = base
         failures = []
         for m in list(self.actor_meshes.values()):
@@ -617,6 +623,15 @@ class Runtime:
             import shutil
 
             shutil.rmtree(self.rundir, ignore_errors=True)
+
+
+def _tail(lines: list, n: int) -> list:
+    """The last `n` lines, keeping an earlier 'Fatal Python error' line (segfaults)."""
+    tail = lines[-n:]
+    for i, ln in enumerate(lines[:-n] if len(lines) > n else []):
+        if ln.startswith("Fatal Python error"):
+            return [ln, "..."] + tail
+    return tail
 
 
 def _split_status(rc: Optional[int]) -> tuple[Optional[int], Optional[int]]:

@@ -31,6 +31,35 @@ def remove_wait_hook(fn: Callable[["Future"], None]) -> None:
         _wait_hooks.remove(fn)
 
 
+class _LazyEvent:
+    """A threading.Event whose condition variable is made only if someone has to wait."""
+
+    __slots__ = ("_flag", "_ev")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._ev: Optional[threading.Event] = None
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        self._flag = True
+        ev = self._ev
+        if ev is not None:
+            ev.set()
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        if self._flag:
+            return True
+        ev = self._ev
+        if ev is None:
+            ev = self._ev = threading.Event()
+            if self._flag:  # set() ran before the event existed
+                return True
+        return ev.wait(timeout)
+
+
 class Future(Generic[R]):
     """A value that arrives later. `.get()` blocks; `await fut` suspends a coroutine."""
 
@@ -39,7 +68,7 @@ class Future(Generic[R]):
 
     def __init__(self, label: str = "") -> None:
         self._lock = threading.Lock()
-        self._event = threading.Event()
+        self._event = _LazyEvent()
         self._value: Any = _PENDING
         self._exc: Optional[BaseException] = None
         self._callbacks: list[Callable[["Future[R]"], None]] = []

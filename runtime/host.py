@@ -294,7 +294,7 @@ class Agent:
                 os.set_blocking(out_fd, False)
                 os.set_blocking(err_fd, False)
                 pp = _ProcPipes(msg["proc_id"], msg["pid"], info["mesh"], info["owner"],
-                                out_fd, err_fd, 40)
+                                out_fd, err_fd, 200)
                 self.procs[pp.proc_id] = pp
                 self.by_pid[pp.pid] = pp.proc_id
                 for fd in (out_fd, err_fd):

@@ -410,6 +410,12 @@ class ActorMesh(MeshTrait):
     def _new_with_shape(self, shape: Shape) -> "ActorMesh":
         return ActorMesh(self._rt, self._rec, shape, self._proc_mesh, self._class)
 
+    def _ranks(self) -> list[int]:
+        r = self.__dict__.get("_ranks_cache")
+        if r is None:
+            r = self.__dict__["_ranks_cache"] = self._shape.global_ranks()
+        return r
+
     def __getattr__(self, name: str) -> EndpointRef:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)

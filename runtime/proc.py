@@ -381,13 +381,13 @@ def main(cfg: dict) -> None:
     sys.stdout = logs.TaggedWriter(1, "<stdout>")
     sys.stderr = logs.TaggedWriter(2, "<stderr>")
     faulthandler.enable(file=sys.stderr, all_threads=True)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
                         format="%(levelname)s %(name)s: %(message)s")
     keys = None
     if cfg.get("key_file"):
         keys = auth.read_key_file(cfg["key_file"])
     rt = Runtime(proc_id=cfg["proc_id"], token=bytes.fromhex(cfg["token"]), rundir=cfg["rundir"],
-                 owner_address=cfg["owner"], is_proc=True, keys=keys)
+                 owner_address=cfg["owner"], is_proc=True, keys=keys, start=False)
     rt.agent_address = cfg.get("agent", "")
     rt.host_id = cfg.get("host_id", "")
     set_runtime(rt)
@@ -395,6 +395,7 @@ def main(cfg: dict) -> None:
     from .debugging import install_in_proc
 
     install_in_proc(rt)
+    rt.start()
     rt.send(cfg["owner"], Header(Kind.HELLO, extra={"pid": os.getpid(), "host": rt.host,
                                                     "address": rt.address}))
     signal.signal(signal.SIGTERM, lambda *_: server.stopped.set())

@@ -1,0 +1,311 @@
+"""Runtime benchmark: ours against raw pyzmq floors measured in the same run.
+
+    python benchmarks/bench_runtime.py [--quick] [--compare [--python PATH]]
+
+Prints, for 4 actors in 4 procs: (a) cold start, (b) no-op call_one round trip (median,
+p99), (c) call on all 4 and gather, (d) pipelined calls/s to one actor, (e) 64 MiB numpy
+array and torch tensor as an argument (GB/s), idle RSS of 4 procs; and the floors: raw
+pyzmq REQ/REP over ipc, broadcast-gather to 4 raw peers, pipelined raw messages/s, memcpy.
+With --compare, runs the same workloads on Ray and Monarch (torchmonarch) where importable
+by the given Python (a separate virtual environment), side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+import numpy as np  # noqa: E402
+import zmq  # noqa: E402
+
+MiB = 1 << 20
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+# ----------------------------------------------------------------------------- raw floors
+_PEER = r"""
+import sys, zmq
+ctx = zmq.Context()
+mode, addr = sys.argv[1], sys.argv[2]
+if mode == "rep":
+    s = ctx.socket(zmq.REP); s.bind(addr)
+    while True:
+        m = s.recv()
+        if m == b"quit": s.send(b""); break
+        s.send(m)
+else:  # pull/push echo: receive on addr, reply to sys.argv[3]
+    r = ctx.socket(zmq.PULL); r.bind(addr)
+    w = ctx.socket(zmq.PUSH); w.connect(sys.argv[3])
+    while True:
+        m = r.recv_multipart()
+        if m[0] == b"quit": break
+        w.send_multipart(m)
+"""
+
+
+def raw_floors(n_rt: int, n_pipe: int) -> dict:
+    d = tempfile.mkdtemp(prefix="bench-")
+    ctx = zmq.Context()
+    out: dict = {}
+    # REQ/REP round trip
+    addr = f"ipc://{d}/rep"
+    p = subprocess.Popen([sys.executable, "-c", _PEER, "rep", addr])
+    s = ctx.socket(zmq.REQ)
+    s.connect(addr)
+    for _ in range(200):
+        s.send(b"x")
+        s.recv()
+    lat = []
+    for _ in range(n_rt):
+        t = time.perf_counter()
+        s.send(b"x")
+        s.recv()
+        lat.append(time.perf_counter() - t)
+    s.send(b"quit")
+    s.recv()
+    p.wait()
+    s.close()
+    out["rt_median"] = statistics.median(lat)
+    # broadcast-gather to 4 peers and pipelined messages to one
+    back = ctx.socket(zmq.PULL)
+    back_addr = f"ipc://{d}/back"
+    back.bind(back_addr)
+    peers, socks = [], []
+    for i in range(4):
+        a = f"ipc://{d}/peer{i}"
+        peers.append(subprocess.Popen([sys.executable, "-c", _PEER, "pull", a, back_addr]))
+        w = ctx.socket(zmq.PUSH)
+        w.connect(a)
+        socks.append(w)
+    for _ in range(100):
+        for w in socks:
+            w.send_multipart([b"x"])
+        for _ in socks:
+            back.recv_multipart()
+    lat = []
+    for _ in range(max(200, n_rt // 2)):
+        t = time.perf_counter()
+        for w in socks:
+            w.send_multipart([b"x"])
+        for _ in socks:
+            back.recv_multipart()
+        lat.append(time.perf_counter() - t)
+    out["gather_median"] = statistics.median(lat)
+    t = time.perf_counter()
+    for i in range(n_pipe):
+        socks[0].send_multipart([b"x", b"%d" % i])
+    for _ in range(n_pipe):
+        back.recv_multipart()
+    out["pipe_rate"] = n_pipe / (time.perf_counter() - t)
+    for w in socks:
+        w.send_multipart([b"quit"])
+        w.close(linger=1000)
+    for p in peers:
+        p.wait(10)
+    back.close()
+    ctx.term()
+    # memcpy of 64 MiB into warm memory
+    src = np.ones(64 * MiB // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    ts = []
+    for _ in range(10):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        ts.append(time.perf_counter() - t)
+    out["memcpy_gbs"] = 64 * MiB / statistics.median(ts) / 1e9
+    return out
+
+
+# ----------------------------------------------------------------------------- ours
+def ours(n_rt: int, n_pipe: int, reps_cold: int) -> dict:
+    import psutil
+
+    import runtime
+    from runtime import Actor, endpoint, this_host
+
+    class Bench(Actor):
+        @endpoint
+        def noop(self):
+            return None
+
+        @endpoint
+        def nbytes(self, a):
+            return a.nbytes if hasattr(a, "nbytes") else a.numel() * a.element_size()
+
+    out: dict = {}
+    colds = []
+    for _ in range(reps_cold):
+        t = time.perf_counter()
+        host = this_host()
+        pm = host.spawn_procs(per_host={"procs": 4})
+        am = pm.spawn("bench", Bench)
+        am.noop.call().get(timeout=60)
+        colds.append(time.perf_counter() - t)
+        pm.stop().get(timeout=30)
+        host.shutdown()
+    out["cold"] = statistics.median(colds)
+
+    pm = this_host().spawn_procs(per_host={"procs": 4})
+    am = pm.spawn("bench", Bench)
+    am.noop.call().get(timeout=60)
+    one = am.slice(procs=0)
+    for _ in range(300):
+        one.noop.call_one().get()
+    lat = []
+    for _ in range(n_rt):
+        t = time.perf_counter()
+        one.noop.call_one().get()
+        lat.append(time.perf_counter() - t)
+    out["rt_median"] = statistics.median(lat)
+    out["rt_p99"] = pct(lat, 99)
+    lat = []
+    for _ in range(max(200, n_rt // 2)):
+        t = time.perf_counter()
+        am.noop.call().get()
+        lat.append(time.perf_counter() - t)
+    out["gather_median"] = statistics.median(lat)
+    rates = []
+    for _ in range(3):
+        t = time.perf_counter()
+        futs = [one.noop.call_one() for _ in range(n_pipe)]
+        for f in futs:
+            f.get()
+        rates.append(n_pipe / (time.perf_counter() - t))
+    out["pipe_rate"] = statistics.median(rates)
+    a = np.ones(64 * MiB // 4, dtype=np.float32)
+    one.nbytes.call_one(a).get()
+    ts = []
+    for _ in range(5):
+        t = time.perf_counter()
+        assert one.nbytes.call_one(a).get() == a.nbytes
+        ts.append(time.perf_counter() - t)
+    out["numpy_gbs"] = a.nbytes / statistics.median(ts) / 1e9
+    import torch
+
+    tt = torch.ones(64 * MiB // 4, dtype=torch.float32)
+    one.nbytes.call_one(tt).get(timeout=60)
+    ts = []
+    for _ in range(5):
+        t = time.perf_counter()
+        assert one.nbytes.call_one(tt).get() == a.nbytes
+        ts.append(time.perf_counter() - t)
+    out["torch_gbs"] = a.nbytes / statistics.median(ts) / 1e9
+    # idle RSS: a fresh mesh of 4 procs that never imported torch or numpy payloads
+    pm.stop().get(timeout=30)
+    pm2 = this_host().spawn_procs(per_host={"procs": 4})
+    pm2.spawn("idle", Bench).noop.call().get(timeout=60)
+    time.sleep(0.5)
+    out["idle_rss_mib"] = sum(psutil.Process(p.pid).memory_info().rss
+                              for p in pm2.procs) / MiB
+    pm2.stop().get(timeout=30)
+    runtime.shutdown()
+    return out
+
+
+# ----------------------------------------------------------------------------- references
+def compare(python: str, quick: bool) -> dict:
+    res = {}
+    for name in ("ray", "monarch"):
+        script = os.path.join(HERE, f"ref_{name}.py")
+        try:
+            r = subprocess.run([python, script] + (["--quick"] if quick else []),
+                               capture_output=True, text=True, timeout=900)
+        except subprocess.TimeoutExpired:
+            res[name] = {"error": "timed out"}
+            continue
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+        if r.returncode != 0 or not line:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+            res[name] = {"error": tail[0][:120]}
+        else:
+            res[name] = json.loads(line[-1])
+    return res
+
+
+def fmt_us(s: float) -> str:
+    return f"{s * 1e6:,.0f} us"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="fewer iterations")
+    ap.add_argument("--compare", action="store_true", help="also run Ray and Monarch")
+    ap.add_argument("--python", default=os.environ.get("BENCH_PYTHON", sys.executable),
+                    help="Python with ray/torchmonarch installed, for --compare")
+    ap.add_argument("--json", help="write the results here as JSON")
+    args = ap.parse_args()
+    n_rt = 500 if args.quick else 3000
+    n_pipe = 2000 if args.quick else 5000
+    floor = raw_floors(n_rt, n_pipe)
+    us = ours(n_rt, n_pipe, 2 if args.quick else 5)
+    refs = compare(args.python, args.quick) if args.compare else {}
+
+    rows = [
+        ("(a) cold start, 4 procs + actors", f"{us['cold']:.3f} s", "-", "-", "< 0.3 s", "cold"),
+        ("(b) call_one round trip, median", fmt_us(us["rt_median"]), fmt_us(floor["rt_median"]),
+         f"{us['rt_median'] / floor['rt_median']:.2f}x", "<= 2x", "rt_median"),
+        ("(b) call_one round trip, p99", fmt_us(us["rt_p99"]), "-", "-", "-", "rt_p99"),
+        ("(c) call on 4 + gather, median", fmt_us(us["gather_median"]),
+         fmt_us(floor["gather_median"]), f"{us['gather_median'] / floor['gather_median']:.2f}x",
+         "<= 2x", "gather_median"),
+        ("(d) pipelined calls to one actor", f"{us['pipe_rate']:,.0f}/s",
+         f"{floor['pipe_rate']:,.0f}/s", f"{us['pipe_rate'] / floor['pipe_rate']:.0%}", ">= 30%",
+         "pipe_rate"),
+        ("(e) 64 MiB numpy argument", f"{us['numpy_gbs']:.2f} GB/s",
+         f"{floor['memcpy_gbs']:.2f} GB/s", f"{us['numpy_gbs'] / floor['memcpy_gbs']:.0%}",
+         ">= 1.8 GB/s", "numpy_gbs"),
+        ("(e) 64 MiB torch tensor argument", f"{us['torch_gbs']:.2f} GB/s",
+         f"{floor['memcpy_gbs']:.2f} GB/s", f"{us['torch_gbs'] / floor['memcpy_gbs']:.0%}",
+         ">= 1.8 GB/s", "torch_gbs"),
+        ("4 idle procs, RSS in all", f"{us['idle_rss_mib']:.0f} MiB", "-", "-", "< 400 MiB",
+         "idle_rss_mib"),
+    ]
+    head = ["workload", "monarch-notebook", "floor (raw pyzmq/memcpy)", "ratio", "target"]
+    ref_names = list(refs)
+    head += ref_names
+    table = []
+    for label, mine, fl, ratio, target, key in rows:
+        extra = []
+        for n in ref_names:
+            r = refs[n]
+            if "error" in r:
+                extra.append("n/a")
+            elif key not in r:
+                extra.append("-")
+            else:
+                v = r[key]
+                extra.append(fmt_us(v) if key.startswith(("rt", "gather")) else
+                             f"{v:.3f} s" if key == "cold" else
+                             f"{v:,.0f}/s" if key == "pipe_rate" else
+                             f"{v:.0f} MiB" if key == "idle_rss_mib" else f"{v:.2f} GB/s")
+        table.append([label, mine, fl, ratio, target] + extra)
+    widths = [max(len(str(r[i])) for r in [head] + table) for i in range(len(head))]
+    print(" | ".join(h.ljust(w) for h, w in zip(head, widths)))
+    print("-+-".join("-" * w for w in widths))
+    for r in table:
+        print(" | ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    for n, r in refs.items():
+        if "error" in r:
+            print(f"{n}: not run ({r['error']})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ours": us, "floor": floor, "refs": refs}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

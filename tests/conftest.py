@@ -1,0 +1,68 @@
+"""Shared fixtures: a fault policy that never exits pytest, and a check that tests leave
+no process of ours behind."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("MONARCH_FAULT_POLICY", "raise")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+
+
+def _our_children() -> list[psutil.Process]:
+    try:
+        return [p for p in psutil.Process().children(recursive=True)
+                if p.status() != psutil.STATUS_ZOMBIE]
+    except psutil.Error:
+        return []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_orphans_at_end():
+    """After the whole session, no process started by the tests may survive."""
+    yield
+    import runtime
+
+    runtime.shutdown(timeout=3.0)
+    left = []
+    for _ in range(50):
+        left = _our_children()
+        if not left:
+            break
+        psutil.wait_procs(left, timeout=0.1)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    assert not left, f"processes left running after the tests: {[(p.pid, p.name()) for p in left]}"
+
+
+_detections: list[tuple[str, float]] = []
+
+
+@pytest.fixture
+def record_detection():
+    """Record how long a fault took to be detected; printed at the end of the run."""
+    def rec(name: str, seconds: float) -> None:
+        _detections.append((name, seconds))
+    return rec
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _detections:
+        return
+    tr = terminalreporter
+    tr.write_sep("-", "fault detection times (measured in this run)")
+    for name, s in _detections:
+        tr.write_line(f"{name:<48} {s * 1000:8.1f} ms")
+    os.makedirs(os.path.join(ROOT, "test-artifacts"), exist_ok=True)
+    with open(os.path.join(ROOT, "test-artifacts", "fault-detection.txt"), "w") as f:
+        for name, s in _detections:
+            f.write(f"{name}\t{s:.4f}\n")

@@ -1,0 +1,346 @@
+"""Fault injection: each fault injected for real, with its outcome and detection time."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+import zmq
+
+import runtime
+from runtime import ActorError, MessageTooLargeError, SupervisionError, this_host
+from runtime.config import config
+from runtime.transport import framing
+from runtime.transport.framing import Header, Kind
+from _actors import Cleaner, Echo, Parent
+
+pytestmark = pytest.mark.timeout(90)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def failures(monkeypatch):
+    """Capture root-level unhandled failures instead of the default policy."""
+    class Got(list):
+        event: threading.Event
+
+    got = Got()
+    ev = threading.Event()
+
+    def hook(f):
+        got.append(f)
+        ev.set()
+
+    monkeypatch.setattr(runtime, "unhandled_fault_hook", hook)
+    got.event = ev
+    return got
+
+
+@pytest.fixture
+def mesh():
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="faulty")
+    am = pm.spawn("w", Echo)
+    am.initialized.get(timeout=30)
+    yield pm, am
+    pm.stop().get(timeout=15)
+
+
+def _wait_error(fut, timeout=10.0):
+    t0 = time.monotonic()
+    with pytest.raises(SupervisionError) as ei:
+        fut.get(timeout=timeout)
+    return ei.value, time.monotonic() - t0
+
+
+def test_sigkill_during_call(mesh, failures, record_detection):
+    pm, am = mesh
+    pid = pm.procs[1].pid
+    fut = am.sleep.call(30)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    err, _ = _wait_error(fut)
+    dt = time.monotonic() - t0
+    record_detection("SIGKILL of a proc during a call", dt)
+    assert dt < 1.0
+    assert "killed by SIGKILL" in str(err) and err.failure.pid == pid
+    assert failures.event.wait(5) and failures[0].mesh == "w" and failures[0].ranks == [1]
+    # calls to the failed actor raise at once; the survivor keeps working
+    with pytest.raises(SupervisionError):
+        am.ping.call(1)
+    assert am.slice(procs=0).ping.call_one(7).get(timeout=40) == 7
+    # new procs can be spawned on the same host mesh afterwards
+    pm2 = this_host().spawn_procs(per_host={"procs": 1})
+    assert pm2.spawn("again", Echo).ping.call_one(3).get(timeout=30) == 3
+    pm2.stop().get(timeout=10)
+
+
+def test_os_exit_in_endpoint(mesh, failures, record_detection):
+    pm, am = mesh
+    t0 = time.monotonic()
+    err, _ = _wait_error(am.slice(procs=0).exit_hard.call_one(3))
+    record_detection("os._exit(3) inside an endpoint", time.monotonic() - t0)
+    assert "exited with code 3" in str(err) and err.failure.exit_code == 3
+
+
+def test_segfault_in_endpoint(mesh, failures, record_detection):
+    pm, am = mesh
+    t0 = time.monotonic()
+    err, _ = _wait_error(am.slice(procs=1).segfault.call_one())
+    record_detection("segfault (ctypes) inside an endpoint", time.monotonic() - t0)
+    assert "SIGSEGV" in str(err)
+    assert failures.event.wait(5)
+    tail = "\n".join(failures[0].stderr_tail)
+    assert "Segmentation fault" in tail, tail
+
+
+def test_sigstop_is_declared_hung(mesh, failures, record_detection, monkeypatch):
+    monkeypatch.setattr(config, "heartbeat_timeout", 2.0)
+    pm, am = mesh
+    pid = pm.procs[0].pid
+    fut = am.slice(procs=0).sleep.call_one(30)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        err, _ = _wait_error(fut, timeout=15)
+        dt = time.monotonic() - t0
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    record_detection("SIGSTOP of a proc (heartbeat timeout 2 s)", dt)
+    assert "unresponsive" in str(err)
+    assert 1.5 < dt < 5.0
+    # the hung proc is killed, not left behind
+    if psutil.pid_exists(pid):
+        assert not _wait_dead([psutil.Process(pid)], 5.0)
+
+
+def test_exception_under_broadcast_fails_actor(mesh, failures, record_detection):
+    pm, am = mesh
+    t0 = time.monotonic()
+    am.slice(procs=1).boom.broadcast("no one listens")
+    assert failures.event.wait(5)
+    record_detection("exception under broadcast (reported to owner)", time.monotonic() - t0)
+    f = failures[0]
+    assert f.mesh == "w" and f.ranks == [1] and "no one listens" in f.cause
+    assert "raise ValueError(msg)" in f.traceback
+    with pytest.raises(SupervisionError):
+        am.slice(procs=1).ping.call_one(1)
+    assert am.slice(procs=0).ping.call_one(1).get(timeout=10) == 1
+
+
+def test_unpicklable_return_does_not_fail_actor(mesh, failures):
+    pm, am = mesh
+    with pytest.raises(ActorError, match="cannot be pickled"):
+        am.slice(procs=0).unpicklable.call_one().get(timeout=10)
+    assert am.slice(procs=0).ping.call_one(1).get(timeout=10) == 1
+    assert not failures
+
+
+def test_message_over_the_limit(mesh, monkeypatch):
+    pm, am = mesh
+    import numpy as np
+
+    monkeypatch.setattr(config, "max_message_bytes", 1 << 20)
+    with pytest.raises(MessageTooLargeError, match="over the message limit"):
+        am.ping.call(np.zeros(1 << 20, dtype=np.float32))
+    assert list(am.ping.call(1).get(timeout=10).values()) == [1, 1]
+
+
+def test_sigkill_of_host_agent(failures, record_detection):
+    host = this_host()
+    pm = host.spawn_procs(per_host={"procs": 2})
+    am = pm.spawn("onagent", Echo)
+    pids = [p for p in am.whoami.call().get(timeout=30).values()]
+    agent = host._agents[0]
+    fut = am.sleep.call(30)
+    t0 = time.monotonic()
+    agent.popen.send_signal(signal.SIGKILL)
+    err, _ = _wait_error(fut)
+    dt = time.monotonic() - t0
+    record_detection("SIGKILL of the host agent", dt)
+    assert dt < 1.0 and "host agent" in str(err)
+    assert not _wait_dead([psutil.Process(p["pid"]) for p in pids
+                           if psutil.pid_exists(p["pid"])], 2.0)
+    # a new host agent is started for the next spawn
+    pm2 = this_host().spawn_procs(per_host={"procs": 1})
+    assert pm2.spawn("after", Echo).ping.call_one(1).get(timeout=30) == 1
+    pm2.stop().get(timeout=10)
+
+
+def test_sigkill_of_controller_leaves_no_orphans(tmp_path, record_detection):
+    script = tmp_path / "ctl.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
+        from runtime import this_host
+        from _actors import Echo
+        pm = this_host().spawn_procs(per_host={{"procs": 3}})
+        am = pm.spawn("e", Echo)
+        print([v["pid"] for v in am.whoami.call().get(timeout=60).values()], flush=True)
+        time.sleep(60)
+    """))
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        pids = eval(line)
+        procs = [psutil.Process(x) for x in pids]
+        everything = psutil.Process(p.pid).children(recursive=True)
+        t0 = time.monotonic()
+        p.kill()
+        p.wait(5)
+        alive = _wait_dead(everything, 3.0)
+        dt = time.monotonic() - t0
+        record_detection("SIGKILL of the controller (all procs gone)", dt)
+        assert not alive, alive
+        assert dt < 1.0
+        assert len(procs) == 3
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_unauthenticated_frames_are_dropped(mesh, tmp_path, failures):
+    pm, am = mesh
+    rt = runtime.get_runtime()
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    evil = pickle.dumps(Evil())
+    targets = [rt.address, pm.procs[0].address, host_agent_address()]
+    ctx = zmq.Context()
+    before = rt.stats["dropped"]
+    try:
+        for addr in targets:
+            s = ctx.socket(zmq.PUSH)
+            s.connect(addr)
+            s.send_multipart([os.urandom(37)])
+            s.send_multipart([os.urandom(16), os.urandom(20), evil])
+            s.send_multipart([b"x" * 16, framing.encode_header(
+                Header(Kind.CALL, actor="w", method="ping", reply=rt.address, port=1)), evil])
+            s.send_multipart([rt.token[:8] + b"\0" * 8, framing.encode_header(
+                Header(Kind.REPLY, port=1)), evil])
+            s.close(linger=1000)
+    finally:
+        ctx.term()
+    deadline = time.monotonic() + 5
+    while rt.stats["dropped"] < before + 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rt.stats["dropped"] >= before + 4
+    assert list(am.ping.call(5).get(timeout=10).values()) == [5, 5]
+    assert not marker.exists(), "a frame from an unknown peer was unpickled"
+    assert not failures
+
+
+def _wait_dead(procs, timeout):
+    """Poll until every process is gone or a zombie; returns those still running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for p in procs:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.005)
+
+
+def host_agent_address():
+    return this_host()._agents[0].address
+
+
+def test_burst_of_10000_messages_in_order(mesh):
+    pm, am = mesh
+    one = am.slice(procs=0)
+    n = 10_000
+    for i in range(n):
+        one.record.broadcast(i)
+    seen = one.seen_list.call_one().get(timeout=60)
+    assert len(seen) == n and seen == list(range(n))
+
+
+def test_supervise_respawns_child(failures, record_detection):
+    pm = this_host().spawn_procs(per_host={"procs": 1})
+    parent = pm.spawn("parent", Parent, True)
+    child_pid = parent.child_pid.call_one().get(timeout=30)
+    t0 = time.monotonic()
+    os.kill(child_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while True:
+        seen = parent.failures_seen.call_one().get(timeout=10)
+        if seen or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    record_detection("child proc SIGKILL seen by __supervise__", time.monotonic() - t0)
+    assert seen and "child" in seen[0]
+    assert parent.child_ping.call_one("alive").get(timeout=30) == "alive"
+    assert parent.child_pid.call_one().get(timeout=30) != child_pid
+    assert not failures, "a handled failure must not reach the root"
+    pm.stop().get(timeout=15)
+
+
+def test_unhandled_child_failure_propagates_to_root(failures):
+    pm = this_host().spawn_procs(per_host={"procs": 1})
+    parent = pm.spawn("parent", Parent, False)
+    child_pid = parent.child_pid.call_one().get(timeout=30)
+    os.kill(child_pid, signal.SIGKILL)
+    assert failures.event.wait(10)
+    f = failures[0]
+    assert f.mesh == "parent" and f.caused_by is not None and f.caused_by.mesh == "child"
+    with pytest.raises(SupervisionError):
+        parent.child_ping.call_one(1)
+    pm.stop().get(timeout=15)
+
+
+def test_stop_runs_cleanup_children_first(tmp_path):
+    path = str(tmp_path / "cleanup.txt")
+    pm = this_host().spawn_procs(per_host={"procs": 2})
+    c = pm.spawn("cleaner", Cleaner, path)
+    assert list(c.ping.call().get(timeout=30).values()) == [1, 1]
+    pids = [p.pid for p in pm.procs]
+    pm.stop().get(timeout=15)
+    assert sorted(open(path).read().split("\n")[:-1]) == ["cleanup 0", "cleanup 1"]
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in pids)
+
+
+def test_script_fails_fast_with_a_report(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
+        from runtime import this_host
+        from _actors import Echo
+        pm = this_host().spawn_procs(per_host={{"procs": 2}}, name="trainers")
+        am = pm.spawn("workers", Echo)
+        am.initialized.get(timeout=60)
+        am.slice(procs=1).exit_hard.broadcast(7)
+        time.sleep(30)
+        print("not reached")
+    """))
+    env = dict(os.environ)
+    env.pop("MONARCH_FAULT_POLICY", None)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert r.returncode != 0
+    assert "not reached" not in r.stdout
+    assert "mesh 'workers' rank(s) [1] failed" in r.stderr
+    assert "exited with code 7" in r.stderr and "pid" in r.stderr
