@@ -247,6 +247,8 @@ def test_console_in_waiting_thread_scripted(procs, reg):
     prompts = []
 
     def scripted_input(prompt):
+        if not prompts:  # both ranks are at the breakpoint before the script goes on
+            wait_paused(reg, 2, drain=False)
         prompts.append(prompt)
         item = next(script)
         if item is KeyboardInterrupt:

@@ -80,8 +80,8 @@ class DebugConsole:
         if not cands:
             return None
         ports = set(getattr(future, "_ports", ()) or ())
-        mine = [s for s in cands if s.port in ports]
-        return (mine or cands)[0]
+        # the call this thread waits on first, then the others; lowest rank first
+        return min(cands, key=lambda s: (s.port not in ports, s.mesh, s.rank, s.since))
 
     def _prompt(self, s: Session) -> str:
         p = s.prompt.strip() or "(Pdb)"

@@ -388,6 +388,8 @@ class DebugRegistry:
                              f"({len(rec.addresses)} ranks)")
         if rank in rec.failed:
             raise DebugError(f"rank {rank} of mesh {rec.name!r} has failed; its frames are gone")
+        if rec.initialized is not None:
+            rec.initialized.get(timeout)  # spawning is asynchronous: let the actors exist
         sid = f"pm-{uuid.uuid4().hex[:8]}"
         self.rt.send(rec.addresses[rank], header("postmortem", sid=sid, actor=actor_id))
         deadline = time.monotonic() + timeout
