@@ -68,7 +68,7 @@ def test_debugging_notebook_runs_headless_with_continue_policy():
     assert "policy 'continue': the actor continues" in texts[2]
     assert "{procs=0}: 9.025, {procs=1}: 9.4" in texts[3]
     assert texts[3].index("rank 0 (procs=0)") < texts[3].index("rank 1 (procs=1)")
-    assert "trainers rank 0 step() [breakpoint, paused]" in texts[4]
+    assert "trainers rank 0 (procs=0) step() [breakpoint, paused]" in texts[4]
     assert "paused at" in texts[4] and "%mesh debug" in texts[4]  # the note
     assert texts[5].strip().endswith("8.574")
     assert "bad input 7" in texts[6]
