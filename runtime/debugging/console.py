@@ -106,9 +106,11 @@ class DebugConsole:
                 if state == "ended":
                     self.print(f"--- {s.label} {s.end_reason or 'continued'} ---")
                     return None
-                if state != "paused":  # the call returned while a step was running
-                    self.print(f"--- the call returned; {s.label} runs on ---")
-                    return "stop"
+                if state != "paused":
+                    if future is not None and future.done():  # returned while stepping
+                        self.print(f"--- the call returned; {s.label} runs on ---")
+                        return "stop"
+                    continue  # a long command (e.g. `n` over a slow call) still running
                 try:
                     line = self.input(self._prompt(s))
                 except KeyboardInterrupt:
