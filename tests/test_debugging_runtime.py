@@ -302,3 +302,31 @@ def test_postmortem_in_failed_frame(procs, reg):
             reg.postmortem(m2._rec.actor_id, 0)
     finally:
         m2.stop().get(10)
+
+
+class Child(Actor):
+    @endpoint
+    def f(self, x):
+        y = x + 1
+        breakpoint()
+        return y
+
+
+class Parent(Actor):
+    @endpoint
+    def run(self, x):
+        kids = this_host().spawn_procs(per_host={"procs": 1}, name="kids")
+        return kids.spawn("child", Child).f.call_one(x).get(30)
+
+
+def test_breakpoint_in_a_nested_actor_reaches_the_controller(procs, reg):
+    """A grandchild's debug traffic goes up through its owner proc to the controller."""
+    m = procs.slice(procs=0).spawn("parent", Parent)
+    fut = m.run.call_one(41)
+    (s,) = wait_paused(reg)
+    assert (s.mesh, s.function) == ("child", "f")
+    assert reg.run_command(s, "p y")[0] == "42\n"
+    assert "breakpoint()" in reg.run_command(s, "l")[0]
+    assert reg.run_command(s, "c")[1] == "ended"
+    assert fut.get(20) == 42
+    m.stop().get(10)
