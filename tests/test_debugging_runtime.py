@@ -77,6 +77,8 @@ def procs():
 @pytest.fixture
 def reg(procs):
     settings.reset()
+    settings.set_policy("fail")  # whatever the environment says
+    settings.set_timeout(600)
     r = runtime.debugging.get_registry()
     yield r
     r.continue_all(clear=True)
@@ -330,3 +332,25 @@ def test_breakpoint_in_a_nested_actor_reaches_the_controller(procs, reg):
     assert reg.run_command(s, "c")[1] == "ended"
     assert fut.get(20) == 42
     m.stop().get(10)
+
+
+def test_controller_without_debugger_applies_the_actor_policy(procs, reg):
+    """No Kind.DEBUG handler in the controller: the actor gives up after ACK_TIMEOUT."""
+    import os
+
+    from runtime.transport.framing import Kind
+
+    if os.environ.get("MONARCH_DEBUG_POLICY", "fail") != "fail":
+        pytest.skip("the procs' environment sets another debug policy")
+    rt = runtime.get_runtime()
+    handler = rt._handlers.pop(int(Kind.DEBUG))
+    m = procs.slice(procs=1).spawn("nodebugger", Stepper)
+    try:
+        t0 = time.monotonic()
+        err = m.work.call_one(1).exception(30)
+        assert isinstance(err, ActorError) and err.exception_type == "BreakpointWithoutDebugger"
+        assert "did not acknowledge it (no debugger installed there)" in str(err)
+        assert 4.0 < time.monotonic() - t0 < 15.0
+    finally:
+        rt.register_handler(Kind.DEBUG, handler)
+        m.stop().get(10)

@@ -66,7 +66,8 @@ class KernelSession:
     def __init__(self, env: Optional[dict] = None) -> None:
         kernelspec_dir()
         self.km = KernelManager(kernel_name=KERNEL_NAME)
-        self.km.start_kernel(env={**os.environ, **(env or {})}, cwd=ROOT)
+        base = {**os.environ, "MONARCH_DEBUG_POLICY": "fail", "MONARCH_DEBUG_TIMEOUT": "600"}
+        self.km.start_kernel(env={**base, **(env or {})}, cwd=ROOT)
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
