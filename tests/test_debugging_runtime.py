@@ -117,7 +117,8 @@ def test_print_step_list_continue(procs, reg):
     text, _ = reg.run_command(s, "ll")
     assert "def work(self, x):" in text and "breakpoint()" in text
     text, _ = reg.run_command(s, "w")
-    assert "work()" in text
+    assert "work()" in text and "proc.py" not in text and "threading" not in text
+    assert "Oldest frame" in reg.run_command(s, "u")[0]
     text, state = reg.run_command(s, "c")
     assert state == "ended"
     assert fut.get(10) == 40

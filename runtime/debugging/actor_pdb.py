@@ -265,6 +265,14 @@ class RemotePdb(pdb.Pdb):
                 seen.add(name)
                 self.chan.debugger.ensure_source(name)
 
+    def get_stack(self, f: Any, t: Any) -> Any:
+        """The stack without the runtime's frames below the endpoint (threading, proc)."""
+        stack, i = super().get_stack(f, t)
+        k = 0
+        while k < i and self.is_skipped_module(stack[k][0].f_globals.get("__name__", "")):
+            k += 1
+        return stack[k:], i - k
+
     def do_break(self, arg: str, temporary: int = 0) -> Any:
         fname = arg.split(":", 1)[0].strip() if ":" in arg else ""
         if fname:
