@@ -222,8 +222,9 @@ def compare(python: str, quick: bool) -> dict:
     for name in ("ray", "monarch"):
         script = os.path.join(HERE, f"ref_{name}.py")
         try:
+            env = dict(os.environ, PYTHONPATH=HERE)
             r = subprocess.run([python, script] + (["--quick"] if quick else []),
-                               capture_output=True, text=True, timeout=900)
+                               capture_output=True, text=True, timeout=900, env=env)
         except subprocess.TimeoutExpired:
             res[name] = {"error": "timed out"}
             continue

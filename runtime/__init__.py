@@ -7,7 +7,8 @@ from .core import get_runtime, shutdown
 from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, SerializationError,
                      SupervisionError)
 from .future import Future
-from .meshes import ActorMesh, HostMesh, ProcInfo, ProcMesh, this_host, this_proc
+from .meshes import (ActorMesh, HostMesh, ProcInfo, ProcMesh, attach_to_workers, this_host,
+                     this_proc)
 from .shapes import Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
 from .supervision.health import ActorState
@@ -19,7 +20,7 @@ unhandled_fault_hook = default_unhandled_fault_hook
 __all__ = [
     "Actor", "ActorContext", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
     "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
-    "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape", "ShapeError",
+    "Port", "PortReceiver", "attach_to_workers", "ProcInfo", "ProcMesh", "SerializationError", "Shape", "ShapeError",
     "SupervisionError", "ValueMesh", "context", "current_rank", "current_size", "endpoint",
     "get_runtime", "shutdown", "this_host", "this_proc", "unhandled_fault_hook",
 ]

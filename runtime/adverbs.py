@@ -124,9 +124,8 @@ class EndpointRef:
         rt = mesh._rt
         rec = mesh._rec
         h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self._name)
-        for r in ranks:
-            addr = rec.addresses[r]
-            rt.loop.send(addr, framing.build(rt.token, h, body, bufs))
+        targets = [rec.target(r) for r in ranks]
+        rt.loop.call_soon(rt.cast, targets, h, body, tuple(bufs))
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[Any]]:
         """Call every actor; yields one future per actor, in the order replies arrive."""
@@ -179,12 +178,11 @@ class _Collector:
         rt.watch(self.port, {rec.proc_ids[r] for r in self.ranks})
         if self.done:
             return
-        targets = [rec.addresses[r] for r in self.ranks]
+        targets = [rec.target(r) for r in self.ranks]
+        first = targets[0][0] or (targets[0][1] or ("",))[0]
         h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self.ep._name,
-                   reply=rt.reply_address_for(targets[0]), port=self.port)
-        frames = framing.build(rt.token, h, self.body, self.bufs)
-        for addr in targets:
-            rt.loop.send(addr, frames)
+                   reply=rt.reply_address_for(first), port=self.port)
+        rt.cast(targets, h, self.body, tuple(self.bufs))
         self.body = self.bufs = None
 
     def _finish_rank(self, r: int) -> None:

@@ -44,6 +44,7 @@ class AgentRecord:
     last_seen: float = field(default_factory=time.monotonic)
     alive: bool = True
     remote: bool = False
+    hello: bool = False
 
 
 @dataclass
@@ -64,6 +65,14 @@ class ProcRecord:
     failure: Optional[MeshFailure] = None
     stopping: bool = False
     exited: Optional[Future] = None
+    tcp_address: str = ""
+
+    @property
+    def route(self) -> Optional[tuple]:
+        """(agent address, proc id) for delivery through the host agent."""
+        if self.agent is not None:
+            return (self.agent.address, self.proc_id)
+        return None
 
 
 @dataclass
@@ -74,7 +83,7 @@ class ActorMeshRecord:
     name: str
     cls_name: str
     proc_ids: list  # by global rank
-    addresses: list  # by global rank
+    addresses: list  # by global rank ("" where only the agent can reach the proc)
     hosts: list
     sizes: dict
     owned: bool
@@ -87,6 +96,10 @@ class ActorMeshRecord:
     health_name: str = ""  # the mesh's key in the health model ("" when not owned here)
     sigs: dict = field(default_factory=dict)  # endpoint name -> inspect.Signature or None
     rr: int = 0  # round-robin start for choose()
+    routes: list = field(default_factory=list)  # by global rank: (agent address, proc id)
+
+    def target(self, rank: int) -> tuple:
+        return (self.addresses[rank], self.routes[rank] if self.routes else None)
 
 
 class Runtime:
@@ -109,12 +122,17 @@ class Runtime:
                            max_message_bytes=config.max_message_bytes)
         self.address = self.loop.bind(f"ipc://{self.rundir}/{self.proc_id}")
         self.tcp_address = ""
+        self._tcp_by_key: dict[bytes, str] = {}
+        self.cluster_token: Optional[bytes] = None
+        if self.keys is not None:
+            self.use_keys(self.keys)
         self._port_ids = itertools.count(1)
         self._ports: dict[int, Callable[[Header, Any, list], None]] = {}
         self._port_procs: dict[int, set] = {}  # port -> procs whose reply it waits for
         self._waiting: dict[str, set] = collections.defaultdict(set)  # proc -> ports
         self._port_fail: dict[int, Callable[[BaseException], None]] = {}
         self.agents: dict[str, AgentRecord] = {}
+        self._agent_alias: dict[str, AgentRecord] = {}  # agents' own ids -> records
         self.procs: dict[str, ProcRecord] = {}
         self.actor_meshes: dict[str, ActorMeshRecord] = {}
         self._mesh_objects: list = []  # weak-ish registry of user-facing mesh objects
@@ -142,17 +160,88 @@ class Runtime:
         self.loop.call_every(0.1, self._check_liveness)
         self.loop.call_every(config.heartbeat_interval, self._send_heartbeats)
 
+    # -- multi-host ------------------------------------------------------------------------------
+    def use_keys(self, keys: auth.CurveKeys) -> None:
+        """Join a cluster: accept its token, and use CurveZMQ for TCP peers."""
+        if self.keys is None:
+            self.keys = keys
+            self.loop.keys = keys
+        if self.cluster_token is None:
+            self.cluster_token = auth.cluster_token(keys)
+        tok = auth.cluster_token(keys)
+        if tok not in self.loop.tokens:
+            self.loop.tokens.append(tok)
+
+    def enable_tcp(self, ip: str, keys: Optional[auth.CurveKeys] = None) -> str:
+        """Listen on TCP (CurveZMQ) on `ip` for peers holding `keys`; returns the address."""
+        keys = keys or self.keys
+        if keys is None:
+            raise PermissionError("TCP across hosts needs a CurveZMQ key file "
+                                  "(python -m runtime.transport.auth keygen PATH)")
+        self.use_keys(keys)
+        addr = self._tcp_by_key.get(keys.public)
+        if addr is None:
+            addr = self._tcp_by_key[keys.public] = self.loop.bind_extra(f"tcp://{ip}:0", keys)
+        if not self.tcp_address:
+            self.tcp_address = addr
+        return addr
+
+    def add_peer(self, addr: str, keys: auth.CurveKeys) -> None:
+        """Remember that the TCP peer at `addr` belongs to the cluster of `keys`."""
+        self.loop.peer_keys[addr] = keys
+
+    def token_for(self, addr: str) -> bytes:
+        if addr.startswith("tcp://"):
+            keys = self.loop.peer_keys.get(addr, self.keys)
+            if keys is not None:
+                return auth.cluster_token(keys)
+        return self.token
+
+    def reply_address_for(self, target_addr: str) -> str:
+        """The address of this process that a peer at `target_addr` can reach."""
+        if target_addr.startswith("tcp://"):
+            keys = self.loop.peer_keys.get(target_addr, self.keys)
+            if keys is not None and keys.public in self._tcp_by_key:
+                return self._tcp_by_key[keys.public]
+            if self.tcp_address:
+                return self.tcp_address
+        return self.address
+
     # -- sending ---------------------------------------------------------------------------------
     def send(self, addr: str, header: Header, body: bytes = b"", buffers: tuple = ()) -> None:
         if not header.src:
             header.src = self.proc_id
-        self.loop.send(addr, framing.build(self.token, header, body, buffers))
+        self.loop.send(addr, framing.build(self.token_for(addr), header, body, buffers))
 
-    def reply_address_for(self, target_addr: str) -> str:
-        """The address of this process that a peer at `target_addr` can reach."""
-        if target_addr.startswith("tcp://") and self.tcp_address:
-            return self.tcp_address
-        return self.address
+    def send_to_proc(self, address: str, route: Optional[tuple], header: Header,
+                     body: bytes = b"", buffers: tuple = ()) -> None:
+        """Send to one proc: directly when its address is known, else through its agent."""
+        if address:
+            self.send(address, header, body, buffers)
+        elif route:
+            self.cast([(address, route)], header, body, buffers)
+
+    def cast(self, targets: list, header: Header, body: bytes = b"",
+             buffers: tuple = ()) -> None:
+        """Send one message to many procs: directly to those with an address, and one
+        FANOUT per host agent for the rest (the agent delivers to its local procs)."""
+        if not header.src:
+            header.src = self.proc_id
+        by_agent: dict[str, list] = {}
+        frames = None
+        for address, route in targets:
+            if address:
+                if frames is None or frames[0] != self.token_for(address):
+                    frames = framing.build(self.token_for(address), header, body, buffers)
+                self.loop.send(address, frames)
+            elif route:
+                by_agent.setdefault(route[0], []).append(route[1])
+        if by_agent:
+            inner = framing.encode_header(header)
+            for agent_addr, procs in by_agent.items():
+                h = Header(Kind.FANOUT, src=self.proc_id, extra={"header": inner, "procs": procs})
+                self.loop.send(agent_addr, framing.build(self.token_for(agent_addr), h, body,
+                                                         buffers))
 
     # -- ports -------------------------------------------------------------------------------------
     def open_port(self, handler: Callable[[Header, Any, list], None],
@@ -239,7 +328,7 @@ class Runtime:
 
     def _on_heartbeat(self, h: Header) -> None:
         now = time.monotonic()
-        agent = self.agents.get(h.src)
+        agent = self.agents.get(h.src) or self._agent_alias.get(h.src)
         if agent is not None:
             agent.last_seen = now
             return
@@ -289,13 +378,22 @@ class Runtime:
 
     def _on_hello(self, h: Header) -> None:
         e = h.extra or {}
+        if e.get("agent"):
+            for a in self.agents.values():
+                if a.agent_id == e.get("attach_id") or a.agent_id == h.src:
+                    a.host = e.get("host", a.host)
+                    a.last_seen = time.monotonic()
+                    a.hello = True
+                    self._agent_alias[h.src] = a
+            return
         rec = self.procs.get(h.src)
         if rec is None:
             return
         rec.pid = e.get("pid", rec.pid)
         rec.host = e.get("host", rec.host)
-        if e.get("address") and rec.address != e["address"]:
+        if e.get("address") and not (rec.agent is not None and rec.agent.remote):
             rec.address = e["address"]
+        rec.tcp_address = e.get("tcp", "")
         if rec.state == "starting":
             rec.state = "running"
         rec.last_seen = time.monotonic()
@@ -493,9 +591,10 @@ class Runtime:
                 failures.append((m, f))
         self._mark_dead(proc_id, base)
         # tell the other procs we own, so their waits on this proc fail too
-        for other in self.procs.values():
-            if other.state == "running" and other.proc_id != proc_id:
-                self.send(other.address, Header(Kind.PROC_DEAD, extra={"procs": [proc_id]}))
+        others = [(o.address, o.route) for o in self.procs.values()
+                  if o.state == "running" and o.proc_id != proc_id]
+        if others:
+            self.cast(others, Header(Kind.PROC_DEAD, extra={"procs": [proc_id]}))
         if failures:
             for m, f in failures:
                 self._deliver_failure(m, f)
@@ -544,8 +643,9 @@ class Runtime:
 
         def go() -> None:
             self.watch(port, {proc_id})
-            self.send(rec.address, Header(Kind.DUMP_STACK, reply=self.reply_address_for(rec.address),
-                                          port=port))
+            reply = self.reply_address_for(rec.address or (rec.agent.address if rec.agent else ""))
+            self.send_to_proc(rec.address, rec.route, Header(Kind.DUMP_STACK, reply=reply,
+                                                             port=port))
         self.loop.call_soon(go)
         return fut
 
@@ -564,10 +664,8 @@ class Runtime:
         """Raise KeyboardInterrupt in the actors of these procs serving `port` (0: all)."""
         for p in proc_ids:
             rec = self.procs.get(p)
-            addr = rec.address if rec is not None else None
-            if addr:
-                self.send(addr, Header(Kind.INTERRUPT, port=port,
-                                       reply=self.reply_address_for(addr)))
+            if rec is not None:
+                self.send_to_proc(rec.address, rec.route, Header(Kind.INTERRUPT, port=port))
 
     def meshes(self) -> list:
         """The live ProcMesh and ActorMesh objects created in this process."""
@@ -584,6 +682,13 @@ class Runtime:
         with self._lock:
             self._mesh_objects = [r for r in self._mesh_objects if r() is not None]
             self._mesh_objects.append(weakref.ref(obj))
+        if not self.is_proc and os.environ.get("MONARCH_ADMIN", "1") != "0":
+            try:  # the controller's loopback admin endpoint (monarch-admin attaches to it)
+                from runtime.admin import serve
+
+                serve(self)
+            except Exception:
+                log.exception("admin endpoint did not start")
 
     # -- shutdown ------------------------------------------------------------------------------------
     def shutdown(self, timeout: float = 5.0) -> None:
@@ -597,7 +702,7 @@ class Runtime:
             for rec in self.procs.values():
                 if rec.state in ("running", "starting"):
                     rec.stopping = True
-                    self.send(rec.address, Header(Kind.STOP_PROC))
+                    self.send_to_proc(rec.address, rec.route, Header(Kind.STOP_PROC))
             for agent in self.agents.values():
                 if agent.alive:
                     self.send(agent.address, Header(Kind.AGENT_STOP))

@@ -166,9 +166,16 @@ class Agent:
 
         self.args = args
         self.agent_id = args.agent_id or f"agent-{os.getpid()}"
-        self.token = bytes.fromhex(args.token) if args.token else auth.new_token()
         self.rundir = args.rundir or auth.private_dir("monarch-agent-")
         self.keys = auth.read_key_file(args.key_file) if args.key_file else auth.keys_from_env()
+        if args.listen and self.keys is None:
+            raise SystemExit("--listen needs a CurveZMQ key file (--key-file or MONARCH_KEY_FILE);"
+                             " make one with: python -m runtime.transport.auth keygen PATH")
+        self.key_file = args.key_file or os.environ.get("MONARCH_KEY_FILE", "")
+        if args.listen:
+            self.token = auth.cluster_token(self.keys)
+        else:
+            self.token = bytes.fromhex(args.token) if args.token else auth.new_token()
         self.owner = args.owner or ""
         self.owner_last_seen = time.monotonic()
         self.procs: dict[str, _ProcPipes] = {}
@@ -191,8 +198,12 @@ class Agent:
         self.loop = IOLoop(self.agent_id, self.token, self._on_message, keys=self.keys)
         self.address = self.loop.bind(f"ipc://{self.rundir}/{self.agent_id}")
         self.tcp_address = ""
+        self.listen_ip = ""
         if args.listen:
             self.tcp_address = self.loop.bind_extra(args.listen)
+            from urllib.parse import urlparse
+
+            self.listen_ip = urlparse(self.tcp_address).hostname or ""
         if args.address_file:
             tmp = args.address_file + ".tmp"
             with open(tmp, "w") as f:
@@ -245,18 +256,44 @@ class Agent:
                         os.kill(p.pid, sig)
                     except ProcessLookupError:
                         pass
+        elif k == Kind.AGENT_ATTACH:
+            self._attach(h)
         elif k == Kind.AGENT_STOP:
-            self._shutdown("asked to stop")
+            if self.args.listen:
+                self._kill_procs("the controller detached")
+                self.owner = ""
+            else:
+                self._shutdown("asked to stop")
         elif k == Kind.FANOUT:
             e = h.extra or {}
             from .transport import framing
 
             inner = framing.decode_header(bytes(e["header"]) if not isinstance(e["header"], bytes)
                                           else e["header"])
-            for addr in e.get("targets", []):
-                self.loop.send(addr, [self.token, framing.encode_header(inner), body, *buffers])
+            data = framing.encode_header(inner)
+            for proc_id in e.get("procs", []):
+                self.loop.send(f"ipc://{self.rundir}/{proc_id}", [self.token, data, body, *buffers])
         else:
             log.warning("agent: unexpected message kind %s; dropped", h.kind)
+
+    def _attach(self, h: Header) -> None:
+        """A controller adopts this (listening) agent; a previous owner's procs are ended."""
+        e = h.extra or {}
+        new_owner = e.get("owner", "")
+        if self.owner and self.owner != new_owner:
+            self._kill_procs("a new controller attached")
+        self.owner = new_owner
+        self.owner_last_seen = time.monotonic()
+        self._send(self.owner, Header(Kind.HELLO, extra={
+            "pid": os.getpid(), "host": socket.gethostname(), "address": self.tcp_address,
+            "agent": True, "attach_id": e.get("attach_id", "")}))
+
+    def _kill_procs(self, why: str) -> None:
+        for pp in list(self.procs.values()):
+            try:
+                os.kill(pp.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _spawn(self, h: Header) -> None:
         e = h.extra or {}
@@ -266,7 +303,7 @@ class Agent:
                 "proc_id": p["proc_id"], "rank": p["rank"], "mesh": p["mesh"],
                 "token": self.token.hex(), "rundir": self.rundir, "owner": owner,
                 "agent": self.address, "host_id": self.agent_id,
-                "key_file": self.args.key_file or "",
+                "key_file": self.key_file, "listen_ip": self.listen_ip,
             }
             self.pending_spawn[p["proc_id"]] = {"mesh": p["mesh"], "owner": owner}
             msg = {"op": "spawn", "cfg": cfg, "env": p.get("env") or {}, "cwd": e.get("cwd")}
@@ -370,7 +407,14 @@ class Agent:
 
         if self.owner:
             self._send(self.owner, Header(Kind.HEARTBEAT))
-            if time.monotonic() - self.owner_last_seen > max(config.heartbeat_timeout, 5.0) * 2:
+            silent = time.monotonic() - self.owner_last_seen
+            if self.args.listen:
+                if silent > max(config.heartbeat_timeout, 5.0) * 2:
+                    log.warning("controller %s silent for %.0f s: ending its procs", self.owner,
+                                silent)
+                    self._kill_procs("owner silent")
+                    self.owner = ""
+            elif silent > max(config.heartbeat_timeout, 5.0) * 2:
                 self._shutdown("owner silent")
 
     def _shutdown(self, why: str) -> None:

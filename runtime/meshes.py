@@ -120,6 +120,8 @@ class HostMesh(MeshTrait):
                 rank = hi * n_inner + j
                 proc_id = f"{name}-{rank}-{os.urandom(3).hex()}"
                 addr = f"ipc://{rt.rundir}/{proc_id}" if not agent.remote else ""
+                if agent.remote and not agent.alive:
+                    raise MeshStoppedError(f"host {agent.host} ({agent.address}) is unreachable")
                 rec = ProcRecord(proc_id, rank, name, agent, addr, host=agent.host)
                 procs.append(rec)
                 by_agent.setdefault(agent.agent_id, []).append(
@@ -177,6 +179,60 @@ def this_host() -> HostMesh:
     hm = HostMesh(rt, [agent], Shape((), ()))
     rt._this_host = hm
     return hm
+
+
+def _local_ip_for(host: str, port: int) -> str:
+    """The address of this machine on the route to `host` (what the agents can reach)."""
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((host, port or 9))
+        return s.getsockname()[0]
+    finally:
+        s.close()
+
+
+def attach_to_workers(addresses: list[str], key_file: Optional[str] = None,
+                      timeout: float = 30.0, name: str = "hosts") -> HostMesh:
+    """Attach to host agents started with `python -m runtime.host --listen tcp://...`;
+    returns a HostMesh with dimension `hosts` (CurveZMQ-authenticated and encrypted)."""
+    from urllib.parse import urlparse
+
+    from .transport import auth
+
+    if not addresses:
+        raise ValueError("attach_to_workers needs at least one agent address")
+    for a in addresses:
+        u = urlparse(a)
+        if u.scheme != "tcp" or not u.hostname or not u.port:
+            raise ValueError(f"agent address {a!r} is not of the form tcp://HOST:PORT")
+    keys = auth.read_key_file(key_file) if key_file else auth.keys_from_env()
+    if keys is None:
+        raise PermissionError("attach_to_workers needs the cluster's key file (key_file= or "
+                              "MONARCH_KEY_FILE)")
+    rt = get_runtime()
+    u = urlparse(addresses[0])
+    my_addr = rt.enable_tcp(_local_ip_for(u.hostname, u.port), keys)
+    agents = []
+    for a in addresses:
+        rt.add_peer(a, keys)
+        rec = AgentRecord(rt.new_id("host"), a, urlparse(a).hostname or a, remote=True)
+        rt.agents[rec.agent_id] = rec
+        agents.append(rec)
+        rt.send(a, Header(Kind.AGENT_ATTACH, extra={"owner": my_addr,
+                                                    "attach_id": rec.agent_id}))
+    deadline = time.monotonic() + timeout
+    while not all(a.hello for a in agents):
+        if time.monotonic() > deadline:
+            missing = [a.address for a in agents if not a.hello]
+            for a in agents:
+                a.alive = False
+            raise TimeoutError(f"no answer within {timeout:g} s from host agents {missing}")
+        time.sleep(0.01)
+    for a in agents:
+        a.last_seen = time.monotonic()
+    return HostMesh(rt, agents, Shape((name,), (len(agents),)))
 
 
 def this_proc() -> "ProcMesh":
@@ -277,6 +333,7 @@ class ProcMesh(MeshTrait):
         rec = ActorMeshRecord(
             actor_id=actor_id, name=name, cls_name=actor_class.__name__,
             proc_ids=[p.proc_id for p in procs], addresses=[p.address for p in procs],
+            routes=[p.route for p in procs],
             hosts=[p.host for p in procs], sizes=dict(zip(labels, sizes)), owned=True,
             owner_actor=ctx.actor_id if ctx is not None else None,
             ready=[None] * len(procs), inflight=[0] * len(procs), health_name=health_name,
@@ -291,7 +348,8 @@ class ProcMesh(MeshTrait):
         for i, p in enumerate(procs):
             if p.state in ("failed", "stopped"):
                 rt.loop.call_soon(rt._proc_failed, p.proc_id, "proc already dead")
-        reply = rt.reply_address_for(procs[0].address if procs else "")
+        reply = rt.reply_address_for(
+            (procs[0].address or procs[0].agent.address) if procs else "")
 
         def send_all() -> None:
             for i, p in enumerate(procs):
@@ -302,7 +360,7 @@ class ProcMesh(MeshTrait):
                 h = Header(Kind.SPAWN_ACTOR, actor=actor_id, reply=reply, rank=i,
                            extra={"name": name, "rank": i, "labels": list(labels),
                                   "sizes": list(sizes)})
-                rt.send(p.address, h, body, tuple(bufs))
+                rt.send_to_proc(p.address, p.route, h, body, tuple(bufs))
             rt._check_initialized(rec)
 
         rt.loop.call_soon(send_all)
@@ -334,7 +392,7 @@ class ProcMesh(MeshTrait):
 
         def go() -> None:
             for p in pending:
-                rt.send(p.address, Header(Kind.STOP_PROC))
+                rt.send_to_proc(p.address, p.route, Header(Kind.STOP_PROC))
 
             deadline = time.monotonic() + config.stop_timeout + 1.0
 
@@ -468,8 +526,10 @@ class ActorMesh(MeshTrait):
         def go() -> None:
             rt.watch(port, {rec.proc_ids[r] for r in remaining})
             for r in list(remaining):
-                rt.send(rec.addresses[r], Header(Kind.STOP_ACTOR, actor=rec.actor_id, rank=r,
-                                                 reply=rt.address, port=port))
+                addr, route = rec.target(r)
+                reply = rt.reply_address_for(addr or (route or ("",))[0])
+                rt.send_to_proc(addr, route, Header(Kind.STOP_ACTOR, actor=rec.actor_id, rank=r,
+                                                    reply=reply, port=port))
         rt.loop.call_soon(go)
         return fut
 
@@ -481,6 +541,7 @@ class ActorMesh(MeshTrait):
         state = {
             "actor_id": r.actor_id, "name": r.name, "cls_name": r.cls_name,
             "proc_ids": r.proc_ids, "addresses": r.addresses, "hosts": r.hosts,
+            "routes": r.routes,
             "sizes": r.sizes, "sigs": r.sigs, "shape": self._shape,
         }
         return (_rebuild_actor_mesh, (state,))
@@ -506,7 +567,7 @@ def _rebuild_actor_mesh(state: dict) -> ActorMesh:
             actor_id=state["actor_id"], name=state["name"], cls_name=state["cls_name"],
             proc_ids=state["proc_ids"], addresses=state["addresses"], hosts=state["hosts"],
             sizes=state["sizes"], owned=False, ready=[True] * n, inflight=[0] * n,
-            health_name="", sigs=state["sigs"],
+            health_name="", sigs=state["sigs"], routes=state.get("routes") or [],
         )
         rt.actor_meshes[rec.actor_id] = rec
     return ActorMesh(rt, rec, state["shape"], None)

@@ -313,7 +313,7 @@ class ProcServer:
                 if a.state == "busy" and (h.port == 0 or a.current_port == h.port):
                     a.interrupt()
             return True
-        if k == Kind.HEARTBEAT and h.src != self.rt.proc_id:
+        if k == Kind.HEARTBEAT and h.src not in self.rt.procs and h.src not in self.rt.agents:
             self.owner_last_seen = time.monotonic()
             return True
         return False
@@ -395,9 +395,12 @@ def main(cfg: dict) -> None:
     from .debugging import install_in_proc
 
     install_in_proc(rt)
+    if cfg.get("listen_ip") and keys is not None:
+        rt.enable_tcp(cfg["listen_ip"])
     rt.start()
     rt.send(cfg["owner"], Header(Kind.HELLO, extra={"pid": os.getpid(), "host": rt.host,
-                                                    "address": rt.address}))
+                                                    "address": rt.address,
+                                                    "tcp": rt.tcp_address}))
     signal.signal(signal.SIGTERM, lambda *_: server.stopped.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while not server.stopped.wait(1.0):

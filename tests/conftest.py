@@ -7,6 +7,10 @@ import os
 import sys
 
 os.environ.setdefault("MONARCH_FAULT_POLICY", "raise")
+# admin connection files of test controllers go to a throwaway directory, not ~/.local
+import tempfile  # noqa: E402
+
+os.environ.setdefault("MONARCH_RUNTIME_DIR", tempfile.mkdtemp(prefix="monarch-test-rt-"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)

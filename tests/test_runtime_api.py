@@ -259,3 +259,20 @@ def test_classes_defined_in_main_travel_by_value(tmp_path):
                        cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "[21, 21]"
+
+
+def test_ctrl_c_cancels_the_wait_and_interrupts_the_remote_call(echo):
+    import _thread
+
+    one = echo.slice(procs=0)
+    fut = one.busy_loop.call_one(30)
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        fut.get()
+    assert time.monotonic() - t0 < 3
+    # the remote endpoint was interrupted too: the actor is free again at once
+    with pytest.raises(ActorError, match="KeyboardInterrupt"):
+        fut.get(timeout=5)
+    assert one.ping.call_one("free").get(timeout=5) == "free"

@@ -71,7 +71,9 @@ class ProcDebugger:
     def send(self, op: str, **fields: Any) -> None:
         if not self.rt.owner_address:
             return
-        self.rt.send(self.rt.owner_address, header(op, addr=self.rt.address, **fields))
+        owner = self.rt.owner_address
+        # the address the owner can reach us at (tcp across hosts, ipc on the same host)
+        self.rt.send(owner, header(op, addr=self.rt.reply_address_for(owner), **fields))
 
     def fetch_source(self, filename: str, timeout: float = 5.0) -> Optional[list]:
         """Lines of `filename` from the controller's linecache (None if it lacks them)."""

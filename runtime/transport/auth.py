@@ -74,6 +74,14 @@ def read_key_file(path: str) -> CurveKeys:
     return CurveKeys(d["public"].encode(), d["secret"].encode())
 
 
+def cluster_token(keys: CurveKeys) -> bytes:
+    """The session token shared by every holder of a cluster key file."""
+    import hashlib
+    import hmac
+
+    return hmac.new(keys.secret, b"monarch-cluster-token", hashlib.sha256).digest()[:TOKEN_BYTES]
+
+
 def keys_from_env() -> Optional[CurveKeys]:
     path = os.environ.get("MONARCH_KEY_FILE")
     if path:

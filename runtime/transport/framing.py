@@ -88,14 +88,18 @@ def build(token: bytes, header: Header, body: bytes = b"",
     return [token, encode_header(header), body, *buffers]
 
 
-def parse(frames: Sequence[Any], token: bytes) -> tuple[Header, Any, list[Any]]:
-    """Check the token and decode the header; returns (header, body, buffers).
-
-    Raises FrameError for anything that is not a message of this session."""
+def parse(frames: Sequence[Any], token: bytes | Sequence[bytes]) -> tuple[Header, Any, list[Any]]:
+    """Check the token (one, or any of several) and decode the header; returns
+    (header, body, buffers). Raises FrameError for anything not of this session."""
     if len(frames) < 3:
         raise FrameError(f"{len(frames)} frames, expected at least 3")
     t = _as_bytes(frames[0])
-    if len(t) != len(token) or not hmac.compare_digest(t, token):
+    tokens = (token,) if isinstance(token, (bytes, bytearray)) else token
+    ok = False
+    for tok in tokens:
+        if len(t) == len(tok) and hmac.compare_digest(t, tok):
+            ok = True
+    if not ok:
         raise FrameError("wrong session token")
     header = decode_header(_as_bytes(frames[1]))
     return header, frames[2], list(frames[3:])

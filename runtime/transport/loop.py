@@ -48,6 +48,7 @@ class IOLoop:
                  keys: Optional[CurveKeys] = None, max_message_bytes: int = 0) -> None:
         self.name = name
         self.token = token
+        self.tokens: list[bytes] = [token]  # accepted session tokens
         self.on_message = on_message
         self.keys = keys
         self.max_message_bytes = max_message_bytes
@@ -57,6 +58,8 @@ class IOLoop:
         self.inbox.setsockopt(zmq.LINGER, 0)
         self.address = ""
         self._extra: list = []
+        self.peer_keys: dict[str, CurveKeys] = {}  # TCP peers of another cluster key
+        self.allowed_keys: set[bytes] = set()  # CurveZMQ client keys accepted (z85)
         self._out: dict[str, zmq.Socket] = {}
         self._sendq: collections.deque = collections.deque()
         self._calls: collections.deque = collections.deque()
@@ -77,6 +80,7 @@ class IOLoop:
         """Bind the inbox; returns the resolved address (ephemeral TCP ports filled in)."""
         if addr.startswith("tcp://"):
             if self.keys is not None:
+                self.allowed_keys.add(self.keys.public)
                 self._start_auth()
                 self.inbox.curve_server = True
                 self.inbox.curve_secretkey = self.keys.secret
@@ -92,17 +96,19 @@ class IOLoop:
         self.address = self.inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
         return self.address
 
-    def bind_extra(self, addr: str) -> str:
+    def bind_extra(self, addr: str, keys: Optional[CurveKeys] = None) -> str:
         """Listen on a second address too (e.g. TCP with CurveZMQ besides the ipc inbox)."""
+        keys = keys or self.keys
         s = self.ctx.socket(zmq.PULL)
         s.setsockopt(zmq.RCVHWM, 0)
         s.setsockopt(zmq.LINGER, 0)
         if addr.startswith("tcp://"):
-            if self.keys is not None:
+            if keys is not None:
+                self.allowed_keys.add(keys.public)
                 self._start_auth()
                 s.curve_server = True
-                s.curve_secretkey = self.keys.secret
-                s.curve_publickey = self.keys.public
+                s.curve_secretkey = keys.secret
+                s.curve_publickey = keys.public
             elif not is_loopback_address(addr):
                 s.close()
                 raise PermissionError(
@@ -122,14 +128,14 @@ class IOLoop:
             return
         from zmq.auth.thread import ThreadAuthenticator
 
-        allowed = self.keys.public if self.keys else b""
+        allowed = self.allowed_keys
 
         class _Keys:
             def callback(self, domain: str, key: bytes) -> bool:
                 import base64
                 import zmq.utils.z85 as z85
 
-                ok = z85.encode(key) == allowed if len(key) == 32 else key == allowed
+                ok = (z85.encode(key) if len(key) == 32 else key) in allowed
                 if not ok:
                     log.warning("rejected a CurveZMQ peer with an unknown key %r",
                                 base64.b16encode(key[:8]))
@@ -221,10 +227,11 @@ class IOLoop:
             s.setsockopt(zmq.LINGER, 2000)
             s.setsockopt(zmq.RECONNECT_IVL, 10)
             s.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
-            if addr.startswith("tcp://") and self.keys is not None:
-                s.curve_serverkey = self.keys.public
-                s.curve_publickey = self.keys.public
-                s.curve_secretkey = self.keys.secret
+            keys = self.peer_keys.get(addr, self.keys)
+            if addr.startswith("tcp://") and keys is not None:
+                s.curve_serverkey = keys.public
+                s.curve_publickey = keys.public
+                s.curve_secretkey = keys.secret
             s.connect(addr)
             self._out[addr] = s
         return s
@@ -248,7 +255,7 @@ class IOLoop:
             except zmq.Again:
                 return
             try:
-                header, body, buffers = framing.parse(frames, self.token)
+                header, body, buffers = framing.parse(frames, self.tokens)
             except framing.FrameError as e:
                 self.stats["dropped"] += 1
                 log.warning("%s: dropped a message that is not from this session (%s): %s",

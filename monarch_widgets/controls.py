@@ -1,0 +1,68 @@
+"""Actions the views offer (stop a mesh, attach to a paused actor), callable from any thread.
+
+The dashboard's buttons, the `%mesh` magics and the admin TUI all go through these, so a
+button and its magic do the same thing.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+AttachHandler = Callable[[str, int], Any]
+_attach_handler: Optional[AttachHandler] = None
+_lock = threading.Lock()
+
+
+def _runtime(runtime: Any) -> Any:
+    if runtime is not None:
+        return runtime
+    from runtime import get_runtime
+
+    return get_runtime()
+
+
+def _names(mesh: Any) -> set[str]:
+    """The names a live mesh answers to: its own, and its health-model name if different."""
+    names = {str(getattr(mesh, "name", ""))}
+    rec = getattr(mesh, "_rec", None)  # ActorMesh: the health model may say "name~2"
+    if rec is not None and getattr(rec, "health_name", ""):
+        names.add(rec.health_name)
+    return names - {""}
+
+
+def stop_mesh(name: str, runtime: Any = None, timeout: float = 30.0) -> str:
+    """Stop every live actor mesh or proc mesh called `name`; returns a one-line report."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"mesh name must be a non-empty string, got {name!r}")
+    rt = _runtime(runtime)
+    found = [m for m in rt.meshes() if name in _names(m)]
+    if not found:
+        known = sorted({n for m in rt.meshes() for n in _names(m)})
+        raise KeyError(f"no live mesh named {name!r}; live meshes: {known}")
+    for m in found:
+        res = m.stop()
+        if hasattr(res, "get"):
+            res.get(timeout=timeout)
+    return f"stopped mesh {name}"
+
+
+def set_attach_handler(fn: Optional[AttachHandler]) -> None:
+    """Register how to attach a debugger to a paused actor: `fn(mesh, rank)`.
+
+    The debugger / kernel registers it; the dashboard's "attach" button and
+    `%mesh attach` call it."""
+    global _attach_handler
+    with _lock:
+        _attach_handler = fn
+
+
+def attach(mesh: str, rank: int) -> str:
+    """Attach the registered debugger front-end to actor `mesh[rank]` (paused at a breakpoint)."""
+    with _lock:
+        fn = _attach_handler
+    if fn is None:
+        raise RuntimeError("no debugger attach handler is registered "
+                           "(monarch_widgets.controls.set_attach_handler)")
+    res = fn(mesh, int(rank))
+    return res if isinstance(res, str) else f"attached to {mesh}[{rank}]"

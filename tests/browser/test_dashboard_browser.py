@@ -1,0 +1,136 @@
+"""End to end in a real browser: JupyterLab on loopback, Debian's chromium driven by
+Playwright, the dashboard cell run against a real 4-proc mesh, one proc killed while a cell
+is busy, the grid checked in the page's DOM, and a screenshot kept as a test artifact."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from labserver import CHROMIUM, CHROMIUM_ARGS, REPO, JupyterLab, write_notebook
+
+pytestmark = pytest.mark.timeout(150)
+
+ARTIFACTS = REPO / "test-artifacts"
+
+QUICKSTART = REPO / "notebooks" / "quickstart.ipynb"
+
+# used when the quickstart notebook has no dashboard cell (yet)
+SETUP = """\
+import time
+import monarch_widgets, runtime
+from runtime import Actor, endpoint, this_host
+
+class Trainer(Actor):
+    @endpoint
+    def step(self, seconds: float = 0.0) -> int:
+        time.sleep(seconds)
+        return runtime.current_rank().rank
+
+procs = this_host().spawn_procs(per_host={"procs": 4}, name="trainers")
+trainers = procs.spawn("trainers", Trainer)
+trainers.step.call().get(timeout=60)"""
+
+DASHBOARD = "monarch_widgets.dashboard()"
+
+# kills rank 1 of the first 4-actor mesh, whichever notebook set it up
+KILL = """\
+import time, runtime
+time.sleep(3)
+_rt = runtime.get_runtime()
+_mesh = next(m for m in _rt.health.snapshot() if len(m.actors) == 4)
+_rt.kill_proc(_mesh.actors[1].proc_id)
+print("killed rank 1 of", _mesh.name)
+time.sleep(10)  # the cell stays busy: the dashboard must update meanwhile"""
+
+
+def notebook_cells() -> tuple[list[str], str]:
+    """The quickstart's cells up to its dashboard cell, else our own; plus where from."""
+    if QUICKSTART.exists():
+        nb = json.loads(QUICKSTART.read_text())
+        code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+        for i, src in enumerate(code):
+            if "dashboard(" in src:
+                return code[:i + 1] + [KILL], "quickstart"
+    return [SETUP, DASHBOARD, KILL], "built-in"
+
+
+def _cells(page, mesh: str) -> list[str]:
+    return page.eval_on_selector_all(f".mw-mesh[data-mesh='{mesh}'] .mw-cell",
+                                     "els => els.map(e => e.dataset.state || '')")
+
+
+@pytest.fixture
+def lab(tmp_path):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no system chromium at {CHROMIUM} (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api", reason="python playwright is not installed")
+    cells, _ = notebook_cells()
+    write_notebook(tmp_path / "dashboard.ipynb", cells)
+    server = JupyterLab(tmp_path)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_dashboard_in_jupyterlab(lab):
+    from playwright.sync_api import sync_playwright
+
+    lab.start_session("dashboard.ipynb")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.goto(f"{lab.url}/lab/tree/dashboard.ipynb?token={lab.token}")
+            page.wait_for_function(
+                "() => window.jupyterapp && document.querySelector('.jp-Notebook')",
+                timeout=60_000)
+            try:  # JupyterLab may still ask which kernel to use
+                page.click(".jp-Dialog .jp-mod-accept", timeout=3_000)
+            except Exception:
+                pass
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
+                                   timeout=60_000)
+            page.evaluate("() => { window.jupyterapp.commands.execute("
+                          "'notebook:run-all-cells'); }")
+            try:
+                # a mesh of four actors appears, all idle, before the kill
+                mesh = page.wait_for_function(
+                    """() => { for (const m of document.querySelectorAll('.mw-mesh')) {
+                        const c = [...m.querySelectorAll('.mw-cell')];
+                        if (c.length === 4 && c.every(e => e.dataset.state === 'idle'))
+                          return m.dataset.mesh; } return null; }""",
+                    timeout=90_000).json_value()
+                cell = f".mw-cell[data-mesh='{mesh}']"
+                # the kill cell runs: rank 1 turns failed while that cell is still busy
+                page.wait_for_selector(f"{cell}[data-rank='1'][data-state='failed']",
+                                       timeout=30_000)
+                prompts = page.eval_on_selector_all(
+                    ".jp-CodeCell .jp-InputPrompt", "els => els.map(e => e.textContent)")
+                assert prompts[-1].strip() == "[*]:", prompts
+                states = _cells(page, mesh)
+                assert states[1] == "failed" and states.count("failed") == 1, states
+                failed_rows = page.eval_on_selector_all(
+                    ".mw-proc-table tr[data-state='failed']", "els => els.map(e => e.dataset.proc)")
+                assert len(failed_rows) == 1, failed_rows  # the proc table marks the killed proc
+                page.hover(f"{cell}[data-rank='1']")
+                detail = page.inner_text(".mw-detail")
+                assert f"{mesh}[1]" in detail and "failed" in detail, detail
+                time.sleep(0.3)
+                page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
+                page.locator(".mw-root").screenshot(path=str(ARTIFACTS / "dashboard-widget.png"))
+            except Exception:
+                page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"))
+                raise
+        finally:
+            browser.close()
+    if os.environ.get("MONARCH_UPDATE_DOCS_SCREENSHOT") == "1":
+        shutil.copy(ARTIFACTS / "dashboard.png", REPO / "docs" / "dashboard.png")

@@ -1,0 +1,112 @@
+"""attach_to_workers against listening host agents on loopback (CurveZMQ, FANOUT casts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import runtime
+import runtime.config
+from runtime import SupervisionError, attach_to_workers
+from runtime.transport import auth
+from _actors import Echo
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def start_agent(tmp_path, i: int, key_file: str) -> tuple[subprocess.Popen, str]:
+    addr_file = tmp_path / f"agent{i}.json"
+    p = subprocess.Popen([sys.executable, "-m", "runtime.host", "--listen", "tcp://127.0.0.1:0",
+                          "--key-file", key_file, "--address-file", str(addr_file),
+                          "--parent-pid", str(os.getpid())],
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    deadline = time.monotonic() + 30
+    while not addr_file.exists():
+        assert p.poll() is None, "agent exited"
+        assert time.monotonic() < deadline, "agent did not write its address"
+        time.sleep(0.02)
+    return p, json.loads(addr_file.read_text())["address"]
+
+
+@pytest.fixture
+def agents(tmp_path):
+    key_file = str(tmp_path / "cluster.key")
+    auth.write_key_file(key_file)
+    started = [start_agent(tmp_path, i, key_file) for i in range(2)]
+    yield key_file, started
+    for p, _ in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
+
+
+def test_attach_spawn_call_slice(agents):
+    key_file, started = agents
+    hosts = attach_to_workers([a for _, a in started], key_file=key_file)
+    assert hosts.sizes == {"hosts": 2}
+    pm = hosts.spawn_procs(per_host={"procs": 2})
+    assert pm.sizes == {"hosts": 2, "procs": 2}
+    am = pm.spawn("remote", Echo)
+    vm = am.whoami.call().get(timeout=60)
+    assert [v["coords"] for v in vm.values()] == [
+        {"hosts": 0, "procs": 0}, {"hosts": 0, "procs": 1},
+        {"hosts": 1, "procs": 0}, {"hosts": 1, "procs": 1}]
+    assert [v["rank"] for v in am.slice(hosts=1).whoami.call().get(timeout=20).values()] == [2, 3]
+    # one message per host for a cast, not one per actor
+    rt = runtime.get_runtime()
+    before = rt.stats["sent"]
+    am.ping.call(1).get(timeout=20)
+    assert rt.stats["sent"] - before == 2
+    # output is forwarded with the host in the prefix
+    got = []
+    rt.set_output_sink(lambda label, stream, text: got.append((label, text)))
+    try:
+        am.slice(hosts=1, procs=0).say.call_one("over-tcp").get(timeout=20)
+        deadline = time.monotonic() + 5
+        while not any("over-tcp\n" in t for _, t in got) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        rt.set_output_sink(None)
+    assert any(label.startswith("remote 2@") and "over-tcp\n" in t for label, t in got), got
+    pm.stop().get(timeout=20)
+
+
+def test_agent_loss_fails_its_actors_and_survivors_work(agents, monkeypatch):
+    key_file, started = agents
+    seen = []
+    monkeypatch.setattr(runtime, "unhandled_fault_hook", seen.append)
+    hosts = attach_to_workers([a for _, a in started], key_file=key_file)
+    pm = hosts.spawn_procs(per_host={"procs": 1})
+    am = pm.spawn("victims", Echo)
+    am.ping.call(0).get(timeout=60)
+    fut = am.slice(hosts=1).sleep.call_one(30)
+    t0 = time.monotonic()
+    started[1][0].send_signal(signal.SIGKILL)
+    with pytest.raises(SupervisionError, match="unreachable|host"):
+        fut.get(timeout=30)
+    dt = time.monotonic() - t0
+    assert dt < runtime.config.config.heartbeat_timeout + 2
+    assert am.slice(hosts=0).ping.call_one(5).get(timeout=20) == 5
+    assert seen and seen[0].ranks == [1]
+    pm.stop().get(timeout=20)
+
+
+def test_bad_addresses_and_missing_keys(monkeypatch):
+    with pytest.raises(ValueError, match="tcp://HOST:PORT"):
+        attach_to_workers(["h1:1234"])
+    monkeypatch.delenv("MONARCH_KEY_FILE", raising=False)
+    with pytest.raises(PermissionError, match="key file"):
+        attach_to_workers(["tcp://127.0.0.1:1"])
+
+
+def test_listen_without_keys_is_refused(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "runtime.host", "--listen", "tcp://127.0.0.1:0"],
+                       capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert r.returncode != 0 and "key file" in r.stderr

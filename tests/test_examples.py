@@ -1,0 +1,36 @@
+"""The runnable examples run to completion and print what they promise."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_example(name: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    env.pop("MONARCH_FAULT_POLICY", None)
+    return subprocess.run([sys.executable, os.path.join(ROOT, "examples", name)],
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+@pytest.mark.timeout(150)
+def test_quickstart_script():
+    r = run_example("quickstart.py")
+    assert r.returncode == 0, r.stderr
+    assert "all : ValueMesh({'procs': 4}" in r.stdout
+    assert "error: RuntimeError: this endpoint always fails" in r.stdout
+    assert "still alive: " in r.stdout
+
+
+@pytest.mark.timeout(150)
+def test_supervision_example_recovers():
+    r = run_example("supervision.py")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "killing worker pid" in r.stdout
+    assert "[trainer 0] supervisor: mesh 'workers' rank(s) [1] failed: process killed by SIGKILL" \
+        in r.stdout
+    assert "trained 300 steps, restarts 1" in r.stdout
+    assert "training finished on the respawned workers" in r.stdout

@@ -1,0 +1,241 @@
+"""The terminal admin app, driven with textual's pilot against a fake admin source."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from textual.widgets import Log, Static, Tree
+
+from monarch_widgets.tui import AdminApp, ConfirmScreen
+from runtime.supervision.health import ActorHealth, ActorState, HealthModel, ProcStats
+
+pytestmark = pytest.mark.timeout(60)
+NOW = 1_000_000.0
+
+
+class FakeSource:
+    """Stands in for an AdminClient: a HealthModel plus recorded actions."""
+
+    def __init__(self) -> None:
+        self.health = HealthModel()
+        self.calls: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        actors = []
+        for r in range(4):
+            host = f"host{r // 2}"
+            actors.append(ActorHealth("trainers", r, {"hosts": r // 2, "gpus": r % 2},
+                                      ActorState.IDLE, proc_id=f"trainers-{r}", host=host,
+                                      pid=5000 + r, since=NOW - 30, handled=10 * r))
+            self.health.update_proc(ProcStats(f"trainers-{r}", host, 5000 + r,
+                                              cpu_percent=25.0 * r, rss_bytes=(r + 1) << 28,
+                                              gpu_mem_bytes=(r + 1) << 30))
+        self.health.add_mesh("trainers", "procs", {"hosts": 2, "gpus": 2}, actors)
+        self.health.update("trainers", 1, ActorState.BUSY, endpoint="train_step",
+                           since=NOW - 2.5)
+
+    def snapshot(self):
+        return self.health.snapshot()
+
+    def output_tail(self, proc_id: str, n: int = 200) -> list[str]:
+        return [f"[{proc_id}] step {i} loss {1.0 / (i + 1):.3f}" for i in range(3)]
+
+    def dump_stack(self, proc_id: str, timeout: float = 10.0) -> str:
+        return (f"Thread 0x00007f (most recent call first):\n"
+                f'  File "train.py", line 42 in train_step\n  # {proc_id}')
+
+    def stop_mesh(self, name: str) -> int:
+        with self.lock:
+            self.calls.append(("stop_mesh", name))
+        for a in self.health.mesh(name).actors:
+            self.health.update(name, a.rank, ActorState.STOPPED)
+        return 1
+
+    def kill_proc(self, proc_id: str) -> bool:
+        with self.lock:
+            self.calls.append(("kill_proc", proc_id))
+        rank = int(proc_id.rsplit("-", 1)[1])
+        self.health.update("trainers", rank, ActorState.FAILED,
+                           last_error="proc trainers-%d died (SIGKILL)" % rank,
+                           since=NOW - 1)
+        return True
+
+
+def make_app(source: FakeSource) -> AdminApp:
+    return AdminApp(source, refresh_interval=0, clock=lambda: NOW, label="controller pid 4242")
+
+
+async def settle(pilot) -> None:
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def tree_labels(app: AdminApp) -> list[str]:
+    out = []
+
+    def walk(node, depth):
+        out.append("  " * depth + str(node.label))
+        for c in node.children:
+            walk(c, depth + 1)
+
+    walk(app.query_one("#tree", Tree).root, 0)
+    return out
+
+
+async def select(pilot, key) -> None:
+    app = pilot.app
+    app.query_one("#tree", Tree).move_cursor(app.tree_nodes[key])
+    await settle(pilot)
+
+
+def test_tree_detail_and_output():
+    asyncio.run(_test_tree_detail_and_output())
+
+
+async def _test_tree_detail_and_output():
+    src = FakeSource()
+    app = make_app(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        labels = tree_labels(app)
+        assert labels[0] == "controller pid 4242"
+        assert labels[1].startswith("  host0") and "2 procs" in labels[1]
+        assert any("trainers[1] \u25cf busy train_step" in ln for ln in labels)
+        assert sum("\u25cf idle" in ln for ln in labels) == 3
+        await select(pilot, ("actor", "trainers", 1))
+        detail = str(app.query_one("#detail", Static).render())
+        assert "trainers[1]" in detail and "busy for 2.5s" in detail
+        assert "endpoint train_step" in detail and "messages 10 handled" in detail
+        out = app.query_one("#output", Log)
+        assert out.lines[-1] == "[trainers-1] step 2 loss 0.333"
+        assert "trainers-1" in str(out.border_title)
+        await select(pilot, ("proc", "trainers-3"))
+        detail = str(app.query_one("#detail", Static).render())
+        assert "pid 5003" in detail and "CPU 75%" in detail and "GPU mem 4.0G" in detail
+
+
+def test_stack_on_demand():
+    asyncio.run(_test_stack_on_demand())
+
+
+async def _test_stack_on_demand():
+    src = FakeSource()
+    app = make_app(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("s")  # nothing selected yet: a warning, no request
+        await settle(pilot)
+        await select(pilot, ("proc", "trainers-2"))
+        await pilot.press("s")
+        await settle(pilot)
+        stack = app.query_one("#stack", Log)
+        assert stack.has_class("shown")
+        assert "in train_step" in "\n".join(stack.lines)
+        assert stack.lines[-1] == "  # trainers-2"
+
+
+def test_stop_proc_needs_confirmation_and_shows_failure():
+    asyncio.run(_test_stop_proc_needs_confirmation_and_shows_failure())
+
+
+async def _test_stop_proc_needs_confirmation_and_shows_failure():
+    src = FakeSource()
+    app = make_app(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await select(pilot, ("actor", "trainers", 2))
+        await pilot.press("k")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")  # declined: nothing happens
+        await settle(pilot)
+        assert src.calls == []
+        await pilot.press("k")
+        await pilot.pause()
+        await pilot.click("#yes")
+        await settle(pilot)
+        assert src.calls == [("kill_proc", "trainers-2")]
+        assert any("trainers[2] \u25cf failed" in ln for ln in tree_labels(app))
+        detail = str(app.query_one("#detail", Static).render())
+        assert "last error: proc trainers-2 died (SIGKILL)" in detail
+        assert "1 failed" in app.sub_title
+
+
+def test_stop_mesh_with_confirmation():
+    asyncio.run(_test_stop_mesh_with_confirmation())
+
+
+async def _test_stop_mesh_with_confirmation():
+    src = FakeSource()
+    app = make_app(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await select(pilot, ("host", "host1"))
+        await pilot.press("x")  # a host is not a mesh: refused with a notice
+        await settle(pilot)
+        assert not isinstance(app.screen, ConfirmScreen)
+        await select(pilot, ("actor", "trainers", 0))
+        await pilot.press("x")
+        await pilot.pause()
+        assert "Stop mesh trainers?" in str(app.screen.query_one("#question").render())
+        await pilot.press("y")
+        await settle(pilot)
+        assert src.calls == [("stop_mesh", "trainers")]
+        assert sum("\u25cf stopped" in ln for ln in tree_labels(app)) == 4
+
+
+def test_disconnected_source_is_reported():
+    asyncio.run(_test_disconnected_source_is_reported())
+
+
+async def _test_disconnected_source_is_reported():
+    class Gone(FakeSource):
+        def snapshot(self):
+            raise ConnectionError("controller went away")
+
+    app = make_app(Gone())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await settle(pilot)
+        assert "controller went away" in app.sub_title
+
+
+# -- snapshot tests (pytest-textual-snapshot; SVGs under tests/__snapshots__) ----------------
+
+def test_snapshot_overview(snap_compare):
+    app = make_app(FakeSource())
+
+    async def run_before(pilot):
+        await settle(pilot)
+        await select(pilot, ("actor", "trainers", 1))
+
+    assert snap_compare(app, terminal_size=(120, 36), run_before=run_before)
+
+
+def test_snapshot_failed_actor_and_stack(snap_compare):
+    src = FakeSource()
+    src.kill_proc("trainers-3")
+    src.calls.clear()
+    app = make_app(src)
+
+    async def run_before(pilot):
+        await settle(pilot)
+        await select(pilot, ("actor", "trainers", 3))
+        await pilot.press("s")
+        await settle(pilot)
+
+    assert snap_compare(app, terminal_size=(120, 36), run_before=run_before)
+
+
+def test_snapshot_confirm(snap_compare):
+    app = make_app(FakeSource())
+
+    async def run_before(pilot):
+        await settle(pilot)
+        await select(pilot, ("actor", "trainers", 0))
+        await pilot.press("x")
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(120, 36), run_before=run_before)

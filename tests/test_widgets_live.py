@@ -1,0 +1,132 @@
+"""The views against real meshes: a killed proc shows as failed in the dashboard and through
+the admin endpoint; `monarch-admin` attaches to a plain script controller."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import runtime
+from runtime import Actor, endpoint, this_host
+from runtime.admin import AdminClient, serve
+from runtime.admin.server import AdminServer
+from monarch_widgets.state import STATE_NAMES, actor_at
+from monarch_widgets.widget import Dashboard
+from monarch_widgets.admin_cli import main as admin_main
+
+pytestmark = pytest.mark.timeout(90)
+
+
+class Talker(Actor):
+    @endpoint
+    def say(self, text: str) -> int:
+        print(text, flush=True)
+        return os.getpid()
+
+    @endpoint
+    def nap(self, t: float) -> float:
+        time.sleep(t)
+        return t
+
+
+def wait_for(pred, timeout: float = 20.0, every: float = 0.05) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(every)
+    return pred()
+
+
+def grid(widget: Dashboard, mesh: str) -> list[str]:
+    for m in widget.state["meshes"]:
+        if m["name"] == mesh:
+            return [STATE_NAMES[a[1]] for a in m["actors"]]
+    return []
+
+
+def test_dashboard_and_admin_follow_a_killed_proc():
+    procs = this_host().spawn_procs(per_host={"procs": 4}, name="wlive")
+    try:
+        talkers = procs.spawn("talkers", Talker)
+        pids = talkers.say.call("hello from a talker").get(timeout=30)
+        rt = runtime.get_runtime()
+        w = Dashboard(rt.health, runtime=rt, max_rate=10)
+        try:
+            assert wait_for(lambda: grid(w, "talkers") == ["idle"] * 4), grid(w, "talkers")
+            # frontends without widgets: the meshes' own HTML comes from render_html
+            assert talkers._repr_html_().count('data-state="idle"') == 4
+            assert procs._repr_html_().count('data-state="idle"') == 4
+            srv = serve(rt)  # already started by the first mesh; same object
+            assert isinstance(srv, AdminServer) and srv.connection_file.exists()
+            client = AdminClient.from_connection_file(srv.connection_file, timeout=10)
+            try:
+                victim = procs.procs[1]
+                assert victim.pid == list(pids.values())[1]
+                assert wait_for(lambda: any("hello from a talker" in ln for ln in
+                                            client.output_tail(victim.proc_id)), 10)
+                stack = client.dump_stack(procs.procs[2].proc_id)
+                assert "Thread actor-talkers-2" in stack and "File " in stack
+                # a busy actor shows its endpoint
+                fut = talkers.slice(procs=3).nap.call_one(3.0)
+                assert wait_for(lambda: grid(w, "talkers")[3] == "busy", 10)
+                assert actor_at(w.state, "talkers", 3)["endpoint"] == "nap"
+                fut.get(timeout=10)
+                # kill one proc through the admin endpoint
+                assert client.kill_proc(victim.proc_id)
+                assert wait_for(lambda: grid(w, "talkers")[1] == "failed"), grid(w, "talkers")
+                failed = actor_at(w.state, "talkers", 1)
+                assert failed["last_error"], failed
+                # the others live on (rank 3 turns idle at its next heartbeat after the nap)
+                assert wait_for(lambda: grid(w, "talkers") == ["idle", "failed", "idle", "idle"])
+                snap = {m.name: m for m in client.snapshot()}
+                assert snap["talkers"].actors[1].state.value == "failed"
+                # stop the whole mesh through the endpoint
+                assert client.stop_mesh("wlive") == 1
+                assert wait_for(lambda: set(grid(w, "talkers")) <= {"failed", "stopped"})
+            finally:
+                client.close()
+        finally:
+            w.close()
+    finally:
+        procs.stop().get(timeout=20)
+
+
+SCRIPT = """
+import time
+from runtime import Actor, endpoint, this_host
+
+class Worker(Actor):
+    @endpoint
+    def ping(self):
+        return 1
+
+procs = this_host().spawn_procs(per_host={"procs": 2}, name="script")
+workers = procs.spawn("workers", Worker)
+workers.ping.call().get(timeout=30)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_monarch_admin_attaches_to_a_plain_script(tmp_path, monkeypatch, capsys):
+    rundir = tmp_path / "run"
+    env = dict(os.environ, MONARCH_RUNTIME_DIR=str(rundir),
+               PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        monkeypatch.setenv("MONARCH_RUNTIME_DIR", str(rundir))
+        assert wait_for(lambda: admin_main(["--status"]) == 0, 10)
+        out = capsys.readouterr().out
+        assert "mesh workers [procs=2] on script:" in out, out
+        files = list(rundir.glob("admin-*.json"))
+        assert len(files) == 1 and oct(files[0].stat().st_mode & 0o777) == "0o600"
+    finally:
+        p.kill()
+        p.wait(timeout=10)

@@ -1,0 +1,248 @@
+"""Dashboard state, widget updates and static renderings, against a HealthModel we fill."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+import monarch_widgets
+from monarch_widgets import controls
+from monarch_widgets.widget import Dashboard
+from monarch_widgets.state import STATE_NAMES, actor_at, build_state, grid_shape
+from runtime.supervision.health import ActorHealth, ActorState, HealthModel, ProcStats
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def fill(model: HealthModel, name: str = "trainers", hosts: int = 2, gpus: int = 2) -> None:
+    actors = []
+    for r in range(hosts * gpus):
+        actors.append(ActorHealth(name, r, {"hosts": r // gpus, "gpus": r % gpus},
+                                  ActorState.IDLE, proc_id=f"{name}-p{r}",
+                                  host=f"host{r // gpus}", pid=4000 + r, since=100.0))
+        model.update_proc(ProcStats(f"{name}-p{r}", f"host{r // gpus}", 4000 + r,
+                                    cpu_percent=50.0 + r, rss_bytes=(r + 1) << 20,
+                                    gpu_mem_bytes=None if r else 2 << 30))
+    model.add_mesh(name, "procs", {"hosts": hosts, "gpus": gpus}, actors)
+
+
+def wait_for(pred, timeout: float = 5.0) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+def states(widget: Dashboard, mesh: str = "trainers") -> list[str]:
+    m = next(m for m in widget.state["meshes"] if m["name"] == mesh)
+    return [STATE_NAMES[a[1]] for a in m["actors"]]
+
+
+def test_build_state_compact_and_decodable():
+    model = HealthModel()
+    fill(model)
+    model.update("trainers", 1, ActorState.BUSY, endpoint="train_step", handled=3)
+    model.update("trainers", 2, ActorState.FAILED, last_error="proc killed (SIGKILL)",
+                 last_traceback="Traceback ...\nProcessDied", errors=1)
+    st = build_state(model.snapshot(), version=model.version, now=200.0)
+    json.dumps(st)  # JSON-able
+    (m,) = st["meshes"]
+    assert m["dims"] == [["hosts", 2], ["gpus", 2]]
+    assert m["state"] == "failed" and m["counts"] == {"idle": 2, "busy": 1, "failed": 1}
+    assert [STATE_NAMES[a[1]] for a in m["actors"]] == ["idle", "busy", "failed", "idle"]
+    assert st["procs"][0] == ["trainers-p0", "host0", 4000, 50.0, 1 << 20, 2 << 30]
+    busy = actor_at(st, "trainers", 1)
+    assert busy["endpoint"] == "train_step" and busy["handled"] == 3
+    assert actor_at(st, "trainers", 0)["since"] == 100.0
+    failed = actor_at(st, "trainers", 2)
+    assert failed["state"] == "failed" and failed["last_error"] == "proc killed (SIGKILL)"
+    assert failed["last_traceback"].endswith("ProcessDied")
+    assert failed["proc"][:3] == ["trainers-p2", "host1", 4002]
+
+
+def test_identical_tracebacks_are_interned():
+    model = HealthModel()
+    fill(model, hosts=1, gpus=8)
+    for r in range(8):
+        model.update("trainers", r, ActorState.FAILED, last_error="boom",
+                     last_traceback="T" * 3000)
+    st = build_state(model.snapshot())
+    assert len(st["texts"]) == 2  # one error, one traceback, shared by 8 actors
+
+
+def test_grid_shape():
+    assert grid_shape([["hosts", 2], ["gpus", 4]], 8) == (2, 4)
+    assert grid_shape([["procs", 4]], 4) == (1, 4)
+    rows, cols = grid_shape([["procs", 1000]], 1000)
+    assert cols <= 32 and rows * cols >= 1000
+
+
+def test_widget_shows_failed_actor_live():
+    model = HealthModel()
+    fill(model)
+    w = Dashboard(model, max_rate=20)
+    try:
+        assert states(w) == ["idle"] * 4
+        # the runtime's thread reports a failure: the widget follows without any call
+        threading.Thread(target=model.update, args=("trainers", 3, ActorState.FAILED),
+                         kwargs={"last_error": "proc exited with SIGKILL"}).start()
+        assert wait_for(lambda: states(w)[3] == "failed")
+        assert actor_at(w.state, "trainers", 3)["last_error"] == "proc exited with SIGKILL"
+        # a second mesh appears; a removed one disappears
+        fill(model, "evals", 1, 2)
+        assert wait_for(lambda: [m["name"] for m in w.state["meshes"]] == ["trainers", "evals"])
+        model.remove_mesh("trainers")
+        assert wait_for(lambda: [m["name"] for m in w.state["meshes"]] == ["evals"])
+    finally:
+        w.close()
+    assert not w._thread.is_alive() or wait_for(lambda: not w._thread.is_alive(), 3)
+
+
+def test_widget_coalesces_bursts():
+    model = HealthModel()
+    fill(model, hosts=1, gpus=100)
+    w = Dashboard(model, max_rate=4)
+    try:
+        start_pushes = w.pushes
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=lambda k=k: [
+            model.update("trainers", r, ActorState.BUSY if i % 2 else ActorState.IDLE,
+                         handled=i) for i in range(20) for r in range(k, 100, 4)])
+            for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert wait_for(lambda: w.state["v"] == model.version, 5)
+        elapsed = time.monotonic() - t0
+        pushes = w.pushes - start_pushes
+        # 2,000 changes from 4 threads cost at most one push per 1/4 s (plus the first)
+        assert 1 <= pushes <= 4 * elapsed + 2, (pushes, elapsed)
+        assert all(a[5] == 19 for a in w.state["meshes"][0]["actors"])
+    finally:
+        w.close()
+
+
+class FakeMesh:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.stops = 0
+
+    def stop(self) -> None:
+        self.stops += 1
+
+
+class FakeRuntime:
+    def __init__(self) -> None:
+        self.health = HealthModel()
+        fill(self.health)
+        self.mesh = FakeMesh("trainers")
+
+    def meshes(self) -> list:
+        return [self.mesh]
+
+
+def test_controls_from_widget_callbacks():
+    rt = FakeRuntime()
+    w = monarch_widgets.dashboard(rt, max_rate=20)
+    assert monarch_widgets.dashboard(rt, max_rate=20) is w  # a re-run cell reuses it
+    try:
+        # callbacks arrive on the comm thread; actions run on their own thread
+        w._on_front_msg(w, {"action": "stop_mesh", "mesh": "trainers"}, [])
+        assert wait_for(lambda: rt.mesh.stops == 1)
+        assert wait_for(lambda: w.state["notice"] == "stopped mesh trainers")
+        assert "no live mesh named 'x'" in w.handle_action({"action": "stop_mesh", "mesh": "x"})
+        controls.set_attach_handler(None)
+        assert "no debugger attach handler" in w.handle_action(
+            {"action": "attach", "mesh": "trainers", "rank": 1})
+        calls = []
+        controls.set_attach_handler(lambda mesh, rank: calls.append((mesh, rank)))
+        assert w.handle_action({"action": "attach", "mesh": "trainers", "rank": "1"}) == \
+            "attached to trainers[1]"
+        assert calls == [("trainers", 1)]
+    finally:
+        controls.set_attach_handler(None)
+        w.close()
+    w2 = monarch_widgets.dashboard(rt, max_rate=20)  # a closed one is replaced
+    assert w2 is not w and w2.is_live()
+    w2.close()
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="HealthModel"):
+        Dashboard(object())
+    with pytest.raises(ValueError, match="max_rate"):
+        Dashboard(HealthModel(), max_rate=0)
+    with pytest.raises(ValueError, match="mesh name"):
+        controls.stop_mesh("", runtime=FakeRuntime())
+
+
+def test_render_text_and_html():
+    model = HealthModel()
+    fill(model)
+    model.update("trainers", 2, ActorState.FAILED, last_error="<boom>",
+                 last_traceback="Traceback\n  raise <boom>")
+    model.update("trainers", 1, ActorState.PAUSED, endpoint="step")
+    snap = model.snapshot()
+    text = monarch_widgets.render_text(snap, now=110.0)
+    assert "mesh trainers [hosts=2 x gpus=2] on procs: failed" in text
+    assert "  o P\n  X o" in text
+    assert "rank 2 failed for" in text and "<boom>" in text
+    assert "rank 1 paused" in text and "step" in text
+    html = monarch_widgets.render_html(snap, now=110.0)
+    assert html.count('data-state="failed"') == 1 and html.count('data-state="idle"') == 2
+    assert "&lt;boom&gt;" in html and "<boom>" not in html  # escaped
+    assert "grid-template-columns:repeat(2,14px)" in html
+    assert monarch_widgets.render_text([]) == "no meshes"
+
+
+def test_thousand_actors_state_size():
+    """1,000 actors: the pushed state stays small (the cost is measured in benchmarks/)."""
+    model = HealthModel()
+    fill(model, hosts=10, gpus=100)
+    for r in range(0, 1000, 7):
+        model.update("trainers", r, ActorState.BUSY, endpoint="forward", handled=r)
+    # the heaviest layout: one proc per actor, so every actor also carries a proc row
+    w = Dashboard(model, clock=lambda: 200.0)
+    w.close()
+    size = len(w.payload)  # the bytes one update sends
+    assert size < 100 * 1000, size
+
+
+def test_magic_subcommands():
+    from monarch_widgets.magic import handle
+
+    rt = FakeRuntime()
+    rt.health.update("trainers", 0, ActorState.FAILED, last_error="boom")
+    text = handle("status --text", runtime=rt)
+    assert "mesh trainers [hosts=2 x gpus=2] on procs: failed" in text
+    assert "no meshes" == handle("status --text nope", runtime=rt)
+    w = handle(["status"], runtime=rt)
+    try:
+        assert isinstance(w, Dashboard) and states(w)[0] == "failed"
+    finally:
+        w.close()
+    assert handle("stop trainers", runtime=rt) == "stopped mesh trainers"
+    assert rt.mesh.stops == 1
+    with pytest.raises(ValueError, match="usage: %mesh attach"):
+        handle("attach trainers x", runtime=rt)
+    with pytest.raises(ValueError, match="unknown %mesh subcommand 'frob'"):
+        handle("frob", runtime=rt)
+    assert "usage:" in handle("", runtime=rt)
+
+
+def test_load_ipython_extension_registers_mesh_magic():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    try:
+        ip.run_line_magic("load_ext", "monarch_widgets")
+        assert "mesh" in ip.magics_manager.magics["line"]
+        assert "usage:" in ip.run_line_magic("mesh", "")
+    finally:
+        InteractiveShell.clear_instance()
