@@ -685,8 +685,9 @@ class Runtime:
         if not self.is_proc and os.environ.get("MONARCH_ADMIN", "1") != "0":
             try:  # the controller's loopback admin endpoint (monarch-admin attaches to it)
                 from runtime.admin import serve
+                from runtime.debugging.admin import register as register_debug
 
-                serve(self)
+                register_debug(serve(self))  # + the debugger's requests (monarch-debug)
             except Exception:
                 log.exception("admin endpoint did not start")
 
