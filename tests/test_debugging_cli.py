@@ -156,3 +156,31 @@ def test_real_admin_endpoint(procs):
         m.stop().get(10)
     finally:
         server.close()
+
+
+def test_monarch_debug_command_against_this_controller(procs):
+    """The real `monarch-debug` process, attached through the admin connection file."""
+    import os
+    import subprocess
+    import sys
+
+    adm = pytest.importorskip("runtime.admin")
+    srv = adm.serve(runtime.get_runtime())
+    assert "debug.list" in srv.requests()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+    cmd = [sys.executable, "-m", "runtime.debugging.cli", "-f", str(srv.connection_file)]
+    m = procs.spawn("clip", Worker)
+    t, box = _call_in_thread(m.work.call(3))
+    _wait_sessions(2)
+    one = subprocess.run(cmd + ["list"], capture_output=True, text=True, env=env, timeout=60)
+    assert "clip rank 1 (procs=1) work() [breakpoint, paused]" in one.stdout, one.stderr
+    session = subprocess.run(cmd, input="attach clip 1\np y\nc\np y * 3\n%detach\nquit\n",
+                             capture_output=True, text=True, env=env, timeout=60)
+    out = session.stdout
+    assert "--- breakpoint: mesh 'clip' rank 1" in out, session.stderr
+    assert "(Pdb clip:1) 4\n" in out and "--- clip rank 1 continued ---" in out
+    assert "(Pdb clip:0) 12\n" in out and "detached from clip rank 0" in out
+    t.join(30)
+    assert list(box["v"].values()) == [40, 40]
+    m.stop().get(10)
