@@ -6,6 +6,7 @@ Messages from actors arrive on the runtime's I/O thread; users (the notebook pro
 
 from __future__ import annotations
 
+import collections
 import linecache
 import logging
 import sys
@@ -105,7 +106,8 @@ class DebugRegistry:
         self._sessions: dict[str, Session] = {}
         self._pm_errors: dict[str, str] = {}
         self.notify: Callable[[str], None] = _default_note
-        self.events: list = []  # (time, what, label, where): a short history for views
+        # (time, what, label, where): a short history for views
+        self.events: collections.deque = collections.deque(maxlen=200)
 
     # -- I/O thread ------------------------------------------------------------------------
     def on_message(self, h: Header, body: Any, buffers: list) -> None:
