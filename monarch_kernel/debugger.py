@@ -36,9 +36,9 @@ def _shell_of(shell_or_kernel: Any) -> Any:
 def _registry() -> DebugRegistry:
     from runtime.debugging import get_registry
 
-    reg = get_registry()
+    reg = get_registry(create=False)  # never start a runtime just to look
     if reg is None:
-        raise DebugError("this process is not a controller (no debugger registry)")
+        raise DebugError("no paused actors (no runtime is running in this kernel)")
     _wire(reg)
     return reg
 
@@ -117,6 +117,9 @@ def debug_magic(line: str, shell: Any = None, console: Optional[DebugConsole] = 
         print(USAGE + "\n" + HELP)
         return
     try:
+        if cmd.name in ("policy", "timeout"):  # settings: no runtime needed
+            (console or DebugConsole(None)).execute(cmd)  # type: ignore[arg-type]
+            return
         reg = _registry()
         con = console or DebugConsole(reg)
         if cmd.name == "attach":

@@ -86,3 +86,19 @@ def test_settings(monkeypatch):
     settings.reset()
     monkeypatch.delenv("MONARCH_DEBUG_POLICY")
     assert settings.policy() == "fail"
+
+
+def test_mesh_debug_magic_usage_and_errors(capsys):
+    from monarch_kernel.debugger import debug_magic
+
+    debug_magic("frobnicate", None)
+    err = capsys.readouterr().err
+    assert "unknown debugger command 'frobnicate'" in err and "%mesh debug list" in err
+    debug_magic("list", None)
+    out = capsys.readouterr()
+    assert "no paused actors" in out.out + out.err
+    debug_magic("policy sometimes", None)
+    out = capsys.readouterr()
+    assert "debug policy must be one of" in out.out + out.err
+    debug_magic("help", None)
+    assert "%mesh debug --postmortem" in capsys.readouterr().out

@@ -108,11 +108,9 @@ class ProcDebugger:
             linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
     def _start_postmortem(self, e: dict) -> None:
-        from ..proc import current_actor  # noqa: F401 - actor lookup below
-
         sid = str(e.get("sid", ""))
-        server = getattr(self.rt, "host_handler", None)
-        server = getattr(server, "__self__", None)
+        # the ProcServer (its bound handle() is the runtime's host_handler) holds the actors
+        server = getattr(getattr(self.rt, "host_handler", None), "__self__", None)
         actor = getattr(server, "actors", {}).get(str(e.get("actor", ""))) if server else None
         exc = getattr(actor, "last_exception", None) if actor is not None else None
         if exc is None or exc.__traceback__ is None:
