@@ -9,7 +9,6 @@ import itertools
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -39,7 +38,7 @@ class AgentRecord:
     agent_id: str
     address: str
     host: str
-    popen: Optional[subprocess.Popen] = None
+    popen: Any = None  # subprocess.Popen of a local agent
     procs: set = field(default_factory=set)
     last_seen: float = field(default_factory=time.monotonic)
     alive: bool = True
@@ -716,6 +715,8 @@ class Runtime:
             p = agent.popen
             if p is None:
                 continue
+            import subprocess
+
             try:
                 p.wait(max(0.05, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -6,7 +6,6 @@ any asyncio loop, including one already running in the calling thread (a noteboo
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from typing import Any, Callable, Generator, Generic, Optional, TypeVar
@@ -162,6 +161,8 @@ class Future(Generic[R]):
 
     def __await__(self) -> Generator[Any, None, R]:
         if not self._event.is_set():
+            import asyncio
+
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future = loop.create_future()
 

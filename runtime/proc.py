@@ -3,7 +3,6 @@ loop and handles one message at a time; the I/O thread keeps heartbeats going me
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import faulthandler
 import inspect
@@ -61,7 +60,7 @@ class ActorInstance:
         self.current_reply = ""  # the caller's address while a call with a reply runs
         self.instance: Any = None
         self.endpoints: dict = {}
-        self._aloop: Optional[asyncio.AbstractEventLoop] = None
+        self._aloop: Any = None
         self._spawn = (body, buffers)
         self.thread = threading.Thread(target=self._run, name=f"actor-{self.name}-{self.rank}",
                                        daemon=True)
@@ -115,6 +114,8 @@ class ActorInstance:
 
     def _run_coro(self, coro: Any) -> Any:
         if self._aloop is None:
+            import asyncio
+
             self._aloop = asyncio.new_event_loop()
         return self._aloop.run_until_complete(coro)
 

@@ -344,3 +344,21 @@ def test_script_fails_fast_with_a_report(tmp_path):
     assert "not reached" not in r.stdout
     assert "mesh 'workers' rank(s) [1] failed" in r.stderr
     assert "exited with code 7" in r.stderr and "pid" in r.stderr
+
+
+def test_normal_exit_without_stop_leaves_no_procs(tmp_path):
+    script = tmp_path / "leave.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
+        from runtime import this_host
+        from _actors import Echo
+        pm = this_host().spawn_procs(per_host={{"procs": 2}})
+        am = pm.spawn("e", Echo)
+        print([v["pid"] for v in am.whoami.call().get(timeout=60).values()], flush=True)
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    pids = eval(r.stdout.strip().splitlines()[-1])
+    alive = _wait_dead([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 3.0)
+    assert not alive
