@@ -19,9 +19,9 @@ __all__ = ["BreakpointWithoutDebugger", "get_registry", "install_in_controller",
 
 def install_in_proc(rt: Any) -> None:
     """Make breakpoint()/pdb.set_trace() in this proc's actors remote (call once per proc)."""
-    from . import actor_pdb
+    from . import proc_side
 
-    actor_pdb.install(rt)
+    proc_side.install(rt)
 
 
 def install_in_controller(rt: Any) -> Any:

@@ -15,14 +15,12 @@ import logging
 import os
 import pdb
 import queue
-import sys
-import threading
 import time
 from typing import Any, Optional
 
-from ..transport.framing import Header
 from . import settings
-from .protocol import (FROM_ACTOR, RELEASE_COMMAND, BreakpointWithoutDebugger, header, op_of)
+from .proc_side import ProcDebugger, _actor
+from .protocol import RELEASE_COMMAND, BreakpointWithoutDebugger
 
 log = logging.getLogger("runtime.debugging")
 
@@ -32,94 +30,6 @@ SKIP = ["runtime.proc", "runtime.debugging.*", "runtime.core", "runtime.future",
 
 ACK_TIMEOUT = 5.0  # seconds to wait for the controller to acknowledge a breakpoint
 _ids = itertools.count(1)
-
-
-class ProcDebugger:
-    """Per-proc state: routes controller messages to the waiting pdb sessions."""
-
-    def __init__(self, rt: Any) -> None:
-        self.rt = rt
-        self.inboxes: dict[str, queue.Queue] = {}
-        self._source_waiters: dict[int, queue.Queue] = {}
-        self._source_ids = itertools.count(1)
-        self._no_source: set = set()
-        self._lock = threading.Lock()
-
-    # -- I/O thread ------------------------------------------------------------------------
-    def on_message(self, h: Header, body: Any, buffers: list) -> None:
-        op = op_of(h)
-        e = h.extra if isinstance(h.extra, dict) else {}
-        if op in FROM_ACTOR:  # from a proc this proc owns: pass it up to our owner
-            if self.rt.owner_address:
-                self.rt.send(self.rt.owner_address, h)
-            return
-        if op == "source_reply":
-            w = self._source_waiters.pop(int(e.get("req", 0)), None)
-            if w is not None:
-                w.put(e.get("lines"))
-            return
-        if op == "postmortem":
-            self._start_postmortem(e)
-            return
-        box = self.inboxes.get(str(e.get("sid", "")))
-        if box is not None:
-            box.put((op, e))
-        elif op not in ("ack",):
-            log.warning("debug message %r for unknown session %r dropped", op, e.get("sid"))
-
-    # -- actor threads ------------------------------------------------------------------------
-    def send(self, op: str, **fields: Any) -> None:
-        if not self.rt.owner_address:
-            return
-        owner = self.rt.owner_address
-        # the address the owner can reach us at (tcp across hosts, ipc on the same host)
-        self.rt.send(owner, header(op, addr=self.rt.reply_address_for(owner), **fields))
-
-    def fetch_source(self, filename: str, timeout: float = 5.0) -> Optional[list]:
-        """Lines of `filename` from the controller's linecache (None if it lacks them)."""
-        if filename in self._no_source or not self.rt.owner_address:
-            return None
-        req = next(self._source_ids)
-        w: queue.Queue = queue.Queue()
-        self._source_waiters[req] = w
-        self.send("source", req=req, file=filename)
-        try:
-            lines = w.get(timeout=timeout)
-        except queue.Empty:
-            lines = None
-        finally:
-            self._source_waiters.pop(req, None)
-        if not lines:
-            self._no_source.add(filename)
-            return None
-        return [str(x) for x in lines]
-
-    def ensure_source(self, filename: str) -> None:
-        """Put the controller's copy of a file into linecache when this proc lacks it."""
-        if not filename or filename in self._no_source:
-            return
-        entry = linecache.cache.get(filename)
-        if entry is not None and entry[2]:
-            return
-        if not filename.startswith("<") and os.path.exists(filename):
-            return
-        lines = self.fetch_source(filename)
-        if lines:
-            linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
-
-    def _start_postmortem(self, e: dict) -> None:
-        sid = str(e.get("sid", ""))
-        # the ProcServer (its bound handle() is the runtime's host_handler) holds the actors
-        server = getattr(getattr(self.rt, "host_handler", None), "__self__", None)
-        actor = getattr(server, "actors", {}).get(str(e.get("actor", ""))) if server else None
-        exc = getattr(actor, "last_exception", None) if actor is not None else None
-        if exc is None or exc.__traceback__ is None:
-            self.send("nopm", sid=sid, reason="no failed frame is kept" if actor else
-                      f"no actor {e.get('actor')!r} in proc {self.rt.proc_id}")
-            return
-        t = threading.Thread(target=_run_postmortem, args=(self, actor, exc, sid),
-                             name=f"debug-postmortem-{actor.name}-{actor.rank}", daemon=True)
-        t.start()
 
 
 class _Output:
@@ -309,18 +219,7 @@ class RemotePdb(pdb.Pdb):
         return super().onecmd(line)
 
 
-# -- proc-wide installation ------------------------------------------------------------------
-_debugger: Optional[ProcDebugger] = None
-_orig_set_trace = pdb.set_trace
-_orig_breakpointhook = sys.__breakpointhook__
-
-
-def _actor() -> Any:
-    from ..proc import current_actor
-
-    return current_actor()
-
-
+# -- entry points (imported on the first breakpoint of a proc) ---------------------------------
 def _meta(actor: Any, rt: Any) -> dict:
     try:
         coords = dict(actor.shape.coords_of(actor.rank))
@@ -345,36 +244,18 @@ def _set_paused(paused: bool) -> None:
         a._set_state("busy", getattr(a, "_debug_endpoint", a.endpoint))
 
 
-def set_trace(frame: Any = None, *, header: Optional[str] = None) -> None:
-    """`pdb.set_trace()` replacement: a remote pdb in actor threads, plain pdb elsewhere."""
-    actor = _actor()
-    if actor is None or _debugger is None:
-        if header is not None:
-            return _orig_set_trace(header=header)
-        return _orig_set_trace()
-    chan = _Channel(_debugger, _meta(actor, _debugger.rt), "breakpoint")
+def start(debugger: ProcDebugger, actor: Any, frame: Any, header: Optional[str] = None) -> None:
+    """Stop the actor's thread in a RemotePdb at `frame` (breakpoint / pdb.set_trace)."""
+    chan = _Channel(debugger, _meta(actor, debugger.rt), "breakpoint")
     p = RemotePdb(chan)
     if header is not None:
         chan.stdout.write(header + "\n")
-    p.set_trace(frame or sys._getframe().f_back)
+    p.set_trace(frame)
 
 
-def breakpointhook(*args: Any, **kws: Any) -> None:
-    """`sys.breakpointhook`: PYTHONBREAKPOINT=0 disables, as for plain Python."""
-    if os.environ.get("PYTHONBREAKPOINT", None) == "0":
-        return
-    if _actor() is None or _debugger is None:
-        return _orig_breakpointhook(*args, **kws)
-    set_trace(sys._getframe().f_back)
-
-
-def _run_postmortem(debugger: ProcDebugger, actor: Any, exc: BaseException, sid: str) -> None:
-    from ..proc import _tls
-
-    _tls.actor = None  # this thread is not the actor's; do not report it paused
-    meta = _meta(actor, debugger.rt)
-    meta["endpoint"] = getattr(actor, "last_exception_endpoint", "") or meta["endpoint"]
-    chan = _Channel(debugger, meta, "postmortem")
+def run_postmortem(debugger: ProcDebugger, actor: Any, exc: BaseException, sid: str) -> None:
+    """A post-mortem session on the frames of `exc` (runs on its own thread in the proc)."""
+    chan = _Channel(debugger, _meta(actor, debugger.rt), "postmortem")
     debugger.inboxes.pop(chan.sid, None)
     chan.sid = sid
     debugger.inboxes[sid] = chan.inbox
@@ -390,17 +271,3 @@ def _run_postmortem(debugger: ProcDebugger, actor: Any, exc: BaseException, sid:
     finally:
         chan.resumed()
         chan.close()
-
-
-def install(rt: Any) -> ProcDebugger:
-    """Route Kind.DEBUG to this proc's debugger and make breakpoint()/pdb.set_trace() remote."""
-    global _debugger
-    from ..transport.framing import Kind
-
-    if _debugger is not None and _debugger.rt is rt:
-        return _debugger
-    _debugger = ProcDebugger(rt)
-    rt.register_handler(Kind.DEBUG, _debugger.on_message)
-    sys.breakpointhook = breakpointhook
-    pdb.set_trace = set_trace
-    return _debugger
