@@ -71,6 +71,47 @@ def _on_pre_run_cell(*_: Any) -> None:
             pass
 
 
+def _in_execute_request(shell: Any) -> bool:
+    """True inside a cell whose request allows stdin (where input() reaches the user)."""
+    get_parent = getattr(shell, "get_parent", None)
+    try:
+        parent = get_parent() if get_parent is not None else None
+    except Exception:
+        parent = None
+    if not parent:
+        return shell is not None and getattr(shell, "kernel", None) is None  # plain IPython
+    return parent.get("msg_type") == "execute_request" and \
+        bool(parent.get("content", {}).get("allow_stdin", True))
+
+
+def _find_for_view(reg: DebugRegistry, mesh: str, rank: int) -> Any:
+    """The session of `mesh[rank]`; `mesh` may be the health-model name (e.g. "name~2")."""
+    from runtime.core import current_runtime
+
+    rt = current_runtime()
+    names = {mesh}
+    for rec in (getattr(rt, "actor_meshes", {}) or {}).values():
+        if getattr(rec, "health_name", "") == mesh:
+            names.add(rec.name)
+    for s in reg.sessions():
+        if s.mesh in names and s.rank == rank:
+            return s
+    return reg.find(rank, mesh)  # raises DebugError naming what is paused
+
+
+def attach_from_view(mesh: str, rank: int) -> str:
+    """The dashboard's "attach" button and `%mesh attach MESH RANK`: open pdb on that actor
+    in the running cell; outside a cell, say how to."""
+    reg = _registry()
+    s = _find_for_view(reg, mesh, int(rank))
+    shell = _installed.get("shell")
+    if not _in_execute_request(shell):
+        return (f"{s.label} is paused at {s.where}: run `%mesh debug attach {s.mesh} {s.rank}` "
+                "in a cell to open its pdb prompt there")
+    DebugConsole(reg).run(session=s)
+    return f"done with {s.label}"
+
+
 def install(shell_or_kernel: Any) -> None:
     """Wire the debugger into an IPython kernel (idempotent).
 
@@ -81,6 +122,12 @@ def install(shell_or_kernel: Any) -> None:
     if _installed.get("shell") is shell:
         return
     _installed["shell"] = shell
+    try:  # the dashboard's attach button and `%mesh attach` come here
+        from monarch_widgets import controls
+
+        controls.set_attach_handler(attach_from_view)
+    except ImportError:
+        pass
     events = getattr(shell, "events", None)
     if events is not None:
         events.register("pre_run_cell", _on_pre_run_cell)

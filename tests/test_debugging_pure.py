@@ -102,3 +102,23 @@ def test_mesh_debug_magic_usage_and_errors(capsys):
     assert "debug policy must be one of" in out.out + out.err
     debug_magic("help", None)
     assert "%mesh debug --postmortem" in capsys.readouterr().out
+
+
+def test_attach_button_only_prompts_inside_a_cell_with_stdin():
+    from monarch_kernel.debugger import _in_execute_request
+
+    class Shell:
+        kernel = object()
+
+        def __init__(self, parent):
+            self.parent = parent
+
+        def get_parent(self):
+            return self.parent
+
+    assert _in_execute_request(Shell({"msg_type": "execute_request",
+                                      "content": {"allow_stdin": True}}))
+    assert not _in_execute_request(Shell({"msg_type": "execute_request",
+                                          "content": {"allow_stdin": False}}))
+    assert not _in_execute_request(Shell({"msg_type": "comm_msg", "content": {}}))
+    assert not _in_execute_request(Shell({}))

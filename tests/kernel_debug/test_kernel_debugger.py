@@ -109,6 +109,13 @@ def test_unattended_breakpoint_note_attach_with_magic_and_timeout(kernel):
     r = kernel.run('debugger.debug_magic("", get_ipython())', ["p y", "c"])
     assert "(Pdb ua:0) p y\n12\n" in r.transcript and "ua rank 0 continued" in r.transcript
     assert kernel.run("fut.get()").results == ["12"]
+    # the dashboard's attach button / `%mesh attach MESH RANK` (monarch_widgets.controls)
+    r = kernel.run("fut = ua.work.call_one(6)\ntime.sleep(0.5)\n"
+                   "from monarch_widgets import controls\n"
+                   "controls.attach(ua._rec.health_name, 0)", ["p y + 1", "c"])
+    assert "(Pdb ua:0) p y + 1\n13\n" in r.transcript, r.transcript
+    assert r.results == ["'done with ua rank 0'"]
+    assert kernel.run("fut.get()").results == ["12"]
     # nobody attends within the timeout: the policy (fail) applies
     r = kernel.run("set_timeout(1.5)\nfut = ua.work.call_one(6)\ntime.sleep(3)\nfut.get()")
     assert r.error is not None and r.error["ename"] == "ActorError"
