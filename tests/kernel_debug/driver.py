@@ -26,13 +26,23 @@ debugger.install(get_ipython())
 """
 
 
+def kernel_module() -> str:
+    """The Monarch kernel when this checkout has it, else plain ipykernel (the debugger
+    needs neither: the runtime installs it; MONARCH_TEST_KERNEL=ipykernel|monarch forces)."""
+    want = os.environ.get("MONARCH_TEST_KERNEL", "auto")
+    has_monarch = os.path.exists(os.path.join(ROOT, "monarch_kernel", "__main__.py"))
+    if want == "monarch" or (want == "auto" and has_monarch):
+        return "monarch_kernel"
+    return "ipykernel_launcher"
+
+
 def kernelspec_dir() -> str:
     """A kernelspec (ipykernel with this checkout on PYTHONPATH) in a temp JUPYTER_PATH."""
     base = tempfile.mkdtemp(prefix="monarch-dbg-kspec-")
     kdir = os.path.join(base, "kernels", KERNEL_NAME)
     os.makedirs(kdir)
     pypath = os.pathsep.join(p for p in [ROOT, os.environ.get("PYTHONPATH", "")] if p)
-    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+    spec = {"argv": [sys.executable, "-m", kernel_module(), "-f", "{connection_file}"],
             "display_name": "monarch debugger tests", "language": "python",
             "interrupt_mode": "signal", "env": {"PYTHONPATH": pypath}}
     with open(os.path.join(kdir, "kernel.json"), "w") as f:
