@@ -36,6 +36,17 @@ class Stepper(Actor):
         return base
 
     @endpoint
+    def disabled(self):
+        import os
+
+        os.environ["PYTHONBREAKPOINT"] = "0"  # as for plain Python: breakpoint() is a no-op
+        try:
+            breakpoint()
+            return "ran through"
+        finally:
+            del os.environ["PYTHONBREAKPOINT"]
+
+    @endpoint
     def boom(self, x):
         secret = x * 3
         raise ValueError(f"bad {x}")
@@ -355,3 +366,10 @@ def test_controller_without_debugger_applies_the_actor_policy(procs, reg):
     finally:
         rt.register_handler(Kind.DEBUG, handler)
         m.stop().get(10)
+
+
+def test_pythonbreakpoint_0_disables(procs, reg):
+    m = procs.slice(procs=2).spawn("disabled", Stepper)
+    assert m.disabled.call_one().get(10) == "ran through"
+    assert reg.sessions() == []
+    m.stop().get(10)

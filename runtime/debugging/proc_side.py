@@ -114,7 +114,7 @@ class ProcDebugger:
 # -- proc-wide installation ------------------------------------------------------------------
 _debugger: Optional[ProcDebugger] = None
 _orig_breakpointhook = sys.__breakpointhook__
-_orig_set_trace: Any = None
+_orig_set_trace: Any = None  # pdb's own set_trace, once patched
 
 
 def _actor() -> Any:
@@ -125,34 +125,30 @@ def _actor() -> Any:
 
 def set_trace(frame: Any = None, *, header: Optional[str] = None) -> None:
     """`pdb.set_trace()` replacement: a remote pdb in actor threads, plain pdb elsewhere."""
+    frame = frame or sys._getframe().f_back
     actor = _actor()
     if actor is None or _debugger is None:
-        orig = _orig_set_trace
-        if orig is None:
-            import pdb
+        import pdb
 
-            orig = pdb.Pdb().set_trace
+        p = pdb.Pdb()
         if header is not None:
-            return orig(header=header)
-        return orig() if frame is None else pdb_set_trace_at(frame)
+            p.message(header)
+        p.set_trace(frame)
+        return
     from .actor_pdb import start
 
-    start(_debugger, actor, frame or sys._getframe().f_back, header)
-
-
-def pdb_set_trace_at(frame: Any) -> None:
-    import pdb
-
-    pdb.Pdb().set_trace(frame)
+    start(_debugger, actor, frame, header)
 
 
 def breakpointhook(*args: Any, **kws: Any) -> None:
-    """`sys.breakpointhook`: PYTHONBREAKPOINT=0 disables, as for plain Python."""
-    if os.environ.get("PYTHONBREAKPOINT", None) == "0":
-        return
-    if _actor() is None or _debugger is None:
+    """`sys.breakpointhook`: honours PYTHONBREAKPOINT (0 disables; another hook is used)."""
+    hook = os.environ.get("PYTHONBREAKPOINT", "")
+    if hook == "0":
+        return None
+    if hook not in ("", "pdb.set_trace") or _debugger is None:
         return _orig_breakpointhook(*args, **kws)
     set_trace(sys._getframe().f_back)
+    return None
 
 
 def _patch_pdb(module: Any) -> None:
