@@ -59,6 +59,11 @@ CELL_SRC = '''\
 from runtime import Actor, endpoint
 
 
+def twice(v):
+    doubled = v * 2
+    return doubled
+
+
 class CellActor(Actor):
     @endpoint
     def run(self, n):
@@ -66,6 +71,7 @@ class CellActor(Actor):
         for i in range(n):
             total += i
         breakpoint()
+        total = twice(total)
         return total
 '''
 
@@ -157,11 +163,26 @@ def test_source_of_cell_code_comes_from_controller(procs, reg):
     text, _ = reg.run_command(s, "ll")
     assert "def run(self, n):" in text
     assert reg.run_command(s, "p total")[0] == "6\n"
+    # step into a function of another "cell", list it, go up and down the stack
+    text, _ = reg.run_command(s, "s")
+    assert "--Call--" in text and "twice()" in text, text
+    text, _ = reg.run_command(s, "n")
+    assert "-> doubled = v * 2" in text
+    assert "def twice(v):" in reg.run_command(s, "ll")[0]
+    text, _ = reg.run_command(s, "u")
+    assert "run()" in text and "-> total = twice(total)" in text
+    assert reg.run_command(s, "p total")[0] == "6\n"
+    assert "-> doubled = v * 2" in reg.run_command(s, "d")[0]
     # a breakpoint set by line number in the cell file works too
-    text, _ = reg.run_command(s, f"b {CELL}:11")
-    assert "Breakpoint" in text, text
+    ret = CELL_SRC.splitlines().index("        return total") + 1
+    text, _ = reg.run_command(s, f"b {CELL}:{ret}")
+    assert f"Breakpoint 1 at {CELL}:{ret}" in text, text
+    assert reg.run_command(s, "c")[1] == "ended"  # the actor runs on...
+    (s,) = wait_paused(reg, drain=False)  # ...and stops at the breakpoint: paused again
+    assert s.line == ret and "-> return total" in reg.wait(s, 5)[0]
+    assert "Deleted breakpoint 1" in reg.run_command(s, "clear 1")[0]
     assert reg.run_command(s, "c")[1] == "ended"
-    assert fut.get(10) == 6
+    assert fut.get(10) == 12
     m.stop().get(10)
 
 
@@ -372,4 +393,15 @@ def test_pythonbreakpoint_0_disables(procs, reg):
     m = procs.slice(procs=2).spawn("disabled", Stepper)
     assert m.disabled.call_one().get(10) == "ran through"
     assert reg.sessions() == []
+    m.stop().get(10)
+
+
+def test_quit_fails_the_call_with_bdbquit(procs, reg):
+    m = procs.slice(procs=0).spawn("quitter", Stepper)
+    fut = m.work.call_one(1)
+    (s,) = wait_paused(reg)
+    assert reg.run_command(s, "q")[1] == "ended"
+    err = fut.exception(10)
+    assert isinstance(err, ActorError) and err.exception_type == "BdbQuit"
+    assert m.disabled.call_one().get(10) == "ran through"  # the actor lives on
     m.stop().get(10)
