@@ -44,6 +44,7 @@ class AgentRecord:
     alive: bool = True
     remote: bool = False
     hello: bool = False
+    lost: bool = False  # remote agent declared unreachable; it may come back
 
 
 @dataclass
@@ -330,6 +331,13 @@ class Runtime:
         agent = self.agents.get(h.src) or self._agent_alias.get(h.src)
         if agent is not None:
             agent.last_seen = now
+            if agent.lost:  # the link came back: usable for new procs; old ones are failed
+                agent.lost, agent.alive = False, True
+                log.warning("host %s is reachable again", agent.host)
+                stale = [p for p in agent.procs if p in self.dead_procs]
+                if stale:
+                    self.send(agent.address, Header(Kind.KILL_PROCS, extra={
+                        "procs": stale, "signal": int(signal.SIGKILL)}))
             return
         rec = self.procs.get(h.src)
         if rec is None:
@@ -519,6 +527,7 @@ class Runtime:
                 cause = f"host {agent.host} unreachable (no heartbeat for {timeout:g} s)"
             if dead:
                 agent.alive = False
+                agent.lost = agent.remote and agent.popen is None and agent.hello
                 for p in list(agent.procs):
                     self._proc_failed(p, cause)
         for rec in list(self.procs.values()):
@@ -529,7 +538,7 @@ class Runtime:
     def _send_heartbeats(self) -> None:
         hb = Header(Kind.HEARTBEAT, src=self.proc_id)
         for agent in self.agents.values():
-            if agent.alive:
+            if agent.alive or agent.lost:  # keep a lost host's agent from giving up on us
                 self.send(agent.address, Header(Kind.HEARTBEAT, src=self.proc_id))
         extra_fn = getattr(self, "heartbeat_extra", None)
         if self.owner_address:

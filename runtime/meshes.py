@@ -144,6 +144,9 @@ class HostMesh(MeshTrait):
         rt = self._rt
         for r in self._shape.global_ranks():
             a = self._agents[r]
+            if a.lost:  # unreachable now: stop it if the message gets through, stop waiting
+                a.lost = False
+                rt.send(a.address, Header(Kind.AGENT_STOP))
             if a.alive:
                 for p in list(a.procs):
                     rec = rt.procs.get(p)

@@ -13,6 +13,7 @@ command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v slurmctld >/dev/null 2>&1 || need_apt+=(slurm-wlm munge)
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+[ -x /usr/sbin/sshd ] && command -v ssh >/dev/null 2>&1 || need_apt+=(openssh-server openssh-client)
 if [ ${#need_apt[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   echo "[setup] installing system packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -1,0 +1,279 @@
+"""The Job base class: start host agents somewhere, wait for them, attach, cancel.
+
+A job owns a set of named meshes (name -> number of hosts). `state()` starts the job if
+needed, waits (with a progress bar) until every agent has published its address, and
+returns one `HostMesh` per mesh name. `kill()` stops the meshes and cancels the job.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+ADDRESS_RE = re.compile(r"^tcp://(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class JobError(RuntimeError):
+    """A job could not start its agents, lost them before attaching, or was misconfigured."""
+
+
+class JobState(dict):
+    """Mesh name -> HostMesh; also readable as attributes (`state.trainers`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"job has no mesh {name!r}; meshes: {sorted(self)}") from None
+
+
+def check_meshes(meshes: dict[str, int]) -> dict[str, int]:
+    """Validate a mesh spec (name -> positive host count) and return a copy."""
+    if not isinstance(meshes, dict) or not meshes:
+        raise ValueError(f"meshes must be a non-empty dict of name -> host count, got {meshes!r}")
+    out = {}
+    for name, n in meshes.items():
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            raise ValueError(f"mesh name {name!r} must be a Python identifier")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"mesh {name!r}: host count must be a positive int, got {n!r}")
+        out[name] = n
+    return out
+
+
+def parse_address(text: str) -> str:
+    """The agent address in `text`: 'tcp://HOST:PORT', or the agent's address-file JSON
+    ({"address": "tcp://HOST:PORT", ...}); raise ValueError otherwise."""
+    addr = text.strip()
+    if addr.startswith("{"):
+        try:
+            addr = str(json.loads(addr)["address"])
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"not an agent address file: {text!r}") from None
+    m = ADDRESS_RE.match(addr)
+    if not m or not 0 < int(m.group(2)) < 65536:
+        raise ValueError(f"not an agent address (tcp://HOST:PORT): {text!r}")
+    return addr
+
+
+def slots(meshes: dict[str, int]) -> list[tuple[str, int]]:
+    """One (mesh, index) per host, in the order hosts are assigned to meshes."""
+    return [(name, i) for name, n in meshes.items() for i in range(n)]
+
+
+def private_dir(parent: str | os.PathLike | None, prefix: str) -> Path:
+    """A new directory only the user can read (0700), under `parent` or the temp dir."""
+    if parent is not None:
+        Path(parent).mkdir(parents=True, exist_ok=True, mode=0o700)
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    d.chmod(0o700)
+    return d
+
+
+def make_key_file(path: Path) -> Path:
+    """Create the cluster's CurveZMQ key file (mode 0600) with the runtime's keygen."""
+    r = subprocess.run([sys.executable, "-m", "runtime.transport.auth", "keygen", str(path)],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode != 0 or not path.exists():
+        raise JobError(f"keygen failed ({r.returncode}): {r.stderr.strip()[-1000:]}")
+    path.chmod(0o600)
+    return path
+
+
+def read_address_files(directory: Path, wanted: list[tuple[str, int]]) -> dict[tuple[str, int], str]:
+    """Addresses published so far as `<mesh>.<index>.addr` files; half-written ones are skipped."""
+    found = {}
+    for mesh, i in wanted:
+        p = directory / f"{mesh}.{i}.addr"
+        try:
+            found[(mesh, i)] = parse_address(p.read_text())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def tail(path: Path, n: int = 20) -> str:
+    """Last n lines of a text file, or '' when it does not exist."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+class Job(ABC):
+    """Start host agents through some launcher and attach to them as named HostMeshes."""
+
+    kind = "job"
+
+    def __init__(self, meshes: dict[str, int], *, key_file: str | os.PathLike | None = None,
+                 workdir: str | os.PathLike | None = None, timeout: float = 300.0,
+                 progress: bool = True) -> None:
+        self.meshes = check_meshes(meshes)
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
+        self.timeout = float(timeout)
+        self.progress = progress
+        self._workdir_arg = workdir
+        self._key_file_arg = Path(key_file) if key_file is not None else None
+        if self._key_file_arg is not None and not self._key_file_arg.is_file():
+            raise ValueError(f"key_file {str(self._key_file_arg)!r} does not exist")
+        self.workdir: Path | None = None
+        self.key_file: Path | None = None
+        self._state: JobState | None = None
+        self._launched = False
+        self._killed = False
+
+    # --- subclass hooks -----------------------------------------------------------------
+    @abstractmethod
+    def _launch(self) -> None:
+        """Start the agents (or submit the job that starts them)."""
+
+    @abstractmethod
+    def _addresses(self) -> dict[tuple[str, int], str]:
+        """Addresses of the agents that have published one so far."""
+
+    @abstractmethod
+    def _check(self) -> str:
+        """Raise JobError if the job can no longer bring its agents up; else a short status."""
+
+    @abstractmethod
+    def _cancel(self) -> None:
+        """Stop the agents / cancel the job; must be safe to call more than once."""
+
+    # --- public API ---------------------------------------------------------------------
+    @property
+    def hosts(self) -> int:
+        """Total number of hosts across all meshes."""
+        return sum(self.meshes.values())
+
+    def _prepare(self) -> None:
+        if self.workdir is None:
+            self.workdir = private_dir(self._workdir_arg, f"monarch-{self.kind}-")
+        if self.key_file is None:
+            self.key_file = self._key_file_arg or make_key_file(self.workdir / "cluster.key")
+
+    def apply(self) -> "Job":
+        """Start the job if it is not started yet; returns self."""
+        if self._killed:
+            raise JobError(f"{self.kind} job was killed; create a new one")
+        if not self._launched:
+            self._prepare()
+            self._launched = True
+            try:
+                self._launch()
+            except BaseException:
+                self._cancel()
+                raise
+        return self
+
+    def wait_addresses(self, timeout: float | None = None) -> dict[tuple[str, int], str]:
+        """Block until every agent published its address; a progress bar shows how many did."""
+        self.apply()
+        from tqdm.auto import tqdm
+
+        wanted = slots(self.meshes)
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        with tqdm(total=len(wanted), desc=f"{self.kind} agents", unit="host",
+                  disable=not self.progress, leave=False) as bar:
+            while True:
+                found = self._addresses()
+                if len(found) > bar.n:
+                    bar.update(len(found) - bar.n)
+                if len(found) == len(wanted):
+                    return found
+                status = self._check()
+                bar.set_postfix_str(status, refresh=False)
+                if time.monotonic() > deadline:
+                    missing = [f"{m}[{i}]" for m, i in wanted if (m, i) not in found]
+                    raise JobError(f"{self.kind} job: agents {missing} did not start within "
+                                   f"{self.timeout if timeout is None else timeout:.0f} s "
+                                   f"(status: {status}){self._diagnostics()}")
+                time.sleep(0.1)
+
+    def state(self, timeout: float | None = None) -> JobState:
+        """Start if needed, wait for every agent, and return mesh name -> HostMesh."""
+        if self._state is not None:
+            return self._state
+        found = self.wait_addresses(timeout)
+        import runtime
+
+        state = JobState()
+        try:
+            for name, n in self.meshes.items():
+                addrs = [found[(name, i)] for i in range(n)]
+                state[name] = runtime.attach_to_workers(addrs, key_file=str(self.key_file))
+        except BaseException:
+            self.kill()
+            raise
+        self._state = state
+        return state
+
+    def kill(self) -> None:
+        """Shut the attached meshes down and cancel the job (idempotent)."""
+        if self._killed:
+            return
+        self._killed = True
+        for mesh in (self._state or {}).values():
+            try:
+                mesh.shutdown()
+            except Exception:  # the agents may already be gone; cancelling follows anyway
+                pass
+        if self._launched:
+            self._cancel()
+
+    def cleanup(self) -> None:
+        """Kill, then remove the job's private directory (keys, logs, address files)."""
+        self.kill()
+        if self.workdir is not None:  # always a fresh directory of ours (private_dir)
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _diagnostics(self) -> str:
+        return ""
+
+    # --- persistence: reattach from a new kernel ------------------------------------------
+    _transient = ("_state",)
+
+    def dump(self, path: str | os.PathLike) -> Path:
+        """Save what is needed to reattach to this running job (mode 0600), e.g. after a
+        kernel restart: `Job.load(path).state()` attaches to the same agents."""
+        import cloudpickle
+
+        if not self._launched or self._killed:
+            raise JobError(f"only a running job can be dumped ({self!r})")
+        data = {k: v for k, v in self.__dict__.items() if k not in self._transient}
+        path = Path(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            cloudpickle.dump((type(self), data), f)
+        return path
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Job":
+        """A job saved with `dump()`; its agents must still be running."""
+        import pickle
+
+        with open(path, "rb") as f:
+            cls, data = pickle.load(f)
+        job = cls.__new__(cls)
+        job.__dict__.update(data)
+        job._state = None
+        return job
+
+    def __enter__(self) -> "Job":
+        return self.apply()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+    def __repr__(self) -> str:
+        state = "killed" if self._killed else "running" if self._launched else "not started"
+        return f"{type(self).__name__}(meshes={self.meshes}, {state})"

@@ -1,0 +1,81 @@
+"""LocalJob: N host agents on this machine, on loopback TCP with CurveZMQ.
+
+For development and scale tests: every agent is a real `python -m runtime.host` process
+listening on 127.0.0.1, so the multi-host code paths run without a cluster.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .base import Job, JobError, read_address_files, slots, tail
+
+
+def agent_argv(python: str, listen: str, key_file: Path, address_file: Path) -> list[str]:
+    """The command line of one host agent; it exits when this process dies."""
+    return [python, "-m", "runtime.host", "--listen", listen, "--key-file", str(key_file),
+            "--address-file", str(address_file), "--parent-pid", str(os.getpid())]
+
+
+class LocalJob(Job):
+    """Start `hosts` agents (or `meshes={name: hosts}`) as child processes on 127.0.0.1."""
+
+    kind = "local"
+
+    def __init__(self, hosts: int | None = None, *, meshes: dict[str, int] | None = None,
+                 python: str = sys.executable, env: dict[str, str] | None = None,
+                 **kw) -> None:
+        if (hosts is None) == (meshes is None):
+            raise ValueError("give exactly one of hosts=N or meshes={name: N}")
+        super().__init__(meshes if meshes is not None else {"hosts": hosts}, **kw)
+        self.python = python
+        self.env = env
+        self.procs: dict[tuple[str, int], subprocess.Popen] = {}
+
+    def _launch(self) -> None:
+        assert self.workdir is not None and self.key_file is not None
+        (self.workdir / "addrs").mkdir(mode=0o700)
+        env = {**os.environ, **(self.env or {})}
+        for mesh, i in slots(self.meshes):
+            log = open(self.workdir / f"agent-{mesh}.{i}.log", "wb")
+            argv = agent_argv(self.python, "tcp://127.0.0.1:0", self.key_file,
+                              self.workdir / "addrs" / f"{mesh}.{i}.addr")
+            self.procs[(mesh, i)] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                     stdin=subprocess.DEVNULL, env=env)
+            log.close()
+
+    def _addresses(self) -> dict[tuple[str, int], str]:
+        assert self.workdir is not None
+        return read_address_files(self.workdir / "addrs", list(self.procs))
+
+    def _check(self) -> str:
+        for (mesh, i), p in self.procs.items():
+            if p.poll() is not None:
+                raise JobError(f"local agent {mesh}[{i}] (pid {p.pid}) exited with {p.returncode}:\n"
+                               + tail(self.workdir / f"agent-{mesh}.{i}.log"))
+        return f"{len(self.procs)} agents running"
+
+    def _cancel(self) -> None:
+        live = [p for p in self.procs.values() if p.poll() is None]
+        for p in live:
+            p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for p in live:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+
+    def dump(self, path):  # type: ignore[override]
+        """Not supported: local agents exit with the process that started them."""
+        raise JobError("a LocalJob's agents exit with this process; it cannot be dumped")
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the agents (for tests and admin views)."""
+        return [p.pid for p in self.procs.values()]

@@ -1,0 +1,108 @@
+"""Fixtures for the multi-host tests: one namespaced SLURM cluster per test session.
+
+The cluster comes up once, the first time a test asks for it, and goes down at the end of
+the session, also when tests fail. Without root, network namespaces or SLURM the tests skip
+with the reason; set MONARCH_REQUIRE_MULTIHOST=1 (CI) to turn that skip into a failure.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from .mhcluster import Cluster, unavailable
+
+
+def _skip_or_fail(reason: str) -> None:
+    if os.environ.get("MONARCH_REQUIRE_MULTIHOST") == "1":
+        pytest.fail(f"multihost tests required but cannot run: {reason}")
+    pytest.skip(reason)
+
+
+_summary: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Show in CI's log that the namespaced cluster really ran (or why it did not)."""
+    if _summary:
+        terminalreporter.section("multihost cluster")
+        for line in _summary:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def mh_cluster():
+    """A running 3-node SLURM cluster of network namespaces (torn down after the session)."""
+    reason = unavailable()
+    if reason:
+        _summary.append(f"not run: {reason}")
+        _skip_or_fail(reason)
+    cluster = Cluster(n=3)
+    cluster.up()  # raises (test error) on failure, after tearing down what it started
+    _summary.append(f"up in {cluster.up_seconds:.1f} s: SLURM nodes {', '.join(cluster.nodes)} "
+                    f"as network namespaces on {cluster.bridge} ({cluster.net}.0/24)")
+    try:
+        yield cluster
+    finally:
+        cluster.down(check=False)
+        left = cluster.leftovers()
+        _summary.append(f"torn down; left behind: {left or 'nothing'}")
+        assert not left, f"cluster teardown left: {left}"
+
+
+@pytest.fixture
+def cluster(mh_cluster):
+    """The session cluster, with node links restored and partitions healed after each test."""
+    yield mh_cluster
+    if mh_cluster.dir.exists():
+        for node in mh_cluster.nodes:
+            mh_cluster.heal(node)
+            mh_cluster.link(node, True)
+
+
+@pytest.fixture(scope="session")
+def sshd_nodes(mh_cluster, tmp_path_factory):
+    """An sshd inside every node namespace (port 22 on the node's address, key login only).
+
+    Yields (ssh options, user@address per node). Skips when openssh-server is missing."""
+    import shutil
+    import subprocess
+    import time
+
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not Path(sshd).exists() or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        pytest.skip("openssh-server / openssh-client not installed (apt-get install openssh-server)")
+    d = tmp_path_factory.mktemp("sshd")
+    d.chmod(0o700)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host")], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "user")], check=True)
+    (d / "authorized_keys").write_bytes((d / "user.pub").read_bytes())
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    procs = []
+    for node in mh_cluster.nodes:
+        conf = d / f"sshd_{node}.conf"
+        conf.write_text(
+            f"ListenAddress {mh_cluster.addr(node)}:22\nHostKey {d}/host\n"
+            f"AuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd_{node}.pid\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nX11Forwarding no\n"
+            "AllowTcpForwarding no\nLogLevel ERROR\n")
+        procs.append(mh_cluster.popen(node, [sshd, "-D", "-e", "-f", str(conf)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    opts = ("-i", str(d / "user"), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", f"UserKnownHostsFile={d}/known_hosts", "-o", "StrictHostKeyChecking=no",
+            "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5", "-T")
+    dests = [f"root@{mh_cluster.addr(n)}" for n in mh_cluster.nodes]
+    deadline = time.monotonic() + 15
+    for dest in dests:
+        while subprocess.run(["ssh", *opts, dest, "true"], capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sshd on {dest} did not come up")
+            time.sleep(0.2)
+    try:
+        yield opts, dests
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)

@@ -1,0 +1,199 @@
+"""A throwaway SLURM cluster whose nodes are network namespaces, for the multi-host tests.
+
+`Cluster.up()` runs cluster/up.sh, `Cluster.down()` runs cluster/down.sh and checks that no
+daemon, namespace, bridge or process of the cluster is left. Root only (see `unavailable()`).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+UP = HERE / "cluster" / "up.sh"
+DOWN = HERE / "cluster" / "down.sh"
+REQUIRED = ("slurmctld", "slurmd", "sbatch", "srun", "scancel", "munged", "mungekey", "nft",
+            "ip", "nsenter", "unshare")
+
+
+def unavailable(prefix: str = "mh") -> str | None:
+    """Why the namespaced cluster cannot run on this machine, or None when it can."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, slurmd)"
+    missing = [c for c in REQUIRED if shutil.which(c) is None]
+    if missing:
+        return f"missing commands: {' '.join(missing)} (apt-get install slurm-wlm munge nftables iproute2)"
+    probe = f"{prefix}probe{os.getpid()}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"cannot create network namespaces: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    if Path(f"/sys/class/net/{prefix}br0").exists():
+        return f"bridge {prefix}br0 already exists: another multihost test run holds the cluster"
+    return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True when pid exists and is not a zombie (PID 1 may reap late here)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@dataclass
+class Cluster:
+    """Handle on one throwaway cluster: addresses, SLURM environment, namespace helpers."""
+
+    n: int = 3
+    net: str = "10.77.0"
+    prefix: str = "mh"
+    dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="mhcluster.")))
+    pids: list[int] = field(default_factory=list)
+    up_seconds: float = 0.0
+    _started: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> list[str]:
+        return [f"{self.prefix}{i}" for i in range(1, self.n + 1)]
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.prefix}br0"
+
+    @property
+    def controller_addr(self) -> str:
+        """This (root) namespace's address on the bridge."""
+        return f"{self.net}.254"
+
+    def addr(self, node: str) -> str:
+        return f"{self.net}.{self.nodes.index(node) + 1}"
+
+    def veth(self, node: str) -> str:
+        return f"{self.prefix}v{self.nodes.index(node) + 1}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for SLURM client commands."""
+        return {**os.environ, "SLURM_CONF": str(self.dir / "slurm.conf")}
+
+    def _script_env(self) -> dict[str, str]:
+        return {**os.environ, "MH_DIR": str(self.dir), "N": str(self.n), "MH_NET": self.net,
+                "MH_PFX": self.prefix}
+
+    def up(self) -> None:
+        t0 = time.monotonic()
+        r = subprocess.run(["bash", str(UP)], env=self._script_env(), capture_output=True,
+                           text=True, timeout=120)
+        if r.returncode != 0:
+            logs = self.logs()
+            self.down(check=False)
+            raise RuntimeError(f"cluster up failed ({r.returncode}): {r.stderr[-2000:]}\n{logs}")
+        self.up_seconds = time.monotonic() - t0
+        self.pids = [int(p.read_text()) for p in sorted(self.dir.glob("*.pid"))]
+        self.check_route()
+
+    def check_route(self) -> None:
+        """Raise unless every node address is routed over the test bridge from here."""
+        for node in self.nodes:
+            out = subprocess.run(["ip", "route", "get", self.addr(node)], capture_output=True,
+                                 text=True).stdout
+            if f"dev {self.bridge} " not in out:
+                raise RuntimeError(f"{self.addr(node)} is not routed via {self.bridge}: {out!r}")
+
+    def logs(self) -> str:
+        parts = []
+        for p in sorted((self.dir / "log").glob("*.log")):
+            parts.append(f"--- {p.name}\n" + p.read_text(errors="replace")[-1500:])
+        return "\n".join(parts)
+
+    def run(self, *argv: str, timeout: float = 30, node: str | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+        """Run a command here (SLURM env set), or inside `node`'s namespace with its hostname."""
+        cmd = list(argv) if node is None else self.in_node(node, list(argv))
+        r = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"{cmd} failed ({r.returncode}): {r.stderr[-2000:]}")
+        return r
+
+    def in_node(self, node: str, argv: list[str]) -> list[str]:
+        """argv wrapped to run in `node`'s network namespace with its hostname and /etc/hosts."""
+        import shlex
+        inner = (f"mount --bind {self.dir}/hosts /etc/hosts && hostname {node} && exec "
+                 + " ".join(shlex.quote(a) for a in argv))
+        return ["nsenter", f"--net=/run/netns/{node}", "unshare", "--uts", "--mount",
+                "sh", "-c", inner]
+
+    def popen(self, node: str, argv: list[str], **kw) -> subprocess.Popen:
+        """Start a long-running process inside `node`; down() kills it by pid if still alive."""
+        p = subprocess.Popen(self.in_node(node, argv), env=kw.pop("env", self.env), **kw)
+        self._started.append(p)
+        return p
+
+    def ns_pids(self) -> dict[str, list[int]]:
+        """Live pids inside each of the cluster's namespaces."""
+        out = {}
+        for ns in [f"{self.prefix}ctl", *self.nodes]:
+            r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+            out[ns] = [int(x) for x in r.stdout.split() if pid_alive(int(x))]
+        return out
+
+    # --- faults -------------------------------------------------------------------------
+    def link(self, node: str, up: bool) -> None:
+        """Cut (or restore) a node's only link: the whole host disappears from the network."""
+        subprocess.run(["ip", "link", "set", self.veth(node), "up" if up else "down"], check=True)
+
+    def partition(self, node: str, peer: str) -> None:
+        """Inside `node`, drop all traffic to and from `peer` (both ways); SLURM stays reachable."""
+        a = self.addr(peer)
+        rules = (f"add table inet mhpart\n"
+                 f"add chain inet mhpart in {{ type filter hook input priority 0; }}\n"
+                 f"add chain inet mhpart out {{ type filter hook output priority 0; }}\n"
+                 f"add rule inet mhpart in ip saddr {a} drop\n"
+                 f"add rule inet mhpart out ip daddr {a} drop\n")
+        subprocess.run(["nsenter", f"--net=/run/netns/{node}", "nft", "-f", "-"], input=rules,
+                       text=True, check=True)
+
+    def heal(self, node: str) -> None:
+        subprocess.run(["nsenter", f"--net=/run/netns/{node}", "nft", "delete", "table", "inet",
+                        "mhpart"], capture_output=True)
+
+    # --- teardown -----------------------------------------------------------------------
+    def leftovers(self) -> list[str]:
+        """What of this cluster still exists: live pids, namespaces, the bridge, the directory."""
+        left = [f"pid {p}" for p in self.pids if pid_alive(p)]
+        left += [f"started pid {p.pid}" for p in self._started if pid_alive(p.pid)]
+        names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        ours = {f"{self.prefix}ctl", *self.nodes}
+        left += [f"netns {line.split()[0]}" for line in names.splitlines()
+                 if line.split() and line.split()[0] in ours]
+        if Path(f"/sys/class/net/{self.bridge}").exists():
+            left.append(f"bridge {self.bridge}")
+        if self.dir.exists():
+            left.append(f"dir {self.dir}")
+        return left
+
+    def down(self, check: bool = True) -> list[str]:
+        """Tear everything down; with check, raise if anything is left after a short grace."""
+        for p in self._started:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+        for p in self._started:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        subprocess.run(["bash", str(DOWN)], env=self._script_env(), capture_output=True,
+                       timeout=60)
+        deadline = time.monotonic() + 5
+        while (left := self.leftovers()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if check and left:
+            raise RuntimeError(f"cluster teardown left: {left}")
+        return left

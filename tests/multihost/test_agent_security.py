@@ -1,0 +1,70 @@
+"""Host agents on the namespaced hosts accept only peers holding the cluster key."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import zmq
+
+from .agents import Agents
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def key_file(tmp_path):
+    d = tmp_path / "key"
+    d.mkdir(mode=0o700)
+    k = d / "cluster.key"
+    subprocess.run([sys.executable, "-m", "runtime.transport.auth", "keygen", str(k)],
+                   check=True, capture_output=True)
+    return k
+
+
+@pytest.fixture
+def agents(cluster, key_file, tmp_path):
+    a = Agents(cluster, key_file, tmp_path)
+    yield a
+    a.stop()
+
+
+def test_agent_refuses_key_file_others_can_read(cluster, agents, key_file):
+    key_file.chmod(0o644)
+    with pytest.raises(RuntimeError, match="readable by others"):
+        agents.start(cluster.nodes[0])
+
+
+def _send(addr: str, frames: list, keys: tuple[bytes, bytes] | None, server_key: bytes | None):
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.LINGER, 0)
+    if keys is not None:
+        s.curve_publickey, s.curve_secretkey = keys
+        s.curve_serverkey = server_key
+    s.connect(addr)
+    try:
+        s.send_multipart(frames, flags=zmq.NOBLOCK)
+    except zmq.Again:
+        pass  # no connection completed the handshake: nothing could be queued
+    time.sleep(1.0)
+    s.close()
+    ctx.term()
+
+
+def test_agent_drops_peers_without_the_cluster_key(cluster, agents, key_file):
+    from runtime.transport.auth import read_key_file
+    from runtime.transport.framing import Header, Kind, build
+
+    node = cluster.nodes[0]
+    addr = agents.start(node)
+    assert addr.startswith(f"tcp://{cluster.addr(node)}:")
+    stop = build(b"\0" * 16, Header(Kind.AGENT_STOP), b"")
+    # a stranger with its own keypair who knows the server's public key
+    server_pub = read_key_file(str(key_file)).public
+    _send(addr, stop, zmq.curve_keypair(), server_pub)
+    # a plain TCP peer (no CurveZMQ at all)
+    _send(addr, stop, None, None)
+    assert agents.procs[node].poll() is None, "the agent obeyed an unauthenticated peer"
+    assert "rejected a CurveZMQ peer" in agents.log(node)

@@ -1,0 +1,259 @@
+"""The runtime across real hosts (network namespaces of the test cluster): attach, spawn,
+calls, slicing by host, actor-to-actor, output forwarding, faults with detection times."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import runtime
+from runtime.config import config
+
+from .actors import Where
+from .agents import HB_TIMEOUT, REPO, Agents
+from .mhcluster import pid_alive
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def short_heartbeats():
+    old = config.heartbeat_timeout
+    config.heartbeat_timeout = HB_TIMEOUT
+    yield
+    config.heartbeat_timeout = old
+
+
+@pytest.fixture(scope="module")
+def key_file(tmp_path_factory):
+    d = tmp_path_factory.mktemp("key")
+    d.chmod(0o700)
+    k = d / "cluster.key"
+    subprocess.run([sys.executable, "-m", "runtime.transport.auth", "keygen", str(k)],
+                   check=True, capture_output=True)
+    return k
+
+
+@pytest.fixture
+def agents(cluster, key_file, tmp_path):
+    a = Agents(cluster, key_file, tmp_path)
+    yield a
+    a.stop()
+
+
+@pytest.fixture
+def mesh3(cluster, agents, key_file):
+    """HostMesh over the 3 namespaced hosts, with a {hosts: 3, procs: 2} Where mesh."""
+    addrs = [agents.start(n) for n in cluster.nodes]
+    hosts = runtime.attach_to_workers(addrs, key_file=str(key_file))
+    procs = hosts.spawn_procs(per_host={"procs": 2}, name="mh")
+    where = procs.spawn("where", Where)
+    where.initialized.get(timeout=60)
+    yield hosts, procs, where
+    try:
+        hosts.shutdown()
+    except Exception:
+        pass
+
+
+def test_attach_spawn_call_slice(cluster, mesh3):
+    hosts, procs, where = mesh3
+    assert dict(hosts.sizes) == {"hosts": 3}
+    assert sorted(hosts.hosts) == cluster.nodes
+    assert dict(procs.sizes) == {"hosts": 3, "procs": 2}
+    got = where.where.call().get(timeout=30)
+    items = list(got.items())
+    assert len(items) == 6
+    for point, (name, rank) in items:  # each actor sees its own coordinates, on its host
+        assert dict(point) == rank and name == hosts.hosts[rank["hosts"]]
+    assert sorted(v[0] for _, v in items) == sorted(cluster.nodes * 2)
+    # slicing by host reaches only that host's two procs
+    for i, node in enumerate(hosts.hosts):
+        sub = where.slice(hosts=i).where.call().get(timeout=30)
+        assert [v[0] for _, v in sub.items()] == [node, node]
+    assert sorted(procs.slice(hosts=1).procs[j].host for j in range(2)) == [hosts.hosts[1]] * 2
+
+
+def test_actor_to_actor_across_hosts(cluster, mesh3):
+    hosts, procs, where = mesh3
+    first = where.slice(hosts=0, procs=0)
+    # the actor on host 0 calls the actor at rank 5 (host 2, proc 1) directly
+    assert first.ask.call_one(where, 5).get(timeout=30) == hosts.hosts[2]
+
+
+def test_output_forwarded_with_host_names(cluster, mesh3):
+    hosts, procs, where = mesh3
+    seen = []
+    rt = runtime.get_runtime()
+    rt.set_output_sink(lambda label, stream, text: seen.append((label, stream, text)))
+    try:
+        where.shout.call("hello").get(timeout=30)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and sum("hello" in t for _, _, t in seen) < 6:
+            time.sleep(0.05)
+    finally:
+        rt.set_output_sink(None)
+    lines = [(label, t) for label, _, t in seen if "hello" in t]
+    assert len(lines) == 6
+    for label, text in lines:
+        host = text.split("from ")[1].strip()
+        assert host in cluster.nodes and f"@{host}" in label
+
+
+def test_ports_across_hosts(cluster, mesh3):
+    hosts, procs, where = mesh3
+    port, recv = runtime.Channel.open()
+    where.report.call(port).get(timeout=30)
+    got = sorted(recv.recv().get(timeout=10)[0] for _ in range(6))
+    assert got == sorted(cluster.nodes * 2)
+    recv.close()
+
+
+def test_cast_sends_one_message_per_host(cluster, mesh3):
+    hosts, procs, where = mesh3
+    rt = runtime.get_runtime()
+    where.add.call(1, 2).get(timeout=30)
+    before = rt.stats["sent"]
+    assert all(v == 3 for _, v in where.add.call(1, 2).get(timeout=30).items())
+    assert rt.stats["sent"] - before == 3  # one per host agent, not one per actor (6)
+
+
+def _wait_failure(call_future, budget: float):
+    t0 = time.monotonic()
+    with pytest.raises(runtime.SupervisionError) as e:
+        call_future.get(timeout=budget)
+    return time.monotonic() - t0, e.value
+
+
+def test_link_down_fails_actors_on_that_host_only(cluster, mesh3, record_detection):
+    hosts, procs, where = mesh3
+    lost = hosts.hosts[2]
+    deadline = time.monotonic() + 10
+    while not all(p.pid for p in procs.slice(hosts=2).procs):  # pid known after the proc's hello
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    old_pids = [p.pid for p in procs.slice(hosts=2).procs]
+    assert all(pid_alive(p) for p in old_pids), old_pids
+    cluster.link(lost, False)
+    t0 = time.monotonic()
+    try:
+        # a call to the cut-off host fails within the heartbeat timeout (plus slack)
+        fut = where.slice(hosts=2).where.call()
+        dt, err = _wait_failure(fut, HB_TIMEOUT * 3 + 5)
+        detect = time.monotonic() - t0
+        record_detection(f"multihost: link down ({lost}), heartbeat timeout {HB_TIMEOUT:g} s", detect)
+        assert detect < HB_TIMEOUT * 2 + 3
+        assert lost in str(err)
+        failure = getattr(err, "failure", None)
+        assert failure is None or failure.host == lost
+        # survivors keep working
+        ok = where.slice(hosts=0).where.call().get(timeout=20)
+        assert [v[0] for _, v in ok.items()] == [hosts.hosts[0]] * 2
+    finally:
+        cluster.link(lost, True)
+    # after the link returns (the next heartbeat), new procs can be spawned on that host
+    deadline = time.monotonic() + 30
+    t_up = time.monotonic()
+    while True:
+        try:
+            p2 = hosts.slice(hosts=2).spawn_procs(per_host={"procs": 1}, name="again")
+            w2 = p2.spawn("where2", Where)
+            w2.initialized.get(timeout=20)
+            assert [v[0] for _, v in w2.where.call().get(timeout=20).items()] == [lost]
+            break
+        except (runtime.SupervisionError, runtime.MeshStoppedError):
+            assert time.monotonic() < deadline, "the host never came back"
+            time.sleep(0.2)
+    record_detection(f"multihost: link back ({lost}) to new procs answering", time.monotonic() - t_up)
+    # the procs that were declared failed while cut off do not linger on the host
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in old_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(pid_alive(p) for p in old_pids)
+
+
+def test_agent_killed_is_detected_and_named(cluster, mesh3, agents, record_detection):
+    hosts, procs, where = mesh3
+    victim = hosts.hosts[1]
+    t0 = time.monotonic()
+    agents.procs[victim].kill()
+    dt, err = _wait_failure(where.slice(hosts=1).where.call(), HB_TIMEOUT * 3 + 5)
+    detect = time.monotonic() - t0
+    record_detection(f"multihost: agent killed ({victim}), heartbeat timeout {HB_TIMEOUT:g} s", detect)
+    assert detect < HB_TIMEOUT * 2 + 3 and victim in str(err)
+    ok = where.slice(hosts=2).where.call().get(timeout=20)
+    assert [v[0] for _, v in ok.items()] == [hosts.hosts[2]] * 2
+
+
+def test_partition_between_agents_is_reported_not_fatal(cluster, mesh3, record_detection):
+    hosts, procs, where = mesh3
+    a, b = hosts.hosts[0], hosts.hosts[1]
+    src = where.slice(hosts=0, procs=0)
+    assert src.ask.call_one(where, 2).get(timeout=20) == b  # rank 2 = host 1, proc 0
+    cluster.partition(a, b)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises((runtime.ActorError, runtime.SupervisionError, TimeoutError)) as e:
+            src.ask.call_one(where, 2, HB_TIMEOUT * 2).get(timeout=HB_TIMEOUT * 4 + 10)
+        record_detection(f"multihost: partition {a}<->{b} reported to the caller "
+                         f"({type(e.value).__name__})", time.monotonic() - t0)
+        # nobody mistook the partition for a dead controller or a dead host
+        got = where.where.call().get(timeout=20)
+        assert sorted(v[0] for _, v in got.items()) == sorted(cluster.nodes * 2)
+    finally:
+        cluster.heal(a)
+    assert src.ask.call_one(where, 2).get(timeout=20) == b
+
+
+@pytest.mark.timeout(150)
+def test_slurm_job_end_to_end(cluster, monkeypatch, tmp_path):
+    from runtime.job import SlurmJob
+
+    monkeypatch.setenv("SLURM_CONF", str(cluster.dir / "slurm.conf"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("MONARCH_HEARTBEAT_TIMEOUT", str(HB_TIMEOUT))
+    job = SlurmJob({"trainers": 3}, workdir=tmp_path / "jobs", chdir=REPO, progress=False,
+                   timeout=60)
+    before = cluster.ns_pids()
+    try:
+        hosts = job.state().trainers
+        assert sorted(hosts.hosts) == cluster.nodes
+        procs = hosts.spawn_procs(per_host={"procs": 2})
+        where = procs.spawn("where", Where)
+        got = where.where.call().get(timeout=60)
+        assert sorted(v[0] for _, v in got.items()) == sorted(cluster.nodes * 2)
+        for i, node in enumerate(hosts.hosts):
+            assert [v[0] for _, v in where.slice(hosts=i).where.call().get(timeout=30).items()] \
+                == [node] * 2
+        assert sum(v for _, v in where.add.call(1, 1).get(timeout=30).items()) == 12
+    finally:
+        job.kill()
+    deadline = time.monotonic() + 20
+    while True:
+        new = [p for n, ps in cluster.ns_pids().items() for p in ps if p not in before[n]]
+        if not new or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not new, f"left on nodes after kill: {new}"
+
+
+@pytest.mark.timeout(200)
+def test_slurm_notebook_runs(cluster, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("SLURM_CONF", str(cluster.dir / "slurm.conf"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    nb = nbformat.read(REPO / "notebooks" / "slurm.ipynb", as_version=4)
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(REPO)}}).execute()
+    outs = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+                   for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    for node in cluster.nodes:
+        assert f"hello from {node}" in outs
+    assert "'hosts': 3, 'procs': 2" in outs

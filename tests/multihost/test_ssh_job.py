@@ -1,0 +1,72 @@
+"""SSHJob for real: sshd runs inside each namespaced node; the launcher starts a stand-in agent
+over ssh, receives its address, and closing the session stops the agent."""
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime.job import SSHJob
+
+from .mhcluster import pid_alive
+
+STANDIN = Path(__file__).parent / "fixtures" / "standin_agent.py"
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_ssh_job_starts_agents_on_nodes(cluster, sshd_nodes, tmp_path):
+    opts, dests = sshd_nodes
+    key = tmp_path / "cluster.key"
+    key.write_bytes(b"x" * 64)
+    key.chmod(0o600)
+    job = SSHJob(dests, meshes={"a": 2, "b": 1}, python=str(STANDIN), ssh_options=opts,
+                 key_file=key, progress=False, timeout=30)
+    before = cluster.ns_pids()
+    try:
+        addrs = job.wait_addresses()
+        names = []
+        for addr in addrs.values():
+            host, port = addr[len("tcp://"):].rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=5) as c:
+                name, mode = c.recv(200).decode().split()
+            assert mode == "0o600" and cluster.addr(name) == host
+            names.append(name)
+        assert sorted(names) == cluster.nodes
+    finally:
+        job.kill()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        new = [p for n, ps in cluster.ns_pids().items() for p in ps if p not in before[n]]
+        if not new:
+            break
+        time.sleep(0.2)
+    assert not new, f"left on nodes after kill: {new}"
+
+
+@pytest.mark.timeout(90)
+def test_ssh_job_real_agents_end_to_end(cluster, sshd_nodes):
+    import sys
+
+    from .actors import Where
+    from .agents import REPO
+
+    opts, dests = sshd_nodes
+    job = SSHJob(dests, python=sys.executable, chdir=str(REPO), ssh_options=opts,
+                 progress=False, timeout=60)
+    before = cluster.ns_pids()
+    try:
+        hosts = job.state().hosts
+        assert sorted(hosts.hosts) == cluster.nodes
+        w = hosts.spawn_procs(per_host={"procs": 1}).spawn("w", Where)
+        assert sorted(v[0] for _, v in w.where.call().get(timeout=30).items()) == cluster.nodes
+    finally:
+        job.kill()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        new = [p for n, ps in cluster.ns_pids().items() for p in ps if p not in before[n]]
+        if not new:
+            break
+        time.sleep(0.2)
+    assert not new, f"left on nodes after kill: {new}"
