@@ -14,6 +14,17 @@ from .supervision import MeshFailure, default_unhandled_fault_hook
 from .supervision.health import ActorState
 from .value_mesh import ValueMesh
 
+
+
+def __getattr__(name: str):
+    """Lazy names: the data plane is imported only when used (`runtime.RDMABuffer`)."""
+    if name in ("RDMABuffer", "get_rdma_backend", "is_rdma_available"):
+        from . import rdma
+
+        return getattr(rdma, name)
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+
+
 #: Called at the root with a MeshFailure nobody handled; replace it to change the policy.
 unhandled_fault_hook = default_unhandled_fault_hook
 

@@ -72,7 +72,7 @@ class EndpointRef:
         for r in ranks:
             f = rec.failed.get(r)
             if f is not None:
-                if rec.ready[r] not in (None, True):
+                if r in rec.init_failed:
                     raise SupervisionError(
                         f"actor mesh {rec.name!r} rank {r} failed in __init__:\n{rec.ready[r]}", f)
                 raise SupervisionError(

@@ -97,6 +97,7 @@ class ActorMeshRecord:
     sigs: dict = field(default_factory=dict)  # endpoint name -> inspect.Signature or None
     rr: int = 0  # round-robin start for choose()
     routes: list = field(default_factory=list)  # by global rank: (agent address, proc id)
+    init_failed: set = field(default_factory=set)  # ranks whose __init__ raised
 
     def target(self, rank: int) -> tuple:
         return (self.addresses[rank], self.routes[rank] if self.routes else None)
@@ -133,6 +134,8 @@ class Runtime:
         self._port_fail: dict[int, Callable[[BaseException], None]] = {}
         self.agents: dict[str, AgentRecord] = {}
         self._agent_alias: dict[str, AgentRecord] = {}  # agents' own ids -> records
+        self._peer_last: dict[str, float] = {}  # peers we wait on but do not own: last answer
+        self._next_ping = 0.0
         self.procs: dict[str, ProcRecord] = {}
         self.actor_meshes: dict[str, ActorMeshRecord] = {}
         self._mesh_objects: list = []  # weak-ish registry of user-facing mesh objects
@@ -328,6 +331,13 @@ class Runtime:
 
     def _on_heartbeat(self, h: Header) -> None:
         now = time.monotonic()
+        e = h.extra
+        if isinstance(e, dict) and ("ping" in e or "pong" in e):
+            if "ping" in e and h.reply:  # a peer waiting on us checks we are reachable
+                self.send(h.reply, Header(Kind.HEARTBEAT, extra={"pong": e["ping"]}))
+            else:
+                self._peer_last[h.src] = now
+            return
         agent = self.agents.get(h.src) or self._agent_alias.get(h.src)
         if agent is not None:
             agent.last_seen = now
@@ -372,7 +382,7 @@ class Runtime:
             rank = rec.rank
             if not label:
                 label = rec.mesh
-            lines = text.splitlines()
+            lines = [ln for ln in text.splitlines() if not ln.startswith(logs.CONTROL_MARK)]
             rec.output.extend(f"[{stream}] {ln}" for ln in lines)
             if stream == "stderr":
                 rec.stderr_tail.extend(lines)
@@ -452,6 +462,7 @@ class Runtime:
             caused_by=caused_by if isinstance(caused_by, MeshFailure) else None,
         )
         if e.get("init"):
+            m.init_failed.add(rank)
             m.ready[rank] = f"{failure.cause}\n{failure.traceback}"
             m.failed[rank] = failure
             self.health.update(m.health_name, rank, ActorState.FAILED,
@@ -473,6 +484,7 @@ class Runtime:
         for pid in list(self._waiting.get(proc, ())):
             fail = self._port_fail.get(pid)
             if fail is not None:
+                failure.seen_by_waiter = True
                 fail(SupervisionError(failure.report(), failure),
                      actor=m.actor_id)
 
@@ -514,6 +526,8 @@ class Runtime:
     def _check_liveness(self) -> None:
         now = time.monotonic()
         timeout = config.heartbeat_timeout
+        if self._waiting:
+            self._check_peers(now)
         for agent in list(self.agents.values()):
             if not agent.alive:
                 continue
@@ -534,6 +548,47 @@ class Runtime:
             if rec.state in ("running",) and now - rec.last_seen > timeout and not rec.stopping:
                 self._proc_failed(rec.proc_id, f"proc unresponsive (no heartbeat for {timeout:g} s)",
                                   kill=True)
+
+    def _check_peers(self, now: float) -> None:
+        """Ping procs we wait on but do not own (actor-to-actor calls); fail the waits on a
+        peer that stops answering: a network partition, not a dead controller."""
+        waiting = [p for p, ports in self._waiting.items()
+                   if ports and p not in self.procs and p not in self.dead_procs]
+        for p in list(self._peer_last):
+            if p not in waiting:
+                del self._peer_last[p]
+        if not waiting:
+            return
+        timeout = config.heartbeat_timeout
+        targets = {}
+        for m in self.actor_meshes.values():
+            if m.owned:
+                continue
+            for r, pid in enumerate(m.proc_ids):
+                if pid in waiting and pid not in targets:
+                    targets[pid] = (m.target(r), m.hosts[r] if r < len(m.hosts) else "")
+        ping_now = now >= self._next_ping
+        if ping_now:
+            self._next_ping = now + config.heartbeat_interval
+        for pid in waiting:
+            last = self._peer_last.setdefault(pid, now)
+            if pid not in targets:
+                continue
+            (addr, route), host = targets[pid]
+            if now - last > timeout:
+                del self._peer_last[pid]
+                msg = (f"proc {pid} on host {host or '?'} is unreachable from {self.host} "
+                       f"({self.proc_id}): no answer for {timeout:g} s (network partition?)")
+                log.warning(msg)
+                for port in list(self._waiting.pop(pid, ())):
+                    fail = self._port_fail.get(port)
+                    if fail is not None:
+                        fail(SupervisionError(msg))
+                continue
+            if ping_now:
+                reply = self.reply_address_for(addr or (route or ("",))[0])
+                self.send_to_proc(addr, route, Header(Kind.HEARTBEAT, reply=reply,
+                                                      extra={"ping": pid}))
 
     def _send_heartbeats(self) -> None:
         hb = Header(Kind.HEARTBEAT, src=self.proc_id)

@@ -398,7 +398,8 @@ class Agent:
     def _forward(self, pp: _ProcPipes, stream: str, parts: list) -> None:
         for label, text in parts:
             if stream == "stderr":
-                pp.stderr_tail.extend(text.splitlines())
+                pp.stderr_tail.extend(ln for ln in text.splitlines()
+                                      if not ln.startswith(logs.CONTROL_MARK))
             self._send(pp.owner, Header(Kind.LOG, extra={"proc": pp.proc_id, "stream": stream,
                                                          "label": label}), text.encode())
 

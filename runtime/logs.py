@@ -16,6 +16,9 @@ from typing import Callable, Optional
 
 TAG_START = "\x1b]777;mn:"
 TAG_END = "\x07"
+#: Lines starting with this are control marks for the output sink (e.g. the notebook's
+#: end-of-cell marks): forwarded to the sink, but kept out of output and stderr tails.
+CONTROL_MARK = "\x1b]777;mk-"
 
 Sink = Callable[[str, str, str], None]
 

@@ -305,6 +305,9 @@ class ProcMesh(MeshTrait):
             raise TypeError(f"spawn({name!r}, ...): {actor_class!r} is not an Actor subclass")
         if self._stopped_flag or self._root._stopped_flag:
             raise MeshStoppedError(f"proc mesh {self.name!r} was stopped")
+        if actor_class.__init__ is object.__init__ and (args or kwargs):
+            raise TypeError(f"{actor_class.__name__}() takes no arguments (it defines no "
+                            f"__init__), got {len(args)} positional and {len(kwargs)} keyword")
         try:
             inspect.signature(actor_class.__init__).bind(None, *args, **kwargs)
         except TypeError as e:

@@ -314,7 +314,8 @@ class ProcServer:
                 if a.state == "busy" and (h.port == 0 or a.current_port == h.port):
                     a.interrupt()
             return True
-        if k == Kind.HEARTBEAT and h.src not in self.rt.procs and h.src not in self.rt.agents:
+        if k == Kind.HEARTBEAT and h.src not in self.rt.procs and h.src not in self.rt.agents \
+                and not (isinstance(h.extra, dict) and ("ping" in h.extra or "pong" in h.extra)):
             self.owner_last_seen = time.monotonic()
             return True
         return False

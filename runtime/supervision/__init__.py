@@ -34,6 +34,8 @@ class MeshFailure:
     traceback: str = ""
     time: float = field(default_factory=time.time)
     caused_by: Optional["MeshFailure"] = None
+    # True once a waiting future has raised SupervisionError for it (the user saw it)
+    seen_by_waiter: bool = False
 
     def report(self) -> str:
         """A readable multi-line report."""
@@ -86,12 +88,12 @@ _report_lock = threading.Lock()
 def default_unhandled_fault_hook(failure: MeshFailure) -> None:
     """At the root: in a script, report and exit non-zero; interactively, report once
     (the waiting code gets SupervisionError; later use of the mesh raises)."""
-    key = (failure.mesh, failure.proc_id or str(failure.ranks))
+    key = failure.proc_id or f"{failure.mesh}{failure.ranks}"
     with _report_lock:
         first = key not in _reported
         _reported.add(key)
     if is_interactive():
-        if first:
+        if first and not failure.seen_by_waiter:
             print(f"[monarch] unhandled failure:\n{failure.report()}", file=sys.stderr,
                   flush=True)
         return

@@ -1,0 +1,540 @@
+"""Argument parsing for the %mesh magics: pure, no I/O, tested directly.
+
+Every parser raises `MagicArgError` (one line, names the problem) on bad input and
+`MagicHelp` (the help text) on `--help`, instead of printing and exiting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, Optional, Union
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_KWARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(?!=)(.*)$", re.S)
+
+
+class MagicArgError(ValueError):
+    """A magic's arguments are wrong; the message is one line naming the problem."""
+
+
+class MagicHelp(Exception):
+    """`--help` was asked for; `text` is the help to show."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises instead of printing and exiting."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw.setdefault("add_help", True)
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kw)
+
+    def error(self, message: str) -> NoReturn:
+        raise MagicArgError(f"{self.prog}: {message}".replace("\n", " "))
+
+    def print_help(self, file: Any = None) -> None:
+        raise MagicHelp(self.format_help())
+
+    def print_usage(self, file: Any = None) -> None:
+        raise MagicHelp(self.format_usage())
+
+    def exit(self, status: int = 0, message: Optional[str] = None) -> NoReturn:
+        if status:
+            raise MagicArgError((message or f"{self.prog}: error").strip())
+        raise MagicHelp(message or self.format_help())
+
+
+# -- value parsers ------------------------------------------------------------------------
+
+def parse_identifier(text: str, what: str = "name") -> str:
+    """Check that `text` is a Python identifier (a name the notebook can bind)."""
+    if not _IDENT.match(text or ""):
+        raise MagicArgError(f"{what} {text!r} is not a valid Python identifier")
+    return text
+
+
+def parse_sizes(text: str) -> dict[str, int]:
+    """Parse `procs=4` or `hosts=2,gpus=8` into an ordered dict of dimension sizes."""
+    out: dict[str, int] = {}
+    for part in _split_commas(text):
+        name, sep, value = part.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name:
+            raise MagicArgError(f"expected DIM=SIZE, got {part!r}")
+        parse_identifier(name, "dimension")
+        if name in out:
+            raise MagicArgError(f"dimension {name!r} given twice")
+        try:
+            size = int(value)
+        except ValueError:
+            raise MagicArgError(f"size of {name!r} must be an integer, got {value!r}") from None
+        if size < 1:
+            raise MagicArgError(f"size of {name!r} must be at least 1, got {size}")
+        out[name] = size
+    if not out:
+        raise MagicArgError("expected at least one DIM=SIZE")
+    return out
+
+
+RankSel = Union[int, slice]
+
+
+def parse_ranks(text: str) -> dict[str, RankSel]:
+    """Parse `procs=0:2` or `hosts=1,procs=::2` into {dim: int | slice} for mesh slicing."""
+    out: dict[str, RankSel] = {}
+    for part in _split_commas(text):
+        name, sep, spec = part.partition("=")
+        name, spec = name.strip(), spec.strip()
+        if not sep or not name or not spec:
+            raise MagicArgError(f"expected DIM=INDEX or DIM=START:STOP[:STEP], got {part!r}")
+        parse_identifier(name, "dimension")
+        if name in out:
+            raise MagicArgError(f"dimension {name!r} given twice")
+        out[name] = _parse_index(name, spec)
+    if not out:
+        raise MagicArgError("expected at least one DIM=INDEX")
+    return out
+
+
+def _parse_index(name: str, spec: str) -> RankSel:
+    pieces = spec.split(":")
+    if len(pieces) > 3:
+        raise MagicArgError(f"bad slice {spec!r} for {name!r}: at most START:STOP:STEP")
+    nums: list[Optional[int]] = []
+    for p in pieces:
+        p = p.strip()
+        if p == "":
+            nums.append(None)
+            continue
+        try:
+            nums.append(int(p))
+        except ValueError:
+            raise MagicArgError(f"bad index {p!r} for {name!r}: expected an integer") from None
+    if len(nums) == 1:
+        if nums[0] is None:
+            raise MagicArgError(f"empty index for {name!r}")
+        return nums[0]
+    if len(nums) == 3 and nums[2] == 0:
+        raise MagicArgError(f"slice step for {name!r} cannot be zero")
+    return slice(*nums)
+
+
+def _parse_hosts_var(text: str) -> str:
+    if text.isdigit():
+        raise MagicArgError(f"{text!r} is a number: --hosts names a HostMesh variable here; "
+                            "for N hosts of a new job add --job KIND")
+    return parse_identifier(text, "variable")
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    """Parse repeated `KEY=VALUE` options into a dict."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise MagicArgError(f"expected KEY=VALUE for --env, got {item!r}")
+        out[key] = value
+    return out
+
+
+def _split_commas(text: str) -> list[str]:
+    return [p for p in (s.strip() for s in (text or "").split(",")) if p]
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return v
+
+
+def _arg_type(fn: Any) -> Any:
+    """Wrap a MagicArgError-raising parser as an argparse type (message kept on one line)."""
+
+    def conv(text: str) -> Any:
+        try:
+            return fn(text)
+        except MagicArgError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    conv.__name__ = fn.__name__.replace("parse_", "")
+    return conv
+
+
+# -- parsed forms ---------------------------------------------------------------------------
+
+@dataclass
+class AllocArgs:
+    name: str
+    per_host: dict[str, int]
+    hosts: Optional[str] = None
+    mesh_name: Optional[str] = None
+    env: dict[str, str] = field(default_factory=dict)
+    progress: bool = True
+    timeout: Optional[float] = None
+
+
+@dataclass
+class JobAllocArgs:
+    """`%mesh alloc NAME --job KIND ...`: the job's arguments go to runtime.job.alloc."""
+
+    name: str
+    argv: list[str]  # for runtime.job.alloc.parse_alloc (NAME first)
+    progress: bool = True
+
+
+@dataclass
+class SpawnArgs:
+    mesh: str
+    actor_class: str
+    name: Optional[str] = None
+    var: Optional[str] = None
+    args: list[str] = field(default_factory=list)  # Python expressions
+    kwargs: dict[str, str] = field(default_factory=dict)  # name -> Python expression
+
+
+@dataclass
+class ListArgs:
+    pass
+
+
+@dataclass
+class StatusArgs:
+    name: Optional[str] = None
+    text: bool = False
+
+
+@dataclass
+class StopArgs:
+    names: list[str]
+    all: bool = False
+
+
+@dataclass
+class InterruptArgs:
+    mode: Optional[str] = None  # "remote" | "local" | None (show)
+
+
+@dataclass
+class AttachArgs:
+    mesh: str
+    rank: int
+
+
+@dataclass
+class AdminArgs:
+    pass
+
+
+@dataclass
+class CellArgs:
+    mesh: str
+    ranks: Optional[dict[str, RankSel]] = None
+    noblock: bool = False
+    out: Optional[str] = None
+    timeout: Optional[float] = None
+    quiet: bool = False
+
+
+MeshCommand = Union[AllocArgs, JobAllocArgs, SpawnArgs, ListArgs, StatusArgs, StopArgs, InterruptArgs,
+                    AttachArgs, AdminArgs]
+
+
+_COMMANDS = {
+    "alloc": "allocate a process mesh and bind it to NAME",
+    "spawn": "spawn an actor mesh on a process mesh",
+    "list": "table of the meshes this notebook created",
+    "status": "live dashboard of one mesh or all",
+    "stop": "stop a mesh, or all of them",
+    "interrupt": "what Ctrl-C does to remote work (remote or local)",
+    "attach": "attach the debugger to an actor paused at a breakpoint",
+    "admin": "serve the admin endpoint for the terminal admin (monarch-admin)",
+}
+
+
+def _line_help() -> str:
+    rows = "\n".join(f"  {k:<10} {v}" for k, v in _COMMANDS.items())
+    return (
+        "usage: %mesh COMMAND [options]\n\n"
+        "Manage process and actor meshes from the notebook.\n\n"
+        f"commands:\n{rows}\n\n"
+        "Run '%mesh COMMAND --help' for a command's options.\n"
+        "'%%mesh MESH' runs a cell on every proc of MESH (see '%%mesh --help').\n"
+    )
+
+
+def _command_parsers() -> dict[str, _Parser]:
+    ps: dict[str, _Parser] = {}
+    a = ps["alloc"] = _Parser(
+        prog="%mesh alloc",
+        description="Allocate a process mesh and bind it to NAME in the notebook's namespace.",
+        epilog="On a new multi-host job instead: %mesh alloc NAME --job local|slurm|ssh|"
+               "kubernetes --hosts N [--per-host DIM=N] [--partition P] [--time T] "
+               "[--account A] [--qos Q] [--ssh-hosts H ...] [--image I] [--namespace NS] "
+               "[--timeout S] [--no-progress]; the Job is bound to NAME_job, and "
+               "'%mesh stop NAME' also ends the job (see docs/multihost.md).")
+    a.add_argument("name", metavar="NAME", type=_arg_type(parse_identifier),
+                   help="variable to bind the ProcMesh to (also its mesh name)")
+    a.add_argument("--per-host", dest="per_host", type=_arg_type(parse_sizes),
+                   default={"procs": 1}, metavar="DIM=N[,DIM=N]",
+                   help="procs per host, as named dimensions (default procs=1)")
+    a.add_argument("--hosts", metavar="VAR", type=_arg_type(_parse_hosts_var),
+                   help="a HostMesh variable (e.g. a job's hosts) to allocate on "
+                        "(default: this host)")
+    a.add_argument("--mesh-name", dest="mesh_name", metavar="LABEL",
+                   help="the mesh's name in output and dashboards (default NAME)")
+    a.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment variable for the procs (repeatable)")
+    a.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="do not show the start-up progress display")
+    a.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
+                   help="give up if the procs are not up within this time")
+
+    s = ps["spawn"] = _Parser(
+        prog="%mesh spawn",
+        usage="%(prog)s [-h] [--name N] [--as VAR] MESH ActorClass [ARGS ...]",
+        description="Spawn an actor mesh of ActorClass on the procs of MESH. ARGS are the "
+                    "constructor's arguments: Python expressions evaluated in the notebook, "
+                    "NAME=EXPR for a keyword argument; put '--' before ARGS that start "
+                    "with '-'.")
+    s.add_argument("mesh", metavar="MESH", type=_arg_type(parse_identifier),
+                   help="the ProcMesh variable")
+    s.add_argument("actor_class", metavar="ActorClass",
+                   help="an Actor subclass (a notebook name or a dotted path)")
+    s.add_argument("--name", metavar="N", help="the actor mesh's name (default: VAR, "
+                                               "or the class name in lower case)")
+    s.add_argument("--as", dest="var", metavar="VAR", type=_arg_type(parse_identifier),
+                   help="variable to bind the ActorMesh to (default: the name)")
+
+    ps["list"] = _Parser(prog="%mesh list",
+                         description="Show a table of meshes: name, kind, shape, state.")
+
+    st = ps["status"] = _Parser(
+        prog="%mesh status",
+        description="Show the health dashboard of one mesh or all (a text table where "
+                    "widgets are not available).")
+    st.add_argument("name", metavar="NAME", nargs="?", help="a mesh name (default: all)")
+    st.add_argument("--text", action="store_true", help="a text table, not the live widget")
+
+    sp = ps["stop"] = _Parser(prog="%mesh stop",
+                              description="Stop meshes this notebook created, and their procs.")
+    sp.add_argument("names", metavar="NAME", nargs="*",
+                    help="meshes to stop: notebook variables, or mesh names")
+    sp.add_argument("--all", action="store_true", help="stop every mesh")
+
+    it = ps["interrupt"] = _Parser(
+        prog="%mesh interrupt",
+        description="'remote' (default): interrupting a cell also sends SIGINT to the remote "
+                    "actors of the call it waits on; 'local': only the wait is cancelled. "
+                    "Without MODE, show the current mode.")
+    it.add_argument("mode", nargs="?", choices=["remote", "local"])
+
+    at = ps["attach"] = _Parser(
+        prog="%mesh attach",
+        description="Attach the debugger to rank RANK of actor mesh MESH, paused at a "
+                    "breakpoint (the debugger registers how).")
+    at.add_argument("mesh", metavar="MESH", help="the actor mesh's name")
+    at.add_argument("rank", metavar="RANK", type=int, help="the rank (an integer)")
+
+    ps["admin"] = _Parser(
+        prog="%mesh admin",
+        description="Serve the admin endpoint of this controller and print how to attach "
+                    "the terminal admin (monarch-admin) to it.")
+    return ps
+
+
+def _cell_parser() -> _Parser:
+    p = _Parser(
+        prog="%%mesh",
+        description="Run the cell's code on every selected proc of MESH, in a namespace that "
+                    "persists per proc across cells. The last expression's value comes back "
+                    "per rank as a ValueMesh; output streams live with a [mesh rank] prefix.",
+    )
+    p.add_argument("mesh", metavar="MESH", type=_arg_type(parse_identifier),
+                   help="a ProcMesh (or ActorMesh) variable")
+    p.add_argument("--ranks", type=_arg_type(parse_ranks), metavar="DIM=SEL[,DIM=SEL]",
+                   help="run on a slice only, e.g. procs=0:2 or procs=1")
+    p.add_argument("--noblock", action="store_true",
+                   help="return a Future at once instead of waiting")
+    p.add_argument("-o", "--out", dest="out", metavar="VAR", type=_arg_type(parse_identifier),
+                   help="bind the result (ValueMesh, or Future with --noblock) to VAR")
+    p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
+                   help="stop waiting after this many seconds")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="do not display the result")
+    return p
+
+
+_LINE = _command_parsers()
+_CELL = _cell_parser()
+
+
+def line_help() -> str:
+    return _line_help()
+
+
+def cell_help() -> str:
+    return _CELL.format_help()
+
+
+def _split(line: str) -> list[str]:
+    try:
+        return shlex.split(line, posix=True)
+    except ValueError as e:
+        raise MagicArgError(f"cannot split arguments: {e}") from None
+
+
+def parse_mesh_line(line: str) -> MeshCommand:
+    """Parse the arguments of the `%mesh` line magic into one command object."""
+    try:
+        return _parse_mesh_line(line)
+    except MagicArgError as e:
+        msg = str(e)
+        if not msg.startswith("%mesh"):
+            word = (line.split() or [""])[0]
+            raise MagicArgError(f"%mesh {word}: {msg}") from None
+        raise
+
+
+def _parse_mesh_line(line: str) -> MeshCommand:
+    tokens = _split(line)
+    if not tokens:
+        raise MagicArgError(f"%mesh: missing COMMAND ({', '.join(_COMMANDS)}); "
+                            "try '%mesh --help'")
+    cmd, rest = tokens[0], tokens[1:]
+    if cmd in ("-h", "--help", "help"):
+        raise MagicHelp(_line_help())
+    parser = _LINE.get(cmd)
+    if parser is None:
+        raise MagicArgError(f"%mesh: unknown command {cmd!r} (choose from "
+                            f"{', '.join(_COMMANDS)}); try '%mesh --help'")
+    if cmd == "alloc" and any(t == "--job" or t.startswith("--job=") for t in rest):
+        if any(t in ("-h", "--help") for t in rest):
+            raise MagicHelp(parser.format_help())
+        argv = [t for t in rest if t != "--no-progress"]
+        if not argv or argv[0].startswith("-"):
+            raise MagicArgError("%mesh alloc: NAME must come first, e.g. "
+                                "%mesh alloc trainers --job slurm --hosts 2")
+        parse_identifier(argv[0], "name")
+        return JobAllocArgs(name=argv[0], argv=argv, progress="--no-progress" not in rest)
+    if cmd == "spawn":
+        options, call_args = _split_spawn_tokens(rest)
+        ns = parser.parse_args(options)
+        ns.args = call_args
+    else:
+        ns = parser.parse_args(rest)
+    if cmd == "alloc":
+        return AllocArgs(name=ns.name, per_host=ns.per_host, hosts=ns.hosts,
+                         mesh_name=ns.mesh_name, env=parse_env(ns.env),
+                         progress=ns.progress, timeout=ns.timeout)
+    if cmd == "spawn":
+        try:
+            args, kwargs = split_call_args(ns.args)
+        except MagicArgError as e:
+            raise MagicArgError(f"%mesh spawn: {e}") from None
+        return SpawnArgs(mesh=ns.mesh, actor_class=ns.actor_class, name=ns.name,
+                         var=ns.var, args=args, kwargs=kwargs)
+    if cmd == "list":
+        return ListArgs()
+    if cmd == "status":
+        return StatusArgs(name=ns.name, text=ns.text)
+    if cmd == "stop":
+        if ns.all and ns.names:
+            raise MagicArgError("%mesh stop: give mesh names or --all, not both")
+        if not ns.all and not ns.names:
+            raise MagicArgError("%mesh stop: give a mesh name, or --all")
+        return StopArgs(names=list(ns.names), all=ns.all)
+    if cmd == "interrupt":
+        return InterruptArgs(mode=ns.mode)
+    if cmd == "attach":
+        return AttachArgs(mesh=ns.mesh, rank=ns.rank)
+    if cmd == "admin":
+        return AdminArgs()
+    raise MagicArgError(f"%mesh: unknown command {cmd!r}")  # pragma: no cover
+
+
+def parse_mesh_cell(line: str) -> CellArgs:
+    """Parse the arguments of the `%%mesh` cell magic."""
+    try:
+        return _parse_mesh_cell(line)
+    except MagicArgError as e:
+        if not str(e).startswith("%%mesh"):
+            raise MagicArgError(f"%%mesh: {e}") from None
+        raise
+
+
+def _parse_mesh_cell(line: str) -> CellArgs:
+    tokens = _split(line)
+    if not tokens:
+        raise MagicArgError("%%mesh: missing MESH; try '%%mesh --help'")
+    ns = _CELL.parse_args(tokens)
+    if ns.noblock and ns.timeout is not None:
+        raise MagicArgError("%%mesh: --timeout applies to a blocking wait, not --noblock")
+    return CellArgs(mesh=ns.mesh, ranks=ns.ranks, noblock=ns.noblock, out=ns.out,
+                    timeout=ns.timeout, quiet=ns.quiet)
+
+
+_OPTION = re.compile(r"^--?[A-Za-z]")
+
+
+def _split_spawn_tokens(tokens: list[str]) -> tuple[list[str], list[str]]:
+    """Separate `%mesh spawn` options (anywhere) from constructor ARGS after MESH ActorClass.
+
+    Tokens after `--` are always ARGS, so `-x` can be passed as an expression."""
+    options: list[str] = []
+    positionals: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok == "--":
+            positionals.extend(tokens[i + 1:])
+            break
+        if _OPTION.match(tok):
+            options.append(tok)
+            if tok in ("--name", "--as") and i + 1 < len(tokens):
+                options.append(tokens[i + 1])
+                i += 1
+        else:
+            positionals.append(tok)
+        i += 1
+    head, rest = positionals[:2], positionals[2:]
+    return options + ["--"] + head, rest
+
+
+def split_call_args(tokens: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Split constructor tokens into positional and `name=` keyword Python expressions.
+
+    Each expression is checked for syntax here so a typo is reported before any spawn."""
+    args: list[str] = []
+    kwargs: dict[str, str] = {}
+    for tok in tokens:
+        m = _KWARG.match(tok)
+        if m:
+            key, expr = m.group(1), m.group(2)
+            if key in kwargs:
+                raise MagicArgError(f"keyword argument {key!r} given twice")
+            kwargs[key] = _check_expr(expr)
+        else:
+            if kwargs:
+                raise MagicArgError(f"positional argument {tok!r} follows keyword arguments")
+            args.append(_check_expr(tok))
+    return args, kwargs
+
+
+def _check_expr(expr: str) -> str:
+    try:
+        ast.parse(expr, mode="eval")
+    except SyntaxError:
+        raise MagicArgError(f"argument {expr!r} is not a Python expression") from None
+    return expr

@@ -1,0 +1,105 @@
+"""Gather per-rank cell errors into one readable error: pure, tested directly.
+
+Ranks whose tracebacks are identical are folded into one entry ("ranks 0-2, 5"), so a
+bug that fails on 64 ranks prints its traceback once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One rank's error: its rank, its coordinates, the error type, and its traceback."""
+
+    rank: int
+    coords: dict[str, int]
+    error_type: str
+    message: str
+    traceback: str
+
+
+def compress_ranks(ranks: Iterable[int]) -> str:
+    """`[0, 1, 2, 5, 7, 8]` -> `"0-2, 5, 7-8"`."""
+    rs = sorted(set(ranks))
+    if not rs:
+        return ""
+    parts: list[str] = []
+    start = prev = rs[0]
+    for r in rs[1:]:
+        if r == prev + 1:
+            prev = r
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else f"{start}")
+        start = prev = r
+    parts.append(f"{start}-{prev}" if prev > start else f"{start}")
+    return ", ".join(parts)
+
+
+def fold(failures: Sequence[RankFailure]) -> list[tuple[list[RankFailure], str]]:
+    """Group failures with identical tracebacks, in order of their lowest rank."""
+    groups: dict[str, list[RankFailure]] = {}
+    for f in sorted(failures, key=lambda f: f.rank):
+        key = f.traceback or f"{f.error_type}: {f.message}"
+        groups.setdefault(key, []).append(f)
+    return [(members, key) for key, members in groups.items()]
+
+
+def _rank_word(members: Sequence[RankFailure]) -> str:
+    ranks = [m.rank for m in members]
+    word = "rank" if len(ranks) == 1 else "ranks"
+    text = f"{word} {compress_ranks(ranks)}"
+    if len(members) == 1 and members[0].coords:
+        coords = ", ".join(f"{k}={v}" for k, v in members[0].coords.items())
+        text += f" ({coords})"
+    return text
+
+
+def summary_line(failures: Sequence[RankFailure], total: int, mesh: str) -> str:
+    """One line: how many ranks failed, and with which error types."""
+    types: dict[str, int] = {}
+    for f in failures:
+        types[f.error_type] = types.get(f.error_type, 0) + 1
+    kinds = ", ".join(f"{t}" if n == len(failures) else f"{t} x{n}" for t, n in types.items())
+    where = f" on {mesh}" if mesh else ""
+    return f"{len(failures)} of {total} ranks failed{where}: {kinds}"
+
+
+def render(failures: Sequence[RankFailure], total: int, mesh: str = "") -> str:
+    """The full folded report: a summary line, then each distinct traceback once."""
+    lines = [summary_line(failures, total, mesh)]
+    for members, text in fold(failures):
+        lines.append("")
+        lines.append(f"--- {_rank_word(members)} ---")
+        lines.append(text.rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
+class MeshCellError(Exception):
+    """Some ranks of a %%mesh cell raised; shows each distinct traceback once.
+
+    `failures` holds every failing rank; `results` (when set) is the ValueMesh of every
+    rank's CellResult, so the successful ranks' values are not lost."""
+
+    def __init__(self, failures: Sequence[RankFailure], total: int, mesh: str = "",
+                 results: Optional[Any] = None) -> None:
+        self.failures = list(failures)
+        self.total = total
+        self.mesh = mesh
+        self.results = results
+        super().__init__(summary_line(self.failures, total, mesh))
+
+    def report(self) -> str:
+        return render(self.failures, self.total, self.mesh)
+
+    def __str__(self) -> str:
+        return self.report()
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows these lines instead of a controller-side traceback."""
+        return [f"MeshCellError: {self.report()}".rstrip("\n")]
+
+    def __reduce__(self) -> Any:
+        return (MeshCellError, (self.failures, self.total, self.mesh))

@@ -1,0 +1,72 @@
+"""The Monarch Jupyter kernel: ipykernel's IPython kernel with the %mesh magics loaded,
+remote output routed into cells, and every mesh stopped on shutdown or restart."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import signal
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from ipykernel.ipkernel import IPythonKernel
+
+from monarch_kernel import __version__
+
+
+class MonarchKernel(IPythonKernel):
+    """An IPython kernel that is a Monarch single controller."""
+
+    implementation = "monarch_kernel"
+    implementation_version = __version__
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        assert self.shell is not None
+        self.shell.extension_manager.load_extension("monarch_kernel")
+
+    @property
+    def banner(self) -> str:  # type: ignore[override]
+        base = super().banner
+        return (f"{base}\nMonarch kernel {__version__}: this notebook is the controller. "
+                "Try '%mesh --help'.\n")
+
+    @contextmanager
+    def _cancel_on_sigint(self, future: "asyncio.Future[Any]") -> Iterator[None]:
+        """Cancel an awaiting cell at once on SIGINT (the stop button).
+
+        ipykernel 7's version sets the result from another thread's loop, so the cell's
+        loop only notices at its next wake-up (an awaited call then runs to its end). Here
+        the handler wakes the cell's own loop; cancelling the awaited runtime Future also
+        interrupts the remote actors of the call."""
+        loop = future.get_loop()
+
+        def cancel() -> None:
+            if not future.done():
+                future.cancel()
+
+        def handle_sigint(*args: Any) -> None:
+            loop.call_soon_threadsafe(cancel)
+
+        saved = signal.signal(signal.SIGINT, handle_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, saved)
+
+    async def do_shutdown(self, restart: bool) -> Any:
+        """Stop every mesh this notebook created before the process goes (or restarts)."""
+        from monarch_kernel.extension import shutdown_all
+
+        shutdown_all()
+        reply = super().do_shutdown(restart)
+        if inspect.isawaitable(reply):
+            reply = await reply
+        return reply
+
+
+def launch() -> None:
+    """Start the kernel (the kernelspec runs `python -m monarch_kernel -f FILE`)."""
+    from ipykernel.kernelapp import IPKernelApp
+
+    IPKernelApp.launch_instance(kernel_class=MonarchKernel)

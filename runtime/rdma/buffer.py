@@ -1,0 +1,202 @@
+"""RDMABuffer: a small picklable handle to memory in one process, readable and writable by others."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from ..future import Future
+from . import client, ibverbs
+from .errors import RDMASizeError
+from .handle import Handle
+from .identity import host_id, process_start_time, session_secret
+from .memory import check_dtype, span_of
+from .server import get_server
+
+DEFAULT_TIMEOUT = 3.0  # seconds, as in Monarch
+
+_executor: Optional[ThreadPoolExecutor] = None
+_executor_lock = threading.Lock()
+
+
+def _submit(fn, label: str) -> Future:
+    """Run fn() on a transfer thread; its result or error resolves the returned Future."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rdma-transfer")
+        ex = _executor
+    fut: Future = Future(label)
+
+    def run() -> None:
+        try:
+            fut.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 - every failure must reach the caller
+            fut.set_exception(e)
+
+    ex.submit(run)
+    return fut
+
+
+@dataclass(frozen=True)
+class RDMAOwner:
+    """Where a buffer lives: process, host and (inside an actor) the actor's name."""
+
+    pid: int
+    hostname: str
+    actor: Optional[str] = None
+
+    def __str__(self) -> str:
+        who = f"{self.actor} " if self.actor else ""
+        return f"{who}(pid {self.pid} on {self.hostname})"
+
+
+def _current_actor_name() -> Optional[str]:
+    """The calling actor's name when made inside an endpoint (None in a controller)."""
+    try:
+        from ..actor import _get_context  # thread-local: set only on actor threads
+
+        ctx = _get_context()
+    except Exception:  # runtime.actor unavailable: a plain process
+        return None
+    if ctx is None:
+        return None
+    coords = ",".join(f"{k}={v}" for k, v in dict(ctx.rank).items())
+    return f"{ctx.actor_id}{{{coords}}}" if coords else ctx.actor_id
+
+
+class RDMABuffer:
+    """A handle to a 1-D contiguous tensor or writable memoryview, shared without copying.
+
+    Pickle it into a message; receivers call read_into / write_from; the owner's data server
+    moves the bytes on its own thread and sockets (or process_vm_* / ibverbs)."""
+
+    __slots__ = ("_h", "last_transport", "__weakref__")
+
+    def __init__(self, data: Union["Any", memoryview]) -> None:
+        span = span_of(data, what="RDMABuffer data", need_writable=True)
+        server = get_server()
+        entry = server.registry.add(span)
+        secret, from_env = session_secret()
+        ib = False
+        if span.device == "cpu" and os.environ.get(client.TRANSPORT_ENV, "auto") in ("auto", "ibverbs"):
+            ib = server.ib_context() is not None
+        self._h = Handle(
+            pid=os.getpid(), start_time=process_start_time(os.getpid()) or 0, host_id=host_id(),
+            hostname=socket.gethostname(), buffer_id=entry.buffer_id, addr=span.addr,
+            size=span.nbytes, dtype=span.dtype, device=span.device,
+            addresses=tuple(server.addresses), secret=None if from_env else secret, ib=ib,
+            actor=_current_actor_name())
+        self.last_transport: Optional[str] = None
+
+    # -- pickling: only the handle travels --------------------------------------------
+    def __reduce__(self) -> Any:
+        return (_rebuild, (self._h,))
+
+    # -- queries -------------------------------------------------------------------------
+    def size(self) -> int:
+        """Size of the remote buffer in bytes."""
+        return self._h.size
+
+    @property
+    def owner(self) -> RDMAOwner:
+        """The process (and actor, if any) whose memory this buffer is."""
+        return RDMAOwner(self._h.pid, self._h.hostname, self._h.actor)
+
+    @property
+    def dtype(self) -> Optional[str]:
+        """The owner tensor's dtype name (None for a memoryview)."""
+        return self._h.dtype
+
+    def __repr__(self) -> str:
+        return (f"RDMABuffer(size={self._h.size}, dtype={self._h.dtype}, device={self._h.device}, "
+                f"owner={self.owner}, id={self._h.buffer_id})")
+
+    # -- transfers -----------------------------------------------------------------------
+    def _check(self, local: Any, what: str, offset: int, need_writable: bool, timeout: float):
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        span = span_of(local, what=what, need_writable=need_writable)
+        check_dtype(span, self._h.dtype, what)
+        if not isinstance(offset, int) or offset < 0:
+            raise RDMASizeError(f"offset must be a non-negative int, got {offset!r}")
+        if offset == 0 and span.nbytes != self._h.size:
+            raise RDMASizeError(
+                f"{what} has {span.nbytes} bytes but the remote buffer has {self._h.size}; "
+                "sizes must match (pass offset= to move a sub-range)")
+        if offset + span.nbytes > self._h.size:
+            raise RDMASizeError(
+                f"{what} of {span.nbytes} bytes at offset {offset} overruns the remote buffer "
+                f"of {self._h.size} bytes")
+        return span
+
+    def read_into(self, dst: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT) -> Future:
+        """Copy the remote bytes [offset, offset+dst.nbytes) into `dst`; Future of the byte count."""
+        span = self._check(dst, "read_into destination", offset, True, timeout)
+
+        def run() -> int:
+            self.last_transport = client.transfer(self._h, span, offset, False, timeout)
+            return span.nbytes
+
+        return _submit(run, "RDMABuffer.read_into")
+
+    def write_from(self, src: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT) -> Future:
+        """Copy `src` into the remote bytes [offset, offset+src.nbytes); Future of the byte count."""
+        span = self._check(src, "write_from source", offset, False, timeout)
+
+        def run() -> int:
+            self.last_transport = client.transfer(self._h, span, offset, True, timeout)
+            return span.nbytes
+
+        return _submit(run, "RDMABuffer.write_from")
+
+    def drop(self, *, timeout: float = DEFAULT_TIMEOUT) -> Future:
+        """Release the owner's reference; later reads and writes fail with RDMABufferDroppedError."""
+        h = self._h
+        if h.pid == os.getpid() and h.host_id == host_id():
+            server = get_server()
+            server.registry.drop(h.buffer_id)
+            fut: Future = Future("RDMABuffer.drop")
+            fut.set_result(None)
+            return fut
+        return _submit(lambda: client.drop_remote(h, timeout), "RDMABuffer.drop")
+
+    def transport(self) -> str:
+        """The transport a transfer from this process to this buffer would use now."""
+        return client.choose(self._h, local_cuda=False)
+
+
+def _rebuild(h: Handle) -> RDMABuffer:
+    buf = RDMABuffer.__new__(RDMABuffer)
+    buf._h = h
+    buf.last_transport = None
+    return buf
+
+
+def get_rdma_backend(buffer: Optional[RDMABuffer] = None) -> str:
+    """Name the transport in use: for `buffer`, the one that reaches it from here; otherwise this
+    process's cross-host transport ("ibverbs" or "tcp")."""
+    if buffer is not None:
+        return buffer.transport()
+    mode = os.environ.get(client.TRANSPORT_ENV, "auto").lower()
+    if mode != "auto":
+        return mode
+    return "ibverbs" if ibverbs.shared_context() is not None else "tcp"
+
+
+def is_rdma_available() -> bool:
+    """True when an ibverbs device is usable here (the other transports always are)."""
+    return ibverbs.shared_context() is not None
+
+
+def _after_fork() -> None:
+    global _executor, _executor_lock
+    _executor = None
+    _executor_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)

@@ -1,0 +1,285 @@
+"""The per-process data server: serves this process's buffers on its own sockets and threads.
+
+Started lazily by the first RDMABuffer; transfers never run in actor endpoint code."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+from typing import Optional
+
+from . import protocol as P
+from .identity import process_start_time, session_secret
+from .memory import view_of
+from .registry import Entry, Registry
+
+log = logging.getLogger("runtime.rdma")
+
+LISTEN_HOST_ENV = "MONARCH_RDMA_HOST"  # address to bind for cross-host TCP (default loopback)
+ADVERTISE_HOST_ENV = "MONARCH_RDMA_ADVERTISE_HOST"  # address peers dial, if not the bound one
+HANDSHAKE_TIMEOUT = 5.0
+CUDA_STAGE = 16 << 20  # bytes staged through host memory per step for CUDA buffers
+
+PIN_REPLY = struct.Struct("!QQ")  # address, size
+INFO_REPLY = struct.Struct("!qq")  # pid, start time
+MR_REPLY = struct.Struct("!QI")  # address, rkey
+
+
+class DataServer:
+    """Listens on a unix socket (0700 dir) and a TCP port; one thread per connection."""
+
+    def __init__(self) -> None:
+        self.registry = Registry()
+        self.pid = os.getpid()
+        self.start_time = process_start_time(self.pid) or 0
+        self.secret, _ = session_secret()
+        self._rundir = tempfile.mkdtemp(prefix=f"monarch-rdma-{self.pid}-")  # mode 0700
+        self._closed = False
+        self._listeners: list[socket.socket] = []
+        self._mr_lock = threading.Lock()  # one memory registration per buffer
+        path = os.path.join(self._rundir, "data.sock")
+        us = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        us.bind(path)
+        us.listen(64)
+        host = os.environ.get(LISTEN_HOST_ENV, "127.0.0.1")
+        ts = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        ts.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        ts.bind((host, 0))
+        ts.listen(64)
+        self._listeners = [us, ts]
+        advertise = os.environ.get(ADVERTISE_HOST_ENV) or host
+        if advertise in ("0.0.0.0", "::"):
+            advertise = socket.gethostbyname(socket.gethostname())
+        if ":" in advertise:
+            advertise = f"[{advertise}]"
+        self.addresses = [f"unix:{path}", f"tcp:{advertise}:{ts.getsockname()[1]}"]
+        for sock in self._listeners:
+            threading.Thread(target=self._accept_loop, args=(sock,), daemon=True,
+                             name="rdma-data-server").start()
+        atexit.register(self.close)
+        log.debug("data server for pid %d on %s", self.pid, self.addresses)
+
+    # -- lifecycle -------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed or os.getpid() != self.pid:  # a forked child must not remove our socket
+            return
+        self._closed = True
+        for sock in self._listeners:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        shutil.rmtree(self._rundir, ignore_errors=True)
+
+    def _accept_loop(self, lsock: socket.socket) -> None:
+        while not self._closed:
+            try:
+                conn, peer = lsock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
+                             name="rdma-data-conn").start()
+
+    # -- one connection --------------------------------------------------------------
+    def _serve(self, sock: socket.socket, peer: object) -> None:
+        if sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.settimeout(HANDSHAKE_TIMEOUT)
+            P.server_handshake(sock, self.secret)
+            sock.settimeout(None)
+        except (P.ProtocolError, OSError) as e:
+            log.warning("rdma data server: dropped connection from %s before authentication: %s",
+                        peer or "unix peer", e)
+            sock.close()
+            return
+        pins: list[Entry] = []
+        endpoints: list[object] = []  # ibverbs queue pairs live as long as this connection
+        try:
+            while True:
+                req = P.recv_request(sock)
+                if req is None:
+                    return
+                self._handle(sock, req, pins, endpoints)
+        except (P.ProtocolError, OSError) as e:
+            log.debug("rdma data connection closed: %s", e)
+        except Exception:
+            log.exception("rdma data server: request failed")
+        finally:
+            for entry in pins:
+                self.registry.unpin(entry)
+            for ep in endpoints:
+                try:
+                    ep.close()  # type: ignore[attr-defined]
+                except Exception:
+                    pass
+            sock.close()
+
+    def _lookup_pinned(self, sock: socket.socket, buffer_id: int, offset: int,
+                       length: int) -> Optional[Entry]:
+        """Pin the buffer and check the range; on failure reply with the reason and return None."""
+        lk = self.registry.pin(buffer_id)
+        if lk.entry is None:
+            st = P.ST_DROPPED if lk.status == "dropped" else P.ST_UNKNOWN
+            P.send_reply(sock, st, f"buffer {buffer_id} is {lk.status} in pid {self.pid}".encode())
+            return None
+        size = lk.entry.span.nbytes
+        if offset + length > size or length == 0:
+            self.registry.unpin(lk.entry)
+            P.send_reply(sock, P.ST_BOUNDS,
+                         f"range [{offset}, {offset + length}) outside buffer of {size} bytes".encode())
+            return None
+        return lk.entry
+
+    def _handle(self, sock: socket.socket, req: tuple, pins: list[Entry],
+                endpoints: list[object]) -> None:
+        op, bid, off, length, payload = req
+        if op == P.OP_READ:
+            entry = self._lookup_pinned(sock, bid, off, length)
+            if entry is None:
+                return
+            try:
+                P.send_reply(sock, P.ST_OK)
+                if entry.span.is_cuda:
+                    self._send_cuda(sock, entry, off, length)
+                else:
+                    sock.sendall(view_of(entry.span.addr + off, length))
+            finally:
+                self.registry.unpin(entry)
+        elif op == P.OP_WRITE:
+            entry = self._lookup_pinned(sock, bid, off, length)
+            if entry is None:
+                return
+            try:
+                P.send_reply(sock, P.ST_OK)
+                if entry.span.is_cuda:
+                    self._recv_cuda(sock, entry, off, length)
+                else:
+                    P.recv_into_exact(sock, view_of(entry.span.addr + off, length))
+                P.send_reply(sock, P.ST_OK)
+            finally:
+                self.registry.unpin(entry)
+        elif op == P.OP_PIN:
+            entry = self._lookup_pinned(sock, bid, off, length)
+            if entry is None:
+                return
+            if entry.span.is_cuda:
+                self.registry.unpin(entry)
+                P.send_reply(sock, P.ST_ERROR, b"buffer is in CUDA memory: not readable by process_vm")
+                return
+            pins.append(entry)
+            P.send_reply(sock, P.ST_OK, PIN_REPLY.pack(entry.span.addr + off, length))
+        elif op == P.OP_UNPIN:
+            for i, entry in enumerate(pins):
+                if entry.buffer_id == bid:
+                    pins.pop(i)
+                    self.registry.unpin(entry)
+                    P.send_reply(sock, P.ST_OK)
+                    return
+            P.send_reply(sock, P.ST_ERROR, f"buffer {bid} is not pinned on this connection".encode())
+        elif op == P.OP_DROP:
+            known = self.registry.drop(bid)
+            P.send_reply(sock, P.ST_OK if known else P.ST_UNKNOWN)
+        elif op == P.OP_INFO:
+            P.send_reply(sock, P.ST_OK, INFO_REPLY.pack(self.pid, self.start_time))
+        elif op == P.OP_IB_CONNECT:
+            ctx = self.ib_context()
+            if ctx is None:
+                P.send_reply(sock, P.ST_ERROR, b"no RDMA device in the owner process")
+                return
+            ep = ctx.create_endpoint()
+            try:
+                ep.connect(payload)
+            except Exception as e:
+                ep.close()
+                P.send_reply(sock, P.ST_ERROR, f"queue pair setup failed: {e}".encode())
+                return
+            endpoints.append(ep)
+            P.send_reply(sock, P.ST_OK, ep.local_info())
+        elif op == P.OP_IB_MR:
+            self._handle_ib_mr(sock, bid, off, length)
+        else:
+            P.send_reply(sock, P.ST_ERROR, f"unknown op {op}".encode())
+
+    def _handle_ib_mr(self, sock: socket.socket, bid: int, off: int, length: int) -> None:
+        ctx = self.ib_context()
+        if ctx is None:
+            P.send_reply(sock, P.ST_ERROR, b"no RDMA device in the owner process")
+            return
+        entry = self._lookup_pinned(sock, bid, off, length)
+        if entry is None:
+            return
+        try:
+            with self._mr_lock:
+                if entry.ib_mr is None:
+                    entry.ib_mr = ctx.register(entry.span.addr, entry.span.nbytes, remote=True)
+                rkey = entry.ib_mr.rkey
+            P.send_reply(sock, P.ST_OK, MR_REPLY.pack(entry.span.addr + off, rkey))
+        except Exception as e:
+            P.send_reply(sock, P.ST_ERROR, f"memory registration failed: {e}".encode())
+        finally:
+            self.registry.unpin(entry)
+
+    def ib_context(self):  # -> Optional[ibverbs.IbvContext]
+        from . import ibverbs
+
+        return ibverbs.shared_context()
+
+    # -- CUDA buffers: staged through host memory in the server thread -----------------
+    def _send_cuda(self, sock: socket.socket, entry: Entry, off: int, length: int) -> None:
+        import torch
+
+        flat = entry.span.keepalive.view(torch.uint8)
+        pos = off
+        while pos < off + length:
+            n = min(CUDA_STAGE, off + length - pos)
+            host = flat[pos:pos + n].cpu()
+            sock.sendall(memoryview(host.numpy()))
+            pos += n
+
+    def _recv_cuda(self, sock: socket.socket, entry: Entry, off: int, length: int) -> None:
+        import torch
+
+        flat = entry.span.keepalive.view(torch.uint8)
+        stage = torch.empty(min(CUDA_STAGE, length), dtype=torch.uint8)
+        pos = off
+        while pos < off + length:
+            n = min(CUDA_STAGE, off + length - pos)
+            P.recv_into_exact(sock, memoryview(stage.numpy())[:n])
+            flat[pos:pos + n].copy_(stage[:n])
+            pos += n
+        torch.cuda.synchronize(flat.device)
+
+
+_server: Optional[DataServer] = None
+_server_lock = threading.Lock()
+
+
+def get_server() -> DataServer:
+    """This process's data server, started on first use."""
+    global _server
+    with _server_lock:
+        if _server is None or _server.pid != os.getpid():
+            _server = DataServer()
+        return _server
+
+
+def current_server() -> Optional[DataServer]:
+    """The running server of this process, or None if no buffer was ever created here."""
+    s = _server
+    return s if s is not None and s.pid == os.getpid() else None
+
+
+def _after_fork() -> None:
+    global _server, _server_lock
+    _server = None  # the parent's listeners and threads are not ours
+    _server_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)

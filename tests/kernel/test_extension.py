@@ -1,0 +1,179 @@
+"""`%load_ext monarch_kernel` in a plain IPython shell (in this process): the magics work
+with real procs, remote output is routed with prefixes, and bad input is a UsageError."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.testing.globalipapp import start_ipython
+from IPython.utils.capture import capture_output
+
+import runtime
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "monarch_kernel")
+    shell.run_line_magic("load_ext", "monarch_kernel")  # loading twice is harmless
+    try:
+        yield shell
+    finally:
+        try:
+            shell.run_line_magic("mesh", "stop --all")
+        finally:
+            shell.run_line_magic("unload_ext", "monarch_kernel")
+            runtime.shutdown()
+
+
+def test_help_is_printed_not_raised(ip):
+    with capture_output() as cap:
+        assert ip.run_line_magic("mesh", "alloc --help") is None
+    assert cap.stdout.startswith("usage: %mesh alloc")
+
+
+def test_alloc_on_a_host_mesh_variable_and_run_cells(ip):
+    ip.user_ns["h"] = runtime.this_host()
+    with capture_output() as cap:
+        ip.run_line_magic("mesh", "alloc ext --hosts h --per-host procs=2 --no-progress")
+    assert cap.stdout == ""  # --no-progress
+    assert isinstance(ip.user_ns["ext"], runtime.ProcMesh)
+    assert ip.user_ns["ext"].sizes == {"procs": 2}
+    with capture_output() as cap:
+        vm = ip.run_cell_magic("mesh", "ext", "x = {'r': current_rank().rank}\n"
+                                              "print('line one')\nprint('tail', end='')\nx")
+    assert isinstance(vm, runtime.ValueMesh)
+    assert list(vm.values()) == [{"r": 0}, {"r": 1}]
+    lines = cap.stdout.splitlines()
+    assert "[ext 0] line one" in lines and "[ext 1] line one" in lines
+    assert "[ext 0] tail" in lines and "[ext 1] tail" in lines  # partial lines flushed
+    assert "mk-end" not in cap.stdout and "mk-end" not in cap.stderr
+    # `{x}` is the remote set display of the remote dict... not expanded by the controller.
+    ip.user_ns["x"] = "controller"
+    vm = ip.run_cell_magic("mesh", "ext --ranks procs=0", "len({x['r']})")
+    assert vm.item() == 1
+
+
+def test_line_magics_expand_variables_cell_magic_does_not(ip):
+    ip.user_ns["which"] = "ext"
+    table = ip.run_line_magic("mesh", "status {which}")  # expanded like any line magic
+    assert "ext" in repr(table)
+    with pytest.raises(UsageError, match="not a valid Python identifier"):
+        ip.run_cell_magic("mesh", "{which}", "1")
+
+
+def test_cell_timeout_interrupts_the_remote_cell(ip):
+    import time
+
+    with pytest.raises(UsageError, match="did not finish within 0.5 s .the remote cell was "
+                                         "interrupted"):
+        ip.run_cell_magic("mesh", "ext --timeout 0.5",
+                          "import time\nfor _ in range(200):\n    time.sleep(0.05)\n")
+    t0 = time.monotonic()
+    vm = ip.run_cell_magic("mesh", "ext", "'free'")
+    assert list(vm.values()) == ["free", "free"] and time.monotonic() - t0 < 5
+
+
+def test_unpicklable_values_come_back_as_their_repr(ip):
+    from monarch_kernel.cell_exec import Unpicklable
+
+    vm = ip.run_cell_magic("mesh", "ext", "import threading\nthreading.Lock()")
+    values = list(vm.values())
+    assert all(isinstance(v, Unpicklable) and "lock" in repr(v) for v in values), values
+
+
+def test_actor_mesh_variable_runs_on_its_procs(ip):
+    ip.run_cell("from runtime import Actor, endpoint\n"
+                "class Noop(Actor):\n"
+                "    def __init__(self, flag=True):\n"
+                "        self.flag = flag\n"
+                "    @endpoint\n"
+                "    def ok(self):\n"
+                "        return True\n")
+    with capture_output():
+        ip.run_line_magic("mesh", "spawn ext Noop --as noops")
+    assert list(ip.user_ns["noops"].ok.call().get().values()) == [True, True]
+    vm = ip.run_cell_magic("mesh", "noops -q -o where", "current_rank().rank")
+    assert vm is None and list(ip.user_ns["where"].values()) == [0, 1]
+
+
+@pytest.mark.parametrize("line,message", [
+    ("alloc p2 --hosts nothere", "no variable 'nothere'"),
+    ("alloc p2 --hosts ext", "is a ProcMesh, not a HostMesh"),
+    ("spawn ext int", "'int' is not an Actor subclass"),
+    ("spawn ext Noop --as n2 1 2", "Noop.__init__: too many positional arguments"),
+    ("spawn ext Noop undefined_name", "NameError"),
+    ("spawn nothere Noop", "no variable 'nothere'"),
+])
+def test_bad_input_is_a_one_line_usage_error(ip, line, message):
+    with pytest.raises(UsageError) as e:
+        ip.run_line_magic("mesh", line)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_stop_by_mesh_name_and_status_views(ip):
+    with capture_output():
+        ip.run_line_magic("mesh", "alloc v1 --mesh-name labelled --per-host procs=1 "
+                                  "--no-progress")
+    status = ip.run_line_magic("mesh", "status labelled")
+    assert repr(status) == "proc mesh labelled {procs: 1}: running, no actors"
+    with capture_output():
+        ip.run_line_magic("mesh", "spawn v1 Noop --as lab_actors")
+    status = ip.run_line_magic("mesh", "status --text labelled")
+    assert repr(status).startswith("mesh lab_actors [procs=1] on labelled")
+    assert status._repr_html_() is None  # --text: no HTML form
+    status = ip.run_line_magic("mesh", "status lab_actors")
+    assert "<" in status._repr_html_()
+    with pytest.raises(UsageError, match="no mesh named 'nope'"):
+        ip.run_line_magic("mesh", "status nope")
+    with capture_output() as cap:
+        ip.run_line_magic("mesh", "stop labelled")  # not a variable: a mesh name
+    assert cap.stdout.strip() == "stopped 1 mesh: labelled"  # (its actors with it)
+    assert ip.user_ns["v1"]._stopped_flag
+    with pytest.raises(UsageError, match="neither a mesh variable nor a live mesh's name"):
+        ip.run_line_magic("mesh", "stop labelled")
+
+
+def test_stopped_mesh_is_refused(ip):
+    ip.user_ns["h"] = runtime.this_host()
+    with capture_output():
+        ip.run_line_magic("mesh", "alloc short --per-host procs=1 --no-progress")
+        ip.run_line_magic("mesh", "stop short")
+    with pytest.raises(UsageError, match="proc mesh 'short' was stopped"):
+        ip.run_cell_magic("mesh", "short", "1")
+    table = ip.run_line_magic("mesh", "list")
+    assert "short" not in repr(table) and "ext" in repr(table)
+
+
+def test_alloc_on_a_new_local_job_and_stop_ends_it(ip):
+    from _kernel_helpers import snapshot, wait_gone
+
+    with capture_output() as cap:
+        ip.run_line_magic("mesh", "alloc lj --job local --hosts 2 --per-host procs=1")
+    shown = "\n".join(o.data.get("text/plain", "") for o in cap.outputs)
+    assert "starting a local job for lj: 2 host(s)" in shown
+    assert "local job for lj is up" in shown and "2/2 procs up" in shown, shown
+    procs, job = ip.user_ns["lj"], ip.user_ns["lj_job"]
+    assert len(procs.procs) == 2 and procs.sizes["procs"] == 1, procs.sizes
+    agents = snapshot(job.pids)
+    assert len(agents) == 2
+    vm = ip.run_cell_magic("mesh", "lj", "import os\nos.getpid()")
+    assert len(set(vm.values())) == 2
+    with capture_output() as cap:
+        ip.run_line_magic("mesh", "stop lj")
+    assert "stopped 1 mesh: lj (and its local job)" in cap.stdout
+
+    assert not wait_gone(agents, timeout=10)  # the job's agents are gone
+
+
+@pytest.mark.parametrize("line,message", [
+    ("alloc j --job local", "--hosts N is required"),
+    ("alloc j --job local --hosts 1 --partition gpu", "--partition does not apply"),
+    ("alloc j --job moon --hosts 1", "invalid choice"),
+])
+def test_job_alloc_errors_are_one_line(ip, line, message):
+    with pytest.raises(UsageError) as e:
+        ip.run_line_magic("mesh", line)
+    assert message in str(e.value) and "\n" not in str(e.value)

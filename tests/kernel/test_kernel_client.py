@@ -1,0 +1,281 @@
+"""Drive the installed `monarch` kernelspec with jupyter_client: magics, live prefixed
+output, await, one-line errors, interrupt of remote work, and restart with no orphans."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from _kernel_helpers import install_kernelspec, kill_all, snapshot, wait_gone
+
+pytestmark = pytest.mark.timeout(150)
+
+
+class Kernel:
+    """A running Monarch kernel and a blocking client, with an `execute` that collects."""
+
+    def __init__(self) -> None:
+        install_kernelspec()
+        self.km, self.kc = start_new_kernel(kernel_name="monarch", startup_timeout=60)
+        self.pids: dict[int, float] = {}
+
+    def execute(self, code: str, timeout: float = 60.0) -> dict[str, Any]:
+        """Run `code`; returns stdout, stderr, results, error and message timings."""
+        msg_id = self.kc.execute(code)
+        res: dict[str, Any] = {"stdout": "", "stderr": "", "results": [], "error": None,
+                               "stream_times": [], "displays": []}
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            t, c = msg["msg_type"], msg["content"]
+            if t == "stream":
+                res[c["name"]] += c["text"]
+                res["stream_times"].append(time.monotonic())
+            elif t == "execute_result":
+                res["results"].append(c["data"]["text/plain"])
+            elif t in ("display_data", "update_display_data"):
+                res["displays"].append(c["data"].get("text/plain", ""))
+            elif t == "error":
+                res["error"] = c
+            elif t == "status" and c["execution_state"] == "idle":
+                res["idle_time"] = time.monotonic()
+                break
+        while True:
+            reply = self.kc.get_shell_msg(timeout=max(1.0, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                res["reply"] = reply["content"]
+                return res
+
+    def value(self, code: str) -> Any:
+        import ast
+
+        r = self.execute(code)
+        assert r["error"] is None, r["error"]
+        return ast.literal_eval(r["results"][-1])
+
+    def track_processes(self) -> None:
+        """Remember the kernel and all its descendants, so clean-up can kill them by pid."""
+        pids = self.value("import os, psutil\n"
+                          "[os.getpid()] + [c.pid for c in psutil.Process().children("
+                          "recursive=True)]")
+        self.pids.update(snapshot(pids))
+
+    def close(self) -> None:
+        try:
+            self.kc.stop_channels()
+            self.km.shutdown_kernel(now=True)
+        finally:
+            kill_all(self.pids)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel()
+    try:
+        yield k
+    finally:
+        k.close()
+
+
+def test_alloc_and_cell_output_streams_live_with_prefixes(kernel):
+    r = kernel.execute("%mesh alloc workers --per-host procs=2")
+    assert r["error"] is None, r["error"]
+    assert any("2/2 procs up" in d for d in r["displays"]), r["displays"]
+    kernel.track_processes()
+    r = kernel.execute(
+        "%%mesh workers\n"
+        "import time, sys\n"
+        "print('early', current_rank().rank, flush=True)\n"
+        "time.sleep(1.5)\n"
+        "print('late', current_rank().rank, file=sys.stderr)\n"
+        "current_rank().rank * 10\n")
+    assert r["error"] is None, r["error"]
+    lines = r["stdout"].splitlines()
+    assert "[workers 0] early 0" in lines and "[workers 1] early 1" in lines
+    assert "[workers 0] late 0" in r["stderr"].splitlines()
+    assert "[workers 1] late 1" in r["stderr"].splitlines()
+    # Live: the first line arrived while the cell was still running (1.5 s before its end).
+    assert r["stream_times"][0] < r["idle_time"] - 1.0
+    assert r["results"] == ["ValueMesh({'procs': 2}, {{procs=0}: 0, {procs=1}: 10})"]
+
+
+def test_cell_namespace_persists_and_braces_are_not_expanded(kernel):
+    kernel.execute("x = 'controller'")
+    r = kernel.execute("%%mesh workers\nx = {'rank': current_rank().rank}\n")
+    assert r["error"] is None and r["results"] == []
+    r = kernel.execute("%%mesh workers --ranks procs=1 -o got\nx")
+    assert r["results"] == ["ValueMesh({}, {{}: {'rank': 1}})"]
+    assert kernel.value("got.item()") == {"rank": 1}
+    assert kernel.value("x") == "controller"
+
+
+def test_errors_are_folded_and_bad_arguments_are_one_line(kernel):
+    r = kernel.execute("%%mesh workers\nimport math\nmath.sqrt(-1)\n")
+    err = r["error"]
+    assert err["ename"] == "MeshCellError"
+    text = "\n".join(err["traceback"])
+    assert "2 of 2 ranks failed on workers: ValueError" in text
+    assert text.count("ValueError: math domain error") == 1 and "--- ranks 0-1 ---" in text
+    for bad in ["%mesh alloc 9lives", "%mesh frob", "%%mesh workers --ranks procs=x\n1",
+                "%mesh spawn workers NoSuchClass", "%mesh stop nothing_here"]:
+        r = kernel.execute(bad)
+        # IPython shows a UsageError as one line on stderr and fails the cell, no traceback.
+        assert r["reply"]["status"] == "error" and r["reply"]["ename"] == "UsageError", bad
+        assert r["stderr"].startswith(("UsageError: %mesh", "UsageError: %%mesh")) and r["stderr"].count("\n") == 1, \
+            r["stderr"]
+
+
+def test_spawn_from_notebook_class_and_await(kernel):
+    r = kernel.execute(
+        "from runtime import Actor, endpoint, current_rank\n"
+        "class Greeter(Actor):\n"
+        "    def __init__(self, word):\n"
+        "        self.word = word\n"
+        "    @endpoint\n"
+        "    async def greet(self, who):\n"
+        "        print('greeting', who)\n"
+        "        return f'{self.word} {who} from {current_rank().rank}'\n")
+    assert r["error"] is None
+    r = kernel.execute("%mesh spawn workers Greeter --as greeters \"'hi'\"")
+    assert r["error"] is None, r["error"]
+    r = kernel.execute("vm = await greeters.greet.call('ann')\nsorted(vm.values())")
+    assert r["error"] is None, r["error"]
+    assert r["results"] == ["['hi ann from 0', 'hi ann from 1']"]
+    assert "[greeters 0] greeting ann" in r["stdout"]
+    r = kernel.execute("greeters.greet.call('bo').get().item(procs=1)")
+    assert r["results"] == ["'hi bo from 1'"]
+    r = kernel.execute("%mesh list")
+    table = r["results"][0]
+    assert "workers" in table and "greeters" in table and "actors (Greeter)" in table
+
+
+def test_interrupt_stops_the_wait_and_the_remote_work(kernel):
+    msg_id = kernel.kc.execute("%%mesh workers\nimport time\nfor i in range(600):\n"
+                               "    time.sleep(0.05)\n'finished'\n")
+    time.sleep(1.5)
+    t0 = time.monotonic()
+    kernel.km.interrupt_kernel()
+    ename = None
+    while True:
+        msg = kernel.kc.get_iopub_msg(timeout=20)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "error":
+            ename = msg["content"]["ename"]
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    assert ename == "KeyboardInterrupt"
+    assert time.monotonic() - t0 < 3.0
+    # The remote loop was interrupted too: the actors take the next cell at once
+    # (an actor runs one message at a time; otherwise this would wait ~30 s).
+    t1 = time.monotonic()
+    r = kernel.execute("%%mesh workers\n'again'", timeout=20)
+    assert r["results"] == ["ValueMesh({'procs': 2}, {{procs=0}: 'again', {procs=1}: 'again'})"]
+    assert time.monotonic() - t1 < 5.0
+
+
+def interrupt_cell(kernel, code: str, after: float = 1.5) -> tuple[str, float]:
+    """Run `code`, interrupt the kernel `after` s later; (error name, seconds to idle)."""
+    msg_id = kernel.kc.execute(code)
+    time.sleep(after)
+    t0 = time.monotonic()
+    kernel.km.interrupt_kernel()
+    ename = None
+    while True:
+        msg = kernel.kc.get_iopub_msg(timeout=20)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "error":
+            ename = msg["content"]["ename"]
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return ename, time.monotonic() - t0
+
+
+def test_interrupt_an_awaited_call_interrupts_the_actor(kernel):
+    r = kernel.execute(
+        "import time\n"
+        "class Sleeper(Actor):\n"
+        "    @endpoint\n"
+        "    async def nap(self, seconds):\n"
+        "        end = time.monotonic() + seconds\n"
+        "        while time.monotonic() < end:\n"
+        "            time.sleep(0.05)\n"
+        "        return 'rested'\n"
+        "    @endpoint\n"
+        "    def ping(self):\n"
+        "        return 'pong'\n")
+    assert r["error"] is None, r["error"]
+    kernel.execute("%mesh spawn workers Sleeper --as sleepers")
+    ename, took = interrupt_cell(kernel, "await sleepers.nap.call(30)")
+    assert ename in ("KeyboardInterrupt", "CancelledError") and took < 3.0, (ename, took)
+    t1 = time.monotonic()
+    r = kernel.execute("sleepers.ping.call().get(timeout=20)", timeout=25)
+    assert r["error"] is None, r["error"]
+    assert time.monotonic() - t1 < 5.0  # the nap was interrupted on both actors
+
+
+def test_local_interrupt_mode_leaves_remote_work_running(kernel):
+    r = kernel.execute("%mesh interrupt local")
+    assert "interrupt mode: local" in r["stdout"]
+    try:
+        ename, took = interrupt_cell(kernel, "sleepers.nap.call(3.0).get()", after=0.5)
+        assert ename == "KeyboardInterrupt" and took < 2.0
+        # The actors keep napping: the next call waits for the nap to end (~2.5 s more).
+        t1 = time.monotonic()
+        r = kernel.execute("sleepers.ping.call().get(timeout=20)", timeout=25)
+        assert r["error"] is None, r["error"]
+        assert time.monotonic() - t1 > 1.0
+    finally:
+        r = kernel.execute("%mesh interrupt remote")
+        assert "interrupt mode: remote" in r["stdout"]
+
+
+def test_noblock_returns_a_future(kernel):
+    r = kernel.execute("%%mesh workers --noblock -o pending\nimport time\ntime.sleep(0.5)\n"
+                       "current_rank().rank + 100")
+    assert r["error"] is None, r["error"]
+    assert r["results"] and r["results"][0].startswith("<Future")
+    r = kernel.execute("pending.get(timeout=20)")
+    assert r["results"] == ["ValueMesh({'procs': 2}, {{procs=0}: 100, {procs=1}: 101})"]
+    r = kernel.execute("%%mesh workers --noblock -o bad\nraise RuntimeError('nope')")
+    r = kernel.execute("bad.get(timeout=20)")
+    assert r["error"]["ename"] == "MeshCellError"
+    assert "RuntimeError: nope" in "\n".join(r["error"]["traceback"])
+
+
+def test_stop_mesh(kernel):
+    r = kernel.execute("%mesh stop --all")
+    assert r["error"] is None and "stopped" in r["stdout"]
+    r = kernel.execute("%%mesh workers\n1")
+    assert r["reply"]["ename"] == "UsageError" and "was stopped" in r["stderr"]
+
+
+@pytest.mark.timeout(120)
+def test_restart_and_kill_leave_no_orphans():
+    k = Kernel()
+    try:
+        r = k.execute("%mesh alloc procs --per-host procs=2")
+        assert r["error"] is None, r["error"]
+        k.track_processes()
+        before = dict(k.pids)
+        assert len(before) >= 4  # kernel, host agent (+ zygote), 2 procs
+        k.km.restart_kernel(now=False)
+        k.kc.wait_for_ready(timeout=60)
+        left = wait_gone(before, timeout=15)
+        assert not left, f"processes survived the restart: {left}"
+        # The new kernel works, and a hard kill (no clean shutdown) leaves nothing either.
+        r = k.execute("%mesh alloc procs2 --per-host procs=2")
+        assert r["error"] is None, r["error"]
+        k.track_processes()
+        after = {p: c for p, c in k.pids.items() if p not in before}
+        assert len(after) >= 4
+        k.km.shutdown_kernel(now=True)
+        left = wait_gone(after, timeout=15)
+        assert not left, f"processes survived killing the kernel: {left}"
+    finally:
+        k.close()

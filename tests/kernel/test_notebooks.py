@@ -1,0 +1,132 @@
+"""The example notebooks execute headless with the Monarch kernel (nbclient), and their
+outputs say what the notebooks claim; the headless runner reports failures by exit code."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+
+import nbformat
+import pytest
+
+from _kernel_helpers import ROOT, install_kernelspec
+from monarch_kernel.run_notebook import cell_text, run_notebook
+
+NOTEBOOKS = os.path.join(ROOT, "notebooks")
+
+
+def execute(name: str, tmp_path, timeout: float = 120, edit=None) -> tuple[int, str, list]:
+    """Run a notebook (after `edit(nb)` if given, from a copy next to the original);
+    returns (status, printed text, executed code cells)."""
+    install_kernelspec()
+    out = io.StringIO()
+    saved = str(tmp_path / name)
+    path = os.path.join(NOTEBOOKS, name)
+    if edit is not None:
+        nb = nbformat.read(path, as_version=4)
+        edit(nb)
+        path = str(tmp_path / f"edited-{name}")
+        nbformat.write(nb, path)
+    status = run_notebook(path, timeout=timeout, save=saved, out=out, cwd=NOTEBOOKS)
+    nb = nbformat.read(saved, as_version=4)
+    return status, out.getvalue(), [c for c in nb.cells if c.cell_type == "code"]
+
+
+def output_of(cells: list, source_start: str) -> str:
+    matches = [c for c in cells if "".join(c.source).startswith(source_start)]
+    assert matches, f"no cell starts with {source_start!r}"
+    return cell_text(matches[0])
+
+
+@pytest.mark.timeout(180)
+def test_quickstart(tmp_path):
+    status, printed, cells = execute("quickstart.ipynb", tmp_path)
+    assert status == 0, printed
+    assert "all cells ran" in printed
+    assert "2/2 procs up" in output_of(cells, "%mesh alloc trainers")
+    text = output_of(cells, "counters.incr.call(5)")
+    assert "[counters 0] value is now 15" in text and "[counters 1] value is now 15" in text
+    assert "{procs=0}: 15, {procs=1}: 15" in text
+    text = output_of(cells, "%%mesh trainers\nimport os")
+    assert "[trainers 0] hello from pid" in text and "[trainers 1] hello from pid" in text
+    assert "{procs=1}: {'rank': 1, 'square': 1}" in text
+    assert output_of(cells, "answer.item()").strip() == "100"
+    # The first rank to fail answers the call (either may be first).
+    assert re.search(r"caught: ZeroDivisionError from rank [01]\n", output_of(cells, "try:"))
+    err = output_of(cells, "%%mesh trainers\nif rank == 0")
+    assert "2 of 2 ranks failed on trainers" in err
+    assert "ValueError: rank 0 does not like this input" in err
+    assert "ZeroDivisionError: division by zero" in err
+    assert "counters  counters  actors (Counter)" in output_of(cells, "%mesh list")
+    assert "mesh counters [procs=2] on trainers: idle" in output_of(cells, "%mesh status --text")
+    assert output_of(cells, "%mesh stop trainers").strip() == "stopped 1 mesh: trainers"
+    assert cells[-1].outputs and "(no meshes)" in cell_text(cells[-1])
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp(tmp_path, world):
+    def set_world(nb):
+        nb.cells[1].source = nb.cells[1].source.replace("WORLD_SIZE = 2",
+                                                        f"WORLD_SIZE = {world}")
+
+    status, printed, cells = execute("ddp.ipynb", tmp_path, timeout=180,
+                                     edit=set_world if world != 2 else None)
+    assert status == 0, printed
+    setup = output_of(cells, "%mesh spawn ddp_procs DDPActor")
+    for r in range(world):
+        assert f"[ddp {r}] joined the process group as rank {r} of {world}" in setup
+    losses = output_of(cells, "losses = ")
+    steps = re.findall(r"step (\d+): " + "  ".join([r"rank \d: ([\d.]+)"] * world), losses)
+    assert len(steps) == 10, losses
+    assert "weights in sync across ranks: True" in output_of(cells, "checksums = ")
+    assert f"({world - 1}, {world}, 'gloo')" in output_of(cells, "%%mesh ddp_procs")
+    m = re.search(r"first step ([\d.]+), last step ([\d.]+)", output_of(cells, "first = "))
+    assert m and float(m.group(2)) < float(m.group(1))  # it learned
+
+
+@pytest.mark.timeout(180)
+def test_fault_handling(tmp_path):
+    status, printed, cells = execute("fault_handling.ipynb", tmp_path)
+    assert status == 0, printed
+    assert re.search(r"ValueError on rank [01]", output_of(cells, "try:\n    w.parse"))
+    folded = output_of(cells, "%%mesh workers\nsettings = ")
+    assert "2 of 2 ranks failed on workers: KeyError" in folded
+    assert folded.count("KeyError: 'batch_size'") == 1 and "--- ranks 0-1 ---" in folded
+    kept = [cell_text(c) for c in cells if "".join(c.source) == "%%mesh workers\nsettings"]
+    assert kept and "{procs=0}: {'lr': 0.1}, {procs=1}: {'lr': 0.1}" in kept[0]
+    assert "not yet: Worker.slow.call not resolved within 0.1 s" in output_of(cells, "fut = ")
+    crash = output_of(cells, "try:\n    w.slice(procs=1).crash")
+    assert "SupervisionError: MeshFailure: mesh 'w' rank(s) [1] failed: process exited " \
+           "with code 3" in crash
+    status_table = output_of(cells, "%mesh status w")  # monarch_widgets' text rendering
+    assert "mesh w [procs=2] on workers: failed" in status_table, status_table
+    assert re.search(r"rank 1 failed for [\d.]+s: process exited with code 3", status_table)
+    after = output_of(cells, "print(w.slice(procs=0)")
+    assert "9" in after.splitlines() and "the whole mesh: SupervisionError" in after
+    assert "{procs=0}: 16, {procs=1}: 16" in output_of(cells, "w.square.call(4)")
+    recovered = output_of(cells, "victim = trainer")
+    assert "restarts: 1" in recovered and "new workers: True" in recovered, recovered
+    assert "supervisor: mesh 'steps' rank(s) [1] failed: process killed by SIGKILL" in \
+        "".join(cell_text(c) for c in cells), "the supervisor's output reaches the notebook"
+
+
+@pytest.mark.timeout(120)
+def test_runner_exits_non_zero_on_error_and_timeout(tmp_path):
+    install_kernelspec()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('first')"),
+                                         nbformat.v4.new_code_cell("1 / 0"),
+                                         nbformat.v4.new_code_cell("print('never')")])
+    path = str(tmp_path / "bad.ipynb")
+    nbformat.write(nb, path)
+    out = io.StringIO()
+    assert run_notebook(path, out=out) == 1
+    text = out.getvalue()
+    assert "first" in text and "ZeroDivisionError" in text and "never" not in text
+    assert "a cell failed (ZeroDivisionError)" in text
+    nb.cells = [nbformat.v4.new_code_cell("import time; time.sleep(30)")]
+    nbformat.write(nb, path)
+    out = io.StringIO()
+    assert run_notebook(path, timeout=2, out=out) == 1
+    assert "timed out after 2 s" in out.getvalue()
