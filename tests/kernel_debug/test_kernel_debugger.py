@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from kernel_debug.driver import INTERRUPT, KernelSession
+from kernel_debug.driver import INTERRUPT, KernelSession, kernel_module
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -116,6 +116,11 @@ def test_unattended_breakpoint_note_attach_with_magic_and_timeout(kernel):
     assert "(Pdb ua:0) p y + 1\n13\n" in r.transcript, r.transcript
     assert r.results == ["'done with ua rank 0'"]
     assert kernel.run("fut.get()").results == ["12"]
+    if kernel_module() == "monarch_kernel":  # the Monarch kernel's `%mesh attach MESH RANK`
+        r = kernel.run("fut = ua.work.call_one(6)\ntime.sleep(0.5)\n"
+                       "get_ipython().run_line_magic('mesh', 'attach ua 0')", ["p x", "c"])
+        assert "(Pdb ua:0) p x\n6\n" in r.transcript, r.transcript
+        assert kernel.run("fut.get()").results == ["12"]
     # nobody attends within the timeout: the policy (fail) applies
     r = kernel.run("set_timeout(1.5)\nfut = ua.work.call_one(6)\ntime.sleep(3)\nfut.get()")
     assert r.error is not None and r.error["ename"] == "ActorError"
