@@ -245,9 +245,9 @@ class DebugRegistry:
 
     # -- queries ---------------------------------------------------------------------------
     def sessions(self) -> list[Session]:
-        """Every live session (paused or running a command), oldest first."""
+        """Every live session (paused or running a command), by mesh and rank."""
         with self._cond:
-            return sorted(self._sessions.values(), key=lambda s: (s.since, s.mesh, s.rank))
+            return sorted(self._sessions.values(), key=lambda s: (s.mesh, s.rank, s.since))
 
     def paused(self) -> list[Session]:
         return [s for s in self.sessions() if s.state == "paused"]
