@@ -239,6 +239,7 @@ def test_magic_subcommands():
 def test_load_ipython_extension_registers_mesh_magic():
     from IPython.core.interactiveshell import InteractiveShell
 
+    InteractiveShell.clear_instance()  # a fresh shell: other tests may have loaded %mesh
     ip = InteractiveShell.instance()
     try:
         ip.run_line_magic("load_ext", "monarch_widgets")
