@@ -160,6 +160,8 @@ class _Collector:
     def start(self) -> None:
         rt = self.rt
         self.port = rt.open_port(self.on_reply, self.on_fail)
+        for f in self.futs:
+            f._ports = (self.port,)
         for r in self.ranks:
             self.rec.inflight[r] += 1
         if config.interrupt_remote:

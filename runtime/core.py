@@ -748,8 +748,9 @@ class Runtime:
         if not self.is_proc and os.environ.get("MONARCH_ADMIN", "1") != "0":
             try:  # the controller's loopback admin endpoint (monarch-admin attaches to it)
                 from runtime.admin import serve
+                from runtime.debugging.admin import register as register_debug
 
-                serve(self)
+                register_debug(serve(self))  # + the debugger's requests (monarch-debug)
             except Exception:
                 log.exception("admin endpoint did not start")
 
@@ -826,6 +827,12 @@ def get_runtime() -> Runtime:
         if _runtime is None or _runtime._closed:
             _runtime = Runtime()
             atexit.register(_shutdown_at_exit)
+            try:
+                from .debugging import install_in_controller
+
+                install_in_controller(_runtime)
+            except Exception:
+                log.exception("debugger not installed")
         return _runtime
 
 

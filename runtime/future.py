@@ -62,7 +62,8 @@ class _LazyEvent:
 class Future(Generic[R]):
     """A value that arrives later. `.get()` blocks; `await fut` suspends a coroutine."""
 
-    __slots__ = ("_lock", "_event", "_value", "_exc", "_callbacks", "_on_interrupt", "_label")
+    __slots__ = ("_lock", "_event", "_value", "_exc", "_callbacks", "_on_interrupt", "_label",
+                 "_ports")
 
     def __init__(self, label: str = "") -> None:
         self._lock = threading.Lock()
@@ -72,6 +73,7 @@ class Future(Generic[R]):
         self._callbacks: list[Callable[["Future[R]"], None]] = []
         self._on_interrupt: Optional[Callable[[], None]] = None
         self._label = label
+        self._ports: tuple = ()  # reply ports of the call (the debugger matches sessions)
 
     # -- resolution (runtime side) -------------------------------------------------
     def _resolve(self, value: Any = None, exc: Optional[BaseException] = None) -> bool:

@@ -55,6 +55,7 @@ class ActorInstance:
         self.handled = 0
         self.errors = 0
         self.failed: Optional[str] = None
+        self.last_exception: Optional[BaseException] = None  # kept for post-mortem debugging
         self.current_port = -1
         self.current_reply = ""  # the caller's address while a call with a reply runs
         self.instance: Any = None
@@ -156,6 +157,7 @@ class ActorInstance:
             ok = True
         except BaseException as e:  # noqa: BLE001 - delivered to the caller
             self.errors += 1
+            self.last_exception = e
             tb = _user_traceback(e)
             err = ActorError(f"{type(e).__name__}: {e}", remote_traceback=tb,
                              exception_type=type(e).__name__, mesh=self.name, rank=self.rank,
@@ -392,6 +394,9 @@ def main(cfg: dict) -> None:
     rt.host_id = cfg.get("host_id", "")
     set_runtime(rt)
     server = ProcServer(rt, cfg)
+    from .debugging import install_in_proc
+
+    install_in_proc(rt)
     if cfg.get("listen_ip") and keys is not None:
         rt.enable_tcp(cfg["listen_ip"])
     rt.start()

@@ -1,0 +1,42 @@
+"""Remote debugging: `breakpoint()` in an actor opens pdb where the controller waits.
+
+Actor side: `install_in_proc(rt)` (called in every proc) makes breakpoint() and
+pdb.set_trace() in actor threads open a `RemotePdb` whose I/O travels to the controller.
+Controller side: `install_in_controller(rt)` keeps the registry of paused actors and opens
+the prompt in the thread waiting on a call (`Future.get()`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .protocol import BreakpointWithoutDebugger
+from .settings import policy, set_policy, set_timeout, timeout
+
+__all__ = ["BreakpointWithoutDebugger", "get_registry", "install_in_controller",
+           "install_in_proc", "policy", "set_policy", "set_timeout", "timeout"]
+
+
+def install_in_proc(rt: Any) -> None:
+    """Make breakpoint()/pdb.set_trace() in this proc's actors remote (call once per proc)."""
+    from . import proc_side
+
+    proc_side.install(rt)
+
+
+def install_in_controller(rt: Any) -> Any:
+    """Route debugger traffic of controller `rt` to its registry and hook waiting threads."""
+    from ..future import add_wait_hook
+    from . import registry
+    from .console import wait_hook
+
+    reg = registry.install(rt)
+    add_wait_hook(wait_hook)
+    return reg
+
+
+def get_registry(create: bool = True) -> Any:
+    """The controller's DebugRegistry (paused sessions, attach, cast, continue)."""
+    from .registry import get_registry as _get
+
+    return _get(create)

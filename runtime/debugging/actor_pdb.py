@@ -1,0 +1,273 @@
+"""The actor side: a pdb whose input and output travel to the controller.
+
+`breakpoint()` / `pdb.set_trace()` in an actor thread create a `RemotePdb`. Its stdout
+buffers text and sends it; its stdin sends a "read" (with the text and where the frame
+stopped) and blocks the actor thread until the controller sends a line. The proc's I/O
+thread keeps heartbeating meanwhile, and the actor reports itself "paused".
+"""
+
+from __future__ import annotations
+
+import bdb
+import itertools
+import linecache
+import logging
+import os
+import pdb
+import queue
+import time
+from typing import Any, Optional
+
+from . import settings
+from .proc_side import ProcDebugger, _actor
+from .protocol import RELEASE_COMMAND, BreakpointWithoutDebugger
+
+log = logging.getLogger("runtime.debugging")
+
+#: modules whose frames pdb steps over (the runtime's own plumbing)
+SKIP = ["runtime.proc", "runtime.debugging.*", "runtime.core", "runtime.future",
+        "threading", "asyncio.*", "concurrent.*", "queue"]
+
+ACK_TIMEOUT = 5.0  # seconds to wait for the controller to acknowledge a breakpoint
+_ids = itertools.count(1)
+
+
+class _Output:
+    """pdb's stdout: buffers text; flushing sends it to the controller."""
+
+    def __init__(self, chan: "_Channel") -> None:
+        self._chan = chan
+        self._buf: list[str] = []
+        self.encoding = "utf-8"
+
+    def write(self, s: str) -> int:
+        self._buf.append(str(s))
+        return len(s)
+
+    def take(self) -> str:
+        text, self._buf = "".join(self._buf), []
+        return text
+
+    def flush(self) -> None:
+        if self._chan.pdb is not None and self._chan.pdb.prompt and \
+                "".join(self._buf).endswith(self._chan.pdb.prompt):
+            return  # the prompt goes with the next read
+        text = self.take()
+        if text:
+            self._chan.debugger.send("output", sid=self._chan.sid, text=text)
+
+    def isatty(self) -> bool:
+        return False
+
+
+class _Input:
+    """pdb's stdin: each readline asks the controller for a line and waits for it."""
+
+    def __init__(self, chan: "_Channel") -> None:
+        self._chan = chan
+
+    def readline(self) -> str:
+        return self._chan.read_line()
+
+    def isatty(self) -> bool:
+        return False
+
+
+class _Channel:
+    """One pdb session's link to the controller."""
+
+    def __init__(self, debugger: ProcDebugger, meta: dict, kind: str) -> None:
+        self.debugger = debugger
+        self.sid = f"{debugger.rt.proc_id}/{meta.get('actor_id', '')}/{next(_ids)}"
+        self.meta = dict(meta, kind=kind)
+        self.inbox: queue.Queue = queue.Queue()
+        debugger.inboxes[self.sid] = self.inbox
+        self.stdout = _Output(self)
+        self.stdin = _Input(self)
+        self.pdb: Optional["RemotePdb"] = None
+        self.acked = False
+        self.resumed_sent = False
+
+    def close(self) -> None:
+        self.debugger.inboxes.pop(self.sid, None)
+
+    def where(self) -> dict:
+        p = self.pdb
+        f = getattr(p, "curframe", None) if p is not None else None
+        if f is None:
+            return {}
+        return {"file": f.f_code.co_filename, "line": f.f_lineno, "function": f.f_code.co_name}
+
+    def read_line(self) -> str:
+        p = self.pdb
+        text = self.stdout.take()
+        prompt = p.prompt if p is not None else "(Pdb) "
+        if text.endswith(prompt):
+            text = text[: -len(prompt)]
+        self.resumed_sent = False
+        self.debugger.send("read", sid=self.sid, text=text, prompt=prompt, **self.meta,
+                           **self.where())
+        _set_paused(True)
+        try:
+            return self._wait_line()
+        finally:
+            _set_paused(False)
+
+    def _wait_line(self) -> str:
+        start = time.monotonic()
+        while True:
+            try:
+                op, e = self.inbox.get(timeout=0.5)
+            except queue.Empty:
+                # Until the controller acknowledges, it may have no debugger; after that it
+                # enforces the unattended timeout itself (and this proc dies with it).
+                if not self.acked and time.monotonic() - start > ACK_TIMEOUT:
+                    return self._no_controller()
+                continue
+            if op == "ack":
+                self.acked = True
+                continue
+            if op == "input":
+                return str(e.get("line", "")).rstrip("\n") + "\n"
+            if op == "release":
+                return f"{RELEASE_COMMAND} {'clear' if e.get('clear') else ''}\n"
+            if op == "abort":
+                raise BreakpointWithoutDebugger(str(e.get("reason") or self._describe()))
+
+    def _describe(self) -> str:
+        w = self.where()
+        return (f"breakpoint at {w.get('file', '?')}:{w.get('line', '?')} in "
+                f"{self.meta.get('mesh', '?')} rank {self.meta.get('rank', '?')}")
+
+    def _no_controller(self) -> str:
+        why = "the controller did not acknowledge it (no debugger installed there)"
+        pol = settings.policy()
+        log.warning("%s: %s; policy %r", self._describe(), why, pol)
+        if pol == "continue":
+            return f"{RELEASE_COMMAND} clear\n"
+        raise BreakpointWithoutDebugger(
+            f"{self._describe()}: {why}; set MONARCH_DEBUG_POLICY=continue to continue instead")
+
+    def resumed(self) -> None:
+        if not self.resumed_sent:
+            self.resumed_sent = True
+            out = self.stdout.take()
+            self.debugger.send("resumed", sid=self.sid, text=out)
+
+
+class RemotePdb(pdb.Pdb):
+    """pdb driven from the controller; source the proc lacks comes from the controller."""
+
+    def __init__(self, chan: _Channel) -> None:
+        super().__init__(stdin=chan.stdin, stdout=chan.stdout, skip=SKIP, nosigint=True,
+                         readrc=False)
+        self.use_rawinput = False
+        self.chan = chan
+        chan.pdb = self
+
+    # source serving: before pdb shows anything, fetch files this proc cannot read
+    def setup(self, f: Any, tb: Any) -> None:
+        super().setup(f, tb)
+        seen = set()
+        for frame, _ in self.stack:
+            name = frame.f_code.co_filename
+            if name not in seen:
+                seen.add(name)
+                self.chan.debugger.ensure_source(name)
+
+    def get_stack(self, f: Any, t: Any) -> Any:
+        """The stack without the runtime's frames below the endpoint (threading, proc)."""
+        stack, i = super().get_stack(f, t)
+        k = 0
+        while k < i and self.is_skipped_module(stack[k][0].f_globals.get("__name__", "")):
+            k += 1
+        return stack[k:], i - k
+
+    def do_break(self, arg: str, temporary: int = 0) -> Any:
+        fname = arg.split(":", 1)[0].strip() if ":" in arg else ""
+        if fname:
+            self.chan.debugger.ensure_source(fname)
+        return super().do_break(arg, temporary)
+
+    do_b = do_break
+
+    def lookupmodule(self, filename: str) -> Any:
+        found = super().lookupmodule(filename)
+        if found is None and linecache.cache.get(filename, (0, 0, None))[2]:
+            return filename  # a cell's code: its source came from the controller
+        return found
+
+    def set_continue(self) -> None:
+        super().set_continue()
+        self.chan.resumed()
+
+    def set_quit(self) -> None:
+        super().set_quit()
+        self.chan.resumed()
+
+    def default(self, line: str) -> Any:
+        if line.startswith(RELEASE_COMMAND):
+            if "clear" in line[len(RELEASE_COMMAND):]:
+                self.clear_all_breaks()
+            self.set_continue()
+            return 1
+        return super().default(line)
+
+    def onecmd(self, line: str) -> Any:
+        if line.startswith(RELEASE_COMMAND):
+            return self.default(line)
+        return super().onecmd(line)
+
+
+# -- entry points (imported on the first breakpoint of a proc) ---------------------------------
+def _meta(actor: Any, rt: Any) -> dict:
+    try:
+        coords = dict(actor.shape.coords_of(actor.rank))
+    except Exception:
+        coords = {}
+    return {"mesh": actor.name, "rank": int(actor.rank), "coords": coords,
+            "actor_id": actor.actor_id, "proc_id": rt.proc_id, "host": rt.host,
+            "pid": os.getpid(), "port": int(actor.current_port or 0),
+            "endpoint": actor.endpoint or "", "caller": actor.current_reply or ""}
+
+
+def _set_paused(paused: bool) -> None:
+    """Report the actor as paused (heartbeats carry it to the health model) or busy again."""
+    a = _actor()
+    if a is None:
+        return
+    if paused:
+        if a.state != "paused":
+            a._debug_endpoint = a.endpoint
+            a._set_state("paused", a.endpoint)
+    elif a.state == "paused":
+        a._set_state("busy", getattr(a, "_debug_endpoint", a.endpoint))
+
+
+def start(debugger: ProcDebugger, actor: Any, frame: Any, header: Optional[str] = None) -> None:
+    """Stop the actor's thread in a RemotePdb at `frame` (breakpoint / pdb.set_trace)."""
+    chan = _Channel(debugger, _meta(actor, debugger.rt), "breakpoint")
+    p = RemotePdb(chan)
+    if header is not None:
+        chan.stdout.write(header + "\n")
+    p.set_trace(frame)
+
+
+def run_postmortem(debugger: ProcDebugger, actor: Any, exc: BaseException, sid: str) -> None:
+    """A post-mortem session on the frames of `exc` (runs on its own thread in the proc)."""
+    chan = _Channel(debugger, _meta(actor, debugger.rt), "postmortem")
+    debugger.inboxes.pop(chan.sid, None)
+    chan.sid = sid
+    debugger.inboxes[sid] = chan.inbox
+    p = RemotePdb(chan)
+    chan.stdout.write(f"post-mortem of {type(exc).__name__}: {exc}\n")
+    try:
+        p.reset()
+        p.interaction(None, exc.__traceback__)
+    except (bdb.BdbQuit, BreakpointWithoutDebugger):
+        pass
+    except BaseException:  # noqa: BLE001 - never let a debugging thread kill the proc
+        log.exception("post-mortem session failed")
+    finally:
+        chan.resumed()
+        chan.close()

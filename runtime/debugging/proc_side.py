@@ -1,0 +1,210 @@
+"""The proc side's always-loaded part: routes debugger messages and installs the hooks.
+
+Kept free of `pdb` so procs start fast: `breakpoint()` imports the remote pdb
+(`actor_pdb`) on first use, and `pdb.set_trace` is patched the moment `pdb` is imported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import linecache
+import logging
+import os
+import queue
+import sys
+import threading
+from typing import Any, Optional
+
+from ..transport.framing import Header
+from .protocol import FROM_ACTOR, header, op_of
+
+log = logging.getLogger("runtime.debugging")
+
+
+class ProcDebugger:
+    """Per-proc state: routes controller messages to the waiting pdb sessions."""
+
+    def __init__(self, rt: Any) -> None:
+        self.rt = rt
+        self.inboxes: dict[str, queue.Queue] = {}
+        self._source_waiters: dict[int, queue.Queue] = {}
+        self._source_ids = itertools.count(1)
+        self._no_source: set = set()
+        self._lock = threading.Lock()
+
+    # -- I/O thread ------------------------------------------------------------------------
+    def on_message(self, h: Header, body: Any, buffers: list) -> None:
+        op = op_of(h)
+        e = h.extra if isinstance(h.extra, dict) else {}
+        if op in FROM_ACTOR:  # from a proc this proc owns: pass it up to our owner
+            if self.rt.owner_address:
+                self.rt.send(self.rt.owner_address, h)
+            return
+        if op == "source_reply":
+            w = self._source_waiters.pop(int(e.get("req", 0)), None)
+            if w is not None:
+                w.put(e.get("lines"))
+            return
+        if op == "postmortem":
+            self._start_postmortem(e)
+            return
+        box = self.inboxes.get(str(e.get("sid", "")))
+        if box is not None:
+            box.put((op, e))
+        elif op not in ("ack",):
+            log.warning("debug message %r for unknown session %r dropped", op, e.get("sid"))
+
+    # -- actor threads ------------------------------------------------------------------------
+    def send(self, op: str, **fields: Any) -> None:
+        if not self.rt.owner_address:
+            return
+        owner = self.rt.owner_address
+        # the address the owner can reach us at (tcp across hosts, ipc on the same host)
+        self.rt.send(owner, header(op, addr=self.rt.reply_address_for(owner), **fields))
+
+    def fetch_source(self, filename: str, timeout: float = 5.0) -> Optional[list]:
+        """Lines of `filename` from the controller's linecache (None if it lacks them)."""
+        if filename in self._no_source or not self.rt.owner_address:
+            return None
+        req = next(self._source_ids)
+        w: queue.Queue = queue.Queue()
+        self._source_waiters[req] = w
+        self.send("source", req=req, file=filename)
+        try:
+            lines = w.get(timeout=timeout)
+        except queue.Empty:
+            lines = None
+        finally:
+            self._source_waiters.pop(req, None)
+        if not lines:
+            self._no_source.add(filename)
+            return None
+        return [str(x) for x in lines]
+
+    def ensure_source(self, filename: str) -> None:
+        """Put the controller's copy of a file into linecache when this proc lacks it."""
+        if not filename or filename in self._no_source:
+            return
+        entry = linecache.cache.get(filename)
+        if entry is not None and entry[2]:
+            return
+        if not filename.startswith("<") and os.path.exists(filename):
+            return
+        lines = self.fetch_source(filename)
+        if lines:
+            linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+
+    def _start_postmortem(self, e: dict) -> None:
+        sid = str(e.get("sid", ""))
+        # the ProcServer (its bound handle() is the runtime's host_handler) holds the actors
+        server = getattr(getattr(self.rt, "host_handler", None), "__self__", None)
+        actor = getattr(server, "actors", {}).get(str(e.get("actor", ""))) if server else None
+        exc = getattr(actor, "last_exception", None) if actor is not None else None
+        if exc is None or exc.__traceback__ is None:
+            self.send("nopm", sid=sid, reason="no failed frame is kept" if actor else
+                      f"no actor {e.get('actor')!r} in proc {self.rt.proc_id}")
+            return
+        from .actor_pdb import run_postmortem  # pdb is imported on first use only
+
+        t = threading.Thread(target=run_postmortem, args=(self, actor, exc, sid),
+                             name=f"debug-postmortem-{actor.name}-{actor.rank}", daemon=True)
+        t.start()
+
+
+# -- proc-wide installation ------------------------------------------------------------------
+_debugger: Optional[ProcDebugger] = None
+_orig_breakpointhook = sys.__breakpointhook__
+_orig_set_trace: Any = None  # pdb's own set_trace, once patched
+
+
+def _actor() -> Any:
+    from ..proc import current_actor
+
+    return current_actor()
+
+
+def set_trace(frame: Any = None, *, header: Optional[str] = None) -> None:
+    """`pdb.set_trace()` replacement: a remote pdb in actor threads, plain pdb elsewhere."""
+    frame = frame or sys._getframe().f_back
+    actor = _actor()
+    if actor is None or _debugger is None:
+        import pdb
+
+        p = pdb.Pdb()
+        if header is not None:
+            p.message(header)
+        p.set_trace(frame)
+        return
+    from .actor_pdb import start
+
+    start(_debugger, actor, frame, header)
+
+
+def breakpointhook(*args: Any, **kws: Any) -> None:
+    """`sys.breakpointhook`: honours PYTHONBREAKPOINT (0 disables; another hook is used)."""
+    hook = os.environ.get("PYTHONBREAKPOINT", "")
+    if hook == "0":
+        return None
+    if hook not in ("", "pdb.set_trace") or _debugger is None:
+        return _orig_breakpointhook(*args, **kws)
+    set_trace(sys._getframe().f_back)
+    return None
+
+
+def _patch_pdb(module: Any) -> None:
+    global _orig_set_trace
+    if module.set_trace is not set_trace:
+        _orig_set_trace = module.set_trace
+        module.set_trace = set_trace
+
+
+class _PatchingLoader:
+    """Loads pdb with its own loader, then patches its set_trace."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: Any) -> Any:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._inner.exec_module(module)
+        _patch_pdb(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _PdbImportHook:
+    """A meta-path finder that patches `pdb` when it is first imported, then goes away."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "pdb":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        import importlib.util
+
+        spec = importlib.util.find_spec("pdb")
+        if spec is not None and spec.loader is not None:
+            spec.loader = _PatchingLoader(spec.loader)
+        return spec
+
+
+def install(rt: Any) -> ProcDebugger:
+    """Route Kind.DEBUG to this proc's debugger and make breakpoint()/pdb.set_trace() remote."""
+    global _debugger
+    from ..transport.framing import Kind
+
+    if _debugger is not None and _debugger.rt is rt:
+        return _debugger
+    _debugger = ProcDebugger(rt)
+    rt.register_handler(Kind.DEBUG, _debugger.on_message)
+    sys.breakpointhook = breakpointhook
+    if "pdb" in sys.modules:
+        _patch_pdb(sys.modules["pdb"])
+    elif not any(isinstance(f, _PdbImportHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PdbImportHook())
+    return _debugger

@@ -1,0 +1,87 @@
+"""The debugger across real hosts: actors in two network-namespace hosts of the test
+cluster (CurveZMQ over TCP) stop at breakpoint(); the controller drives their pdb, serves
+them the source they lack, casts by host and continues them."""
+from __future__ import annotations
+
+import linecache
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import runtime
+from multihost.agents import Agents
+from multihost.mhcluster import Cluster, unavailable
+
+pytestmark = pytest.mark.timeout(180)
+
+CELL = "<remote-cell>"
+SRC = '''\
+import socket
+from runtime import Actor, endpoint
+
+
+class Remote(Actor):
+    @endpoint
+    def work(self, x):
+        host = socket.gethostname()
+        breakpoint()
+        return (host, x * 2)
+'''
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory):
+    reason = unavailable()
+    if reason:
+        if os.environ.get("MONARCH_REQUIRE_MULTIHOST") == "1":
+            pytest.fail(f"multihost tests required but cannot run: {reason}")
+        pytest.skip(reason)
+    tmp = tmp_path_factory.mktemp("dbg-mh")
+    tmp.chmod(0o700)
+    key = tmp / "cluster.key"
+    subprocess.run([sys.executable, "-m", "runtime.transport.auth", "keygen", str(key)],
+                   check=True, capture_output=True)
+    cluster = Cluster(n=2)
+    cluster.up()
+    agents = Agents(cluster, key, tmp)
+    try:
+        addrs = [agents.start(n) for n in cluster.nodes]
+        hosts = runtime.attach_to_workers(addrs, key_file=str(key))
+        yield cluster, hosts
+        runtime.shutdown()
+    finally:
+        agents.stop()
+        left = cluster.down(check=False)
+        assert not left, f"cluster teardown left: {left}"
+
+
+def test_breakpoints_on_two_hosts(two_hosts):
+    cluster, hosts = two_hosts
+    linecache.cache[CELL] = (len(SRC), None, SRC.splitlines(True), CELL)
+    ns = {"__name__": "not_importable_cell"}
+    exec(compile(SRC, CELL, "exec"), ns)
+    m = hosts.spawn_procs(per_host={"procs": 1}, name="mhdbg").spawn("remote", ns["Remote"])
+    reg = runtime.debugging.get_registry()
+    reg.notify = lambda text: None
+    fut = m.work.call(21)
+    deadline = time.monotonic() + 60
+    while len(reg.paused()) < 2:
+        assert time.monotonic() < deadline, reg.sessions()
+        time.sleep(0.05)
+    sessions = sorted(reg.paused(), key=lambda s: s.rank)
+    assert [s.host for s in sessions] == cluster.nodes
+    for s, node in zip(sessions, cluster.nodes):
+        assert s.coords == {"hosts": s.rank, "procs": 0} and s.file == CELL
+        assert f"on {node} pid {s.pid}, at {CELL}:10 in work()" in s.header_line()
+        assert "-> return (host, x * 2)" in reg.wait(s, 10)[0]
+        assert reg.run_command(s, "p host")[0] == f"'{node}'\n"
+        assert "breakpoint()" in reg.run_command(s, "l")[0]  # source from the controller
+    out = reg.cast("ranks(hosts=1)", "p (host, x)")
+    assert [(s.host, text) for s, text, _ in out] == [(cluster.nodes[1],
+                                                       f"('{cluster.nodes[1]}', 21)\n")]
+    assert reg.continue_all() == 2
+    got = fut.get(30)
+    assert sorted(v for _, v in got.items()) == [(n, 42) for n in cluster.nodes]
