@@ -259,6 +259,7 @@ _COMMANDS = {
     "stop": "stop a mesh, or all of them",
     "interrupt": "what Ctrl-C does to remote work (remote or local)",
     "attach": "attach the debugger to an actor paused at a breakpoint",
+    "debug": "list, attach, cast to, continue paused actors; --postmortem (see '%mesh debug help')",
     "admin": "serve the admin endpoint for the terminal admin (monarch-admin)",
 }
 

@@ -112,6 +112,14 @@ def load(shell: Any) -> None:
         shell.events.register("pre_run_cell", sess.pre_run_cell)
         shell.events.register("post_run_cell", sess.post_run_cell)
         _session = sess
+    try:  # breakpoint() in actors: the prompt in the waiting cell, the dashboard's attach
+        from monarch_kernel import debugger
+
+        debugger.install(shell)
+    except Exception:  # the debugger is optional for the magics; say why it is missing
+        import logging
+
+        logging.getLogger("monarch_kernel").exception("debugger not installed")
     # Output may already be flowing if meshes exist (e.g. %load_ext after creating some).
     if _running_runtime() is not None:
         sess.install_sink()

@@ -36,7 +36,12 @@ class MeshMagics(Magics):
     # -- entry points ----------------------------------------------------------------------
     @line_magic("mesh")
     def mesh_line(self, line: str) -> Any:
-        """%mesh COMMAND ...: alloc, spawn, list, status, stop, interrupt (see --help)."""
+        """%mesh COMMAND ...: alloc, spawn, list, status, stop, interrupt, debug (see --help)."""
+        head, _, rest = line.strip().partition(" ")
+        if head == "debug":  # the debugger parses its own line: ranks(procs=0:2) has parens
+            from monarch_kernel.debugger import debug_magic
+
+            return debug_magic(rest.strip() or "help", self.shell)
         try:
             cmd = margs.parse_mesh_line(line)
         except margs.MagicHelp as h:
