@@ -160,7 +160,16 @@ class Agent:
     """Serves one host: spawns procs through the zygote, forwards output, reports exits."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from .core import Runtime  # noqa: F401  (imported so the zygote inherits it)
+        # Import what every proc needs now, so the zygote (and each fork) inherits it.
+        from . import proc  # noqa: F401
+        from .core import Runtime  # noqa: F401
+        from .transport import serialization  # noqa: F401
+
+        for optional in ("psutil", "runtime.debugging.proc_side"):
+            try:
+                __import__(optional)
+            except ImportError:
+                pass
         from .transport import auth
         from .transport.loop import IOLoop
 

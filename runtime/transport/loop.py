@@ -226,7 +226,7 @@ class IOLoop:
             s.setsockopt(zmq.SNDHWM, 0)
             s.setsockopt(zmq.LINGER, 2000)
             s.setsockopt(zmq.RECONNECT_IVL, 10)
-            s.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+            s.setsockopt(zmq.RECONNECT_IVL_MAX, 0)  # constant 10 ms: procs bind soon after spawn
             keys = self.peer_keys.get(addr, self.keys)
             if addr.startswith("tcp://") and keys is not None:
                 s.curve_serverkey = keys.public
