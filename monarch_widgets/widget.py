@@ -34,6 +34,12 @@ class Dashboard(anywidget.AnyWidget):
     # compact JSON of monarch_widgets.state.build_state, sent as one binary buffer
     payload = traitlets.Bytes(b"{}").tag(sync=True)
 
+    def __repr__(self) -> str:
+        """Plain-text frontends (nbclient, a terminal) see the text rendering."""
+        from .render import render_text
+
+        return render_text(self._health.snapshot())
+
     def __init__(self, health: HealthModel, *, runtime: Any = None, max_rate: float = 4.0,
                  clock: Callable[[], float] = time.time, **kwargs: Any) -> None:
         if not isinstance(health, HealthModel):
