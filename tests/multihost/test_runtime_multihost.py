@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -248,16 +249,37 @@ def test_slurm_job_end_to_end(cluster, monkeypatch, tmp_path):
 
 @pytest.mark.timeout(200)
 def test_slurm_notebook_runs(cluster, monkeypatch):
+    """notebooks/slurm.ipynb with the Monarch kernel: one magic allocates on SLURM, the
+    cells train across the 3 namespaced hosts, %mesh stop ends the job."""
+    import sys
+
     import nbformat
     from nbclient import NotebookClient
 
+    sys.path.insert(0, str(REPO / "tests" / "kernel"))
+    from _kernel_helpers import install_kernelspec
+
+    install_kernelspec()
     monkeypatch.setenv("SLURM_CONF", str(cluster.dir / "slurm.conf"))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("MONARCH_HEARTBEAT_TIMEOUT", str(HB_TIMEOUT))
+    before = cluster.ns_pids()
     nb = nbformat.read(REPO / "notebooks" / "slurm.ipynb", as_version=4)
-    NotebookClient(nb, timeout=120, kernel_name="python3",
+    NotebookClient(nb, timeout=120, kernel_name="monarch",
                    resources={"metadata": {"path": str(REPO)}}).execute()
     outs = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
                    for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    for node in cluster.nodes:
-        assert f"hello from {node}" in outs
     assert "'hosts': 3, 'procs': 2" in outs
+    for i, node in enumerate(cluster.nodes):
+        assert f"{i} ['{node}']" in outs, outs
+        assert f"@{node}] hello from {node}" in outs, outs
+    m = re.search(r"loss ([\d.]+) -> ([\d.]+) over 6 actors on 3 hosts", outs)
+    assert m and float(m.group(2)) < 0.01 * float(m.group(1)), outs
+    assert "stopped 1 mesh: trainers" in outs
+    deadline = time.monotonic() + 20  # %mesh stop also ended the SLURM job and its agents
+    while True:
+        new = [p for n, ps in cluster.ns_pids().items() for p in ps if p not in before[n]]
+        if not new or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not new, f"left on nodes after %mesh stop: {new}"
