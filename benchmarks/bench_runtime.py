@@ -23,16 +23,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
+from _ref_common import pct  # noqa: E402  (shared with the reference runs)
+
 MiB = 1 << 20
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
 # ----------------------------------------------------------------------------- raw floors

@@ -50,10 +50,9 @@ class EndpointRef:
         except SerializationError:
             if bound is None and self._sig is not None:
                 bound = self._sig.bind(*args, **kwargs)
-            culprit = _find_unpicklable(bound, args, kwargs)
+            culprit, reason = _unpicklable_argument(bound, args, kwargs)
             raise SerializationError(
-                f"argument {culprit} of {self._qualname()}() cannot be pickled"
-                + _reason(bound, args, kwargs)) from None
+                f"argument {culprit} of {self._qualname()}() cannot be pickled{reason}") from None
         total = len(body) + sum(memoryview(b).nbytes for b in bufs)
         if total > config.max_message_bytes:
             raise MessageTooLargeError(
@@ -280,22 +279,13 @@ def _fast_arity_ok(sig: inspect.Signature, args: tuple, kwargs: dict) -> bool:
     return plain and required <= len(args) <= total
 
 
-def _find_unpicklable(bound: Any, args: tuple, kwargs: dict) -> str:
+def _unpicklable_argument(bound: Any, args: tuple, kwargs: dict) -> tuple[str, str]:
+    """The first argument that cannot be pickled, and why: ("'x'", ": TypeError: ...")."""
     items = list(bound.arguments.items()) if bound is not None else \
         [(f"#{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
     for name, value in items:
         try:
             dumps(value)
-        except SerializationError:
-            return repr(name)
-    return "(unknown)"
-
-
-def _reason(bound: Any, args: tuple, kwargs: dict) -> str:
-    items = list(bound.arguments.values()) if bound is not None else list(args) + list(kwargs.values())
-    for value in items:
-        try:
-            dumps(value)
         except SerializationError as e:
-            return f": {e.__cause__ or e}"
-    return ""
+            return repr(name), f": {e.__cause__ or e}"
+    return "(unknown)", ""

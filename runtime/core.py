@@ -591,14 +591,13 @@ class Runtime:
                                                       extra={"ping": pid}))
 
     def _send_heartbeats(self) -> None:
-        hb = Header(Kind.HEARTBEAT, src=self.proc_id)
         for agent in self.agents.values():
             if agent.alive or agent.lost:  # keep a lost host's agent from giving up on us
-                self.send(agent.address, Header(Kind.HEARTBEAT, src=self.proc_id))
-        extra_fn = getattr(self, "heartbeat_extra", None)
+                self.send(agent.address, Header(Kind.HEARTBEAT))
         if self.owner_address:
-            hb.extra = extra_fn() if extra_fn is not None else None
-            self.send(self.owner_address, hb)
+            extra_fn = getattr(self, "heartbeat_extra", None)
+            self.send(self.owner_address, Header(
+                Kind.HEARTBEAT, extra=extra_fn() if extra_fn is not None else None))
 
     def _on_proc_exit(self, h: Header) -> None:
         e = h.extra or {}

@@ -264,7 +264,6 @@ class ProcServer:
         self.cfg = cfg
         self.actors: dict[str, ActorInstance] = {}
         self.stopped = threading.Event()
-        self.owner_last_seen = time.monotonic()
         self._proc = None
         try:
             import psutil
@@ -313,10 +312,6 @@ class ProcServer:
             for a in self.actors.values():
                 if a.state == "busy" and (h.port == 0 or a.current_port == h.port):
                     a.interrupt()
-            return True
-        if k == Kind.HEARTBEAT and h.src not in self.rt.procs and h.src not in self.rt.agents \
-                and not (isinstance(h.extra, dict) and ("ping" in h.extra or "pong" in h.extra)):
-            self.owner_last_seen = time.monotonic()
             return True
         return False
 

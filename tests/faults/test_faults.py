@@ -180,17 +180,12 @@ def test_sigkill_of_host_agent(failures, record_detection):
 
 
 def test_sigkill_of_controller_leaves_no_orphans(tmp_path, record_detection):
-    script = tmp_path / "ctl.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
-        from runtime import this_host
-        from _actors import Echo
-        pm = this_host().spawn_procs(per_host={{"procs": 3}})
+    script = _controller_script(tmp_path, "ctl.py", """
+        pm = this_host().spawn_procs(per_host={"procs": 3})
         am = pm.spawn("e", Echo)
         print([v["pid"] for v in am.whoami.call().get(timeout=60).values()], flush=True)
         time.sleep(60)
-    """))
+    """)
     p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline()
@@ -245,6 +240,18 @@ def test_unauthenticated_frames_are_dropped(mesh, tmp_path, failures):
     assert list(am.ping.call(5).get(timeout=10).values()) == [5, 5]
     assert not marker.exists(), "a frame from an unknown peer was unpickled"
     assert not failures
+
+
+def _controller_script(tmp_path, name: str, body: str):
+    """A controller script that can import the runtime and the test actors."""
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
+        from runtime import this_host
+        from _actors import Echo
+    """) + textwrap.dedent(body))
+    return path
 
 
 def _wait_dead(procs, timeout):
@@ -323,19 +330,14 @@ def test_stop_runs_cleanup_children_first(tmp_path):
 
 
 def test_script_fails_fast_with_a_report(tmp_path):
-    script = tmp_path / "crash.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
-        from runtime import this_host
-        from _actors import Echo
-        pm = this_host().spawn_procs(per_host={{"procs": 2}}, name="trainers")
+    script = _controller_script(tmp_path, "crash.py", """
+        pm = this_host().spawn_procs(per_host={"procs": 2}, name="trainers")
         am = pm.spawn("workers", Echo)
         am.initialized.get(timeout=60)
         am.slice(procs=1).exit_hard.broadcast(7)
         time.sleep(30)
         print("not reached")
-    """))
+    """)
     env = dict(os.environ)
     env.pop("MONARCH_FAULT_POLICY", None)
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
@@ -347,16 +349,11 @@ def test_script_fails_fast_with_a_report(tmp_path):
 
 
 def test_normal_exit_without_stop_leaves_no_procs(tmp_path):
-    script = tmp_path / "leave.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})
-        from runtime import this_host
-        from _actors import Echo
-        pm = this_host().spawn_procs(per_host={{"procs": 2}})
+    script = _controller_script(tmp_path, "leave.py", """
+        pm = this_host().spawn_procs(per_host={"procs": 2})
         am = pm.spawn("e", Echo)
         print([v["pid"] for v in am.whoami.call().get(timeout=60).values()], flush=True)
-    """))
+    """)
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     pids = eval(r.stdout.strip().splitlines()[-1])
