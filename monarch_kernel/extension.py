@@ -85,7 +85,7 @@ class NotebookSession:
 
 def _running_runtime() -> Any:
     """The runtime if this process started one, else None (never starts it)."""
-    mod = sys.modules.get("runtime.core")
+    mod = sys.modules.get("runtime")
     if mod is None:
         return None
     rt = mod.current_runtime()

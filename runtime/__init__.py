@@ -3,12 +3,12 @@ controller (a script or a notebook), with Monarch's API names and semantics."""
 
 from .actor import Actor, ActorContext, context, current_rank, current_size, endpoint
 from .channel import Accumulator, Channel, Port, PortReceiver
-from .core import get_runtime, shutdown
+from ._core import current_runtime, get_runtime, shutdown
 from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, SerializationError,
                      SupervisionError)
 from .future import Future
-from .meshes import (ActorMesh, HostMesh, ProcInfo, ProcMesh, attach_to_workers, this_host,
-                     this_proc)
+from ._meshes import (ActorMesh, HostMesh, ProcInfo, ProcMesh, attach_to_workers, this_host,
+                      this_proc)
 from .shapes import Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
 from .supervision.health import ActorState
@@ -31,7 +31,8 @@ unhandled_fault_hook = default_unhandled_fault_hook
 __all__ = [
     "Actor", "ActorContext", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
     "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
-    "Port", "PortReceiver", "attach_to_workers", "ProcInfo", "ProcMesh", "SerializationError", "Shape", "ShapeError",
-    "SupervisionError", "ValueMesh", "context", "current_rank", "current_size", "endpoint",
-    "get_runtime", "shutdown", "this_host", "this_proc", "unhandled_fault_hook",
+    "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape",
+    "ShapeError", "SupervisionError", "ValueMesh", "attach_to_workers", "context",
+    "current_rank", "current_runtime", "current_size", "endpoint", "get_runtime", "shutdown",
+    "this_host", "this_proc", "unhandled_fault_hook",
 ]

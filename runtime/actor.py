@@ -114,7 +114,7 @@ def context() -> ActorContext:
     import os
 
     from ._process import hostname
-    from .core import get_runtime
+    from ._core import get_runtime
 
     rt = get_runtime()
     return ActorContext("controller", "controller", Point(0, Shape((), ())), rt.proc_id,

@@ -6,7 +6,7 @@ import collections
 import threading
 from typing import Any, Callable, Generic, Optional, TypeVar
 
-from .core import get_runtime
+from ._core import get_runtime
 from .future import Future
 from .transport.framing import Header, Kind
 from .transport.serialization import dumps, loads

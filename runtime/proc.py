@@ -3,6 +3,7 @@ loop and handles one message at a time; the I/O thread keeps heartbeats going me
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import faulthandler
 import inspect
@@ -83,6 +84,7 @@ class ActorInstance:
                 self._supervise(item[1])
             elif what == _STOP:
                 self._stop(item[1])
+                self.rt.loop.call_soon(self.server.actor_stopped, self)
                 return
 
     def _init(self) -> None:
@@ -257,12 +259,19 @@ class ActorInstance:
 
 
 class ProcServer:
-    """Dispatches actor traffic to the actors of this proc."""
+    """Dispatches actor traffic to the actors of this proc (on the I/O thread).
+
+    A call can overtake the spawn of its actor when the two come from different threads
+    (each thread sends on its own sockets): a call to an actor id not seen yet waits here,
+    up to `config.stop_timeout`, for the spawn; a call to a stopped actor is answered at once.
+    """
 
     def __init__(self, rt: Any, cfg: dict) -> None:
         self.rt = rt
         self.cfg = cfg
         self.actors: dict[str, ActorInstance] = {}
+        self.stopped_actors: collections.OrderedDict = collections.OrderedDict()
+        self.early: dict[str, list] = {}  # actor id -> calls that came before its spawn
         self.stopped = threading.Event()
         self._proc = None
         try:
@@ -272,48 +281,79 @@ class ProcServer:
             self._proc.cpu_percent(None)
         except Exception:
             pass
-        rt.host_handler = self.handle
-        rt.heartbeat_extra = self.heartbeat_extra
-        rt.deliver_to_actor = self.deliver_to_actor
 
-    def handle(self, h: Header, body: Any, buffers: list) -> bool:
-        k = h.kind
-        if k == Kind.CALL:
-            a = self.actors.get(h.actor)
-            if a is None:
-                if h.port:
-                    self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank,
-                                                 status=ERROR), dumps(SupervisionError(
-                        f"no actor {h.actor} in proc {self.rt.proc_id}"))[0])
-                return True
+    def handlers(self) -> dict:
+        """Message kind -> handler, for the proc's runtime."""
+        return {Kind.CALL: self._on_call, Kind.SPAWN_ACTOR: self._on_spawn,
+                Kind.STOP_ACTOR: self._on_stop_actor, Kind.STOP_PROC: self._on_stop_proc,
+                Kind.DUMP_STACK: self._on_dump_stack, Kind.INTERRUPT: self._on_interrupt}
+
+    def _on_call(self, h: Header, body: Any, buffers: list) -> None:
+        a = self.actors.get(h.actor)
+        if a is not None:
             a.mailbox.put(("call", h, body, buffers))
-            return True
-        if k == Kind.SPAWN_ACTOR:
-            if h.actor in self.actors:
-                return True
-            a = ActorInstance(self, h, body, buffers)
-            self.actors[h.actor] = a
-            a.thread.start()
-            return True
-        if k == Kind.STOP_ACTOR:
-            a = self.actors.get(h.actor)
-            if a is not None:
-                a.mailbox.put((_STOP, h))
-            elif h.reply:
-                self.rt.send(h.reply, Header(Kind.ACTOR_STOPPED, actor=h.actor, rank=h.rank))
-            return True
-        if k == Kind.STOP_PROC:
-            threading.Thread(target=self.stop, name="monarch-stop", daemon=True).start()
-            return True
-        if k == Kind.DUMP_STACK:
-            self.rt.send(h.reply, Header(Kind.REPLY, port=h.port), dump_stacks().encode())
-            return True
-        if k == Kind.INTERRUPT:
-            for a in self.actors.values():
-                if a.state == "busy" and (h.port == 0 or a.current_port == h.port):
-                    a.interrupt()
-            return True
-        return False
+            return
+        if h.actor not in self.stopped_actors:
+            early = self.early.get(h.actor)
+            if early is None:
+                early = self.early[h.actor] = []
+                self.rt.loop.call_later(config.stop_timeout, self._expire_early, h.actor)
+            early.append((h, body, buffers))
+            return
+        self._no_actor(h)
+
+    def _no_actor(self, h: Header) -> None:
+        if h.port:
+            why = "was stopped" if h.actor in self.stopped_actors else "does not exist"
+            self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=ERROR),
+                         dumps(SupervisionError(
+                             f"actor {h.actor} {why} in proc {self.rt.proc_id}"))[0])
+
+    def _expire_early(self, actor_id: str) -> None:
+        for h, _, _ in self.early.pop(actor_id, ()):
+            self._no_actor(h)
+
+    def _on_spawn(self, h: Header, body: Any, buffers: list) -> None:
+        if h.actor in self.actors:
+            return
+        a = ActorInstance(self, h, body, buffers)
+        self.actors[h.actor] = a
+        for item in self.early.pop(h.actor, ()):
+            a.mailbox.put(("call",) + item)
+        a.thread.start()
+
+    def _on_stop_actor(self, h: Header, body: Any, buffers: list) -> None:
+        a = self.actors.get(h.actor)
+        if a is not None:
+            a.mailbox.put((_STOP, h))
+        elif h.reply:
+            self.rt.send(h.reply, Header(Kind.ACTOR_STOPPED, actor=h.actor, rank=h.rank))
+
+    def actor_stopped(self, a: "ActorInstance") -> None:
+        """An actor's thread ended: forget it, remember its id, and answer the calls that
+        reached its mailbox after the stop (I/O thread)."""
+        self.actors.pop(a.actor_id, None)
+        self.stopped_actors[a.actor_id] = None
+        while len(self.stopped_actors) > 4096:
+            self.stopped_actors.popitem(last=False)
+        while True:
+            try:
+                item = a.mailbox.get_nowait()
+            except queue.Empty:
+                return
+            if item[0] == "call":
+                self._no_actor(item[1])
+
+    def _on_stop_proc(self, h: Header, body: Any, buffers: list) -> None:
+        threading.Thread(target=self.stop, name="monarch-stop", daemon=True).start()
+
+    def _on_dump_stack(self, h: Header, body: Any, buffers: list) -> None:
+        self.rt.send(h.reply, Header(Kind.REPLY, port=h.port), dump_stacks().encode())
+
+    def _on_interrupt(self, h: Header, body: Any, buffers: list) -> None:
+        for a in self.actors.values():
+            if a.state == "busy" and (h.port == 0 or a.current_port == h.port):
+                a.interrupt()
 
     def deliver_to_actor(self, actor_id: str, failure: MeshFailure) -> bool:
         a = self.actors.get(actor_id)
@@ -372,7 +412,8 @@ def dump_stacks() -> str:
 
 def main(cfg: dict) -> None:
     """Entry point of a forked proc (called by the zygote in the child)."""
-    from .core import Runtime, set_runtime
+    from ._core import Runtime, set_runtime
+    from ._core.roles import ProcRole
     from .transport import auth
 
     sys.stdout = logs.TaggedWriter(1, "<stdout>")
@@ -383,12 +424,12 @@ def main(cfg: dict) -> None:
     keys = None
     if cfg.get("key_file"):
         keys = auth.read_key_file(cfg["key_file"])
+    server = ProcServer(None, cfg)
+    role = ProcRole(server, cfg.get("agent", ""), cfg.get("host_id", ""))
     rt = Runtime(proc_id=cfg["proc_id"], token=bytes.fromhex(cfg["token"]), rundir=cfg["rundir"],
-                 owner_address=cfg["owner"], is_proc=True, keys=keys, start=False)
-    rt.agent_address = cfg.get("agent", "")
-    rt.host_id = cfg.get("host_id", "")
+                 owner_address=cfg["owner"], keys=keys, role=role, start=False)
+    server.rt = rt
     set_runtime(rt)
-    server = ProcServer(rt, cfg)
     from .debugging import install_in_proc
 
     install_in_proc(rt)

@@ -25,8 +25,8 @@ from .protocol import RELEASE_COMMAND, BreakpointWithoutDebugger
 log = logging.getLogger("runtime.debugging")
 
 #: modules whose frames pdb steps over (the runtime's own plumbing)
-SKIP = ["runtime.proc", "runtime.debugging.*", "runtime.core", "runtime.future",
-        "threading", "asyncio.*", "concurrent.*", "queue"]
+SKIP = ["runtime.proc", "runtime.debugging.*", "runtime._core.*", "runtime._meshes.*",
+        "runtime.future", "threading", "asyncio.*", "concurrent.*", "queue"]
 
 ACK_TIMEOUT = 5.0  # seconds to wait for the controller to acknowledge a breakpoint
 _ids = itertools.count(1)

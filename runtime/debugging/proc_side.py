@@ -96,8 +96,7 @@ class ProcDebugger:
 
     def _start_postmortem(self, e: dict) -> None:
         sid = str(e.get("sid", ""))
-        # the ProcServer (its bound handle() is the runtime's host_handler) holds the actors
-        server = getattr(getattr(self.rt, "host_handler", None), "__self__", None)
+        server = getattr(self.rt.role, "server", None)  # the ProcServer holds the actors
         actor = getattr(server, "actors", {}).get(str(e.get("actor", ""))) if server else None
         exc = getattr(actor, "last_exception", None) if actor is not None else None
         if exc is None or exc.__traceback__ is None:

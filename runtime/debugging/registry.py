@@ -429,7 +429,7 @@ def install(rt: Any) -> DebugRegistry:
 
 def get_registry(create: bool = True) -> Optional[DebugRegistry]:
     """The registry of this process's controller runtime (created on first use)."""
-    from ..core import current_runtime, get_runtime
+    from .._core import current_runtime, get_runtime
 
     rt = current_runtime()
     if rt is None or rt._closed:

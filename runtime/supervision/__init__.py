@@ -100,7 +100,7 @@ def default_unhandled_fault_hook(failure: MeshFailure) -> None:
     print(f"[monarch] unhandled failure, exiting (fail fast):\n{failure.report()}",
           file=sys.stderr, flush=True)
     try:
-        from ..core import get_runtime
+        from .._core import get_runtime
 
         get_runtime().shutdown(timeout=1.0)
     finally:

@@ -1,8 +1,12 @@
-"""The I/O thread: one zmq poller loop that owns every socket of a process.
+"""The I/O thread: one zmq poller loop that owns the inbox and receives every message.
 
-Other threads never touch a socket: they enqueue sends (`send`) and callbacks
-(`call_soon`); the loop wakes through an eventfd. Incoming frame lists are checked
-(token, header) before a handler sees them; bad ones are dropped with a log line.
+Every socket has exactly one owning thread. The loop owns the inbox, the extra listeners
+and its own send sockets; any other thread that sends (a caller in the controller, an actor
+thread in a proc) owns send sockets of its own (`ThreadSenders`), made on its first send to
+an address and closed when the thread ends. Sending from the calling thread saves the
+hand-off to the loop and back. Callbacks reach the loop with `call_soon` (eventfd wake-up).
+Incoming frame lists are checked (token, header) before a handler sees them; bad ones are
+dropped with a log line.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
@@ -61,7 +66,10 @@ class IOLoop:
         self.peer_keys: dict[str, CurveKeys] = {}  # TCP peers of another cluster key
         self.allowed_keys: set[bytes] = set()  # CurveZMQ client keys accepted (z85)
         self._out: dict[str, zmq.Socket] = {}
-        self._sendq: collections.deque = collections.deque()
+        self._tls = threading.local()
+        self._senders: "weakref.WeakSet[ThreadSenders]" = weakref.WeakSet()
+        self._forgotten: collections.OrderedDict = collections.OrderedDict()
+        self._forget_gen = 0
         self._calls: collections.deque = collections.deque()
         self._timers: list = []
         self._timer_seq = itertools.count()
@@ -72,7 +80,7 @@ class IOLoop:
         self._thread: Optional[threading.Thread] = None
         self._auth = None
         self.poller = zmq.Poller()
-        self.stats = {"sent": 0, "received": 0, "dropped": 0}
+        self.stats = LoopStats(self)
         self.thread_id: Optional[int] = None
 
     # -- set-up --------------------------------------------------------------------------
@@ -159,16 +167,51 @@ class IOLoop:
         return threading.get_ident() == self.thread_id
 
     def send(self, addr: str, frames: list) -> None:
-        """Queue a frame list for `addr` (any thread)."""
-        self._sendq.append((addr, frames))
-        if self._sleeping:
-            self._wake()
+        """Send a frame list to `addr` now, on a socket the calling thread owns (any thread).
+
+        Messages from one thread to one address arrive in the order they were sent."""
+        if self._stopping:
+            log.debug("%s: loop stopped; message to %s dropped", self.name, addr)
+            return
+        if threading.get_ident() == self.thread_id:
+            self._send_from_loop(addr, frames)
+            return
+        senders = self._tls.__dict__.get("s")
+        if senders is None:
+            senders = self._tls.s = ThreadSenders(self)
+            self._senders.add(senders)
+        senders.send(addr, frames)
 
     def call_soon(self, fn: Callable, *args: Any) -> None:
         """Run `fn(*args)` on the loop thread (any thread)."""
         self._calls.append((fn, args))
         if self._sleeping:
             self._wake()
+
+    def run_sync(self, fn: Callable, *args: Any, timeout: float = 30.0) -> Any:
+        """Run `fn(*args)` on the loop thread and return its result (any thread). Before
+        the loop starts or after it stopped, runs it in the calling thread."""
+        if self._thread is None or self._stopping or self.in_loop():
+            return fn(*args)
+        box: list = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box.append((True, fn(*args)))
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+                box.append((False, e))
+            finally:
+                done.set()
+
+        self.call_soon(run)
+        if not done.wait(timeout):
+            raise TimeoutError(f"{self.name}: the I/O thread did not run {fn!r} within "
+                               f"{timeout:g} s")
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
 
     def call_later(self, delay: float, fn: Callable, *args: Any) -> None:
         """Run `fn(*args)` on the loop thread after `delay` seconds (loop thread only)."""
@@ -198,10 +241,15 @@ class IOLoop:
                 pass
 
     def forget_peer(self, addr: str) -> None:
-        """Close the socket to a peer that is gone, dropping what it had queued (loop thread)."""
+        """Close the sockets to a peer that is gone, dropping what they had queued (loop
+        thread; other threads close theirs on their next send)."""
         s = self._out.pop(addr, None)
         if s is not None:
             s.close(linger=0)
+        self._forgotten[addr] = None
+        while len(self._forgotten) > 4096:
+            self._forgotten.popitem(last=False)
+        self._forget_gen += 1
 
     def stop(self, timeout: float = 2.0) -> None:
         """Flush pending sends, stop the thread and close every socket."""
@@ -219,34 +267,30 @@ class IOLoop:
             pass
 
     # -- the loop ---------------------------------------------------------------------------
-    def _socket_for(self, addr: str) -> zmq.Socket:
-        s = self._out.get(addr)
-        if s is None:
-            s = self.ctx.socket(zmq.PUSH)
-            s.setsockopt(zmq.SNDHWM, 0)
-            s.setsockopt(zmq.LINGER, 2000)
-            s.setsockopt(zmq.RECONNECT_IVL, 10)
-            s.setsockopt(zmq.RECONNECT_IVL_MAX, 0)  # constant 10 ms: procs bind soon after spawn
-            keys = self.peer_keys.get(addr, self.keys)
-            if addr.startswith("tcp://") and keys is not None:
-                s.curve_serverkey = keys.public
-                s.curve_publickey = keys.public
-                s.curve_secretkey = keys.secret
-            s.connect(addr)
-            self._out[addr] = s
+    def new_push_socket(self, addr: str) -> zmq.Socket:
+        """A PUSH socket connected to `addr` (CurveZMQ for TCP peers), for one owning thread."""
+        s = self.ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.setsockopt(zmq.LINGER, 2000)
+        s.setsockopt(zmq.RECONNECT_IVL, 10)
+        s.setsockopt(zmq.RECONNECT_IVL_MAX, 0)  # constant 10 ms: procs bind soon after spawn
+        keys = self.peer_keys.get(addr, self.keys)
+        if addr.startswith("tcp://") and keys is not None:
+            s.curve_serverkey = keys.public
+            s.curve_publickey = keys.public
+            s.curve_secretkey = keys.secret
+        s.connect(addr)
         return s
 
-    def _flush(self) -> None:
-        q = self._sendq
-        while q:
-            addr, frames = q.popleft()
-            try:
-                self._socket_for(addr).send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
-                self.stats["sent"] += 1
-            except zmq.Again:
-                log.warning("send queue to %s is full; message dropped", addr)
-            except zmq.ZMQError as e:
-                log.warning("send to %s failed: %s", addr, e)
+    def _send_from_loop(self, addr: str, frames: list) -> None:
+        s = self._out.get(addr)
+        try:
+            if s is None:
+                s = self._out[addr] = self.new_push_socket(addr)
+            s.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+            self.stats.loop_sent += 1
+        except zmq.ZMQError as e:
+            log.warning("send to %s failed: %s", addr, e)
 
     def _drain_inbox(self, sock: zmq.Socket) -> None:
         for _ in range(1000):
@@ -257,11 +301,11 @@ class IOLoop:
             try:
                 header, body, buffers = framing.parse(frames, self.tokens)
             except framing.FrameError as e:
-                self.stats["dropped"] += 1
+                self.stats.dropped += 1
                 log.warning("%s: dropped a message that is not from this session (%s): %s",
                             self.name, e, framing.summarize(frames))
                 continue
-            self.stats["received"] += 1
+            self.stats.received += 1
             try:
                 self.on_message(header, body, buffers)
             except Exception:
@@ -297,14 +341,12 @@ class IOLoop:
         try:
             while True:
                 self._run_calls()
-                self._flush()
                 timeout = self._run_timers()
                 if self._stopping:
                     self._run_calls()
-                    self._flush()
                     break
                 self._sleeping = True
-                if self._sendq or self._calls:
+                if self._calls:
                     self._sleeping = False
                     continue
                 events = self.poller.poll(int(timeout * 1000) + 1)
@@ -330,6 +372,8 @@ class IOLoop:
             self._close()
 
     def _close(self) -> None:
+        for senders in list(self._senders):  # threads still alive: their sockets end here
+            senders.close(linger=200)
         for s in self._out.values():
             try:
                 s.close(linger=200)
@@ -355,3 +399,67 @@ class IOLoop:
             os.close(self._wake_fd)
         except OSError:
             pass
+
+
+class ThreadSenders:
+    """The send sockets one thread owns, one per peer address; closed when the thread ends
+    (its thread-local storage is dropped) or when the loop stops."""
+
+    __slots__ = ("loop", "socks", "gen", "sent", "__weakref__")
+
+    def __init__(self, loop: IOLoop) -> None:
+        self.loop = loop
+        self.socks: dict[str, zmq.Socket] = {}
+        self.gen = loop._forget_gen
+        self.sent = 0
+
+    def send(self, addr: str, frames: list) -> None:
+        loop = self.loop
+        if self.gen != loop._forget_gen:  # peers that died: drop their sockets
+            self.gen = loop._forget_gen
+            for a in [a for a in self.socks if a in loop._forgotten]:
+                self.socks.pop(a).close(linger=0)
+        s = self.socks.get(addr)
+        try:
+            if s is None:
+                s = self.socks[addr] = loop.new_push_socket(addr)
+            s.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+            self.sent += 1
+        except zmq.ZMQError as e:
+            log.warning("send to %s failed: %s", addr, e)
+
+    def close(self, linger: int = 2000) -> None:
+        self.loop.stats.retired_sent += self.sent
+        self.sent = 0
+        socks, self.socks = self.socks, {}
+        for s in socks.values():
+            try:
+                s.close(linger=linger)
+            except zmq.ZMQError:
+                pass
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class LoopStats:
+    """Counters of one loop: messages sent (by every thread), received and dropped."""
+
+    __slots__ = ("loop", "loop_sent", "retired_sent", "received", "dropped")
+
+    def __init__(self, loop: IOLoop) -> None:
+        self.loop = loop
+        self.loop_sent = 0
+        self.retired_sent = 0
+        self.received = 0
+        self.dropped = 0
+
+    def __getitem__(self, key: str) -> int:
+        if key == "sent":
+            return self.loop_sent + self.retired_sent + sum(s.sent for s in list(self.loop._senders))
+        if key in ("received", "dropped"):
+            return getattr(self, key)
+        raise KeyError(key)

@@ -1,8 +1,9 @@
 """Adverbs on a mesh's endpoint: call, call_one, choose, broadcast, stream.
 
 `mesh.method` is an `EndpointRef`. Arguments are checked against the endpoint's signature
-and pickled in the caller's thread (errors name the argument); the I/O thread sends one
-message per proc and collects the replies into futures.
+and pickled in the caller's thread (errors name the argument), which also sends the
+messages (one per proc, or one per remote host agent); the I/O thread collects the replies
+into futures.
 """
 
 from __future__ import annotations
@@ -10,17 +11,17 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from .config import config
-from .errors import ActorError, MeshStoppedError, MessageTooLargeError, SerializationError, \
+from ..config import config
+from ..errors import ActorError, MeshStoppedError, MessageTooLargeError, SerializationError, \
     SupervisionError
-from .future import Future
-from .transport import framing
-from .transport.framing import ERROR, Header, Kind
-from .transport.serialization import dumps, loads
-from .value_mesh import ValueMesh
+from ..future import Future
+from ..shapes import Shape
+from ..transport.framing import ERROR, Header, Kind
+from ..transport.serialization import dumps, loads
+from ..value_mesh import ValueMesh
 
 if TYPE_CHECKING:
-    from .meshes import ActorMesh
+    from .actor_mesh import ActorMesh
 
 
 class EndpointRef:
@@ -119,12 +120,10 @@ class EndpointRef:
         ranks = self._ranks()
         self._check_usable(ranks)
         body, bufs = self._encode(args, kwargs)
-        mesh = self._mesh
-        rt = mesh._rt
-        rec = mesh._rec
+        rt = self._mesh._rt
+        rec = self._mesh._rec
         h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self._name)
-        targets = [rec.target(r) for r in ranks]
-        rt.loop.call_soon(rt.cast, targets, h, body, tuple(bufs))
+        rt.messenger.cast([rec.target(r) for r in ranks], h, body, tuple(bufs))
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[Any]]:
         """Call every actor; yields one future per actor, in the order replies arrive."""
@@ -137,7 +136,8 @@ class EndpointRef:
 
 
 class _Collector:
-    """Gathers the replies of one call (runs on the I/O thread once started)."""
+    """Gathers the replies of one call. Started (and its messages sent) in the caller's
+    thread; replies and failures arrive on the I/O thread."""
 
     def __init__(self, ep: EndpointRef, ranks: list[int], body: bytes, bufs: list, mode: str,
                  futs: list[Future]) -> None:
@@ -145,9 +145,9 @@ class _Collector:
         self.rt = ep._mesh._rt
         self.rec = ep._mesh._rec
         self.ranks = ranks
-        self.index = {r: i for i, r in enumerate(ranks)}
         self.values: list = [None] * len(ranks)
-        self.remaining = set(ranks)
+        self.index = {r: i for i, r in enumerate(ranks)} if len(ranks) > 1 else None
+        self.remaining = dict.fromkeys(ranks)
         self.mode = mode
         self.futs = futs
         self.next_stream = 0
@@ -158,36 +158,32 @@ class _Collector:
 
     def start(self) -> None:
         rt = self.rt
-        self.port = rt.open_port(self.on_reply, self.on_fail)
-        for f in self.futs:
-            f._ports = (self.port,)
-        for r in self.ranks:
-            self.rec.inflight[r] += 1
-        if config.interrupt_remote:
-            procs = [self.rec.proc_ids[r] for r in self.ranks]
-            port = self.port
-            hook = lambda: rt.interrupt(procs, port)  # noqa: E731
-            for f in self.futs:
-                f._on_interrupt = hook
-        rt.loop.call_soon(self._send)
-
-    def _send(self) -> None:
-        rt = self.rt
         rec = self.rec
-        rt.watch(self.port, {rec.proc_ids[r] for r in self.ranks})
-        if self.done:
-            return
-        targets = [rec.target(r) for r in self.ranks]
+        ranks = self.ranks
+        proc_ids = rec.proc_ids
+        self.port = port = rt.open_port(self.on_reply, self.on_fail,
+                                        [proc_ids[r] for r in ranks])
+        interrupt = self._interrupt if config.interrupt_remote else None
+        for f in self.futs:
+            f._ports = (port,)
+            f._on_interrupt = interrupt
+        inflight = rec.inflight
+        for r in ranks:
+            inflight[r] += 1
+        targets = [rec.target(r) for r in ranks]
         first = targets[0][0] or (targets[0][1] or ("",))[0]
         h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self.ep._name,
-                   reply=rt.reply_address_for(first), port=self.port)
-        rt.cast(targets, h, self.body, tuple(self.bufs))
+                   reply=rt.reply_address_for(first), port=port)
+        body, bufs = self.body, self.bufs
         self.body = self.bufs = None
+        rt.messenger.cast(targets, h, body, tuple(bufs))
+
+    def _interrupt(self) -> None:
+        self.rt.interrupt([self.rec.proc_ids[r] for r in self.ranks], self.port)
 
     def _finish_rank(self, r: int) -> None:
-        self.remaining.discard(r)
+        del self.remaining[r]
         self.rec.inflight[r] -= 1
-        self.rt.unwatch(self.port, self.rec.proc_ids[r])
 
     def on_reply(self, h: Header, body: Any, buffers: list) -> None:
         r = h.rank
@@ -215,29 +211,24 @@ class _Collector:
             self.futs[0].set_exception(value)
             return
         else:
-            self.values[self.index[r]] = value
+            self.values[self.index[r] if self.index is not None else 0] = value
         if not self.remaining:
             self._close()
             if self.mode == "call":
                 shape = self.ep._mesh._shape
-                from .shapes import Shape
-
                 self.futs[0].set_result(ValueMesh(Shape(shape.labels, shape.sizes_), self.values))
             elif self.mode == "one":
                 self.futs[0].set_result(self.values[0])
 
-    def on_fail(self, exc: BaseException, actor: Any = None) -> None:
-        if actor is not None and actor != self.rec.actor_id:
+    def on_fail(self, exc: BaseException, proc: Optional[str] = None,
+                actor: Optional[str] = None) -> None:
+        """A proc (or, with `actor`, an actor) this call waits on failed (I/O thread)."""
+        if self.done or (actor is not None and actor != self.rec.actor_id):
             return
-        if self.done:
-            return
-        failed_ranks = []
-        f = getattr(exc, "failure", None)
-        for r in list(self.remaining):
-            if f is None or self.rec.proc_ids[r] == getattr(f, "proc_id", None) or actor:
-                failed_ranks.append(r)
+        proc_ids = self.rec.proc_ids
+        failed_ranks = [r for r in self.remaining if proc is None or proc_ids[r] == proc]
         if not failed_ranks:
-            failed_ranks = list(self.remaining)
+            return
         if self.mode == "stream":
             for r in failed_ranks:
                 self._finish_rank(r)
@@ -247,8 +238,6 @@ class _Collector:
             if not self.remaining:
                 self._close()
             return
-        for r in list(self.remaining):
-            self._finish_rank(r)
         self._close()
         self.futs[0].set_exception(exc)
 

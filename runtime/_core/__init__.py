@@ -1,0 +1,94 @@
+"""The runtime's private core: the per-process Runtime and its parts.
+
+Nothing outside `runtime` imports this package; the facade is `runtime/__init__.py`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from typing import Optional
+
+from .records import ActorMeshRecord, AgentRecord, ProcRecord
+from .runtime import Runtime
+
+log = logging.getLogger("runtime")
+
+_runtime: Optional[Runtime] = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    """This process's Runtime, created on first use (the controller's, or the proc's)."""
+    global _runtime
+    rt = _runtime
+    if rt is not None and not rt._closed:
+        return rt
+    with _runtime_lock:
+        if _runtime is None or _runtime._closed:
+            _runtime = Runtime()
+            atexit.register(_shutdown_at_exit)
+            try:
+                from ..debugging import install_in_controller
+
+                install_in_controller(_runtime)
+            except Exception:
+                log.exception("debugger not installed")
+        return _runtime
+
+
+def set_runtime(rt: Runtime) -> None:
+    global _runtime
+    _runtime = rt
+
+
+def current_runtime() -> Optional[Runtime]:
+    """The running runtime of this process, or None; never starts one."""
+    rt = _runtime
+    if rt is None or rt._closed:
+        return None
+    return rt
+
+
+def shutdown(timeout: float = 5.0) -> None:
+    """Stop every mesh this process started."""
+    global _runtime
+    rt = _runtime
+    if rt is not None:
+        rt.shutdown(timeout)
+        if rt is _runtime and not rt.is_proc:
+            _runtime = None
+
+
+def _shutdown_at_exit() -> None:
+    rt = _runtime
+    if rt is not None and not rt.is_proc:
+        try:
+            rt.shutdown(timeout=2.0)
+        except Exception:
+            pass
+
+
+def _admin_endpoint(rt: Runtime) -> None:
+    """Start-up hook: the controller's loopback admin endpoint and the debugger's requests."""
+    import os
+
+    if os.environ.get("MONARCH_ADMIN", "1") == "0":
+        return
+    from ..admin import serve
+    from ..debugging.admin import register as register_debug
+
+    register_debug(serve(rt))
+
+
+def _install_default_hooks() -> None:
+    from .. import hooks
+
+    hooks.add_startup_hook(_admin_endpoint)
+
+
+_install_default_hooks()
+
+__all__ = ["ActorMeshRecord", "AgentRecord", "ProcRecord", "Runtime", "current_runtime",
+           "get_runtime", "set_runtime", "shutdown"]

@@ -1,0 +1,203 @@
+"""Failures: a proc or actor that fails becomes a MeshFailure that fails the waits on it
+and goes to the mesh's owner (a supervising actor, or the controller's fault hook).
+
+Runs on the I/O thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import TYPE_CHECKING, Any, Optional
+
+from ..config import config
+from ..errors import SupervisionError
+from ..supervision import MeshFailure
+from ..supervision.health import ActorState
+from ..transport.framing import Header, Kind
+from ..transport.serialization import loads
+from .records import ActorMeshRecord
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger("runtime")
+
+
+class Failures:
+    """Turns deaths and actor errors into MeshFailures and hands them to owners."""
+
+    def __init__(self, rt: "Runtime") -> None:
+        self.rt = rt
+
+    def dead_message(self, proc_id: str) -> str:
+        rec = self.rt.state.proc(proc_id)
+        if rec is not None and rec.failure is not None:
+            return f"actor failed: {rec.failure}"
+        return f"proc {proc_id} is dead"
+
+    # -- procs ------------------------------------------------------------------------------
+    def proc_failed(self, proc_id: str, cause: str, code: Optional[int] = None,
+                    sig: Optional[int] = None, kill: bool = False) -> None:
+        rt = self.rt
+        rec = rt.state.proc(proc_id)
+        if rec is None or rec.state in ("failed", "stopped"):
+            return
+        rec.state = "failed"
+        if kill and rec.agent is not None and rec.agent.alive:
+            rt.send(rec.agent.address, Header(Kind.KILL_PROCS, extra={
+                "procs": [proc_id], "signal": int(signal.SIGKILL)}))
+        base = MeshFailure(mesh=rec.mesh, ranks=[rec.rank], cause=cause, host=rec.host,
+                           pid=rec.pid, proc_id=proc_id, exit_code=code, signal=sig,
+                           stderr_tail=tail(list(rec.stderr_tail), config.stderr_tail_lines))
+        rec.failure = base
+        failures = []
+        for m, rank in rt.state.meshes_on(proc_id):
+            if m.stopped or rank in m.failed:
+                continue
+            f = MeshFailure(mesh=m.name, ranks=[rank], cause=cause, host=rec.host, pid=rec.pid,
+                            proc_id=proc_id, exit_code=code, signal=sig,
+                            stderr_tail=base.stderr_tail)
+            m.failed[rank] = f
+            if m.ready[rank] is None:
+                m.ready[rank] = cause
+                self.check_initialized(m)
+            rt.health.update(m.health_name, rank, ActorState.FAILED,
+                             detail=cause, last_error=cause)
+            self.fail_ports_for_actor(m, rank, f)
+            if m.owned:
+                failures.append((m, f))
+        self.mark_dead(proc_id, base)
+        # tell the other procs we own, so their waits on this proc fail too
+        others = [(o.address, o.route) for o in rt.state.running_procs()
+                  if o.proc_id != proc_id]
+        if others:
+            rt.messenger.cast(others, Header(Kind.PROC_DEAD, extra={"procs": [proc_id]}))
+        if failures:
+            for m, f in failures:
+                self.deliver(m, f)
+        elif rec.agent is not None:
+            self.deliver(None, base)
+
+    def mark_dead(self, proc_id: str, failure: Optional[MeshFailure]) -> None:
+        rt = self.rt
+        rt.state.dead_procs.add(proc_id)
+        msg = self.dead_message(proc_id)
+        rt.ports.fail_waiting(proc_id, SupervisionError(
+            msg + ("\n" + failure.report() if failure is not None else ""), failure))
+        rec = rt.state.proc(proc_id)
+        if rec is not None and rec.address:
+            rt.loop.forget_peer(rec.address)
+
+    def on_proc_exit(self, h: Header, body: Any, buffers: list) -> None:
+        e = h.extra or {}
+        proc_id = e.get("proc", "")
+        rec = self.rt.state.proc(proc_id)
+        if rec is None:
+            return
+        for ln in e.get("stderr", []):
+            if not rec.stderr_tail or rec.stderr_tail[-1] != ln:
+                rec.stderr_tail.append(ln)
+        code, sig = e.get("code"), e.get("signal")
+        if rec.stopping or rec.state == "stopped":
+            rec.state = "stopped"
+            self.mark_dead(proc_id, None)
+        else:
+            from .._process import describe_status
+
+            self.proc_failed(proc_id, f"process {describe_status(code, sig)}", code=code,
+                             sig=sig)
+        if rec.exited is not None:
+            rec.exited.set_result(None)
+
+    def on_proc_dead(self, h: Header, body: Any, buffers: list) -> None:
+        for p in (h.extra or {}).get("procs", []):
+            self.mark_dead(p, None)
+
+    # -- actors -------------------------------------------------------------------------------
+    def check_initialized(self, m: ActorMeshRecord) -> None:
+        if m.initialized is None or m.initialized.done():
+            return
+        if any(r is None for r in m.ready):
+            return
+        errors = [(i, r) for i, r in enumerate(m.ready) if r is not True]
+        if errors:
+            i, text = errors[0]
+            m.initialized.set_exception(SupervisionError(
+                f"actor mesh {m.name!r} rank {i} failed in __init__:\n{text}"))
+        else:
+            m.initialized.set_result(None)
+
+    def on_actor_ready(self, h: Header, body: Any, buffers: list) -> None:
+        m = self.rt.state.actor_meshes.get(h.actor)
+        if m is None or h.rank < 0 or h.rank >= len(m.ready):
+            return
+        if m.ready[h.rank] is None:
+            m.ready[h.rank] = True
+        self.rt.health.update(m.health_name, h.rank, ActorState.IDLE)
+        self.check_initialized(m)
+
+    def on_actor_failed(self, h: Header, body: Any, buffers: list) -> None:
+        rt = self.rt
+        m = rt.state.actor_meshes.get(h.actor)
+        e = h.extra or {}
+        if m is None:
+            return
+        rank = h.rank
+        rec = rt.state.proc(m.proc_ids[rank]) if 0 <= rank < len(m.proc_ids) else None
+        caused_by = None
+        if body is not None and len(memoryview(body)):
+            try:
+                caused_by = loads(body, buffers)
+            except Exception:
+                caused_by = None
+        failure = MeshFailure(
+            mesh=m.name, ranks=[rank], cause=e.get("cause", "actor failed"),
+            host=rec.host if rec else "", pid=rec.pid if rec else 0,
+            proc_id=rec.proc_id if rec else "", traceback=e.get("traceback", ""),
+            caused_by=caused_by if isinstance(caused_by, MeshFailure) else None,
+        )
+        if e.get("init"):
+            m.init_failed.add(rank)
+            m.ready[rank] = f"{failure.cause}\n{failure.traceback}"
+            m.failed[rank] = failure
+            rt.health.update(m.health_name, rank, ActorState.FAILED, detail=failure.cause,
+                             last_error=failure.cause, last_traceback=failure.traceback)
+            self.check_initialized(m)
+            return
+        if rank in m.failed:
+            return
+        m.failed[rank] = failure
+        rt.health.update(m.health_name, rank, ActorState.FAILED, detail=failure.cause,
+                         last_error=failure.cause, last_traceback=failure.traceback)
+        self.fail_ports_for_actor(m, rank, failure)
+        self.deliver(m, failure)
+
+    def fail_ports_for_actor(self, m: ActorMeshRecord, rank: int,
+                             failure: MeshFailure) -> None:
+        proc = m.proc_ids[rank]
+        ports = self.rt.ports
+        for pid in ports.waiting_on(proc):
+            failure.seen_by_waiter = True
+            ports.fail(pid, SupervisionError(failure.report(), failure), proc=proc,
+                       actor=m.actor_id)
+
+    def on_actor_stopped(self, h: Header, body: Any, buffers: list) -> None:
+        m = self.rt.state.actor_meshes.get(h.actor)
+        if m is not None and 0 <= h.rank < len(m.proc_ids):
+            self.rt.health.update(m.health_name, h.rank, ActorState.STOPPED)
+
+    # -- supervision ------------------------------------------------------------------------
+    def deliver(self, m: Optional[ActorMeshRecord], failure: MeshFailure) -> None:
+        """Hand a failure of something this process owns to its owner (I/O thread)."""
+        owner_actor = m.owner_actor if m is not None else None
+        self.rt.role.on_unhandled_failure(owner_actor, failure)
+
+
+def tail(lines: list, n: int) -> list:
+    """The last `n` lines, keeping an earlier 'Fatal Python error' line (segfaults)."""
+    out = lines[-n:]
+    for ln in lines[:-n] if len(lines) > n else []:
+        if ln.startswith("Fatal Python error"):
+            return [ln, "..."] + out
+    return out

@@ -1,0 +1,162 @@
+"""Liveness: heartbeats out, heartbeats in, and declaring agents, procs and peers dead.
+
+Runs on the I/O thread, on timers the runtime starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+from .._process import describe_status
+from ..config import config
+from ..errors import SupervisionError
+from ..supervision.health import ActorState, ProcStats
+from ..transport.framing import Header, Kind
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger("runtime")
+
+
+class Liveness:
+    """Sends heartbeats, records them, and fails what stops answering."""
+
+    def __init__(self, rt: "Runtime") -> None:
+        self.rt = rt
+        self._peer_last: dict[str, float] = {}  # peers we wait on but do not own
+        self._next_ping = 0.0
+
+    def start(self) -> None:
+        """Start the timers (I/O thread)."""
+        loop = self.rt.loop
+        loop.call_every(0.1, self.check)
+        loop.call_every(config.heartbeat_interval, self.send_heartbeats)
+
+    # -- out ----------------------------------------------------------------------------------
+    def send_heartbeats(self) -> None:
+        rt = self.rt
+        for agent in rt.state.agents.values():
+            if agent.alive or agent.lost:  # keep a lost host's agent from giving up on us
+                rt.send(agent.address, Header(Kind.HEARTBEAT))
+        if rt.owner_address:
+            rt.send(rt.owner_address, Header(Kind.HEARTBEAT, extra=rt.role.heartbeat_extra()))
+
+    # -- in -----------------------------------------------------------------------------------
+    def on_heartbeat(self, h: Header, body: Any, buffers: list) -> None:
+        rt = self.rt
+        now = time.monotonic()
+        e = h.extra
+        if isinstance(e, dict) and ("ping" in e or "pong" in e):
+            if "ping" in e and h.reply:  # a peer waiting on us checks we are reachable
+                rt.send(h.reply, Header(Kind.HEARTBEAT, extra={"pong": e["ping"]}))
+            else:
+                self._peer_last[h.src] = now
+            return
+        agent = rt.state.agent_for(h.src)
+        if agent is not None:
+            agent.last_seen = now
+            if agent.lost:  # the link came back: usable for new procs; old ones are failed
+                agent.lost, agent.alive = False, True
+                log.warning("host %s is reachable again", agent.host)
+                stale = [p for p in agent.procs if p in rt.state.dead_procs]
+                if stale:
+                    rt.send(agent.address, Header(Kind.KILL_PROCS, extra={
+                        "procs": stale, "signal": int(signal.SIGKILL)}))
+            return
+        rec = rt.state.proc(h.src)
+        if rec is None:
+            return
+        rec.last_seen = now
+        e = h.extra or {}
+        if "rss" in e:
+            rt.health.update_proc(ProcStats(rec.proc_id, rec.host, rec.pid, e.get("cpu", 0.0),
+                                            e.get("rss", 0), e.get("gpu")))
+        for actor_id, st in (e.get("actors") or {}).items():
+            m = rt.state.actor_meshes.get(actor_id)
+            if m is None or m.stopped:
+                continue
+            state, endpoint, since, handled, errors = st
+            rank = m.rank_of(rec.proc_id)
+            if rank < 0 or rank in m.failed or m.ready[rank] is None:
+                continue
+            rt.health.update(m.health_name, rank, ActorState(state), endpoint=endpoint,
+                             since=since, handled=handled, errors=errors)
+
+    # -- checks -------------------------------------------------------------------------------
+    def check(self) -> None:
+        rt = self.rt
+        now = time.monotonic()
+        timeout = config.heartbeat_timeout
+        self._check_peers(now)
+        for agent in list(rt.state.agents.values()):
+            if not agent.alive:
+                continue
+            cause = ""
+            if agent.popen is not None and agent.popen.poll() is not None:
+                code, sig = split_status(agent.popen.returncode)
+                cause = f"host agent {describe_status(code, sig)}"
+            elif agent.remote and now - agent.last_seen > timeout:
+                cause = f"host {agent.host} unreachable (no heartbeat for {timeout:g} s)"
+            if cause:
+                agent.alive = False
+                agent.lost = agent.remote and agent.popen is None and agent.hello
+                for p in list(agent.procs):
+                    rt.failures.proc_failed(p, cause)
+        for rec in list(rt.state.procs.values()):
+            if rec.state == "running" and now - rec.last_seen > timeout and not rec.stopping:
+                rt.failures.proc_failed(
+                    rec.proc_id, f"proc unresponsive (no heartbeat for {timeout:g} s)", kill=True)
+
+    def _check_peers(self, now: float) -> None:
+        """Ping procs we wait on but do not own (actor-to-actor calls); fail the waits on a
+        peer that stops answering: a network partition, not a dead controller."""
+        rt = self.rt
+        state = rt.state
+        targets = {}
+        for m in list(state.actor_meshes.values()):
+            if m.owned:
+                continue
+            for r, pid in enumerate(m.proc_ids):
+                if pid not in targets and pid not in state.procs:
+                    targets[pid] = (m.target(r), m.hosts[r] if r < len(m.hosts) else "")
+        if not targets:
+            self._peer_last.clear()
+            return
+        waited = rt.ports.waited_procs()
+        waiting = [p for p in waited if p in targets and p not in state.dead_procs]
+        for p in list(self._peer_last):
+            if p not in waiting:
+                del self._peer_last[p]
+        if not waiting:
+            return
+        timeout = config.heartbeat_timeout
+        ping_now = now >= self._next_ping
+        if ping_now:
+            self._next_ping = now + config.heartbeat_interval
+        for pid in waiting:
+            last = self._peer_last.setdefault(pid, now)
+            (addr, route), host = targets[pid]
+            if now - last > timeout:
+                del self._peer_last[pid]
+                msg = (f"proc {pid} on host {host or '?'} is unreachable from {rt.host} "
+                       f"({rt.proc_id}): no answer for {timeout:g} s (network partition?)")
+                log.warning(msg)
+                rt.ports.fail_waiting(pid, SupervisionError(msg))
+                continue
+            if ping_now:
+                reply = rt.reply_address_for(addr or (route or ("",))[0])
+                rt.messenger.send_to_proc(addr, route, Header(Kind.HEARTBEAT, reply=reply,
+                                                              extra={"ping": pid}))
+
+
+def split_status(rc: Optional[int]) -> tuple[Optional[int], Optional[int]]:
+    """A Popen return code as (exit code, signal)."""
+    if rc is None:
+        return None, None
+    if rc < 0:
+        return None, -rc
+    return rc, None

@@ -1,0 +1,115 @@
+"""Sending: session and cluster tokens, reply addresses, TCP keys, send and cast.
+
+Sends go out from the calling thread on sockets that thread owns (see transport.loop), so a
+call made in a user thread or an actor thread does not wait for the I/O thread.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..transport import auth, framing
+from ..transport.framing import Header, Kind
+from ..transport.loop import IOLoop
+
+
+class Messenger:
+    """Builds and sends messages for one process (any thread)."""
+
+    def __init__(self, loop: IOLoop, proc_id: str, token: bytes,
+                 keys: Optional[auth.CurveKeys]) -> None:
+        self.loop = loop
+        self.proc_id = proc_id
+        self.token = token
+        self.keys = keys
+        self.cluster_token: Optional[bytes] = None
+        self.address = ""
+        self.tcp_address = ""
+        self._tcp_by_key: dict[bytes, str] = {}
+        if keys is not None:
+            self.use_keys(keys)
+
+    # -- clusters and TCP --------------------------------------------------------------------
+    def use_keys(self, keys: auth.CurveKeys) -> None:
+        """Join a cluster: accept its token, and use CurveZMQ for TCP peers."""
+        if self.keys is None:
+            self.keys = keys
+            self.loop.keys = keys
+        if self.cluster_token is None:
+            self.cluster_token = auth.cluster_token(keys)
+        tok = auth.cluster_token(keys)
+        if tok not in self.loop.tokens:
+            self.loop.tokens.append(tok)
+
+    def enable_tcp(self, ip: str, keys: Optional[auth.CurveKeys] = None) -> str:
+        """Listen on TCP (CurveZMQ) on `ip` for peers holding `keys`; returns the address."""
+        keys = keys or self.keys
+        if keys is None:
+            raise PermissionError("TCP across hosts needs a CurveZMQ key file "
+                                  "(python -m runtime.transport.auth keygen PATH)")
+        self.use_keys(keys)
+        addr = self._tcp_by_key.get(keys.public)
+        if addr is None:
+            addr = self._tcp_by_key[keys.public] = self.loop.bind_extra(f"tcp://{ip}:0", keys)
+        if not self.tcp_address:
+            self.tcp_address = addr
+        return addr
+
+    def add_peer(self, addr: str, keys: auth.CurveKeys) -> None:
+        """Remember that the TCP peer at `addr` belongs to the cluster of `keys`."""
+        self.loop.peer_keys[addr] = keys
+
+    def token_for(self, addr: str) -> bytes:
+        if addr.startswith("tcp://"):
+            keys = self.loop.peer_keys.get(addr, self.keys)
+            if keys is not None:
+                return auth.cluster_token(keys)
+        return self.token
+
+    def reply_address_for(self, target_addr: str) -> str:
+        """The address of this process that a peer at `target_addr` can reach."""
+        if target_addr.startswith("tcp://"):
+            keys = self.loop.peer_keys.get(target_addr, self.keys)
+            if keys is not None and keys.public in self._tcp_by_key:
+                return self._tcp_by_key[keys.public]
+            if self.tcp_address:
+                return self.tcp_address
+        return self.address
+
+    # -- sending ---------------------------------------------------------------------------------
+    def send(self, addr: str, header: Header, body: bytes = b"", buffers: tuple = ()) -> None:
+        """Send one message to `addr` from the calling thread."""
+        if not header.src:
+            header.src = self.proc_id
+        self.loop.send(addr, framing.build(self.token_for(addr), header, body, buffers))
+
+    def send_to_proc(self, address: str, route: Optional[tuple], header: Header,
+                     body: bytes = b"", buffers: tuple = ()) -> None:
+        """Send to one proc: directly when its address is known, else through its agent."""
+        if address:
+            self.send(address, header, body, buffers)
+        elif route:
+            self.cast([(address, route)], header, body, buffers)
+
+    def cast(self, targets: list, header: Header, body: bytes = b"",
+             buffers: tuple = ()) -> None:
+        """Send one message to many procs: directly to those with an address, and one
+        FANOUT per host agent for the rest (the agent delivers to its local procs)."""
+        if not header.src:
+            header.src = self.proc_id
+        by_agent: dict[str, list] = {}
+        frames = None
+        send = self.loop.send
+        for address, route in targets:
+            if address:
+                tok = self.token_for(address)
+                if frames is None or frames[0] != tok:
+                    frames = framing.build(tok, header, body, buffers)
+                send(address, frames)
+            elif route:
+                by_agent.setdefault(route[0], []).append(route[1])
+        if by_agent:
+            inner = framing.encode_header(header)
+            for agent_addr, procs in by_agent.items():
+                h = Header(Kind.FANOUT, src=self.proc_id, extra={"header": inner, "procs": procs})
+                send(agent_addr, framing.build(self.token_for(agent_addr), h, body, buffers))

@@ -1,0 +1,75 @@
+"""Ports: where replies and channel values arrive, and how waits fail when a peer dies.
+
+A port is opened by the thread that will wait on it (a caller, an actor) and is then
+resolved and closed on the I/O thread. Each entry is written in one step (a dict insert or
+pop, atomic in CPython), so the table needs no lock. A port names the procs whose answer it
+waits for; when one dies, `fail_waiting` fails it. Opening a port checks the dead procs
+after inserting it, so a death that races with the open fails the port either way.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Iterable, Optional
+
+from ..transport.framing import Header
+
+Handler = Callable[[Header, Any, list], None]
+#: on_fail(exc, proc=dead proc id or None, actor=failed actor id or None)
+FailHandler = Callable[..., None]
+
+
+class Ports:
+    """The open ports of one process."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._ports: dict[int, tuple[Handler, Optional[FailHandler], frozenset]] = {}
+
+    def open(self, handler: Handler, on_fail: Optional[FailHandler] = None,
+             procs: Iterable[str] = ()) -> int:
+        """A new port id whose messages go to `handler(header, body, buffers)` (I/O thread);
+        `on_fail` is called if one of `procs` dies first."""
+        pid = next(self._ids)
+        self._ports[pid] = (handler, on_fail, frozenset(procs))
+        return pid
+
+    def close(self, pid: int) -> None:
+        self._ports.pop(pid, None)
+
+    def deliver(self, h: Header, body: Any, buffers: list) -> None:
+        """Hand a REPLY or PORT_SEND to its port (I/O thread); unknown ports are ignored."""
+        entry = self._ports.get(h.port)
+        if entry is not None:
+            entry[0](h, body, buffers)
+
+    def watch(self, pid: int, procs: Iterable[str]) -> None:
+        """Also fail port `pid` if one of `procs` dies."""
+        entry = self._ports.get(pid)
+        if entry is not None:
+            self._ports[pid] = (entry[0], entry[1], entry[2] | frozenset(procs))
+
+    def fail(self, pid: int, exc: BaseException, proc: Optional[str] = None,
+             actor: Optional[str] = None) -> None:
+        entry = self._ports.get(pid)
+        if entry is not None and entry[1] is not None:
+            entry[1](exc, proc=proc, actor=actor)
+
+    def waiting_on(self, proc_id: str) -> list[int]:
+        """Ports that wait for an answer from `proc_id`."""
+        return [pid for pid, (_, on_fail, procs) in list(self._ports.items())
+                if on_fail is not None and proc_id in procs]
+
+    def fail_waiting(self, proc_id: str, exc: BaseException,
+                     actor: Optional[str] = None) -> None:
+        """Fail every port waiting on `proc_id` (I/O thread)."""
+        for pid in self.waiting_on(proc_id):
+            self.fail(pid, exc, proc=proc_id, actor=actor)
+
+    def waited_procs(self) -> set[str]:
+        """Every proc some open port waits on."""
+        out: set[str] = set()
+        for _, on_fail, procs in list(self._ports.values()):
+            if on_fail is not None:
+                out |= procs
+        return out

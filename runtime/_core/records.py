@@ -1,0 +1,90 @@
+"""The records the runtime keeps of host agents, procs and actor meshes (plain data)."""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..future import Future
+from ..supervision import MeshFailure
+
+
+@dataclass
+class AgentRecord:
+    """A host agent this runtime uses."""
+
+    agent_id: str
+    address: str
+    host: str
+    popen: Any = None  # subprocess.Popen of a local agent
+    procs: set = field(default_factory=set)
+    last_seen: float = field(default_factory=time.monotonic)
+    alive: bool = True
+    remote: bool = False
+    hello: bool = False
+    lost: bool = False  # remote agent declared unreachable; it may come back
+
+
+@dataclass
+class ProcRecord:
+    """A proc this runtime started (owns) or knows of."""
+
+    proc_id: str
+    rank: int
+    mesh: str
+    agent: Optional[AgentRecord]
+    address: str
+    host: str = ""
+    pid: int = 0
+    state: str = "starting"  # starting, running, failed, stopped
+    last_seen: float = field(default_factory=time.monotonic)
+    output: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
+    stderr_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
+    failure: Optional[MeshFailure] = None
+    stopping: bool = False
+    exited: Optional[Future] = None
+    tcp_address: str = ""
+
+    @property
+    def route(self) -> Optional[tuple]:
+        """(agent address, proc id) for delivery through the host agent."""
+        if self.agent is not None:
+            return (self.agent.address, self.proc_id)
+        return None
+
+
+@dataclass
+class ActorMeshRecord:
+    """Owner-side (or caller-side) state shared by every view of one actor mesh."""
+
+    actor_id: str
+    name: str
+    cls_name: str
+    proc_ids: list  # by global rank
+    addresses: list  # by global rank ("" where only the agent can reach the proc)
+    hosts: list
+    sizes: dict
+    owned: bool
+    owner_actor: Optional[str] = None
+    ready: list = field(default_factory=list)  # per global rank: None, True, or error text
+    failed: dict = field(default_factory=dict)  # global rank -> MeshFailure
+    stopped: bool = False
+    initialized: Optional[Future] = None
+    inflight: list = field(default_factory=list)  # per rank outstanding calls (for choose)
+    health_name: str = ""  # the mesh's key in the health model ("" when not owned here)
+    sigs: dict = field(default_factory=dict)  # endpoint name -> inspect.Signature or None
+    rr: int = 0  # round-robin start for choose()
+    routes: list = field(default_factory=list)  # by global rank: (agent address, proc id)
+    init_failed: set = field(default_factory=set)  # ranks whose __init__ raised
+
+    def target(self, rank: int) -> tuple:
+        return (self.addresses[rank], self.routes[rank] if self.routes else None)
+
+    def rank_of(self, proc_id: str) -> int:
+        """The rank of `proc_id` in this mesh, or -1."""
+        try:
+            return self.proc_ids.index(proc_id)
+        except ValueError:
+            return -1

@@ -1,0 +1,291 @@
+"""The Runtime: one per process (the controller's, or a proc's), composing the state table,
+the messenger, ports, liveness, failures and a role, with a message-kind -> handler table."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from typing import Any, Callable, Optional
+
+from .. import logs
+from .._process import hostname
+from ..config import config
+from ..future import Future
+from ..supervision.health import HealthModel
+from ..transport import auth
+from ..transport.framing import Header, Kind
+from ..transport.loop import IOLoop
+from .failures import Failures
+from .liveness import Liveness
+from .messenger import Messenger
+from .ports import Ports
+from .roles import ControllerRole
+from .state import State
+
+log = logging.getLogger("runtime")
+
+Handler = Callable[[Header, Any, list], None]
+
+
+class Runtime:
+    """Everything one process needs to own meshes and talk to actors."""
+
+    def __init__(self, proc_id: Optional[str] = None, token: Optional[bytes] = None,
+                 rundir: Optional[str] = None, owner_address: str = "",
+                 keys: Optional[auth.CurveKeys] = None, role: Any = None,
+                 start: bool = True) -> None:
+        self.proc_id = proc_id or f"ctl-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.token = token or auth.new_token()
+        self.rundir = rundir or auth.private_dir()
+        self._own_rundir = rundir is None
+        self.owner_address = owner_address
+        self.host = hostname()
+        self.health = HealthModel()
+        self.role = role or ControllerRole()
+        keys = keys if keys is not None else auth.keys_from_env()
+        self.loop = IOLoop(self.proc_id, self.token, self._dispatch, keys=keys,
+                           max_message_bytes=config.max_message_bytes)
+        self.messenger = Messenger(self.loop, self.proc_id, self.token, keys)
+        self.messenger.address = self.loop.bind(f"ipc://{self.rundir}/{self.proc_id}")
+        self.state = State(self.loop)
+        self.ports = Ports()
+        self.failures = Failures(self)
+        self.liveness = Liveness(self)
+        self.output_sink: Optional[Callable[[str, str, str], None]] = None
+        self.this_host_mesh: Any = None  # the HostMesh of this_host(), once made
+        self._closed = False
+        self._handlers: dict[int, Handler] = {
+            Kind.REPLY: self.ports.deliver,
+            Kind.PORT_SEND: self.ports.deliver,
+            Kind.HEARTBEAT: self.liveness.on_heartbeat,
+            Kind.LOG: self._on_log,
+            Kind.HELLO: self._on_hello,
+            Kind.PROC_EXIT: self.failures.on_proc_exit,
+            Kind.ACTOR_READY: self.failures.on_actor_ready,
+            Kind.ACTOR_FAILED: self.failures.on_actor_failed,
+            Kind.ACTOR_STOPPED: self.failures.on_actor_stopped,
+            Kind.PROC_DEAD: self.failures.on_proc_dead,
+        }
+        self._handlers.update(self.role.handlers())
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the I/O thread and the liveness timers."""
+        self.loop.start()
+        self.loop.call_soon(self.liveness.start)
+
+    # -- facade over the parts ---------------------------------------------------------------
+    is_proc = property(lambda self: self.role.is_proc)
+    address = property(lambda self: self.messenger.address)
+    tcp_address = property(lambda self: self.messenger.tcp_address)
+    keys = property(lambda self: self.messenger.keys)
+    cluster_token = property(lambda self: self.messenger.cluster_token)
+    stats = property(lambda self: self.loop.stats)
+    agents = property(lambda self: self.state.agents)
+    procs = property(lambda self: self.state.procs)
+    actor_meshes = property(lambda self: self.state.actor_meshes)
+    dead_procs = property(lambda self: self.state.dead_procs)
+
+    def new_id(self, prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+    def send(self, addr: str, header: Header, body: bytes = b"", buffers: tuple = ()) -> None:
+        """Send one message from the calling thread."""
+        self.messenger.send(addr, header, body, buffers)
+
+    def send_to_proc(self, address: str, route: Optional[tuple], header: Header,
+                     body: bytes = b"", buffers: tuple = ()) -> None:
+        self.messenger.send_to_proc(address, route, header, body, buffers)
+
+    def reply_address_for(self, target_addr: str) -> str:
+        return self.messenger.reply_address_for(target_addr)
+
+    def use_keys(self, keys: auth.CurveKeys) -> None:
+        self.messenger.use_keys(keys)
+
+    def enable_tcp(self, ip: str, keys: Optional[auth.CurveKeys] = None) -> str:
+        return self.messenger.enable_tcp(ip, keys)
+
+    def add_peer(self, addr: str, keys: auth.CurveKeys) -> None:
+        self.messenger.add_peer(addr, keys)
+
+    def open_port(self, handler: Handler, on_fail: Optional[Callable[..., None]] = None,
+                  procs: Any = ()) -> int:
+        """A port for replies; `on_fail(exc, proc=, actor=)` if one of `procs` dies first.
+        A proc already dead fails the port at once (on the I/O thread)."""
+        pid = self.ports.open(handler, on_fail, procs)
+        dead = [p for p in procs if p in self.state.dead_procs]
+        if dead and on_fail is not None:
+            from ..errors import SupervisionError
+
+            exc = SupervisionError(self.failures.dead_message(dead[0]))
+            self.loop.call_soon(self.ports.fail, pid, exc, dead[0])
+        return pid
+
+    def close_port(self, pid: int) -> None:
+        self.ports.close(pid)
+
+    # -- message dispatch (I/O thread) ----------------------------------------------------------
+    def register_handler(self, kind: int, fn: Handler) -> None:
+        """Route messages of `kind` to `fn(header, body, buffers)` on the I/O thread
+        (extension point: the debugger uses Kind.DEBUG)."""
+        self._handlers[int(kind)] = fn
+
+    def _dispatch(self, h: Header, body: Any, buffers: list) -> None:
+        fn = self._handlers.get(h.kind)
+        if fn is None:
+            log.warning("%s: unexpected message kind %s from %s; dropped", self.proc_id,
+                        h.kind, h.src)
+            return
+        fn(h, body, buffers)
+
+    def _on_log(self, h: Header, body: Any, buffers: list) -> None:
+        e = h.extra or {}
+        proc_id = e.get("proc", "")
+        stream = e.get("stream", "stdout")
+        label = e.get("label", "")
+        text = bytes(body).decode("utf-8", "replace")
+        rec = self.state.proc(proc_id)
+        if rec is not None:
+            label = label or rec.mesh
+            lines = [ln for ln in text.splitlines() if not ln.startswith(logs.CONTROL_MARK)]
+            rec.output.extend(f"[{stream}] {ln}" for ln in lines)
+            if stream == "stderr":
+                rec.stderr_tail.extend(lines)
+            prefix = f"{label} {rec.rank}"
+            if rec.agent is not None and rec.agent.remote:
+                prefix = f"{label} {rec.rank}@{rec.host}"
+        else:
+            prefix = label or proc_id
+        logs.emit(self.output_sink, prefix, stream, text)
+
+    def _on_hello(self, h: Header, body: Any, buffers: list) -> None:
+        e = h.extra or {}
+        state = self.state
+        if e.get("agent"):
+            for a in state.agents.values():
+                if a.agent_id == e.get("attach_id") or a.agent_id == h.src:
+                    a.host = e.get("host", a.host)
+                    a.last_seen = time.monotonic()
+                    a.hello = True
+                    state.alias_agent(h.src, a)
+            return
+        rec = state.proc(h.src)
+        if rec is None:
+            return
+        rec.pid = e.get("pid", rec.pid)
+        rec.host = e.get("host", rec.host)
+        if e.get("address") and not (rec.agent is not None and rec.agent.remote):
+            rec.address = e["address"]
+        rec.tcp_address = e.get("tcp", "")
+        if rec.state == "starting":
+            rec.state = "running"
+        rec.last_seen = time.monotonic()
+        for m, r in state.meshes_on(rec.proc_id):
+            self.health.update(m.health_name, r, None, pid=rec.pid, host=rec.host)
+
+    # -- output and operations ------------------------------------------------------------------
+    def set_output_sink(self, fn: Optional[Callable[[str, str, str], None]]) -> None:
+        """Where forwarded remote output goes: fn(label, stream, text); None prints it."""
+        self.output_sink = fn
+
+    def output_tail(self, proc_id: str, n: int = 100) -> list[str]:
+        rec = self.state.proc(proc_id)
+        return list(rec.output)[-n:] if rec is not None else []
+
+    def dump_stack(self, proc_id: str, timeout: float = 5.0) -> Future:
+        """Future[str]: the current stack of every thread of a proc."""
+        fut: Future = Future(f"dump_stack({proc_id})")
+        rec = self.state.proc(proc_id)
+        if rec is None:
+            fut.set_exception(KeyError(f"unknown proc {proc_id}"))
+            return fut
+
+        def on_reply(h: Header, body: Any, buffers: list) -> None:
+            self.close_port(port)
+            fut.set_result(bytes(body).decode("utf-8", "replace"))
+
+        def on_fail(exc: BaseException, **_: Any) -> None:
+            self.close_port(port)
+            fut.set_exception(exc)
+
+        port = self.open_port(on_reply, on_fail, {proc_id})
+        reply = self.reply_address_for(rec.address or (rec.agent.address if rec.agent else ""))
+        self.send_to_proc(rec.address, rec.route, Header(Kind.DUMP_STACK, reply=reply,
+                                                         port=port))
+        return fut
+
+    def kill_proc(self, proc_id: str, sig: int = signal.SIGKILL) -> None:
+        """Send a signal to a proc through its host agent."""
+        rec = self.state.proc(proc_id)
+        if rec is None:
+            raise KeyError(f"unknown proc {proc_id}")
+        if rec.agent is not None:
+            self.send(rec.agent.address, Header(Kind.KILL_PROCS, extra={
+                "procs": [proc_id], "signal": int(sig)}))
+        elif rec.pid:
+            os.kill(rec.pid, sig)
+
+    def interrupt(self, proc_ids: list, port: int = 0) -> None:
+        """Raise KeyboardInterrupt in the actors of these procs serving `port` (0: all)."""
+        for p in proc_ids:
+            rec = self.state.proc(p)
+            if rec is not None:
+                self.send_to_proc(rec.address, rec.route, Header(Kind.INTERRUPT, port=port))
+
+    def meshes(self) -> list:
+        """The live ProcMesh and ActorMesh objects created in this process."""
+        return self.state.live_meshes()
+
+    def register_mesh(self, obj: Any) -> None:
+        """Remember a user-facing mesh object (weakly) and run the start-up hooks once."""
+        self.state.register_mesh(obj)
+        if not self.is_proc:
+            from .. import hooks
+
+            hooks.run_controller_hooks(self)
+
+    # -- shutdown ---------------------------------------------------------------------------------
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop every proc and agent this process started, then the I/O thread."""
+        if self._closed:
+            return
+        self._closed = True
+
+        def stop_all() -> None:
+            for rec in self.state.procs.values():
+                if rec.state in ("running", "starting"):
+                    rec.stopping = True
+                    self.send_to_proc(rec.address, rec.route, Header(Kind.STOP_PROC))
+            for agent in self.state.agents.values():
+                if agent.alive:
+                    self.send(agent.address, Header(Kind.AGENT_STOP))
+
+        try:
+            self.loop.run_sync(stop_all, timeout=1.0)
+        except TimeoutError:
+            log.warning("shutdown: the I/O thread did not answer; stopping anyway")
+        deadline = time.monotonic() + timeout
+        for agent in list(self.state.agents.values()):
+            p = agent.popen
+            if p is None:
+                continue
+            try:
+                p.wait(max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                try:
+                    p.wait(1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+        self.loop.stop()
+        if self._own_rundir:
+            import shutil
+
+            shutil.rmtree(self.rundir, ignore_errors=True)

@@ -1,0 +1,152 @@
+"""ActorMesh: a mesh of actors, one per proc; endpoints are attributes with adverbs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from .._core import ActorMeshRecord, Runtime, get_runtime
+from ..future import Future, resolved
+from ..shapes import MeshTrait, Shape
+from ..transport.framing import Header, Kind
+from .adverbs import EndpointRef
+
+if TYPE_CHECKING:
+    from .proc_mesh import ProcMesh
+
+
+class ActorMesh(MeshTrait):
+    """A mesh of actors, one per proc; endpoints are attributes with call/choose/... adverbs."""
+
+    def __init__(self, rt: Runtime, rec: ActorMeshRecord, shape: Shape,
+                 proc_mesh: Optional["ProcMesh"], actor_class: Optional[type] = None) -> None:
+        self._rt = rt
+        self._rec = rec
+        self._shape = shape
+        self._proc_mesh = proc_mesh
+        self._class = actor_class
+
+    @property
+    def name(self) -> str:
+        return self._rec.name
+
+    @property
+    def proc_mesh(self) -> Optional["ProcMesh"]:
+        return self._proc_mesh
+
+    @property
+    def _owner_actor(self) -> Optional[str]:
+        return self._rec.owner_actor
+
+    @property
+    def stopped(self) -> bool:
+        """True once these actors (or their procs) were stopped."""
+        return self._rec.stopped
+
+    @property
+    def health_name(self) -> str:
+        """The name of this mesh in the health model and the dashboard (unique among the
+        live meshes: a second mesh named "w" is "w~2")."""
+        return self._rec.health_name
+
+    def _new_with_shape(self, shape: Shape) -> "ActorMesh":
+        return ActorMesh(self._rt, self._rec, shape, self._proc_mesh, self._class)
+
+    def _ranks(self) -> list[int]:
+        r = self.__dict__.get("_ranks_cache")
+        if r is None:
+            r = self.__dict__["_ranks_cache"] = self._shape.global_ranks()
+        return r
+
+    def __getattr__(self, name: str) -> EndpointRef:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        rec = self.__dict__.get("_rec")
+        if rec is None:
+            raise AttributeError(name)
+        if name not in rec.sigs:
+            have = ", ".join(sorted(rec.sigs)) or "none"
+            raise AttributeError(
+                f"{rec.cls_name} has no endpoint {name!r} (its endpoints: {have})")
+        ep = EndpointRef(self, name, rec.sigs[name])
+        self.__dict__[name] = ep  # endpoints are looked up once per view
+        return ep
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(self._rec.sigs))
+
+    @property
+    def initialized(self) -> Future:
+        """Resolves when every actor ran `__init__`; raises if one failed there."""
+        rec = self._rec
+        if rec.initialized is None:
+            return resolved(None)
+        return rec.initialized
+
+    def stop(self) -> Future:
+        """Stop these actors (running `__cleanup__`); their procs keep running."""
+        rt = self._rt
+        rec = self._rec
+        fut: Future = Future(f"{rec.name}.stop")
+
+        def mark() -> set:
+            rec.stopped = True
+            return {r for r in range(len(rec.proc_ids))
+                    if rec.proc_ids[r] not in rt.state.dead_procs}
+
+        remaining = rt.state.change(mark)
+        if not remaining:
+            fut.set_result(None)
+            return fut
+
+        def on_stopped(h: Header, body: Any, buffers: list) -> None:
+            remaining.discard(h.rank)
+            if not remaining:
+                rt.close_port(port)
+                fut.set_result(None)
+
+        def on_fail(exc: BaseException, **_: Any) -> None:
+            rt.close_port(port)
+            fut.set_result(None)
+
+        port = rt.open_port(on_stopped, on_fail, {rec.proc_ids[r] for r in remaining})
+        for r in list(remaining):
+            addr, route = rec.target(r)
+            reply = rt.reply_address_for(addr or (route or ("",))[0])
+            rt.send_to_proc(addr, route, Header(Kind.STOP_ACTOR, actor=rec.actor_id, rank=r,
+                                                reply=reply, port=port))
+        return fut
+
+    def _stop_now(self, timeout: float = 5.0) -> None:
+        self.stop().get(timeout)
+
+    def __reduce__(self) -> Any:
+        r = self._rec
+        state = {
+            "actor_id": r.actor_id, "name": r.name, "cls_name": r.cls_name,
+            "proc_ids": r.proc_ids, "addresses": r.addresses, "hosts": r.hosts,
+            "routes": r.routes, "sizes": r.sizes, "sigs": r.sigs, "shape": self._shape,
+        }
+        return (_rebuild_actor_mesh, (state,))
+
+    def __repr__(self) -> str:
+        return f"<ActorMesh {self._rec.name!r} {self._rec.cls_name} {self.sizes}>"
+
+    def _repr_html_(self) -> str:
+        from .. import hooks
+
+        return hooks.render_html(self)
+
+
+def _rebuild_actor_mesh(state: dict) -> ActorMesh:
+    rt = get_runtime()
+    rec = rt.state.actor_meshes.get(state["actor_id"])
+    if rec is None:
+        n = len(state["proc_ids"])
+        rec = ActorMeshRecord(
+            actor_id=state["actor_id"], name=state["name"], cls_name=state["cls_name"],
+            proc_ids=state["proc_ids"], addresses=state["addresses"], hosts=state["hosts"],
+            sizes=state["sizes"], owned=False, ready=[True] * n, inflight=[0] * n,
+            health_name="", sigs=state["sigs"], routes=state.get("routes") or [],
+        )
+        rec = rt.state.change(rt.state.add_actor_mesh, rec)
+    return ActorMesh(rt, rec, state["shape"], None)

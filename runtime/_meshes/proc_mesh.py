@@ -1,0 +1,246 @@
+"""ProcMesh: a mesh of procs; `spawn` starts one actor per proc."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from .._core import ActorMeshRecord, ProcRecord, Runtime
+from ..actor import Actor, _get_context, endpoints_of, plain_signature
+from ..config import config
+from ..errors import MeshStoppedError, SerializationError, SupervisionError
+from ..future import Future
+from ..shapes import MeshTrait, Shape
+from ..supervision.health import ActorHealth, ActorState
+from ..transport.framing import Header, Kind
+from ..transport.serialization import dumps
+
+if TYPE_CHECKING:
+    from .actor_mesh import ActorMesh
+    from .host_mesh import HostMesh
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """Where one proc of a mesh runs."""
+
+    rank: int
+    proc_id: str
+    host: str
+    pid: int
+    address: str
+
+
+class ProcMesh(MeshTrait):
+    """A mesh of procs; `spawn` starts one actor per proc."""
+
+    def __init__(self, rt: Runtime, name: str, procs: list[ProcRecord], shape: Shape,
+                 host_mesh: "HostMesh", _root: Optional["ProcMesh"] = None) -> None:
+        self._rt = rt
+        self.name = name
+        self._procs = procs
+        self._shape = shape
+        self._host_mesh = host_mesh
+        self._root = _root or self
+        ctx = _get_context()
+        self._owner_actor = ctx.actor_id if ctx is not None else None
+        self._stopped_flag = False
+
+    def _new_with_shape(self, shape: Shape) -> "ProcMesh":
+        return ProcMesh(self._rt, self.name, self._procs, shape, self._host_mesh, self._root)
+
+    @property
+    def host_mesh(self) -> "HostMesh":
+        return self._host_mesh
+
+    @property
+    def stopped(self) -> bool:
+        """True once this mesh (or the mesh it was sliced from) was stopped."""
+        return self._stopped_flag or self._root._stopped_flag
+
+    def _view_procs(self) -> list[ProcRecord]:
+        return [self._procs[r] for r in self._shape.global_ranks()]
+
+    @property
+    def procs(self) -> list[ProcInfo]:
+        """Where each proc of this view runs (pid 0 until the proc has said hello)."""
+        return [ProcInfo(i, p.proc_id, p.host, p.pid, p.address)
+                for i, p in enumerate(self._view_procs())]
+
+    @property
+    def initialized(self) -> Future:
+        """Resolves once every proc of the view has started (or fails if one died)."""
+        fut: Future = Future(f"{self.name}.initialized")
+        recs = self._view_procs()
+        loop = self._rt.loop
+
+        def poll() -> None:
+            if all(r.pid for r in recs):
+                fut.set_result(None)
+                return
+            bad = [r for r in recs if r.state in ("failed", "stopped") and not r.pid]
+            if bad:
+                fut.set_exception(SupervisionError(f"proc {bad[0].proc_id} failed to start: "
+                                                   f"{bad[0].failure}", bad[0].failure))
+                return
+            loop.call_later(0.01, poll)
+
+        loop.call_soon(poll)
+        return fut
+
+    def spawn(self, name: str, actor_class: type, *args: Any, **kwargs: Any) -> "ActorMesh":
+        """Start one `actor_class(*args, **kwargs)` per proc (non-blocking)."""
+        from .actor_mesh import ActorMesh
+
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"spawn(name, ActorClass, ...): name must be a non-empty str, "
+                            f"got {name!r}")
+        if not (isinstance(actor_class, type) and issubclass(actor_class, Actor)):
+            raise TypeError(f"spawn({name!r}, ...): {actor_class!r} is not an Actor subclass")
+        if self.stopped:
+            raise MeshStoppedError(f"proc mesh {self.name!r} was stopped")
+        _check_init_args(actor_class, args, kwargs)
+        try:
+            body, bufs = dumps((actor_class, args, kwargs), "actor class and arguments")
+        except SerializationError as e:
+            raise SerializationError(f"spawn({name!r}, {actor_class.__name__}): {e}") from None
+        rt = self._rt
+        procs = self._view_procs()
+        labels, sizes = self._shape.labels, self._shape.sizes_
+        ctx = _get_context()
+        rec = ActorMeshRecord(
+            actor_id=rt.new_id(name), name=name, cls_name=actor_class.__name__,
+            proc_ids=[p.proc_id for p in procs], addresses=[p.address for p in procs],
+            routes=[p.route for p in procs],
+            hosts=[p.host for p in procs], sizes=dict(zip(labels, sizes)), owned=True,
+            owner_actor=ctx.actor_id if ctx is not None else None,
+            ready=[None] * len(procs), inflight=[0] * len(procs),
+            sigs=_signatures(actor_class), initialized=Future(f"{name}.initialized"),
+        )
+        shape = Shape(labels, sizes)
+        reply = rt.reply_address_for(
+            (procs[0].address or procs[0].agent.address) if procs else "")
+
+        def add() -> list:
+            """On the I/O thread: record the mesh; the ranks whose proc is already dead."""
+            health_name, k = name, 1
+            taken = rt.state.health_names()
+            while health_name in taken:
+                k += 1
+                health_name = f"{name}~{k}"
+            rec.health_name = health_name
+            rt.state.add_actor_mesh(rec)
+            rt.health.add_mesh(health_name, self.name, rec.sizes, [
+                ActorHealth(health_name, i, shape.coords_of(i), ActorState.STARTING,
+                            proc_id=p.proc_id, host=p.host, pid=p.pid)
+                for i, p in enumerate(procs)])
+            dead = []
+            for i, p in enumerate(procs):
+                if p.proc_id in rt.state.dead_procs or p.state in ("failed", "stopped"):
+                    rec.ready[i] = f"proc {p.proc_id} is dead"
+                    rec.failed.setdefault(i, p.failure)
+                    dead.append(i)
+            rt.failures.check_initialized(rec)
+            return dead
+
+        dead = set(rt.state.change(add))
+        for i, p in enumerate(procs):
+            if i not in dead:
+                h = Header(Kind.SPAWN_ACTOR, actor=rec.actor_id, reply=reply, rank=i,
+                           extra={"name": name, "rank": i, "labels": list(labels),
+                                  "sizes": list(sizes)})
+                rt.send_to_proc(p.address, p.route, h, body, tuple(bufs))
+        am = ActorMesh(rt, rec, shape, self, actor_class)
+        rt.register_mesh(am)
+        return am
+
+    def stop(self) -> Future:
+        """Stop every proc of this mesh (actors run `__cleanup__` first). Returns a Future."""
+        rt = self._rt
+        fut: Future = Future(f"{self.name}.stop")
+        procs = self._procs
+        self._stopped_flag = True
+        self._root._stopped_flag = True
+        ids = {p.proc_id for p in procs}
+
+        def mark() -> list:
+            """On the I/O thread: mark the meshes stopped; the procs still to stop."""
+            for m in rt.state.actor_meshes.values():
+                if ids.intersection(m.proc_ids):
+                    m.stopped = True
+                    for r in range(len(m.proc_ids)):
+                        rt.health.update(m.health_name, r, ActorState.STOPPED)
+            pending = [p for p in procs if p.state in ("starting", "running")]
+            for p in pending:
+                p.stopping = True
+                p.exited = Future()
+            return pending
+
+        pending = rt.state.change(mark)
+        if not pending:
+            fut.set_result(None)
+            return fut
+        for p in pending:
+            rt.send_to_proc(p.address, p.route, Header(Kind.STOP_PROC))
+        deadline = time.monotonic() + config.stop_timeout + 1.0
+
+        def check() -> None:
+            if all(p.exited.done() for p in pending):
+                for m in [m for m in rt.state.actor_meshes.values() if set(m.proc_ids) <= ids]:
+                    rt.health.remove_mesh(m.health_name)
+                fut.set_result(None)
+                return
+            if time.monotonic() > deadline:
+                for p in pending:
+                    if not p.exited.done() and p.agent is not None:
+                        rt.kill_proc(p.proc_id)
+                if time.monotonic() > deadline + 2.0:
+                    fut.set_result(None)
+                    return
+            rt.loop.call_later(0.02, check)
+
+        rt.loop.call_soon(check)
+        return fut
+
+    def _stop_now(self, timeout: float = 5.0) -> None:
+        self.stop().get(timeout + 3.0)
+
+    def __enter__(self) -> "ProcMesh":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop().get(config.stop_timeout + 5.0)
+
+    def __repr__(self) -> str:
+        return f"<ProcMesh {self.name!r} {self.sizes}>"
+
+    def _repr_html_(self) -> str:
+        from .. import hooks
+
+        return hooks.render_html(self)
+
+
+def _check_init_args(actor_class: type, args: tuple, kwargs: dict) -> None:
+    """A TypeError at the call site when the arguments do not fit the actor's __init__."""
+    if actor_class.__init__ is object.__init__ and (args or kwargs):
+        raise TypeError(f"{actor_class.__name__}() takes no arguments (it defines no "
+                        f"__init__), got {len(args)} positional and {len(kwargs)} keyword")
+    try:
+        inspect.signature(actor_class.__init__).bind(None, *args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"{actor_class.__name__}.__init__: {e}") from None
+    except ValueError:
+        pass
+
+
+def _signatures(actor_class: type) -> dict:
+    sigs = {}
+    for ep_name, ep in endpoints_of(actor_class).items():
+        try:
+            sigs[ep_name] = plain_signature(ep.fn)
+        except (TypeError, ValueError):
+            sigs[ep_name] = None
+    return sigs

@@ -1,0 +1,52 @@
+"""The host agent: starts, watches and reaps the procs of one host.
+
+`python -m runtime.host --owner ADDR --token HEX --rundir DIR` is started by a controller
+for its local host; `python -m runtime.host --listen tcp://ADDR:PORT --key-file F` serves a
+host for controllers that attach over the network (CurveZMQ).
+
+At start the agent forks a single-threaded *zygote* (`zygote`) with the runtime already
+imported; procs are forked from it, which makes spawning fast. The agent (`agent`) holds the
+read ends of every proc's stdout/stderr pipes (`output`): it forwards output to the proc's
+owner and keeps the last lines of stderr for failure reports, and it reports every exit
+with its code or signal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from typing import Optional
+
+from .. import _process
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of `python -m runtime.host`."""
+    p = argparse.ArgumentParser(prog="python -m runtime.host",
+                                description="Serve one host: spawn and watch procs.")
+    p.add_argument("--owner", help="address of the controller that owns this agent")
+    p.add_argument("--token", help="session token (hex); default MONARCH_TOKEN or random")
+    p.add_argument("--rundir", help="private directory for ipc sockets")
+    p.add_argument("--agent-id")
+    p.add_argument("--listen", help="also listen on tcp://ADDR:PORT (CurveZMQ required "
+                                    "unless loopback)")
+    p.add_argument("--key-file", help="CurveZMQ key file (mode 600); default MONARCH_KEY_FILE")
+    p.add_argument("--address-file", help="write the bound address here (JSON)")
+    p.add_argument("--parent-pid", type=int, default=0,
+                   help="exit when this parent process dies")
+    args = p.parse_args(argv)
+    if not args.token:
+        args.token = os.environ.get("MONARCH_TOKEN", "")
+    if args.parent_pid:
+        _process.die_with_parent(args.parent_pid)
+    _process.set_process_name("monarch-agent")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s agent: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from .agent import Agent
+
+    agent = Agent(args)
+    signal.signal(signal.SIGTERM, lambda *_: agent.loop.call_soon(agent._shutdown, "SIGTERM"))
+    agent.run()
+    return 0

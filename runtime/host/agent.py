@@ -1,0 +1,276 @@
+"""The host agent: starts procs through the zygote, forwards their output, reports exits.
+
+One I/O thread (the runtime's IOLoop) owns the agent's sockets and the zygote's socket; the
+main thread only watches the parent process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+from .. import _process
+from ..transport import framing
+from ..transport.framing import Header, Kind
+from .output import ProcPipes
+from .zygote import zygote_main
+
+log = logging.getLogger("runtime.host")
+
+
+class Agent:
+    """Serves one host: spawns procs through the zygote, forwards output, reports exits."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        # Import what every proc needs now, so the zygote (and each fork) inherits it.
+        from .. import _core, proc  # noqa: F401
+        from ..transport import serialization  # noqa: F401
+
+        for optional in ("psutil", "runtime.debugging.proc_side"):
+            try:
+                __import__(optional)
+            except ImportError:
+                pass
+        from ..transport import auth
+        from ..transport.loop import IOLoop
+
+        self.args = args
+        self.agent_id = args.agent_id or f"agent-{os.getpid()}"
+        self.rundir = args.rundir or auth.private_dir("monarch-agent-")
+        self.keys = auth.read_key_file(args.key_file) if args.key_file else auth.keys_from_env()
+        if args.listen and self.keys is None:
+            raise SystemExit("--listen needs a CurveZMQ key file (--key-file or MONARCH_KEY_FILE);"
+                             " make one with: python -m runtime.transport.auth keygen PATH")
+        self.key_file = args.key_file or os.environ.get("MONARCH_KEY_FILE", "")
+        if args.listen:
+            self.token = auth.cluster_token(self.keys)
+        else:
+            self.token = bytes.fromhex(args.token) if args.token else auth.new_token()
+        self.owner = args.owner or ""
+        self.owner_last_seen = time.monotonic()
+        self.procs: dict[str, ProcPipes] = {}
+        self.by_pid: dict[int, str] = {}
+        self.pending_spawn: dict[str, dict] = {}
+        self.stopping = False
+        # fork the zygote while this process is still single-threaded
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:
+            a.close()
+            _process.die_with_parent(os.getppid())
+            try:
+                zygote_main(b)
+            finally:
+                os._exit(0)
+        b.close()
+        self.zygote_pid = pid
+        self.zsock = a
+        self.loop = IOLoop(self.agent_id, self.token, self._on_message, keys=self.keys)
+        self.address = self.loop.bind(f"ipc://{self.rundir}/{self.agent_id}")
+        self.tcp_address = ""
+        self.listen_ip = ""
+        if args.listen:
+            self.tcp_address = self.loop.bind_extra(args.listen)
+            from urllib.parse import urlparse
+
+            self.listen_ip = urlparse(self.tcp_address).hostname or ""
+        if args.address_file:
+            tmp = args.address_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump({"address": self.tcp_address or self.address, "ipc": self.address,
+                           "host": socket.gethostname(), "pid": os.getpid()}, f)
+            os.replace(tmp, args.address_file)
+        self._handlers = {
+            Kind.HEARTBEAT: self._on_heartbeat, Kind.SPAWN_PROCS: self._spawn,
+            Kind.KILL_PROCS: self._on_kill, Kind.AGENT_ATTACH: self._attach,
+            Kind.AGENT_STOP: self._on_stop, Kind.FANOUT: self._on_fanout,
+        }
+
+    def run(self) -> None:
+        self.loop.start()
+        self.loop.call_soon(self._setup)
+        while not self.stopping:
+            time.sleep(0.2)
+            if self.args.parent_pid and os.getppid() != self.args.parent_pid:
+                self.loop.call_soon(self._shutdown, "owner process died")
+        self.loop.stop()
+
+    def _setup(self) -> None:
+        self.zsock.setblocking(False)
+        self.loop.add_reader(self.zsock.fileno(), self._on_zygote)
+        self.loop.call_every(0.25, self._tick)
+        if self.owner:
+            self._send(self.owner, Header(Kind.HELLO, extra={
+                "pid": os.getpid(), "host": socket.gethostname(), "address": self.address,
+                "agent": True}))
+
+    def _send(self, addr: str, h: Header, body: bytes = b"") -> None:
+        if addr:
+            h.src = self.agent_id
+            self.loop.send(addr, framing.build(self.token, h, body))
+
+    # -- control messages (I/O thread) -----------------------------------------------------------
+    def _on_message(self, h: Header, body: Any, buffers: list) -> None:
+        fn = self._handlers.get(h.kind)
+        if fn is None:
+            log.warning("agent: unexpected message kind %s; dropped", h.kind)
+            return
+        fn(h, body, buffers)
+
+    def _on_heartbeat(self, h: Header, body: Any, buffers: list) -> None:
+        self.owner_last_seen = time.monotonic()
+
+    def _on_kill(self, h: Header, body: Any, buffers: list) -> None:
+        e = h.extra or {}
+        sig = int(e.get("signal", signal.SIGKILL))
+        for proc_id in e.get("procs", []):
+            p = self.procs.get(proc_id)
+            if p is not None:
+                try:
+                    os.kill(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def _on_stop(self, h: Header, body: Any, buffers: list) -> None:
+        if self.args.listen:
+            self._kill_procs("the controller detached")
+            self.owner = ""
+        else:
+            self._shutdown("asked to stop")
+
+    def _on_fanout(self, h: Header, body: Any, buffers: list) -> None:
+        """Deliver the enclosed message to several local procs."""
+        e = h.extra or {}
+        raw = e["header"]
+        inner = framing.decode_header(raw if isinstance(raw, bytes) else bytes(raw))
+        data = framing.encode_header(inner)
+        for proc_id in e.get("procs", []):
+            self.loop.send(f"ipc://{self.rundir}/{proc_id}", [self.token, data, body, *buffers])
+
+    def _attach(self, h: Header, body: Any = None, buffers: Any = None) -> None:
+        """A controller adopts this (listening) agent; a previous owner's procs are ended."""
+        e = h.extra or {}
+        new_owner = e.get("owner", "")
+        if self.owner and self.owner != new_owner:
+            self._kill_procs("a new controller attached")
+        self.owner = new_owner
+        self.owner_last_seen = time.monotonic()
+        self._send(self.owner, Header(Kind.HELLO, extra={
+            "pid": os.getpid(), "host": socket.gethostname(), "address": self.tcp_address,
+            "agent": True, "attach_id": e.get("attach_id", "")}))
+
+    def _kill_procs(self, why: str) -> None:
+        for pp in list(self.procs.values()):
+            try:
+                os.kill(pp.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _spawn(self, h: Header, body: Any = None, buffers: Any = None) -> None:
+        e = h.extra or {}
+        owner = e.get("owner") or h.reply or self.owner
+        for p in e.get("procs", []):
+            cfg = {
+                "proc_id": p["proc_id"], "rank": p["rank"], "mesh": p["mesh"],
+                "token": self.token.hex(), "rundir": self.rundir, "owner": owner,
+                "agent": self.address, "host_id": self.agent_id,
+                "key_file": self.key_file, "listen_ip": self.listen_ip,
+            }
+            self.pending_spawn[p["proc_id"]] = {"mesh": p["mesh"], "owner": owner}
+            msg = {"op": "spawn", "cfg": cfg, "env": p.get("env") or {}, "cwd": e.get("cwd")}
+            self.zsock.setblocking(True)
+            try:
+                self.zsock.send(json.dumps(msg).encode())
+            finally:
+                self.zsock.setblocking(False)
+
+    # -- the zygote's reports ----------------------------------------------------------------
+    def _on_zygote(self) -> None:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.zsock, 1 << 16, 4)
+            except BlockingIOError:
+                return
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                self._shutdown("zygote died")
+                return
+            msg = json.loads(data)
+            if msg["op"] == "spawned":
+                info = self.pending_spawn.pop(msg["proc_id"], {"mesh": "", "owner": self.owner})
+                out_fd, err_fd = fds
+                pp = ProcPipes(msg["proc_id"], msg["pid"], info["mesh"], info["owner"],
+                               out_fd, err_fd, 200, self.loop, self._forward)
+                self.procs[pp.proc_id] = pp
+                self.by_pid[pp.pid] = pp.proc_id
+            elif msg["op"] == "exit":
+                self._on_exit(msg)
+
+    def _on_exit(self, msg: dict) -> None:
+        proc_id = self.by_pid.pop(msg["pid"], None)
+        pp = self.procs.pop(proc_id, None) if proc_id else None
+        if pp is None:
+            return
+        pp.finish()
+        self._send(pp.owner, Header(Kind.PROC_EXIT, extra={
+            "proc": pp.proc_id, "pid": pp.pid, "code": msg["code"], "signal": msg["signal"],
+            "stderr": list(pp.stderr_tail)}))
+
+    def _forward(self, owner: str, proc_id: str, stream: str, label: str, text: str) -> None:
+        self._send(owner, Header(Kind.LOG, extra={"proc": proc_id, "stream": stream,
+                                                  "label": label}), text.encode())
+
+    def _tick(self) -> None:
+        from ..config import config
+
+        if not self.owner:
+            return
+        self._send(self.owner, Header(Kind.HEARTBEAT))
+        silent = time.monotonic() - self.owner_last_seen
+        if silent <= max(config.heartbeat_timeout, 5.0) * 2:
+            return
+        if self.args.listen:
+            log.warning("controller %s silent for %.0f s: ending its procs", self.owner, silent)
+            self._kill_procs("owner silent")
+            self.owner = ""
+        else:
+            self._shutdown("owner silent")
+
+    def _shutdown(self, why: str) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        for pp in list(self.procs.values()):
+            try:
+                os.kill(pp.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and any(_alive(pp.pid) for pp in self.procs.values()):
+            time.sleep(0.02)
+        for pp in list(self.procs.values()):
+            try:
+                os.kill(pp.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.kill(self.zygote_pid, signal.SIGKILL)
+            os.waitpid(self.zygote_pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False

@@ -1,0 +1,122 @@
+"""The zygote: a single-threaded process, forked from the host agent with the runtime
+already imported, that forks procs on request and reports their exits.
+
+It never touches zmq. Each proc's stdout and stderr are pipes whose read ends go back to
+the agent (SCM_RIGHTS), so output written from C code is forwarded too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+
+from .. import _process
+
+
+def zygote_main(sock: socket.socket) -> None:
+    """Serve spawn requests from the agent on `sock` until it closes (then kill children)."""
+    _process.set_process_name("monarch-zygote")
+    rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wfd)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    children: set[int] = set()
+
+    def reap() -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            children.discard(pid)
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            try:
+                sock.send(json.dumps({"op": "exit", "pid": pid, "code": code,
+                                      "signal": sig}).encode())
+            except OSError:
+                pass
+
+    while True:
+        try:
+            r, _, _ = select.select([sock, rfd], [], [], 1.0)
+        except InterruptedError:
+            continue
+        if rfd in r:
+            try:
+                while os.read(rfd, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        reap()
+        if sock not in r:
+            continue
+        try:
+            data = sock.recv(1 << 20)
+        except OSError:
+            data = b""
+        if not data:  # the agent is gone
+            for pid in list(children):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            os._exit(0)
+        msg = json.loads(data)
+        if msg["op"] == "spawn":
+            pid, out_r, err_r = fork_proc(sock, rfd, wfd, msg)
+            children.add(pid)
+            socket.send_fds(sock, [json.dumps({"op": "spawned", "proc_id": msg["cfg"]["proc_id"],
+                                               "pid": pid}).encode()], [out_r, err_r])
+            os.close(out_r)
+            os.close(err_r)
+        elif msg["op"] == "quit":
+            os._exit(0)
+
+
+def fork_proc(sock: socket.socket, rfd: int, wfd: int, msg: dict) -> tuple[int, int, int]:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    zygote_pid = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the proc
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            sock.close()
+            os.close(rfd)
+            os.close(wfd)
+            os.close(out_r)
+            os.close(err_r)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.close(out_w)
+            os.close(err_w)
+            _process.die_with_parent(zygote_pid)
+            _process.set_process_name("monarch-proc")
+            os.environ.update(msg.get("env") or {})
+            cwd = msg.get("cwd")
+            if cwd:
+                try:
+                    os.chdir(cwd)
+                except OSError:
+                    pass
+            from .. import proc
+
+            proc.main(msg["cfg"])
+        except BaseException:  # noqa: BLE001
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(1)
+    os.close(out_w)
+    os.close(err_w)
+    return pid, out_r, err_r
