@@ -42,6 +42,8 @@ class ActorMesh(MeshTrait):
         """True once these actors (or their procs) were stopped."""
         return self._rec.stopped
 
+    _stopped_flag = stopped  # the kernel's older name (moved to .stopped)
+
     @property
     def health_name(self) -> str:
         """The name of this mesh in the health model and the dashboard (unique among the
