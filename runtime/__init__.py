@@ -3,6 +3,7 @@ controller (a script or a notebook), with Monarch's API names and semantics."""
 
 from .actor import Actor, ActorContext, context, current_rank, current_size, endpoint
 from .channel import Accumulator, Channel, Port, PortReceiver
+from .config import configure, configured
 from .core import get_runtime, shutdown
 from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, SerializationError,
                      SupervisionError)
@@ -32,6 +33,7 @@ __all__ = [
     "Actor", "ActorContext", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
     "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "attach_to_workers", "ProcInfo", "ProcMesh", "SerializationError", "Shape", "ShapeError",
-    "SupervisionError", "ValueMesh", "context", "current_rank", "current_size", "endpoint",
+    "SupervisionError", "ValueMesh", "configure", "configured", "context", "current_rank",
+    "current_size", "endpoint",
     "get_runtime", "shutdown", "this_host", "this_proc", "unhandled_fault_hook",
 ]
