@@ -4,6 +4,7 @@ controller (a script or a notebook), with Monarch's API names and semantics."""
 from .actor import Actor, ActorContext, context, current_rank, current_size, endpoint
 from .channel import Accumulator, Channel, Port, PortReceiver
 from ._core import current_runtime, get_runtime, shutdown
+from .config import configure, configured
 from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, SerializationError,
                      SupervisionError)
 from .future import Future
@@ -32,7 +33,7 @@ __all__ = [
     "Actor", "ActorContext", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
     "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape",
-    "ShapeError", "SupervisionError", "ValueMesh", "attach_to_workers", "context",
-    "current_rank", "current_runtime", "current_size", "endpoint", "get_runtime", "shutdown",
-    "this_host", "this_proc", "unhandled_fault_hook",
+    "ShapeError", "SupervisionError", "ValueMesh", "attach_to_workers", "configure",
+    "configured", "context", "current_rank", "current_runtime", "current_size", "endpoint",
+    "get_runtime", "shutdown", "this_host", "this_proc", "unhandled_fault_hook",
 ]

@@ -72,9 +72,9 @@ def _shutdown_at_exit() -> None:
 
 def _admin_endpoint(rt: Runtime) -> None:
     """Start-up hook: the controller's loopback admin endpoint and the debugger's requests."""
-    import os
+    from ..config import config
 
-    if os.environ.get("MONARCH_ADMIN", "1") == "0":
+    if not config.admin:
         return
     from ..admin import serve
     from ..debugging.admin import register as register_debug

@@ -11,6 +11,7 @@ import time
 from typing import Optional
 
 from .._core import AgentRecord, ProcRecord, Runtime, get_runtime
+from ..config import TOKEN_ENV, config
 from ..errors import MeshStoppedError
 from ..shapes import MeshTrait, Shape
 from ..transport.framing import Header, Kind
@@ -26,7 +27,8 @@ def child_env() -> dict:
             paths.append(p)
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["PYTHONUNBUFFERED"] = "1"
-    env.pop("MONARCH_TOKEN", None)
+    env.pop(TOKEN_ENV, None)
+    env.update(config.to_env())  # settings made with configure() reach the children
     _with_huge_pages(env)
     return env
 
@@ -35,7 +37,7 @@ def _with_huge_pages(env: dict) -> None:
     """Let glibc's malloc ask for transparent huge pages in procs (GLIBC_TUNABLES): large
     messages land in fresh memory, and 2 MiB pages make that ~1.7x faster (measured with
     64 MiB arguments). MONARCH_HUGEPAGES=0 turns it off; an existing setting is kept."""
-    if env.get("MONARCH_HUGEPAGES", "1") == "0":
+    if not config.hugepages:
         return
     tunables = env.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.hugetlb" in tunables:
@@ -47,7 +49,7 @@ def _with_huge_pages(env: dict) -> None:
 def _start_local_agent(rt: Runtime) -> AgentRecord:
     agent_id = rt.new_id("agent")
     env = child_env()
-    env["MONARCH_TOKEN"] = rt.token.hex()
+    env[TOKEN_ENV] = rt.token.hex()
     cmd = [sys.executable, "-m", "runtime.host", "--owner", rt.address, "--rundir", rt.rundir,
            "--agent-id", agent_id, "--parent-pid", str(os.getpid())]
 
@@ -108,7 +110,8 @@ class HostMesh(MeshTrait):
                 addr = f"ipc://{rt.rundir}/{proc_id}" if not agent.remote else ""
                 procs.append(ProcRecord(proc_id, rank, name, agent, addr, host=agent.host))
                 by_agent.setdefault(agent.agent_id, (agent, []))[1].append(
-                    {"proc_id": proc_id, "rank": rank, "mesh": name, "env": env or {}})
+                    {"proc_id": proc_id, "rank": rank, "mesh": name,
+                     "env": {**config.to_env(), **(env or {})}})
         rt.state.change(rt.state.add_procs, procs)
         for agent, plist in by_agent.values():
             rt.send(agent.address, Header(Kind.SPAWN_PROCS, extra={

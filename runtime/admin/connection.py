@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from ..config import config
+
 PREFIX = "admin-"
 SUFFIX = ".json"
 
@@ -38,9 +40,8 @@ def runtime_dir(create: bool = True) -> Path:
 
     `$MONARCH_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/monarch`, else
     `~/.local/share/monarch/runtime`; created with mode 0700."""
-    env = os.environ.get("MONARCH_RUNTIME_DIR")
-    if env:
-        d = Path(env)
+    if config.runtime_dir:
+        d = Path(config.runtime_dir)
     elif os.environ.get("XDG_RUNTIME_DIR") and Path(os.environ["XDG_RUNTIME_DIR"]).is_dir():
         d = Path(os.environ["XDG_RUNTIME_DIR"]) / "monarch"
     else:

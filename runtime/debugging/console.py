@@ -7,11 +7,11 @@ through the kernel's stdin channel), by `%mesh debug`, and by scripts run in a t
 from __future__ import annotations
 
 import builtins
-import os
 import sys
 import threading
 from typing import Any, Callable, Optional
 
+from ..config import config
 from . import settings
 from .commands import HELP, Command, CommandError, parse_command
 from .registry import DebugError, DebugRegistry, Session
@@ -37,7 +37,7 @@ def default_input(prompt: str) -> str:
     """A line from the user: the kernel's stdin channel, or a terminal; else NoStdin."""
     if _in_kernel():
         return builtins.input(prompt)  # ipykernel swaps it per request (allow_stdin)
-    if os.environ.get("MONARCH_DEBUG_STDIN") == "1":
+    if config.debug_stdin:  # MONARCH_DEBUG_STDIN
         return builtins.input(prompt)
     if sys.stdin is None or not sys.stdin.isatty():
         raise NoStdin("stdin is not a terminal")

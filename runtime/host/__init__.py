@@ -20,6 +20,7 @@ import signal
 from typing import Optional
 
 from .. import _process
+from ..config import TOKEN_ENV
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -38,7 +39,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="exit when this parent process dies")
     args = p.parse_args(argv)
     if not args.token:
-        args.token = os.environ.get("MONARCH_TOKEN", "")
+        args.token = os.environ.pop(TOKEN_ENV, "")  # a secret: procs do not inherit it
     if args.parent_pid:
         _process.die_with_parent(args.parent_pid)
     _process.set_process_name("monarch-agent")

@@ -47,7 +47,9 @@ class Agent:
         if args.listen and self.keys is None:
             raise SystemExit("--listen needs a CurveZMQ key file (--key-file or MONARCH_KEY_FILE);"
                              " make one with: python -m runtime.transport.auth keygen PATH")
-        self.key_file = args.key_file or os.environ.get("MONARCH_KEY_FILE", "")
+        from ..config import config
+
+        self.key_file = args.key_file or config.key_file or ""
         if args.listen:
             self.token = auth.cluster_token(self.keys)
         else:

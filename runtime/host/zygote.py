@@ -102,6 +102,9 @@ def fork_proc(sock: socket.socket, rfd: int, wfd: int, msg: dict) -> tuple[int, 
             _process.die_with_parent(zygote_pid)
             _process.set_process_name("monarch-proc")
             os.environ.update(msg.get("env") or {})
+            from ..config import config
+
+            config.reload()  # settings the spawn request carries (configure() in the owner)
             cwd = msg.get("cwd")
             if cwd:
                 try:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..config import config
 from .base import Job, JobError, read_address_files, slots, tail
 
 
@@ -39,7 +40,7 @@ class LocalJob(Job):
     def _launch(self) -> None:
         assert self.workdir is not None and self.key_file is not None
         (self.workdir / "addrs").mkdir(mode=0o700)
-        env = {**os.environ, **(self.env or {})}
+        env = {**os.environ, **config.to_env(), **(self.env or {})}  # configure() reaches agents
         for mesh, i in slots(self.meshes):
             log = open(self.workdir / f"agent-{mesh}.{i}.log", "wb")
             argv = agent_argv(self.python, "tcp://127.0.0.1:0", self.key_file,

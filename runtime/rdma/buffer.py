@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+from ..config import config
 from ..future import Future
 from . import client, ibverbs
 from .errors import RDMASizeError
@@ -83,7 +84,7 @@ class RDMABuffer:
         entry = server.registry.add(span)
         secret, from_env = session_secret()
         ib = False
-        if span.device == "cpu" and os.environ.get(client.TRANSPORT_ENV, "auto") in ("auto", "ibverbs"):
+        if span.device == "cpu" and _transport_or_none() in ("auto", "ibverbs"):
             ib = server.ib_context() is not None
         self._h = Handle(
             pid=os.getpid(), start_time=process_start_time(os.getpid()) or 0, host_id=host_id(),
@@ -177,12 +178,20 @@ def _rebuild(h: Handle) -> RDMABuffer:
     return buf
 
 
+def _transport_or_none() -> Optional[str]:
+    """config.rdma_transport, or None when MONARCH_RDMA_TRANSPORT is bad (a transfer says so)."""
+    try:
+        return config.rdma_transport
+    except ValueError:
+        return None
+
+
 def get_rdma_backend(buffer: Optional[RDMABuffer] = None) -> str:
     """Name the transport in use: for `buffer`, the one that reaches it from here; otherwise this
     process's cross-host transport ("ibverbs" or "tcp")."""
     if buffer is not None:
         return buffer.transport()
-    mode = os.environ.get(client.TRANSPORT_ENV, "auto").lower()
+    mode = client.transport_mode()
     if mode != "auto":
         return mode
     return "ibverbs" if ibverbs.shared_context() is not None else "tcp"

@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
+from ..config import config
 from . import protocol as P
 from . import vm
 from .errors import (RDMAAuthError, RDMABufferDroppedError, RDMAError, RDMAOwnerDiedError,
@@ -26,19 +27,16 @@ from .server import INFO_REPLY, MR_REPLY, PIN_REPLY, current_server
 
 log = logging.getLogger("runtime.rdma")
 
-TRANSPORT_ENV = "MONARCH_RDMA_TRANSPORT"  # auto | vm | tcp | ibverbs
-STREAMS_ENV = "MONARCH_RDMA_STREAMS"  # parallel TCP streams per transfer (default 4)
-VM_THREADS_ENV = "MONARCH_RDMA_VM_THREADS"  # parallel process_vm copies per transfer (default 2)
 MIN_STREAM_BYTES = 4 << 20  # never split a transfer into pieces smaller than this
 VM_CHUNK = 64 << 20  # deadline is checked between chunks of a same-host copy
-TRANSPORTS = ("auto", "vm", "tcp", "ibverbs")
 
 
-def _env_int(name: str, default: int) -> int:
+def transport_mode() -> str:
+    """config.rdma_transport (MONARCH_RDMA_TRANSPORT); a bad value raises RDMAError."""
     try:
-        return max(1, int(os.environ.get(name, default)))
-    except ValueError:
-        return default
+        return config.rdma_transport
+    except ValueError as e:
+        raise RDMAError(str(e)) from None
 
 
 class Deadline:
@@ -306,7 +304,7 @@ def tcp_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: boo
                  dl: Deadline, same_host: bool) -> None:
     """Chunked transfer over dedicated data sockets, in parallel streams."""
     addr = _pick_address(h, same_host)
-    pieces = _split(nbytes, _env_int(STREAMS_ENV, 4))
+    pieces = _split(nbytes, config.rdma_streams)
     _parallel(pieces, lambda s, n: _tcp_piece(h, addr, span_addr + s, offset + s, n, write, dl))
 
 
@@ -337,7 +335,7 @@ def vm_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool
                 pos += k
 
         try:
-            _parallel(_split(nbytes, _env_int(VM_THREADS_ENV, 2)), piece)
+            _parallel(_split(nbytes, config.rdma_vm_threads), piece)
         except vm.VMError as e:
             if e.errno in (errno.EPERM, errno.EACCES, errno.ENOSYS):
                 _vm_refused = str(e)
@@ -433,9 +431,7 @@ def owner_info(h: Handle, timeout: float = 5.0) -> tuple[int, int]:
 # -- choosing ---------------------------------------------------------------------------
 def choose(h: Handle, local_cuda: bool) -> str:
     """The transport to use for this owner: local, vm, ibverbs or tcp."""
-    mode = os.environ.get(TRANSPORT_ENV, "auto").lower()
-    if mode not in TRANSPORTS:
-        raise RDMAError(f"{TRANSPORT_ENV}={mode!r}: expected one of {', '.join(TRANSPORTS)}")
+    mode = transport_mode()
     same_host = h.host_id == host_id()
     if same_host and h.pid == os.getpid() and mode == "auto" and h.device == "cpu":
         return "local"

@@ -13,13 +13,11 @@ import threading
 import time
 from typing import Any, Optional
 
+from ..config import config
 from .errors import RDMATimeoutError, RDMATransportError
 
 log = logging.getLogger("runtime.rdma")
 
-DEVICE_ENV = "MONARCH_RDMA_IB_DEVICE"  # e.g. mlx5_0; default: first device with an active port
-PORT_ENV = "MONARCH_RDMA_IB_PORT"  # default 1
-GID_INDEX_ENV = "MONARCH_RDMA_IB_GID_INDEX"  # RoCE: which GID table entry to use (default 0)
 DEPTH = 32  # outstanding work requests per queue pair
 CHUNK = 64 << 20  # bytes per work request
 
@@ -205,9 +203,9 @@ def open_context() -> Optional[IbvContext]:
     if not ok:
         log.info("rdma: ibverbs not used: %s", why)
         return None
-    wanted = os.environ.get(DEVICE_ENV)
-    port = int(os.environ.get(PORT_ENV, "1"))
-    gid_index = int(os.environ.get(GID_INDEX_ENV, "0"))
+    wanted = config.rdma_ib_device  # MONARCH_RDMA_IB_DEVICE, _PORT, _GID_INDEX
+    port = config.rdma_ib_port
+    gid_index = config.rdma_ib_gid_index
     names = [wanted] if wanted else list_devices()
     for name in names:
         try:

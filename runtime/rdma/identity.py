@@ -8,8 +8,7 @@ import secrets
 import socket
 from typing import Optional
 
-SESSION_TOKEN_ENV = "MONARCH_SESSION_TOKEN"
-
+from ..config import config
 
 @functools.lru_cache(maxsize=1)
 def host_id() -> str:
@@ -62,12 +61,12 @@ def session_secret() -> tuple[bytes, bool]:
     MONARCH_SESSION_TOKEN (hex) when set; else a random per-process secret that
     travels inside each handle."""
     global _process_secret
-    env = os.environ.get(SESSION_TOKEN_ENV)
+    env = config.rdma_session_token
     if env:
         try:
             return bytes.fromhex(env), True
         except ValueError:
-            raise ValueError(f"{SESSION_TOKEN_ENV} must be hex, got {env[:8]!r}...") from None
+            raise ValueError(f"MONARCH_SESSION_TOKEN must be hex, got {env[:8]!r}...") from None
     if _process_secret is None:
         _process_secret = secrets.token_bytes(32)
     return _process_secret, False

@@ -14,6 +14,7 @@ import tempfile
 import threading
 from typing import Optional
 
+from ..config import config
 from . import protocol as P
 from .identity import process_start_time, session_secret
 from .memory import view_of
@@ -21,8 +22,6 @@ from .registry import Entry, Registry
 
 log = logging.getLogger("runtime.rdma")
 
-LISTEN_HOST_ENV = "MONARCH_RDMA_HOST"  # address to bind for cross-host TCP (default loopback)
-ADVERTISE_HOST_ENV = "MONARCH_RDMA_ADVERTISE_HOST"  # address peers dial, if not the bound one
 HANDSHAKE_TIMEOUT = 5.0
 CUDA_STAGE = 16 << 20  # bytes staged through host memory per step for CUDA buffers
 
@@ -47,13 +46,13 @@ class DataServer:
         us = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         us.bind(path)
         us.listen(64)
-        host = os.environ.get(LISTEN_HOST_ENV, "127.0.0.1")
+        host = config.rdma_host  # MONARCH_RDMA_HOST
         ts = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         ts.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         ts.bind((host, 0))
         ts.listen(64)
         self._listeners = [us, ts]
-        advertise = os.environ.get(ADVERTISE_HOST_ENV) or host
+        advertise = config.rdma_advertise_host or host  # MONARCH_RDMA_ADVERTISE_HOST
         if advertise in ("0.0.0.0", "::"):
             advertise = socket.gethostbyname(socket.gethostname())
         if ":" in advertise:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..config import config
 from .health import ActorHealth, ActorState, HealthEvent, HealthModel, MeshHealth, ProcStats
 
 __all__ = [
@@ -65,7 +66,7 @@ class MeshFailure:
 
 def is_interactive() -> bool:
     """True in a REPL, IPython or a notebook kernel: failures must not end the process."""
-    policy = os.environ.get("MONARCH_FAULT_POLICY", "")
+    policy = config.fault_policy  # MONARCH_FAULT_POLICY: auto, raise or exit
     if policy == "raise":
         return True
     if policy == "exit":

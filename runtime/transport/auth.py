@@ -18,6 +18,8 @@ from typing import Optional
 
 import zmq
 
+from ..config import config
+
 TOKEN_BYTES = 16
 
 
@@ -83,7 +85,8 @@ def cluster_token(keys: CurveKeys) -> bytes:
 
 
 def keys_from_env() -> Optional[CurveKeys]:
-    path = os.environ.get("MONARCH_KEY_FILE")
+    """The keys of the cluster key file named by config.key_file (MONARCH_KEY_FILE), if any."""
+    path = config.key_file
     if path:
         return read_key_file(path)
     return None
