@@ -13,7 +13,17 @@ from .shapes import Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
 from .supervision.health import ActorState
 from .value_mesh import ValueMesh
+from . import core as _core, hooks
+from .hooks import add_startup_hook, set_display_hook
 
+
+def current_runtime() -> "_core.Runtime | None":
+    """The running runtime of this controller, or None (none started yet, or shut down, or
+    this is a proc). Never starts one, unlike `get_runtime()`."""
+    rt = _core.current_runtime()
+    if rt is None or rt.is_proc or rt._closed:
+        return None
+    return rt
 
 
 def __getattr__(name: str):
@@ -34,4 +44,5 @@ __all__ = [
     "Port", "PortReceiver", "attach_to_workers", "ProcInfo", "ProcMesh", "SerializationError", "Shape", "ShapeError",
     "SupervisionError", "ValueMesh", "context", "current_rank", "current_size", "endpoint",
     "get_runtime", "shutdown", "this_host", "this_proc", "unhandled_fault_hook",
+    "current_runtime", "add_startup_hook", "set_display_hook", "hooks",
 ]

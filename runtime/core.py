@@ -722,6 +722,12 @@ class Runtime:
         elif rec.pid:
             os.kill(rec.pid, sig)
 
+    def proc_state(self, proc_id: str) -> Optional[str]:
+        """State of a proc this runtime knows: "starting", "running", "failed" or "stopped";
+        None for a proc it does not know."""
+        rec = self.procs.get(proc_id)
+        return rec.state if rec is not None else None
+
     def interrupt(self, proc_ids: list, port: int = 0) -> None:
         """Raise KeyboardInterrupt in the actors of these procs serving `port` (0: all)."""
         for p in proc_ids:
@@ -832,6 +838,9 @@ def get_runtime() -> Runtime:
                 install_in_controller(_runtime)
             except Exception:
                 log.exception("debugger not installed")
+            from .hooks import run_startup_hooks
+
+            run_startup_hooks(_runtime)  # front-ends registered with runtime.hooks
         return _runtime
 
 

@@ -279,6 +279,16 @@ class ProcMesh(MeshTrait):
     def host_mesh(self) -> HostMesh:
         return self._host_mesh
 
+    @property
+    def root(self) -> "ProcMesh":
+        """The unsliced proc mesh this view was sliced from (the mesh itself if unsliced)."""
+        return self._root
+
+    @property
+    def stopped(self) -> bool:
+        """True once `stop()` was called on this proc mesh or on any view of it."""
+        return self._stopped_flag or self._root._stopped_flag
+
     def _view_procs(self) -> list[ProcRecord]:
         return [self._procs[r] for r in self._shape.global_ranks()]
 
@@ -450,12 +460,9 @@ class ProcMesh(MeshTrait):
         return f"<ProcMesh {self.name!r} {self.sizes}>"
 
     def _repr_html_(self) -> str:
-        try:
-            from monarch_widgets import render_html  # optional view package
+        from .hooks import mesh_html  # the views' display hook, else <pre>repr</pre>
 
-            return render_html(self._rt.health.snapshot(), proc_mesh=self.name)
-        except Exception:
-            return f"<pre>{self!r}</pre>"
+        return mesh_html(self, "proc_mesh")
 
 
 class ActorMesh(MeshTrait):
@@ -476,6 +483,31 @@ class ActorMesh(MeshTrait):
     @property
     def proc_mesh(self) -> Optional[ProcMesh]:
         return self._proc_mesh
+
+    @property
+    def stopped(self) -> bool:
+        """True once this actor mesh was stopped (its own `stop()`, or its proc mesh's)."""
+        return self._rec.stopped
+
+    @property
+    def health_name(self) -> str:
+        """This mesh's key in the runtime's health model (`rt.health`): its name, or e.g.
+        "name~2" while another live mesh has the name; "" where this process does not own it."""
+        return self._rec.health_name
+
+    @property
+    def class_name(self) -> str:
+        """The name of the actor class."""
+        return self._rec.cls_name
+
+    def restricted_to(self, procs: ProcMesh) -> "ActorMesh":
+        """The actors of this mesh that live on `procs`, a view (slice) of the unsliced proc
+        mesh this actor mesh was spawned on, with the dimensions of that view."""
+        pm = self._proc_mesh
+        if pm is None or pm._root is not pm or procs._root is not pm:
+            raise ValueError(f"{procs!r} is not a view of the proc mesh actor mesh "
+                             f"{self.name!r} was spawned on")
+        return self._new_with_shape(procs._shape)
 
     @property
     def _owner_actor(self) -> Optional[str]:
@@ -570,12 +602,9 @@ class ActorMesh(MeshTrait):
         return f"<ActorMesh {self._rec.name!r} {self._rec.cls_name} {self.sizes}>"
 
     def _repr_html_(self) -> str:
-        try:
-            from monarch_widgets import render_html
+        from .hooks import mesh_html  # the views' display hook, else <pre>repr</pre>
 
-            return render_html(self._rt.health.snapshot(), mesh=self._rec.health_name)
-        except Exception:
-            return f"<pre>{self!r}</pre>"
+        return mesh_html(self, "actor_mesh")
 
 
 def _rebuild_actor_mesh(state: dict) -> ActorMesh:
