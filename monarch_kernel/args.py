@@ -187,10 +187,10 @@ class AllocArgs:
 
 @dataclass
 class JobAllocArgs:
-    """`%mesh alloc NAME --job KIND ...`: the job's arguments go to runtime.job.alloc."""
+    """`%mesh alloc NAME --job KIND ...`: the job's arguments, for `parse_alloc`."""
 
     name: str
-    argv: list[str]  # for runtime.job.alloc.parse_alloc (NAME first)
+    argv: list[str]  # for parse_alloc (NAME first)
     progress: bool = True
 
 
@@ -409,7 +409,10 @@ def parse_mesh_line(line: str) -> MeshCommand:
 
 
 def _parse_mesh_line(line: str) -> MeshCommand:
-    tokens = _split(line)
+    return _parse_mesh_tokens(_split(line))
+
+
+def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
     if not tokens:
         raise MagicArgError(f"%mesh: missing COMMAND ({', '.join(_COMMANDS)}); "
                             "try '%mesh --help'")
@@ -465,6 +468,35 @@ def _parse_mesh_line(line: str) -> MeshCommand:
     raise MagicArgError(f"%mesh: unknown command {cmd!r}")  # pragma: no cover
 
 
+#: The `%mesh` subcommands that need no kernel session (what `%load_ext monarch_widgets`
+#: offers in a plain IPython): the views' status, stop, attach and admin.
+VIEW_COMMANDS = ("status", "stop", "attach", "admin")
+
+VIEW_USAGE = """usage:
+  %mesh status [--text] [NAME]   live dashboard (or a text status) of every mesh, or of NAME
+  %mesh stop NAME ...            stop meshes (actor meshes or proc meshes) by name
+  %mesh attach MESH RANK         attach the debugger to a paused actor
+  %mesh admin                    how to attach the terminal admin (monarch-admin)"""
+
+
+def parse_view_line(line: Union[str, list[str]]) -> MeshCommand:
+    """Parse `%mesh status|stop|attach|admin ...` with the same grammar as `parse_mesh_line`
+    (StatusArgs, StopArgs, AttachArgs or AdminArgs). An empty line or `--help` raises
+    MagicHelp(VIEW_USAGE); errors end with the subcommand's usage line."""
+    tokens = _split(line) if isinstance(line, str) else [str(t) for t in line]
+    if not tokens or tokens[0] in ("-h", "--help", "help"):
+        raise MagicHelp(VIEW_USAGE)
+    cmd = tokens[0]
+    if cmd not in VIEW_COMMANDS:
+        raise MagicArgError(f"unknown %mesh subcommand {cmd!r} (the Monarch kernel's %mesh, "
+                            f"%load_ext monarch_kernel, has the others)\n{VIEW_USAGE}")
+    try:
+        return _parse_mesh_tokens(tokens)
+    except MagicArgError as e:
+        msg = str(e) if str(e).startswith("%mesh") else f"%mesh {cmd}: {e}"
+        raise MagicArgError(f"{msg}\n{_LINE[cmd].format_usage().strip()}") from None
+
+
 def parse_mesh_cell(line: str) -> CellArgs:
     """Parse the arguments of the `%%mesh` cell magic."""
     try:
@@ -484,6 +516,70 @@ def _parse_mesh_cell(line: str) -> CellArgs:
         raise MagicArgError("%%mesh: --timeout applies to a blocking wait, not --noblock")
     return CellArgs(mesh=ns.mesh, ranks=ns.ranks, noblock=ns.noblock, out=ns.out,
                     timeout=ns.timeout, quiet=ns.quiet)
+
+
+# -- %mesh alloc NAME --job KIND ...: the job's arguments -----------------------------------
+
+def _job_alloc_parser() -> _Parser:
+    from runtime.job.alloc import KINDS
+
+    ap = _Parser(prog="%mesh alloc", add_help=False)
+    ap.add_argument("name")
+    ap.add_argument("--job", choices=KINDS, default="local")
+    ap.add_argument("--hosts", type=int, default=None)
+    ap.add_argument("--per-host", nargs="+", default=[])
+    ap.add_argument("--partition")
+    ap.add_argument("--time", dest="time_limit")
+    ap.add_argument("--account")
+    ap.add_argument("--qos")
+    ap.add_argument("--ssh-hosts", nargs="+")
+    ap.add_argument("--image")
+    ap.add_argument("--namespace")
+    ap.add_argument("--timeout", type=float)
+    return ap
+
+
+def _job_per_host(items: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        try:
+            sizes = parse_sizes(item)
+        except MagicArgError as e:
+            raise MagicArgError(f"--per-host takes DIM=N with N >= 1 (e.g. procs=2): {e}") \
+                from None
+        out.update(sizes)
+    return out or {"procs": 1}
+
+
+def parse_alloc(args: Union[str, list[str]]) -> Any:
+    """Parse `NAME --job KIND --hosts N [--per-host procs=2] [job options]` into a
+    `runtime.job.AllocSpec` (which starts the job: `spec.run()`); errors name the problem."""
+    from runtime.job.alloc import OPTIONS, AllocSpec
+
+    argv = _split(args) if isinstance(args, str) else list(args)
+    ns, extra = _job_alloc_parser().parse_known_args(argv)
+    if extra:
+        raise MagicArgError(f"%mesh alloc: unknown arguments {extra}")
+    hosts = ns.hosts if ns.hosts is not None else (len(ns.ssh_hosts) if ns.ssh_hosts else None)
+    if hosts is None:
+        raise MagicArgError("%mesh alloc: --hosts N is required")
+    per_host = _job_per_host(ns.per_host)
+    given = {k: v for k, v in vars(ns).items()
+             if k not in ("name", "job", "hosts", "per_host") and v is not None}
+    wrong = sorted(set(given) - OPTIONS[ns.job])
+    if wrong:
+        flag = "--time" if wrong[0] == "time_limit" else "--" + wrong[0].replace("_", "-")
+        raise MagicArgError(f"%mesh alloc: {flag} does not apply to --job {ns.job}")
+    if ns.job == "ssh" and not ns.ssh_hosts:
+        raise MagicArgError("%mesh alloc: --job ssh needs --ssh-hosts H1 H2 ...")
+    if ns.job == "ssh" and len(ns.ssh_hosts) != hosts:
+        raise MagicArgError(f"%mesh alloc: --hosts {hosts} but {len(ns.ssh_hosts)} --ssh-hosts")
+    if ns.job == "kubernetes" and not ns.image:
+        raise MagicArgError("%mesh alloc: --job kubernetes needs --image")
+    try:
+        return AllocSpec(ns.name, ns.job, hosts, per_host, given)
+    except ValueError as e:
+        raise MagicArgError(f"%mesh alloc: {e}") from None
 
 
 _OPTION = re.compile(r"^--?[A-Za-z]")

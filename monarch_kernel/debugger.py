@@ -62,9 +62,9 @@ def _wire(reg: DebugRegistry) -> None:
 
 def _on_pre_run_cell(*_: Any) -> None:
     # the runtime may have been started by plain code in a previous cell
-    mod = sys.modules.get("runtime")
-    rt = mod.current_runtime() if mod is not None else None
-    if rt is not None and not getattr(rt, "_closed", False) and not getattr(rt, "is_proc", False):
+    mod = sys.modules.get("runtime")  # never import (nor start) the runtime just to look
+    current = getattr(mod, "current_runtime", None)
+    if current is not None and current() is not None:
         try:
             _registry()
         except DebugError:

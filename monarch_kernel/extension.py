@@ -2,6 +2,9 @@
 
 One `NotebookSession` per process: it owns the output router installed as the runtime's
 output sink, and follows cells (pre/post run) so remote output lands in the right cell.
+A runtime start-up hook (`runtime.hooks.add_startup_hook`) installs the sink as soon as
+any code starts the runtime; loading also installs the views' display hook, so meshes
+show as health grids.
 """
 
 from __future__ import annotations
@@ -64,6 +67,12 @@ class NotebookSession:
         if rt is not None and rt is not self.sink_rt:
             self.install_sink()
 
+    def on_runtime_start(self, rt: Any) -> None:
+        """Start-up hook: route the new runtime's remote output here at once."""
+        if _session is self and rt is not self.sink_rt:
+            rt.set_output_sink(self.router)
+            self.sink_rt = rt
+
     # -- the runtime's output sink -----------------------------------------------------
     def install_sink(self) -> None:
         """Make the runtime send remote output here (idempotent; starts the runtime)."""
@@ -84,14 +93,11 @@ class NotebookSession:
 
 
 def _running_runtime() -> Any:
-    """The runtime if this process started one, else None (never starts it)."""
+    """The runtime if this process started one, else None (never starts it, nor imports
+    the runtime package)."""
     mod = sys.modules.get("runtime")
-    if mod is None:
-        return None
-    rt = mod.current_runtime()
-    if rt is None or getattr(rt, "_closed", False) or getattr(rt, "is_proc", False):
-        return None
-    return rt
+    current = getattr(mod, "current_runtime", None)
+    return current() if current is not None else None
 
 
 def session() -> Optional[NotebookSession]:
@@ -112,6 +118,15 @@ def load(shell: Any) -> None:
         shell.events.register("pre_run_cell", sess.pre_run_cell)
         shell.events.register("post_run_cell", sess.post_run_cell)
         _session = sess
+    from runtime.hooks import add_startup_hook
+
+    add_startup_hook(sess.on_runtime_start)
+    try:  # meshes display as health grids (the views' hook into runtime.hooks)
+        import monarch_widgets
+
+        monarch_widgets.install_display_hook()
+    except ImportError:
+        pass
     try:  # breakpoint() in actors: the prompt in the waiting cell, the dashboard's attach
         from monarch_kernel import debugger
 
@@ -137,6 +152,9 @@ def unload(shell: Any) -> None:
             shell.events.unregister(name, fn)
         except ValueError:
             pass
+    from runtime.hooks import remove_startup_hook
+
+    remove_startup_hook(sess.on_runtime_start)
     sess.remove_sink()
 
 

@@ -86,7 +86,7 @@ class MeshMagics(Magics):
         if not isinstance(obj, ProcMesh):
             raise UsageError(f"{cmd}: {var!r} is a {type(obj).__name__}, not a ProcMesh "
                              "(create one with %mesh alloc)")
-        if obj._stopped_flag or obj._root._stopped_flag:
+        if obj.stopped:
             raise UsageError(f"{cmd}: proc mesh {obj.name!r} was stopped")
         return obj
 
@@ -123,10 +123,8 @@ class MeshMagics(Magics):
         """`%mesh alloc NAME --job KIND ...`: start a job, attach, spawn procs on its hosts."""
         from IPython.display import display
 
-        from runtime.job.alloc import parse_alloc
-
         try:
-            spec = parse_alloc(a.argv)
+            spec = margs.parse_alloc(a.argv)
         except ValueError as e:
             raise UsageError(_one_line(e, "%mesh alloc")) from None
         self._runtime()
@@ -158,14 +156,12 @@ class MeshMagics(Magics):
         return None
 
     def _wait_started(self, procs: Any, a: margs.AllocArgs) -> None:
-        """Show procs coming up (a live progress display) until all are, or fail clearly."""
-        from IPython.display import display
-
-        from monarch_kernel.tables import Progress
+        """Show procs coming up (a live tqdm bar) until all are, or fail clearly."""
+        from monarch_kernel.tables import progress_bar
 
         total = len(procs.procs)
-        bar = Progress(f"allocating {procs.name} {procs.sizes}", total)
-        handle = display(bar, display_id=True) if a.progress else None
+        bar = progress_bar(f"allocating {procs.name} {procs.sizes}", total, shell=self.shell,
+                           disable=not a.progress, postfix="starting")
         init = procs.initialized
         start = time.monotonic()
         deadline = None if a.timeout is None else start + a.timeout
@@ -177,27 +173,27 @@ class MeshMagics(Magics):
                 except TimeoutError:
                     pass
                 except Exception as e:
-                    bar.fail(str(e).splitlines()[0])
-                    if handle is not None:
-                        handle.update(bar)
+                    why = str(e).splitlines()[0]
+                    bar.set_postfix_str(f"failed: {why}", refresh=False)
                     procs.stop()
                     raise UsageError(f"%mesh alloc: procs of {procs.name!r} failed to start: "
-                                     f"{str(e).splitlines()[0]}") from None
+                                     f"{why}") from None
                 up = sum(1 for p in procs.procs if p.pid)
-                if handle is not None and up != bar.done:
-                    bar.done = up
-                    handle.update(bar)
+                if up > bar.n:
+                    bar.update(up - bar.n)
                 if deadline is not None and time.monotonic() > deadline:
+                    bar.set_postfix_str(f"timed out after {a.timeout:g} s", refresh=False)
                     procs.stop()
                     raise UsageError(f"%mesh alloc: only {up} of {total} procs of "
                                      f"{procs.name!r} started within {a.timeout:g} s")
+            bar.update(total - bar.n)
+            bar.set_postfix_str(f"ready in {time.monotonic() - start:.1f} s", refresh=False)
         except KeyboardInterrupt:
+            bar.set_postfix_str("interrupted", refresh=False)
             procs.stop()
             raise
-        bar.done = total
-        bar.finish(time.monotonic() - start)
-        if handle is not None:
-            handle.update(bar)
+        finally:
+            bar.close()
 
     # -- %mesh spawn -------------------------------------------------------------------------
     def _resolve_class(self, path: str) -> Any:
@@ -249,8 +245,8 @@ class MeshMagics(Magics):
 
     # -- %mesh list / status -------------------------------------------------------------------
     def _hidden(self, obj: Any) -> bool:
-        return any(r is obj or getattr(obj, "_rec", None) is getattr(r, "_rec", 0)
-                   for _, r in self._runners.values())
+        """The kernel's own cell-runner meshes (rt.meshes() lists the spawned objects)."""
+        return any(r is obj for _, r in self._runners.values())
 
     def _vars_for(self, obj: Any) -> str:
         return ", ".join(k for k, v in self._ns.items() if v is obj and not k.startswith("_"))
@@ -270,7 +266,7 @@ class MeshMagics(Magics):
                     t.add(obj.name, self._vars_for(obj), "procs", _fmt_sizes(obj.sizes),
                           _proc_state(rt, obj))
                 elif isinstance(obj, ActorMesh):
-                    t.add(obj.name, self._vars_for(obj), f"actors ({obj._rec.cls_name})",
+                    t.add(obj.name, self._vars_for(obj), f"actors ({obj.class_name})",
                           _fmt_sizes(obj.sizes), _actor_state(rt, obj))
         return t
 
@@ -324,11 +320,10 @@ class MeshMagics(Magics):
 
     def _cmd_admin(self, a: margs.AdminArgs) -> Any:
         try:
-            from monarch_widgets.magic import handle
+            from monarch_widgets import controls
         except ImportError:
             raise UsageError("%mesh admin: needs the monarch_widgets package") from None
-        self._runtime()
-        return handle(["admin"])
+        return Rendered(controls.serve_admin(self._runtime()))
 
     # -- %mesh stop ------------------------------------------------------------------------------
     def _cmd_stop(self, a: margs.StopArgs) -> Any:
@@ -339,7 +334,7 @@ class MeshMagics(Magics):
         if a.all:
             rt = _running_runtime()
             targets = [m for m in (rt.meshes() if rt is not None else [])
-                       if isinstance(m, ProcMesh) and m._root is m]
+                       if isinstance(m, ProcMesh) and m.root is m]
             targets += [m for m in (rt.meshes() if rt is not None else [])
                         if isinstance(m, ActorMesh) and m.proc_mesh is None]
         else:
@@ -355,8 +350,8 @@ class MeshMagics(Magics):
                 print(f"%mesh stop: {m.name!r}: {e}")
             names.append(m.name)
             if isinstance(m, ProcMesh):
-                self._runners.pop(id(m._root), None)
-                entry = self.session.jobs.pop(id(m._root), None)
+                self._runners.pop(id(m.root), None)
+                entry = self.session.jobs.pop(id(m.root), None)
                 if entry is not None:  # a mesh allocated on its own job: end the job too
                     entry[1].kill()
                     names[-1] += f" (and its {entry[1].kind} job)"
@@ -377,8 +372,7 @@ class MeshMagics(Magics):
             return [obj]
         rt = _running_runtime()
         found = [m for m in (rt.meshes() if rt is not None else [])
-                 if name in (getattr(m, "name", None),
-                             getattr(getattr(m, "_rec", None), "health_name", None))
+                 if name in (getattr(m, "name", None), getattr(m, "health_name", None))
                  and not self._hidden(m)]
         if not found:
             what = (f"is a {type(obj).__name__}, not a mesh" if name in self._ns
@@ -403,15 +397,15 @@ class MeshMagics(Magics):
         """The cell-runner actor mesh on `procs` (spawned once per proc mesh)."""
         from monarch_kernel.cell_runner import CellRunner
 
-        root = procs._root
+        root = procs.root
         entry = self._runners.get(id(root))
-        if entry is None or entry[0] is not root or entry[1]._stopped_flag:
+        if entry is None or entry[0] is not root or entry[1].stopped:
             runner = root.spawn(root.name, CellRunner)
             entry = (root, runner)
             self._runners[id(root)] = entry
         runner = entry[1]
         if procs is not root:
-            runner = runner._new_with_shape(procs._shape)
+            runner = runner.restricted_to(procs)
         return runner
 
     def _run_cell(self, a: margs.CellArgs, code: str) -> Any:
@@ -431,14 +425,14 @@ class MeshMagics(Magics):
         fut = runner.run.call(code, str(self._cells), mark if not a.noblock else "")
         label = procs.name
         if a.noblock:
-            out = _chain(fut, lambda vm: _finish(vm, label))
+            out = _chain(fut, lambda vm: _finish(vm, label), f"%%mesh {label}")
             if a.out:
                 self._ns[a.out] = out
             return None if a.quiet else out
         try:
             vm = fut.get(timeout=a.timeout)
         except TimeoutError:
-            hook = fut._on_interrupt  # set when interrupts reach remote actors (the default)
+            hook = fut.interrupt_hook  # set when interrupts reach remote actors (the default)
             if hook is not None:
                 hook()
             what = ("the remote cell was interrupted" if hook is not None
@@ -473,13 +467,13 @@ def _finish(vm: Any, mesh: str) -> Any:
     return ValueMesh(vm.shape, [r.value for r in results])
 
 
-def _chain(fut: Any, fn: Any) -> Any:
+def _chain(fut: Any, fn: Any, label: str = "") -> Any:
     """A Future resolved with fn(result of `fut`) (or its error); Ctrl-C on it interrupts
     the remote call like a wait on `fut` would."""
     from runtime import Future
 
-    out: Future = Future(f"%%mesh {getattr(fut, '_label', '')}")
-    out._on_interrupt = fut._on_interrupt
+    out: Future = Future(label)
+    out.interrupt_hook = fut.interrupt_hook
 
     def done(f: Any) -> None:
         exc = f.exception()
@@ -510,8 +504,7 @@ def _fmt_sizes(sizes: dict) -> str:
 def _proc_state(rt: Any, pm: Any) -> str:
     counts: dict[str, int] = {}
     for p in pm.procs:
-        rec = rt.procs.get(p.proc_id)
-        state = rec.state if rec is not None else "unknown"
+        state = rt.proc_state(p.proc_id) or "unknown"
         counts[state] = counts.get(state, 0) + 1
     if len(counts) == 1:
         return next(iter(counts))
@@ -519,7 +512,7 @@ def _proc_state(rt: Any, pm: Any) -> str:
 
 
 def _actor_state(rt: Any, am: Any) -> str:
-    h = rt.health.mesh(am._rec.health_name)
+    h = rt.health.mesh(am.health_name)
     if h is None:
-        return "stopped" if am._stopped_flag else "unknown"
+        return "stopped" if am.stopped else "unknown"
     return h.state

@@ -1,5 +1,6 @@
-"""Small display objects for the magics: a table and a progress bar, each with a plain-text
-form (terminals, headless runs) and an HTML form (JupyterLab)."""
+"""Small display objects for the magics: a table and rendered text, each with a plain-text
+form (terminals, headless runs) and an HTML form (JupyterLab); and the procs' start-up
+progress bar, which is tqdm's."""
 
 from __future__ import annotations
 
@@ -56,37 +57,57 @@ class Rendered:
         return self.html
 
 
-class Progress:
-    """How many of `total` things are done; updated in place through a display handle."""
+#: The text of a proc start-up bar: "allocating t {'procs': 4}:  50%|#####     | 2/4 procs up, starting"
+PROC_BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} procs up{postfix}"
 
-    def __init__(self, label: str, total: int) -> None:
-        self.label = label
-        self.total = total
-        self.done = 0
-        self.elapsed: Optional[float] = None
-        self.error: Optional[str] = None
 
-    def finish(self, elapsed: float) -> None:
-        self.done = self.total
-        self.elapsed = elapsed
+def progress_bar(desc: str, total: int, *, shell: Any = None, disable: bool = False,
+                 postfix: str = "") -> Any:
+    """A tqdm bar counting procs up (`bar.update(n)`, `bar.set_postfix_str(s)`, then
+    `bar.close()`, which leaves the final line).
 
-    def fail(self, error: str) -> None:
-        self.error = error
+    In a Jupyter kernel (`shell.kernel` set) it is tqdm's notebook widget, shown through a
+    display handle whose text form is refreshed when the bar closes, so frontends without
+    widgets (nbclient, a saved notebook) keep the final line. Elsewhere (a terminal, an
+    IPython without a kernel, no ipywidgets) it is plain tqdm on stderr."""
+    if getattr(shell, "kernel", None) is not None and not disable:
+        try:
+            return _kernel_bar_class()(total=total, desc=desc, bar_format=PROC_BAR_FORMAT,
+                                       postfix=postfix or None, leave=True)
+        except ImportError:  # no ipywidgets: the text bar
+            pass
+    import sys
 
-    def _status(self) -> str:
-        if self.error:
-            return f"failed: {self.error}"
-        if self.elapsed is not None:
-            return f"ready in {self.elapsed:.1f} s"
-        return "starting"
+    from tqdm import tqdm
 
-    def __repr__(self) -> str:
-        width = 20
-        filled = int(width * self.done / self.total) if self.total else width
-        bar = "#" * filled + "-" * (width - filled)
-        return f"{self.label}: [{bar}] {self.done}/{self.total} procs up, {self._status()}"
+    return tqdm(total=total, desc=desc, bar_format=PROC_BAR_FORMAT, postfix=postfix or None,
+                leave=True, disable=disable, file=sys.stderr)
 
-    def _repr_html_(self) -> str:
-        return (f"<div><code>{html.escape(self.label)}</code> "
-                f"<progress value='{self.done}' max='{self.total}'></progress> "
-                f"{self.done}/{self.total} procs up, {html.escape(self._status())}</div>")
+
+_KERNEL_BAR: Any = None
+
+
+def _kernel_bar_class() -> Any:
+    global _KERNEL_BAR
+    if _KERNEL_BAR is None:
+        from IPython.display import display
+        from tqdm.notebook import tqdm_notebook
+
+        class KernelBar(tqdm_notebook):
+            """tqdm's notebook bar, displayed with a display id so closing it also updates
+            its text/plain form (what frontends without widgets show)."""
+
+            def __init__(self, *args: Any, **kw: Any) -> None:
+                self._handle = None
+                super().__init__(*args, display=False, **kw)
+                if not self.disable:
+                    self._handle = display(self.container, display_id=True)
+
+            def close(self) -> None:
+                was_open = not self.disable
+                super().close()
+                if was_open and self._handle is not None:
+                    self._handle.update(self.container)
+
+        _KERNEL_BAR = KernelBar
+    return _KERNEL_BAR

@@ -1,4 +1,5 @@
-"""Actions the views offer (stop a mesh, attach to a paused actor), callable from any thread.
+"""Actions the views offer (stop a mesh, attach to a paused actor, serve the admin endpoint),
+callable from any thread.
 
 The dashboard's buttons, the `%mesh` magics and the admin TUI all go through these, so a
 button and its magic do the same thing.
@@ -24,11 +25,8 @@ def _runtime(runtime: Any) -> Any:
 
 def _names(mesh: Any) -> set[str]:
     """The names a live mesh answers to: its own, and its health-model name if different."""
-    names = {str(getattr(mesh, "name", ""))}
-    rec = getattr(mesh, "_rec", None)  # ActorMesh: the health model may say "name~2"
-    if rec is not None and getattr(rec, "health_name", ""):
-        names.add(rec.health_name)
-    return names - {""}
+    # ActorMesh.health_name: the health model may say "name~2"
+    return {str(getattr(mesh, "name", "")), str(getattr(mesh, "health_name", ""))} - {""}
 
 
 def stop_mesh(name: str, runtime: Any = None, timeout: float = 30.0) -> str:
@@ -45,6 +43,16 @@ def stop_mesh(name: str, runtime: Any = None, timeout: float = 30.0) -> str:
         if hasattr(res, "get"):
             res.get(timeout=timeout)
     return f"stopped mesh {name}"
+
+
+def serve_admin(runtime: Any = None) -> str:
+    """Serve this controller's admin endpoint (if not yet) and say how to attach the
+    terminal admin (`monarch-admin`) to it."""
+    from runtime.admin import serve
+
+    srv = serve(_runtime(runtime))
+    return (f"admin endpoint {srv.address}\nconnection file {srv.connection_file}\n"
+            f"attach with: monarch-admin -f {srv.connection_file}")
 
 
 def set_attach_handler(fn: Optional[AttachHandler]) -> None:

@@ -3,7 +3,7 @@ controller (a script or a notebook), with Monarch's API names and semantics."""
 
 from .actor import Actor, ActorContext, context, current_rank, current_size, endpoint
 from .channel import Accumulator, Channel, Port, PortReceiver
-from ._core import current_runtime, get_runtime, shutdown
+from ._core import get_runtime, shutdown
 from .config import configure, configured
 from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, SerializationError,
                      SupervisionError)
@@ -14,7 +14,17 @@ from .shapes import Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
 from .supervision.health import ActorState
 from .value_mesh import ValueMesh
+from . import _core, hooks
+from .hooks import add_startup_hook, set_display_hook
 
+
+def current_runtime() -> "_core.Runtime | None":
+    """The running runtime of this controller, or None (none started yet, or shut down, or
+    this is a proc). Never starts one, unlike `get_runtime()`."""
+    rt = _core.current_runtime()
+    if rt is None or rt.is_proc:
+        return None
+    return rt
 
 
 def __getattr__(name: str):
@@ -33,7 +43,8 @@ __all__ = [
     "Actor", "ActorContext", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
     "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape",
-    "ShapeError", "SupervisionError", "ValueMesh", "attach_to_workers", "configure",
-    "configured", "context", "current_rank", "current_runtime", "current_size", "endpoint",
-    "get_runtime", "shutdown", "this_host", "this_proc", "unhandled_fault_hook",
+    "ShapeError", "SupervisionError", "ValueMesh", "add_startup_hook", "attach_to_workers",
+    "configure", "configured", "context", "current_rank", "current_runtime", "current_size",
+    "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "this_host",
+    "this_proc", "unhandled_fault_hook",
 ]

@@ -123,6 +123,17 @@ class Future(Generic[R]):
                 return
         fn(self)
 
+    @property
+    def interrupt_hook(self) -> Optional[Callable[[], None]]:
+        """What an interrupted wait on this future runs (Ctrl-C in `get()`, a cancelled
+        `await`): for a call, interrupting its remote actors; None: nothing. Assign it to
+        make a derived future interrupt like the one it derives from."""
+        return self._on_interrupt
+
+    @interrupt_hook.setter
+    def interrupt_hook(self, fn: Optional[Callable[[], None]]) -> None:
+        self._on_interrupt = fn
+
     # -- waiting ---------------------------------------------------------------------
     def _wait(self, timeout: Optional[float]) -> None:
         if self._event.is_set():

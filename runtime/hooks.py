@@ -1,10 +1,23 @@
-"""Hooks: how the views, the kernel, debugging and the admin endpoint plug into the runtime
-without the runtime importing them.
+"""Where front-ends plug into the runtime: the notebook kernel and the views register here.
 
-- Start-up hooks, `add_startup_hook(fn)`: `fn(runtime)` runs once per controller runtime,
-  when it creates its first mesh (debugging and the admin endpoint register here).
-- The display hook, `set_display_hook(fn)`: `fn(mesh)` returns the HTML a notebook shows for
-  a ProcMesh or ActorMesh (monarch_widgets registers its dashboard view), or None.
+The runtime never imports its front-ends (`monarch_kernel`, `monarch_widgets`); they call
+these functions instead, so dependencies point one way (front-ends -> runtime).
+
+Display hook: how meshes show as HTML in notebooks. `ProcMesh._repr_html_` and
+`ActorMesh._repr_html_` call `mesh_html(mesh, kind)`, which asks the hook installed with
+`set_display_hook(fn)`: `fn(mesh, kind) -> str | None`, `kind` being "proc_mesh" or
+"actor_mesh". Without a hook, or when it returns None or raises, a mesh shows as its
+`repr` in a `<pre>`. `monarch_widgets` installs its hook (a coloured health grid) when it
+is imported, with `%load_ext monarch_widgets`, and with the Monarch kernel's extension; a
+notebook that only imports `runtime` gets the text form.
+
+Start-up hooks: `add_startup_hook(fn)` registers `fn(rt)`, called with the controller's
+`Runtime` each time one starts (the first `get_runtime()` of the process, and again after
+`shutdown()`), in the thread that started it. A hook must be quick and must not raise (a
+failing hook is logged and skipped); `get_runtime()` inside a hook returns that runtime.
+Hooks are not called for a runtime already running when they are added: check
+`runtime.current_runtime()` for that. Procs never run them. The kernel uses one to route
+remote output into cells as soon as plain code starts the runtime.
 """
 
 from __future__ import annotations
@@ -16,47 +29,70 @@ from typing import Any, Callable, Optional
 
 log = logging.getLogger("runtime")
 
-_startup: list[Callable[[Any], None]] = []
-_started: "set[int]" = set()
+#: fn(mesh, kind) -> HTML or None; kind is "proc_mesh" or "actor_mesh".
+DisplayHook = Callable[[Any, str], Optional[str]]
+#: fn(rt): called with the controller's Runtime when it starts.
+StartupHook = Callable[[Any], None]
+
 _lock = threading.Lock()
-_display: Optional[Callable[[Any], Optional[str]]] = None
+_display_hook: Optional[DisplayHook] = None
+_startup_hooks: list[StartupHook] = []
 
 
-def add_startup_hook(fn: Callable[[Any], None]) -> None:
-    """Run `fn(runtime)` once per controller runtime when its first mesh is created."""
+def set_display_hook(fn: Optional[DisplayHook]) -> Optional[DisplayHook]:
+    """Install `fn(mesh, kind) -> html | None` as the meshes' HTML rendering (None removes
+    it, back to `<pre>repr</pre>`). Returns the hook it replaced."""
+    global _display_hook
+    if fn is not None and not callable(fn):
+        raise TypeError(f"display hook must be callable or None, got {fn!r}")
     with _lock:
-        if fn not in _startup:
-            _startup.append(fn)
+        old, _display_hook = _display_hook, fn
+    return old
 
 
-def run_controller_hooks(rt: Any) -> None:
-    """Run the start-up hooks for `rt` unless they already ran (called by the runtime)."""
+def get_display_hook() -> Optional[DisplayHook]:
+    """The installed display hook, or None."""
+    return _display_hook
+
+
+def mesh_html(mesh: Any, kind: str) -> str:
+    """HTML for a mesh's `_repr_html_`: the display hook's, else `<pre>repr(mesh)</pre>`."""
+    hook = _display_hook
+    if hook is not None:
+        try:
+            out = hook(mesh, kind)
+            if out is not None:
+                return out
+        except Exception:  # a view's bug must not break displaying a mesh
+            log.debug("display hook failed for %r", mesh, exc_info=True)
+    return f"<pre>{html.escape(repr(mesh))}</pre>"
+
+
+def add_startup_hook(fn: StartupHook) -> None:
+    """Call `fn(rt)` whenever this process's controller runtime starts (once per start;
+    adding the same function twice is a no-op)."""
+    if not callable(fn):
+        raise TypeError(f"start-up hook must be callable, got {fn!r}")
     with _lock:
-        if id(rt) in _started:
-            return
-        _started.add(id(rt))
-        hooks = list(_startup)
+        if fn not in _startup_hooks:
+            _startup_hooks.append(fn)
+
+
+def remove_startup_hook(fn: StartupHook) -> None:
+    """Forget a start-up hook (no error if it was not added)."""
+    with _lock:
+        if fn in _startup_hooks:
+            _startup_hooks.remove(fn)
+
+
+def run_startup_hooks(rt: Any) -> None:
+    """Called by the runtime when the controller's runtime `rt` has started."""
+    if getattr(rt, "is_proc", False):
+        return
+    with _lock:
+        hooks = list(_startup_hooks)
     for fn in hooks:
         try:
             fn(rt)
         except Exception:
-            log.exception("start-up hook %r failed", fn)
-
-
-def set_display_hook(fn: Optional[Callable[[Any], Optional[str]]]) -> None:
-    """Make `fn(mesh) -> html or None` render meshes in notebooks (None: plain text)."""
-    global _display
-    _display = fn
-
-
-def render_html(obj: Any) -> str:
-    """The HTML of a mesh: the display hook's, else its repr in a <pre>."""
-    fn = _display
-    if fn is not None:
-        try:
-            out = fn(obj)
-            if out is not None:
-                return out
-        except Exception:
-            log.exception("display hook failed")
-    return f"<pre>{html.escape(repr(obj))}</pre>"
+            log.exception("runtime start-up hook %r failed", fn)

@@ -215,7 +215,7 @@ def test_thousand_actors_state_size():
 
 
 def test_magic_subcommands():
-    from monarch_widgets.magic import handle
+    from monarch_kernel.views import handle
 
     rt = FakeRuntime()
     rt.health.update("trainers", 0, ActorState.FAILED, last_error="boom")

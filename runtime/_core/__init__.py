@@ -35,6 +35,9 @@ def get_runtime() -> Runtime:
                 install_in_controller(_runtime)
             except Exception:
                 log.exception("debugger not installed")
+            from ..hooks import run_startup_hooks
+
+            run_startup_hooks(_runtime)  # front-ends registered with runtime.hooks
         return _runtime
 
 
@@ -70,8 +73,9 @@ def _shutdown_at_exit() -> None:
             pass
 
 
-def _admin_endpoint(rt: Runtime) -> None:
-    """Start-up hook: the controller's loopback admin endpoint and the debugger's requests."""
+def start_admin_endpoint(rt: Runtime) -> None:
+    """The controller's loopback admin endpoint and the debugger's requests (idempotent;
+    the runtime calls it when the controller creates its first mesh)."""
     from ..config import config
 
     if not config.admin:
@@ -81,14 +85,6 @@ def _admin_endpoint(rt: Runtime) -> None:
 
     register_debug(serve(rt))
 
-
-def _install_default_hooks() -> None:
-    from .. import hooks
-
-    hooks.add_startup_hook(_admin_endpoint)
-
-
-_install_default_hooks()
 
 __all__ = ["ActorMeshRecord", "AgentRecord", "ProcRecord", "Runtime", "current_runtime",
            "get_runtime", "set_runtime", "shutdown"]

@@ -59,6 +59,7 @@ class Runtime:
         self.output_sink: Optional[Callable[[str, str, str], None]] = None
         self.this_host_mesh: Any = None  # the HostMesh of this_host(), once made
         self._closed = False
+        self._admin_started = False
         self._handlers: dict[int, Handler] = {
             Kind.REPLY: self.ports.deliver,
             Kind.PORT_SEND: self.ports.deliver,
@@ -232,6 +233,12 @@ class Runtime:
         elif rec.pid:
             os.kill(rec.pid, sig)
 
+    def proc_state(self, proc_id: str) -> Optional[str]:
+        """State of a proc this runtime knows: "starting", "running", "failed" or "stopped";
+        None for a proc it does not know."""
+        rec = self.state.proc(proc_id)
+        return rec.state if rec is not None else None
+
     def interrupt(self, proc_ids: list, port: int = 0) -> None:
         """Raise KeyboardInterrupt in the actors of these procs serving `port` (0: all)."""
         for p in proc_ids:
@@ -246,10 +253,14 @@ class Runtime:
     def register_mesh(self, obj: Any) -> None:
         """Remember a user-facing mesh object (weakly) and run the start-up hooks once."""
         self.state.register_mesh(obj)
-        if not self.is_proc:
-            from .. import hooks
+        if not self.is_proc and not self._admin_started:
+            self._admin_started = True
+            from . import start_admin_endpoint
 
-            hooks.run_controller_hooks(self)
+            try:
+                start_admin_endpoint(self)
+            except Exception:
+                log.exception("admin endpoint did not start")
 
     # -- shutdown ---------------------------------------------------------------------------------
     def shutdown(self, timeout: float = 5.0) -> None:

@@ -42,13 +42,27 @@ class ActorMesh(MeshTrait):
         """True once these actors (or their procs) were stopped."""
         return self._rec.stopped
 
-    _stopped_flag = stopped  # the kernel's older name (moved to .stopped)
+    _stopped_flag = stopped  # the older name, still asserted by a kernel test
 
     @property
     def health_name(self) -> str:
-        """The name of this mesh in the health model and the dashboard (unique among the
-        live meshes: a second mesh named "w" is "w~2")."""
+        """This mesh's key in the runtime's health model (`rt.health`): its name, or e.g.
+        "name~2" while another live mesh has the name; "" where this process does not own it."""
         return self._rec.health_name
+
+    @property
+    def class_name(self) -> str:
+        """The name of the actor class."""
+        return self._rec.cls_name
+
+    def restricted_to(self, procs: "ProcMesh") -> "ActorMesh":
+        """The actors of this mesh that live on `procs`, a view (slice) of the unsliced proc
+        mesh this actor mesh was spawned on, with the dimensions of that view."""
+        pm = self._proc_mesh
+        if pm is None or pm._root is not pm or procs._root is not pm:
+            raise ValueError(f"{procs!r} is not a view of the proc mesh actor mesh "
+                             f"{self.name!r} was spawned on")
+        return self._new_with_shape(procs._shape)
 
     def _new_with_shape(self, shape: Shape) -> "ActorMesh":
         return ActorMesh(self._rt, self._rec, shape, self._proc_mesh, self._class)
@@ -134,9 +148,9 @@ class ActorMesh(MeshTrait):
         return f"<ActorMesh {self._rec.name!r} {self._rec.cls_name} {self.sizes}>"
 
     def _repr_html_(self) -> str:
-        from .. import hooks
+        from ..hooks import mesh_html  # the views' display hook, else <pre>repr</pre>
 
-        return hooks.render_html(self)
+        return mesh_html(self, "actor_mesh")
 
 
 def _rebuild_actor_mesh(state: dict) -> ActorMesh:

@@ -57,8 +57,13 @@ class ProcMesh(MeshTrait):
         return self._host_mesh
 
     @property
+    def root(self) -> "ProcMesh":
+        """The unsliced proc mesh this view was sliced from (the mesh itself if unsliced)."""
+        return self._root
+
+    @property
     def stopped(self) -> bool:
-        """True once this mesh (or the mesh it was sliced from) was stopped."""
+        """True once `stop()` was called on this proc mesh or on any view of it."""
         return self._stopped_flag or self._root._stopped_flag
 
     def _view_procs(self) -> list[ProcRecord]:
@@ -218,9 +223,9 @@ class ProcMesh(MeshTrait):
         return f"<ProcMesh {self.name!r} {self.sizes}>"
 
     def _repr_html_(self) -> str:
-        from .. import hooks
+        from ..hooks import mesh_html  # the views' display hook, else <pre>repr</pre>
 
-        return hooks.render_html(self)
+        return mesh_html(self, "proc_mesh")
 
 
 def _check_init_args(actor_class: type, args: tuple, kwargs: dict) -> None:

@@ -165,7 +165,7 @@ class DebugRegistry:
             self.rt.send(addr, header("ack", sid=sid))
         if new:
             self.events.append((time.time(), "paused", s.label, s.where))
-            self._set_health(s, paused=True)
+            _set_health(self.rt, s, paused=True)
 
     def _on_resumed(self, sid: str, text: str) -> None:
         with self._cond:
@@ -178,7 +178,7 @@ class DebugRegistry:
             s.end_reason = s.end_reason or "continued"
             self._cond.notify_all()
         self.events.append((time.time(), "resumed", s.label, s.where))
-        self._set_health(s, paused=False)
+        _set_health(self.rt, s, paused=False)
 
     def _answer_source(self, e: dict) -> None:
         name = str(e.get("file", ""))
@@ -187,23 +187,6 @@ class DebugRegistry:
         if addr:
             self.rt.send(addr, header("source_reply", req=int(e.get("req", 0)),
                                       lines=list(lines) or None))
-
-    def _set_health(self, s: Session, paused: bool) -> None:
-        if s.kind != "breakpoint":
-            return
-        try:
-            from ..supervision.health import ActorState
-
-            rec = self.rt.actor_meshes.get(s.actor_id)
-            if rec is None or not rec.health_name:
-                return
-            rank = rec.proc_ids.index(s.proc_id) if s.proc_id in rec.proc_ids else s.rank
-            self.rt.health.update(rec.health_name, rank,
-                                  ActorState.PAUSED if paused else ActorState.BUSY,
-                                  detail=f"{'breakpoint at' if paused else 'continued from'} "
-                                         f"{s.where}", endpoint=s.endpoint or None)
-        except Exception:
-            log.exception("health update for a debug session failed")
 
     def tick(self) -> None:
         """Periodic (I/O thread): notes for unattended breakpoints, the timeout, dead procs."""
@@ -325,7 +308,7 @@ class DebugRegistry:
             self._sessions.pop(s.sid, None)
             self._cond.notify_all()
         self.rt.send(s.addr, header("abort", sid=s.sid, reason=reason))
-        self._set_health(s, paused=False)
+        _set_health(self.rt, s, paused=False)
 
     def apply_policy(self, s: Session, reason: str, pol: Optional[str] = None) -> None:
         """What happens to a breakpoint no one can attend: fail the call or continue."""
@@ -410,6 +393,24 @@ class DebugRegistry:
 
 _registry: Optional[DebugRegistry] = None
 _lock = threading.Lock()
+
+
+def _set_health(rt: Any, s: Session, paused: bool) -> None:
+    """Show a breakpoint session's actor as paused (or busy again) in the health model."""
+    if s.kind != "breakpoint":
+        return
+    try:
+        from ..supervision.health import ActorState
+
+        rec = rt.actor_meshes.get(s.actor_id)
+        if rec is None or not rec.health_name:
+            return
+        rank = rec.proc_ids.index(s.proc_id) if s.proc_id in rec.proc_ids else s.rank
+        rt.health.update(rec.health_name, rank, ActorState.PAUSED if paused else ActorState.BUSY,
+                         detail=f"{'breakpoint at' if paused else 'continued from'} {s.where}",
+                         endpoint=s.endpoint or None)
+    except Exception:
+        log.exception("health update for a debug session failed")
 
 
 def install(rt: Any) -> DebugRegistry:

@@ -1,13 +1,14 @@
-"""The job half of `%mesh alloc NAME --job KIND --hosts N --per-host procs=2 [...]`.
+"""Allocate a proc mesh on a new job from plain values: what `%mesh alloc NAME --job KIND`
+does once its arguments are parsed (the parsing lives in `monarch_kernel.args`).
 
-`parse_alloc(argv)` turns the magic's arguments into an `AllocSpec`; `spec.make_job()`
-builds the Job and `spec.run()` starts it, attaches, and spawns the procs. The kernel's
-magic only splits the line and calls these.
+    spec = AllocSpec("trainers", "slurm", hosts=2, per_host={"procs": 8},
+                     options={"partition": "gpu"})
+    job, procs = spec.run()          # start the job, attach, spawn the procs
+
+`spec.make_job()` builds the Job without starting it.
 """
 from __future__ import annotations
 
-import argparse
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,16 +16,49 @@ from .base import Job, check_meshes
 
 KINDS = ("local", "slurm", "ssh", "kubernetes")
 
+#: The options (Job keyword arguments) each kind of job takes.
+OPTIONS: dict[str, frozenset[str]] = {
+    "local": frozenset({"timeout"}),
+    "slurm": frozenset({"partition", "time_limit", "account", "qos", "timeout"}),
+    "ssh": frozenset({"ssh_hosts", "timeout"}),
+    "kubernetes": frozenset({"image", "namespace", "timeout"}),
+}
+
 
 @dataclass
 class AllocSpec:
-    """What `%mesh alloc` asked for."""
+    """A proc mesh `name` on a new job of `kind` with `hosts` hosts, `per_host` procs per
+    host (named dimensions), and the job's `options` (keywords of its Job class, see
+    `OPTIONS`). Checked when made: a bad value raises ValueError naming it."""
 
     name: str
     kind: str
     hosts: int
-    per_host: dict[str, int]
+    per_host: dict[str, int] = field(default_factory=lambda: {"procs": 1})
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"job kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        check_meshes({self.name: self.hosts})
+        if not isinstance(self.per_host, dict) or not self.per_host:
+            raise ValueError(f"per_host must be a non-empty dict of DIM -> N, got "
+                             f"{self.per_host!r}")
+        for dim, n in self.per_host.items():
+            if not isinstance(dim, str) or not dim.isidentifier():
+                raise ValueError(f"per_host dimension {dim!r} must be a Python identifier")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"per_host[{dim!r}] must be an int >= 1, got {n!r}")
+        wrong = sorted(set(self.options) - OPTIONS[self.kind])
+        if wrong:
+            raise ValueError(f"option {wrong[0]!r} does not apply to a {self.kind} job "
+                             f"(it takes: {', '.join(sorted(OPTIONS[self.kind]))})")
+        if self.kind == "ssh":
+            ssh_hosts = self.options.get("ssh_hosts")
+            if not ssh_hosts:
+                raise ValueError("an ssh job needs options['ssh_hosts'] (the host names)")
+            if len(ssh_hosts) != self.hosts:
+                raise ValueError(f"hosts={self.hosts} but {len(ssh_hosts)} ssh_hosts")
 
     def make_job(self) -> Job:
         """The Job this spec describes (not started)."""
@@ -49,56 +83,3 @@ class AllocSpec:
         except BaseException:
             job.kill()
             raise
-
-
-def _per_host(items: list[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in (part for group in items for part in group.split(",") if part):
-        key, eq, val = item.partition("=")
-        if not eq or not key.isidentifier() or not val.isdigit() or int(val) < 1:
-            raise ValueError(f"--per-host takes DIM=N with N >= 1 (e.g. procs=2), got {item!r}")
-        out[key] = int(val)
-    return out or {"procs": 1}
-
-
-def parse_alloc(args: str | list[str]) -> AllocSpec:
-    """Parse `NAME --job KIND --hosts N [--per-host procs=2] [job options]`; errors name the problem."""
-    argv = shlex.split(args) if isinstance(args, str) else list(args)
-    ap = argparse.ArgumentParser(prog="%mesh alloc", add_help=False, exit_on_error=False)
-    ap.add_argument("name")
-    ap.add_argument("--job", choices=KINDS, default="local")
-    ap.add_argument("--hosts", type=int, default=None)
-    ap.add_argument("--per-host", nargs="+", default=[])
-    ap.add_argument("--partition")
-    ap.add_argument("--time", dest="time_limit")
-    ap.add_argument("--account")
-    ap.add_argument("--qos")
-    ap.add_argument("--ssh-hosts", nargs="+")
-    ap.add_argument("--image")
-    ap.add_argument("--namespace")
-    ap.add_argument("--timeout", type=float)
-    try:
-        ns, extra = ap.parse_known_args(argv)
-    except (argparse.ArgumentError, SystemExit) as e:
-        raise ValueError(f"%mesh alloc: {e}") from None
-    if extra:
-        raise ValueError(f"%mesh alloc: unknown arguments {extra}")
-    hosts = ns.hosts if ns.hosts is not None else (len(ns.ssh_hosts) if ns.ssh_hosts else None)
-    if hosts is None:
-        raise ValueError("%mesh alloc: --hosts N is required")
-    check_meshes({ns.name: hosts})
-    per_host = _per_host(ns.per_host)
-    allowed = {"local": {"timeout"}, "slurm": {"partition", "time_limit", "account", "qos", "timeout"},
-               "ssh": {"ssh_hosts", "timeout"}, "kubernetes": {"image", "namespace", "timeout"}}[ns.job]
-    given = {k: v for k, v in vars(ns).items()
-             if k not in ("name", "job", "hosts", "per_host") and v is not None}
-    wrong = sorted(set(given) - allowed)
-    if wrong:
-        raise ValueError(f"%mesh alloc: --{wrong[0].replace('_', '-')} does not apply to --job {ns.job}")
-    if ns.job == "ssh" and not ns.ssh_hosts:
-        raise ValueError("%mesh alloc: --job ssh needs --ssh-hosts H1 H2 ...")
-    if ns.job == "ssh" and len(ns.ssh_hosts) != hosts:
-        raise ValueError(f"%mesh alloc: --hosts {hosts} but {len(ns.ssh_hosts)} --ssh-hosts")
-    if ns.job == "kubernetes" and not ns.image:
-        raise ValueError("%mesh alloc: --job kubernetes needs --image")
-    return AllocSpec(ns.name, ns.job, hosts, per_host, given)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import heapq
-import ipaddress
 import itertools
 import logging
 import os
@@ -21,29 +20,16 @@ import threading
 import time
 import weakref
 from typing import Any, Callable, Optional
-from urllib.parse import urlparse
 
 import zmq
 
 from . import framing
 from .auth import CurveKeys
+from .listen import Listener
 
 log = logging.getLogger("runtime.transport")
 
 Handler = Callable[[framing.Header, Any, list], None]
-
-
-def is_loopback_address(addr: str) -> bool:
-    """True for ipc:// and inproc:// addresses and TCP on a loopback interface."""
-    if addr.startswith(("ipc://", "inproc://")):
-        return True
-    host = urlparse(addr).hostname or ""
-    if host in ("localhost",):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class IOLoop:
@@ -64,7 +50,6 @@ class IOLoop:
         self.address = ""
         self._extra: list = []
         self.peer_keys: dict[str, CurveKeys] = {}  # TCP peers of another cluster key
-        self.allowed_keys: set[bytes] = set()  # CurveZMQ client keys accepted (z85)
         self._out: dict[str, zmq.Socket] = {}
         self._tls = threading.local()
         self._senders: "weakref.WeakSet[ThreadSenders]" = weakref.WeakSet()
@@ -78,7 +63,7 @@ class IOLoop:
         self._sleeping = False
         self._stopping = False
         self._thread: Optional[threading.Thread] = None
-        self._auth = None
+        self.listener = Listener(self.ctx, max_message_bytes)
         self.poller = zmq.Poller()
         self.stats = LoopStats(self)
         self.thread_id: Optional[int] = None
@@ -86,72 +71,23 @@ class IOLoop:
     # -- set-up --------------------------------------------------------------------------
     def bind(self, addr: str) -> str:
         """Bind the inbox; returns the resolved address (ephemeral TCP ports filled in)."""
-        if addr.startswith("tcp://"):
-            if self.keys is not None:
-                self.allowed_keys.add(self.keys.public)
-                self._start_auth()
-                self.inbox.curve_server = True
-                self.inbox.curve_secretkey = self.keys.secret
-                self.inbox.curve_publickey = self.keys.public
-            elif not is_loopback_address(addr):
-                raise PermissionError(
-                    f"refusing to listen on non-loopback {addr} without CurveZMQ keys "
-                    "(give a key file: python -m runtime.transport.auth keygen PATH)"
-                )
-        if self.max_message_bytes:
-            self.inbox.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + (1 << 20))
-        self.inbox.bind(addr)
-        self.address = self.inbox.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.address = self.listener.bind(self.inbox, addr, self.keys)
         return self.address
 
     def bind_extra(self, addr: str, keys: Optional[CurveKeys] = None) -> str:
         """Listen on a second address too (e.g. TCP with CurveZMQ besides the ipc inbox)."""
-        keys = keys or self.keys
         s = self.ctx.socket(zmq.PULL)
         s.setsockopt(zmq.RCVHWM, 0)
         s.setsockopt(zmq.LINGER, 0)
-        if addr.startswith("tcp://"):
-            if keys is not None:
-                self.allowed_keys.add(keys.public)
-                self._start_auth()
-                s.curve_server = True
-                s.curve_secretkey = keys.secret
-                s.curve_publickey = keys.public
-            elif not is_loopback_address(addr):
-                s.close()
-                raise PermissionError(
-                    f"refusing to listen on non-loopback {addr} without CurveZMQ keys "
-                    "(give a key file: python -m runtime.transport.auth keygen PATH)"
-                )
-        if self.max_message_bytes:
-            s.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + (1 << 20))
-        s.bind(addr)
+        try:
+            addr = self.listener.bind(s, addr, keys or self.keys)
+        except BaseException:
+            s.close()
+            raise
         self._extra.append(s)
         if self._thread is not None:
             self.call_soon(self.poller.register, s, zmq.POLLIN)
-        return s.getsockopt(zmq.LAST_ENDPOINT).decode()
-
-    def _start_auth(self) -> None:
-        if self._auth is not None:
-            return
-        from zmq.auth.thread import ThreadAuthenticator
-
-        allowed = self.allowed_keys
-
-        class _Keys:
-            def callback(self, domain: str, key: bytes) -> bool:
-                import base64
-                import zmq.utils.z85 as z85
-
-                ok = (z85.encode(key) if len(key) == 32 else key) in allowed
-                if not ok:
-                    log.warning("rejected a CurveZMQ peer with an unknown key %r",
-                                base64.b16encode(key[:8]))
-                return ok
-
-        self._auth = ThreadAuthenticator(self.ctx, log=logging.getLogger("runtime.auth"))
-        self._auth.start()
-        self._auth.configure_curve_callback(domain="*", credentials_provider=_Keys())
+        return addr
 
     def start(self) -> None:
         self.poller.register(self.inbox, zmq.POLLIN)
@@ -386,11 +322,7 @@ class IOLoop:
             self.inbox.close(linger=0)
         except zmq.ZMQError:
             pass
-        if self._auth is not None:
-            try:
-                self._auth.stop()
-            except Exception:
-                pass
+        self.listener.close()
         try:
             self.ctx.term()
         except zmq.ZMQError:

@@ -156,7 +156,7 @@ def test_kubernetes_bad_names():
 
 
 def test_parse_alloc():
-    from runtime.job.alloc import parse_alloc
+    from monarch_kernel.args import parse_alloc
 
     s = parse_alloc("trainers --job slurm --hosts 2 --per-host procs=2 --partition debug --time 10")
     assert (s.name, s.kind, s.hosts, s.per_host) == ("trainers", "slurm", 2, {"procs": 2})

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from runtime.job import JobError, LocalJob
-from runtime.job.alloc import parse_alloc
+from monarch_kernel.args import parse_alloc
 
 from .actors import Where
 from .mhcluster import pid_alive

@@ -1,0 +1,420 @@
+"""Dependencies point one way: the front-ends (monarch_kernel, monarch_widgets) use runtime's
+public API; runtime never imports them, and nothing outside runtime touches its private parts.
+
+- import-linter checks the import contracts of `[tool.importlinter]` in pyproject.toml,
+  with every private runtime module (runtime.core, runtime._*, runtime.x._y) added to the
+  "runtime-public-modules" contract as it is found;
+- an ast scan checks what import-linter cannot see: benchmarks, examples, scripts and the
+  notebooks' code cells (not packages), imports by string (`importlib.import_module`,
+  `sys.modules`), private names imported from runtime, and access to runtime's private
+  attributes (`mesh._rec`, `getattr(rt, "_closed")`) in monarch_kernel and monarch_widgets.
+
+Each scanner is also run on a snippet with a known violation, so these tests can fail.
+Fast (well under a second), no processes.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FRONT_ENDS = ("monarch_kernel", "monarch_widgets")
+#: Code outside runtime that must use its public modules only (besides the front-ends).
+OTHER_USERS = ("benchmarks", "examples", "scripts")
+#: The one import of monarch_kernel that monarch_widgets may make, and where: the IPython
+#: extension entry point asks the kernel package for the `%mesh` magic (all `%mesh`
+#: parsing lives in monarch_kernel).
+WIDGETS_USE_OF_KERNEL = {("monarch_widgets/__init__.py", "load_ipython_extension",
+                          "monarch_kernel.views")}
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+def is_private(name: str) -> bool:
+    """`_x` or `__x`, but not a dunder (`__init__`) nor a protocol name (`_repr_html_`)."""
+    return name.startswith("_") and not name.endswith("_")
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def is_private_runtime_module(mod: str) -> bool:
+    """runtime.core, or a runtime module with a private component (runtime._process)."""
+    parts = mod.split(".")
+    return parts[0] == "runtime" and (mod == "runtime.core" or mod.startswith("runtime.core.")
+                                      or any(p.startswith("_") for p in parts[1:]))
+
+
+def py_files(*dirs: str) -> list[Path]:
+    return sorted(p for d in dirs if (ROOT / d).is_dir() for p in (ROOT / d).rglob("*.py")
+                  if ".venv" not in p.parts)
+
+
+@functools.lru_cache(maxsize=None)
+def parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def notebook_sources() -> Iterator[tuple[str, str]]:
+    """(label, code) of every notebook code cell, magics blanked out (a %%mesh cell's
+    body is Python that runs on the procs, so it is kept)."""
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(nb.read_text())["cells"]
+        for i, cell in enumerate(cells):
+            if cell.get("cell_type") != "code":
+                continue
+            lines = "".join(cell["source"]).splitlines()
+            code = "\n".join(re.sub(r"^(\s*)[%!].*$", r"\1pass", ln) for ln in lines)
+            yield f"{nb.relative_to(ROOT)} cell {i}", code
+
+
+def parse_cell(code: str, label: str) -> ast.Module:
+    flags = ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    return compile(code, label, "exec", flags=flags, dont_inherit=True)
+
+
+# -- what a module imports -------------------------------------------------------------------
+
+STRING_IMPORTERS = {"import_module", "__import__", "find_spec"}
+
+
+def imports(tree: ast.Module, package: str = "") -> Iterator[tuple[str, int, Optional[str]]]:
+    """(module, line, enclosing function) of every import in `tree`, inside functions too:
+    `import a.b`, `from a import b` (a, and a.b in case b is a module), relative imports
+    resolved against `package`, `importlib.import_module("a")` and `sys.modules["a"]`.
+    `from a import _x` yields "a._x" (a private name)."""
+    def walk(node: ast.AST, func: Optional[str]) -> Iterator[tuple[str, int, Optional[str]]]:
+        for child in ast.iter_child_nodes(node):
+            f = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                else func
+            if isinstance(child, ast.Import):
+                for a in child.names:
+                    yield a.name, child.lineno, f
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    pkg = package.split(".")
+                    pkg = pkg[:len(pkg) - (child.level - 1)]
+                    base = ".".join(pkg + ([base] if base else []))
+                if child.module or not child.level:
+                    yield base, child.lineno, f
+                for a in child.names:
+                    if a.name != "*":
+                        yield f"{base}.{a.name}", child.lineno, f
+            elif isinstance(child, ast.Call) and child.args \
+                    and isinstance(child.args[0], ast.Constant) \
+                    and isinstance(child.args[0].value, str):
+                fn = child.func
+                name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+                on_modules = isinstance(fn, ast.Attribute) and ast.unparse(fn.value) == \
+                    "sys.modules"
+                if name in STRING_IMPORTERS or (on_modules and name in ("get", "pop")):
+                    yield child.args[0].value, child.lineno, f
+            elif isinstance(child, ast.Subscript) and ast.unparse(child.value) == \
+                    "sys.modules" and isinstance(child.slice, ast.Constant) \
+                    and isinstance(child.slice.value, str):
+                yield child.slice.value, child.lineno, f
+            yield from walk(child, f)
+
+    yield from walk(tree, None)
+
+
+def package_of(path: Path) -> str:
+    mod = module_name(path)
+    return mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+
+
+# -- runtime's private attribute names ----------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def runtime_private_names() -> frozenset[str]:
+    """Private names runtime defines on its objects and modules: methods, class attributes
+    and __slots__ of its classes, attributes it assigns (`self._x = ...`), private
+    functions, classes, variables and import aliases of its modules."""
+    names: set[str] = set()
+    for path in py_files("runtime"):
+        for node in ast.walk(parse(path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.alias):  # `from . import core as _core`
+                names.add(node.asname or node.name.split(".")[0])
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        names.add(t.id)
+                        if t.id == "__slots__" and isinstance(node.value, (ast.Tuple, ast.List)):
+                            names.update(e.value for e in node.value.elts
+                                         if isinstance(e, ast.Constant))
+    return frozenset(n for n in names if isinstance(n, str) and is_private(n))
+
+
+SELF = {"self", "cls"}
+ATTR_FUNCS = {"getattr", "hasattr", "setattr", "delattr"}
+
+
+def private_accesses(tree: ast.Module, private: frozenset[str]) -> Iterator[tuple[int, str]]:
+    """(line, code) where `tree` touches a name of `private` on an object not its own:
+    `x._name`, `getattr(x, "_name")`; on `self`/`cls` only in a class that derives from
+    a runtime class (imported from runtime) without defining `_name` itself."""
+    from_runtime = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                    and (n.module or "").split(".")[0] == "runtime" for a in n.names}
+
+    def runtime_base(cls: ast.ClassDef) -> bool:
+        for b in cls.bases:
+            root = b
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and (root.id in from_runtime or root.id == "runtime"):
+                return True
+        return False
+
+    def own_names(cls: ast.ClassDef) -> set[str]:
+        out = set()
+        for n in ast.walk(cls):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out.add(n.name)
+            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) \
+                    and isinstance(n.value, ast.Name) and n.value.id in SELF:
+                out.add(n.attr)
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                out.add(n.id)
+        return out
+
+    def check(node: ast.AST, inherited: Optional[set[str]]) -> Iterator[tuple[int, str]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                yield from check(child, own_names(child) if runtime_base(child) else None)
+                continue
+            target = name = None
+            if isinstance(child, ast.Attribute):
+                target, name = child.value, child.attr
+            elif isinstance(child, ast.Call) and isinstance(child.func, ast.Name) \
+                    and child.func.id in ATTR_FUNCS and len(child.args) >= 2 \
+                    and isinstance(child.args[1], ast.Constant) \
+                    and isinstance(child.args[1].value, str):
+                target, name = child.args[0], child.args[1].value
+            if name is not None and name in private:
+                on_self = isinstance(target, ast.Name) and target.id in SELF
+                if not on_self or (inherited is not None and name not in inherited):
+                    yield child.lineno, ast.unparse(child)
+            yield from check(child, inherited)
+
+    yield from check(tree, None)
+
+
+# -- the contracts ------------------------------------------------------------------------------
+
+def violations_runtime_imports_front_ends(files: list[Path]) -> list[str]:
+    out = []
+    for path in files:
+        for mod, line, _ in imports(parse(path), package_of(path)):
+            if mod.split(".")[0] in FRONT_ENDS:
+                out.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    return out
+
+
+def violations_private_runtime_modules(trees: list[tuple[str, ast.Module, str]]) -> list[str]:
+    out = []
+    for label, tree, package in trees:
+        for mod, line, _ in imports(tree, package):
+            if is_private_runtime_module(mod):
+                out.append(f"{label}:{line} imports {mod}")
+    return out
+
+
+def violations_widgets_import_kernel(trees: list[tuple[str, ast.Module, str]]) -> list[str]:
+    out = []
+    for rel, tree, package in trees:
+        for mod, line, func in imports(tree, package):
+            allowed = {(rel, func, mod), (rel, func, mod.rpartition(".")[0])}
+            if mod.split(".")[0] == "monarch_kernel" and not allowed & WIDGETS_USE_OF_KERNEL:
+                out.append(f"{rel}:{line} imports {mod} (in {func or 'the module'})")
+    return out
+
+
+def violations_private_attributes(files: list[Path], private: frozenset[str]) -> list[str]:
+    return [f"{p.relative_to(ROOT)}:{line} {code}" for p in files
+            for line, code in private_accesses(parse(p), private)]
+
+
+def test_runtime_imports_no_front_end():
+    files = py_files("runtime")
+    assert len(files) > 30
+    assert violations_runtime_imports_front_ends(files) == []
+
+
+def test_outside_code_imports_public_runtime_modules_only():
+    trees = [(str(p.relative_to(ROOT)), parse(p), package_of(p))
+             for p in py_files(*FRONT_ENDS, *OTHER_USERS)]
+    trees += [(label, parse_cell(code, label), "") for label, code in notebook_sources()]
+    assert len(trees) > 30
+    assert violations_private_runtime_modules(trees) == []
+
+
+def test_widgets_import_kernel_only_for_the_magic():
+    trees = [(p.relative_to(ROOT).as_posix(), parse(p), package_of(p))
+             for p in py_files("monarch_widgets")]
+    assert violations_widgets_import_kernel(trees) == []
+
+
+def test_front_ends_touch_no_private_runtime_attribute():
+    private = runtime_private_names()
+    assert {"_rec", "_root", "_shape", "_stopped_flag", "_new_with_shape", "_on_interrupt",
+            "_closed", "_runtime", "_core"} <= private  # the scan sees runtime's internals
+    assert violations_private_attributes(py_files(*FRONT_ENDS), private) == []
+
+
+def test_import_linter_contracts(tmp_path, capsys):
+    """pyproject's [tool.importlinter] contracts, every private runtime module forbidden."""
+    pytest.importorskip("importlinter", reason="import-linter is in the `test` extra "
+                        "(pip install -e .[test])")
+    import tomllib
+
+    import importlinter.api  # noqa: F401 - configures import-linter (settings)
+    from importlinter.application.use_cases import lint_imports
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    private = sorted(module_name(p) for p in py_files("runtime")
+                     if is_private_runtime_module(module_name(p)))
+    assert "runtime.core" in private or any("._" in m for m in private)
+    for contract in config["contracts"]:
+        if contract["id"] == "runtime-public-modules":
+            existing = {module_name(p) for p in py_files("runtime")}
+            contract["forbidden_modules"] = sorted(
+                {m for m in contract["forbidden_modules"] if m in existing} | set(private))
+    lines = ["[tool.importlinter]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in config.items() if k != "contracts"]
+    for contract in config["contracts"]:
+        lines += ["", "[[tool.importlinter.contracts]]"]
+        lines += [f"{k} = {json.dumps(v)}" for k, v in contract.items()]
+    path = tmp_path / "importlinter.toml"
+    path.write_text("\n".join(lines) + "\n")
+    assert str(ROOT) == sys.path[0] or str(ROOT) in sys.path  # this checkout, not another
+    ok = lint_imports(config_filename=str(path), cache_dir=None, no_logo=True)
+    report = capsys.readouterr().out
+    assert ok, report
+
+
+# -- the scanners can fail ---------------------------------------------------------------------
+
+BAD_RUNTIME = '''
+def _repr_html_(self):
+    from monarch_widgets import render_html
+    import importlib
+    importlib.import_module("monarch_kernel.args")
+'''
+
+BAD_FRONT_END = '''
+import sys
+from runtime.core import current_runtime
+from runtime import _process, core
+from runtime.shapes import _fmt_slice
+import runtime._process as p
+mod = sys.modules.get("runtime.core")
+
+def f(mesh, rt, fut):
+    from ..runtime import core
+    mesh._rec.health_name
+    getattr(rt, "_closed", False)
+    fut._on_interrupt = None
+    hasattr(self, "_stopped_flag")   # its own attribute: fine
+    mesh.stopped                      # public: fine
+    ip._repr_html_()                  # a protocol name: fine
+
+from runtime import Actor
+
+class Mine(Actor):
+    def go(self):
+        self._mine = 1
+        return self._mine, self._rt    # _rt: the Actor base's private attribute
+'''
+
+
+def test_scanners_find_violations():
+    tree = ast.parse(BAD_RUNTIME)
+    found = [m for m, _, _ in imports(tree, "runtime")]
+    assert "monarch_widgets" in found and "monarch_kernel.args" in found
+
+    tree = ast.parse(BAD_FRONT_END)
+    bad = violations_private_runtime_modules([("snippet", tree, "monarch_kernel")])
+    joined = "\n".join(bad)
+    for mod in ("runtime.core", "runtime._process", "runtime.shapes._fmt_slice"):
+        assert f"imports {mod}" in joined, joined
+    assert sum("imports runtime.core" in b for b in bad) >= 3  # from, `from runtime import
+    # core`, sys.modules
+
+    private = runtime_private_names() | {"_rt"}
+    codes = [code for _, code in private_accesses(tree, private)]
+    assert "mesh._rec" in codes and "getattr(rt, '_closed', False)" in codes, codes
+    assert "fut._on_interrupt" in codes and "self._rt" in codes, codes
+    assert not any("_stopped_flag" in c or "_repr_html_" in c or "_mine" in c for c in codes)
+
+    snippet = ast.parse("def load_ipython_extension(ip):\n"
+                        "    from monarch_kernel.views import register_magic\n"
+                        "def elsewhere():\n"
+                        "    from monarch_kernel import args\n")
+    bad = violations_widgets_import_kernel([("monarch_widgets/__init__.py", snippet,
+                                             "monarch_widgets")])
+    assert len(bad) == 2 and all("in elsewhere" in b for b in bad), bad
+
+
+# -- pure modules and class sizes -------------------------------------------------------------
+PURE_MODULES = ("runtime.shapes", "runtime.transport.framing")
+IO_MODULES = {"zmq", "socket", "subprocess", "threading", "asyncio", "select", "selectors",
+              "psutil", "multiprocessing", "os", "io", "shutil", "signal", "tempfile",
+              "pathlib", "torch", "runtime.transport.loop", "runtime.transport.auth"}
+
+
+def _imports_of(mod: str) -> set[str]:
+    """Every module `mod` imports (anywhere in the file), absolute names."""
+    path = ROOT / (mod.replace(".", "/") + ".py")
+    out: set[str] = set()
+    pkg = mod.rsplit(".", 1)[0]
+    for node in ast.walk(parse(path)):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            out.add(base)
+    return out
+
+
+def test_pure_modules_import_no_io():
+    """Shapes and framing are pure logic: they import nothing that does I/O, and of the
+    runtime only other pure modules."""
+    for mod in PURE_MODULES:
+        imported = _imports_of(mod)
+        bad = {m for m in imported if m.split(".")[0] in IO_MODULES or m in IO_MODULES}
+        inner = {m for m in imported if m.startswith("runtime") and m not in PURE_MODULES
+                 and m not in ("runtime", "runtime.transport")}
+        assert not bad, f"{mod} imports I/O modules {sorted(bad)}"
+        assert not inner, f"{mod} imports runtime modules that are not pure: {sorted(inner)}"
+
+
+def test_no_class_in_runtime_over_300_lines():
+    too_long = []
+    for path in py_files("runtime"):
+        for node in ast.walk(parse(path)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 300:
+                too_long.append(f"{module_name(path)}.{node.name}: "
+                                f"{node.end_lineno - node.lineno + 1} lines")
+    assert not too_long, "classes over 300 lines: " + "; ".join(too_long)
