@@ -42,6 +42,7 @@ class Agent:
 
         self.args = args
         self.agent_id = args.agent_id or f"agent-{os.getpid()}"
+        self.own_rundir = not args.rundir  # made here: removed when the agent ends
         self.rundir = args.rundir or auth.private_dir("monarch-agent-")
         self.keys = auth.read_key_file(args.key_file) if args.key_file else auth.keys_from_env()
         if args.listen and self.keys is None:
@@ -102,6 +103,10 @@ class Agent:
             if self.args.parent_pid and os.getppid() != self.args.parent_pid:
                 self.loop.call_soon(self._shutdown, "owner process died")
         self.loop.stop()
+        if self.own_rundir:
+            import shutil
+
+            shutil.rmtree(self.rundir, ignore_errors=True)
 
     def _setup(self) -> None:
         self.zsock.setblocking(False)
