@@ -8,9 +8,13 @@ import sys
 
 os.environ.setdefault("MONARCH_FAULT_POLICY", "raise")
 # admin connection files of test controllers go to a throwaway directory, not ~/.local
+import atexit  # noqa: E402
+import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
-os.environ.setdefault("MONARCH_RUNTIME_DIR", tempfile.mkdtemp(prefix="monarch-test-rt-"))
+if "MONARCH_RUNTIME_DIR" not in os.environ:
+    os.environ["MONARCH_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="monarch-test-rt-")
+    atexit.register(shutil.rmtree, os.environ["MONARCH_RUNTIME_DIR"], True)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
