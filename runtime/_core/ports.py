@@ -43,12 +43,6 @@ class Ports:
         if entry is not None:
             entry[0](h, body, buffers)
 
-    def watch(self, pid: int, procs: Iterable[str]) -> None:
-        """Also fail port `pid` if one of `procs` dies."""
-        entry = self._ports.get(pid)
-        if entry is not None:
-            self._ports[pid] = (entry[0], entry[1], entry[2] | frozenset(procs))
-
     def fail(self, pid: int, exc: BaseException, proc: Optional[str] = None,
              actor: Optional[str] = None) -> None:
         entry = self._ports.get(pid)

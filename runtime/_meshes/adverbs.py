@@ -83,10 +83,7 @@ class EndpointRef:
         """Call every actor of the mesh; a Future of a ValueMesh of their results."""
         ranks = self._ranks()
         self._check_usable(ranks)
-        body, bufs = self._encode(args, kwargs)
-        fut: Future = Future(f"{self._qualname()}.call")
-        _Collector(self, ranks, body, bufs, "call", [fut]).start()
-        return fut
+        return self._start(ranks, "call", *self._encode(args, kwargs))
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call the mesh's only actor (ValueError if it has several)."""
@@ -97,10 +94,7 @@ class EndpointRef:
                 f"{len(ranks)} ({self._mesh.sizes}); slice it first, e.g. .slice(...)"
             )
         self._check_usable(ranks)
-        body, bufs = self._encode(args, kwargs)
-        fut: Future = Future(f"{self._qualname()}.call_one")
-        _Collector(self, ranks, body, bufs, "one", [fut]).start()
-        return fut
+        return self._start(ranks, "one", *self._encode(args, kwargs), "call_one")
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call one actor of the mesh: the least loaded of those not failed."""
@@ -111,8 +105,13 @@ class EndpointRef:
         body, bufs = self._encode(args, kwargs)
         best = min(ranks, key=lambda r: (rec.inflight[r], (r - rec.rr) % len(rec.inflight)))
         rec.rr = best + 1
-        fut: Future = Future(f"{self._qualname()}.choose")
-        _Collector(self, [best], body, bufs, "one", [fut]).start()
+        return self._start([best], "one", body, bufs, "choose")
+
+    def _start(self, ranks: list[int], mode: str, body: bytes, bufs: list,
+               adverb: str = "call") -> Future:
+        """Send one call to `ranks`; a Future of the ValueMesh ("call") or the value ("one")."""
+        fut: Future = Future(f"{self._qualname()}.{adverb}")
+        _Collector(self, ranks, body, bufs, mode, [fut]).start()
         return fut
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
