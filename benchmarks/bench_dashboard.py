@@ -5,7 +5,7 @@
 Python: building and encoding the widget's compact state, against a reference measured in
 the same run (the admin endpoint's full JSON of the same snapshot). Browser (optional,
 needs /usr/bin/chromium and playwright): time for the front-end to apply one update to
-the grid, 1,000 actors against 4 actors.
+the grid, 1,000 actors against 4 actors. Progress goes to stderr, the tables to stdout.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _ref_common import progress  # noqa: E402
 
 from monarch_widgets.state import build_state  # noqa: E402
 from runtime.admin.codec import encode_snapshot  # noqa: E402
@@ -60,6 +63,7 @@ def python_side() -> None:
     print(f"{'actors':>7} {'widget bytes':>13} {'ref bytes':>10} {'size ratio':>10} "
           f"{'widget ms':>10} {'ref ms':>8} {'time ratio':>10}")
     for n in (4, 100, 1000, 4000):
+        progress(f"Python side: {n} actors")
         m = model_of(n)
         now = time.time()
 
@@ -72,7 +76,7 @@ def python_side() -> None:
         wb, rb = len(widget()), len(ref())
         wt, rt = timeit(widget), timeit(ref)
         print(f"{n:>7} {wb:>13} {rb:>10} {wb / rb:>10.2f} {wt * 1e3:>10.2f} {rt * 1e3:>8.2f} "
-              f"{wt / rt:>10.2f}")
+              f"{wt / rt:>10.2f}", flush=True)
 
 
 def browser_side() -> None:
@@ -94,6 +98,7 @@ def browser_side() -> None:
         page.add_script_tag(content=js)
         base = None
         for n in (4, 100, 1000, 4000):
+            progress(f"browser side: {n} actors")
             m = model_of(n)
             states = []
             for k in range(2):  # two alternating states, so every update changes cells
@@ -119,7 +124,7 @@ def browser_side() -> None:
                 return times[10];
             }""", states)
             base = base or ms
-            print(f"{n:>7} {ms:>10.2f} {ms / base:>10.1f}")
+            print(f"{n:>7} {ms:>10.2f} {ms / base:>10.1f}", flush=True)
         b.close()
 
 

@@ -4,7 +4,9 @@
 
 An owner process (spawned) exports one buffer per size; this process reads and writes it
 with each transport (forced through MONARCH_RDMA_TRANSPORT). Destinations are warm (touched
-before timing), as is the memcpy reference. Figures are medians of repeated runs."""
+before timing), as is the memcpy reference. Figures are medians of repeated runs, after one
+untimed run per cell (steady state: connections and registrations are made once and reused).
+Progress goes to stderr, the table to stdout."""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ import torch  # noqa: E402
 
 from runtime.rdma import RDMABuffer, get_rdma_backend  # noqa: E402
 from runtime.rdma import ibverbs  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _ref_common import progress  # noqa: E402
 
 UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
@@ -79,6 +84,7 @@ def main() -> None:
     transports = [t for t in args.transports.split(",") if t] or usable
     ok, why = ibverbs.probe()
 
+    progress(f"starting the owner process ({len(sizes)} buffers up to {fmt_size(hi)})")
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
     proc = ctx.Process(target=owner, args=(sizes, there), daemon=True)
@@ -93,6 +99,7 @@ def main() -> None:
         print(head)
         print("-" * len(head))
         for size, buf in zip(sizes, buffers):
+            progress(f"{fmt_size(size)}: memcpy, then {', '.join(transports)} read and write")
             dst = torch.ones(size, dtype=torch.uint8)  # warm destination
             src = torch.full((size,), 7, dtype=torch.uint8)
             mc = timed(lambda: ctypes.memmove(dst.data_ptr(), src.data_ptr(), size), args.reps, args.budget)
@@ -106,6 +113,7 @@ def main() -> None:
                 r_gbs, w_gbs = size / rd / 1e9, size / wr / 1e9
                 print(f"{fmt_size(size):>9} {t:>9} {r_gbs:>10.2f} {w_gbs:>11.2f} {mc_gbs:>12.2f} "
                       f"{r_gbs / mc_gbs:>12.2f} {w_gbs / mc_gbs:>13.2f}", flush=True)
+        progress("done")
         print(f"# load average {os.getloadavg()[0]:.2f} at end (other work on these cpus skews both columns)")
     finally:
         os.environ.pop("MONARCH_RDMA_TRANSPORT", None)

@@ -7,7 +7,8 @@ p99), (c) call on all 4 and gather, (d) pipelined calls/s to one actor, (e) 64 M
 array and torch tensor as an argument (GB/s), idle RSS of 4 procs; and the floors: raw
 pyzmq REQ/REP over ipc, broadcast-gather to 4 raw peers, pipelined raw messages/s, memcpy.
 With --compare, runs the same workloads on Ray and Monarch (torchmonarch) where importable
-by the given Python (a separate virtual environment), side by side.
+by the given Python (a separate virtual environment), side by side. Progress goes to stderr,
+the table to stdout. --torch-first measures the torch row of (e) before the numpy row.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -28,12 +31,16 @@ sys.path.insert(0, HERE)
 import numpy as np  # noqa: E402
 import zmq  # noqa: E402
 
-from _ref_common import pct  # noqa: E402  (shared with the reference runs)
+from _ref_common import pct, progress  # noqa: E402  (shared with the reference runs)
 
 MiB = 1 << 20
 
 
 # ----------------------------------------------------------------------------- raw floors
+# Every socket has SNDHWM = RCVHWM = 0 (unbounded queues, as the runtime's own sockets): with
+# the default high-water mark of 1,000 the pipelined floor deadlocked once thousands of
+# messages were in flight (the echo peer blocked in send while this side was still sending).
+# Receives carry a timeout, so a lost message fails the run instead of hanging it.
 _PEER = r"""
 import sys, zmq
 ctx = zmq.Context()
@@ -45,77 +52,98 @@ if mode == "rep":
         if m == b"quit": s.send(b""); break
         s.send(m)
 else:  # pull/push echo: receive on addr, reply to sys.argv[3]
-    r = ctx.socket(zmq.PULL); r.bind(addr)
-    w = ctx.socket(zmq.PUSH); w.connect(sys.argv[3])
+    r = ctx.socket(zmq.PULL); r.setsockopt(zmq.RCVHWM, 0); r.bind(addr)
+    w = ctx.socket(zmq.PUSH); w.setsockopt(zmq.SNDHWM, 0); w.connect(sys.argv[3])
     while True:
         m = r.recv_multipart()
         if m[0] == b"quit": break
         w.send_multipart(m)
+    w.close(linger=5000)
 """
+RECV_TIMEOUT_MS = 60_000
 
 
 def raw_floors(n_rt: int, n_pipe: int) -> dict:
     d = tempfile.mkdtemp(prefix="bench-")
     ctx = zmq.Context()
+    ctx.setsockopt(zmq.LINGER, 1000)
+    ctx.setsockopt(zmq.RCVTIMEO, RECV_TIMEOUT_MS)
+    ctx.setsockopt(zmq.SNDHWM, 0)
+    ctx.setsockopt(zmq.RCVHWM, 0)
     out: dict = {}
-    # REQ/REP round trip
-    addr = f"ipc://{d}/rep"
-    p = subprocess.Popen([sys.executable, "-c", _PEER, "rep", addr])
-    s = ctx.socket(zmq.REQ)
-    s.connect(addr)
-    for _ in range(200):
-        s.send(b"x")
+    peers: list = []
+    try:
+        progress("floor: raw REQ/REP round trip")
+        addr = f"ipc://{d}/rep"
+        p = subprocess.Popen([sys.executable, "-c", _PEER, "rep", addr])
+        peers.append(p)
+        s = ctx.socket(zmq.REQ)
+        s.connect(addr)
+        for _ in range(200):
+            s.send(b"x")
+            s.recv()
+        lat = []
+        for _ in range(n_rt):
+            t = time.perf_counter()
+            s.send(b"x")
+            s.recv()
+            lat.append(time.perf_counter() - t)
+        s.send(b"quit")
         s.recv()
-    lat = []
-    for _ in range(n_rt):
-        t = time.perf_counter()
-        s.send(b"x")
-        s.recv()
-        lat.append(time.perf_counter() - t)
-    s.send(b"quit")
-    s.recv()
-    p.wait()
-    s.close()
-    out["rt_median"] = statistics.median(lat)
-    # broadcast-gather to 4 peers and pipelined messages to one
-    back = ctx.socket(zmq.PULL)
-    back_addr = f"ipc://{d}/back"
-    back.bind(back_addr)
-    peers, socks = [], []
-    for i in range(4):
-        a = f"ipc://{d}/peer{i}"
-        peers.append(subprocess.Popen([sys.executable, "-c", _PEER, "pull", a, back_addr]))
-        w = ctx.socket(zmq.PUSH)
-        w.connect(a)
-        socks.append(w)
-    for _ in range(100):
-        for w in socks:
-            w.send_multipart([b"x"])
-        for _ in socks:
-            back.recv_multipart()
-    lat = []
-    for _ in range(max(200, n_rt // 2)):
-        t = time.perf_counter()
-        for w in socks:
-            w.send_multipart([b"x"])
-        for _ in socks:
-            back.recv_multipart()
-        lat.append(time.perf_counter() - t)
-    out["gather_median"] = statistics.median(lat)
-    t = time.perf_counter()
-    for i in range(n_pipe):
-        socks[0].send_multipart([b"x", b"%d" % i])
-    for _ in range(n_pipe):
-        back.recv_multipart()
-    out["pipe_rate"] = n_pipe / (time.perf_counter() - t)
-    for w in socks:
-        w.send_multipart([b"quit"])
-        w.close(linger=1000)
-    for p in peers:
         p.wait(10)
-    back.close()
-    ctx.term()
+        s.close()
+        out["rt_median"] = statistics.median(lat)
+        # broadcast-gather to 4 peers and pipelined messages to one
+        progress("floor: broadcast-gather to 4 raw peers")
+        back = ctx.socket(zmq.PULL)
+        back_addr = f"ipc://{d}/back"
+        back.bind(back_addr)
+        socks = []
+        for i in range(4):
+            a = f"ipc://{d}/peer{i}"
+            peers.append(subprocess.Popen([sys.executable, "-c", _PEER, "pull", a, back_addr]))
+            w = ctx.socket(zmq.PUSH)
+            w.connect(a)
+            socks.append(w)
+        for _ in range(100):
+            for w in socks:
+                w.send_multipart([b"x"])
+            for _ in socks:
+                back.recv_multipart()
+        lat = []
+        for _ in range(max(200, n_rt // 2)):
+            t = time.perf_counter()
+            for w in socks:
+                w.send_multipart([b"x"])
+            for _ in socks:
+                back.recv_multipart()
+            lat.append(time.perf_counter() - t)
+        out["gather_median"] = statistics.median(lat)
+        progress(f"floor: {n_pipe} pipelined raw messages to one peer (x3)")
+        rates = []
+        for _ in range(3):  # all sent, then all received (queues unbounded: no deadlock)
+            t = time.perf_counter()
+            for i in range(n_pipe):
+                socks[0].send_multipart([b"x", b"%d" % i])
+            for _ in range(n_pipe):
+                back.recv_multipart()
+            rates.append(n_pipe / (time.perf_counter() - t))
+        out["pipe_rate"] = statistics.median(rates)
+        for w in socks:
+            w.send_multipart([b"quit"])
+            w.close()
+        for p in peers:
+            p.wait(10)
+        back.close()
+    finally:
+        for p in peers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        ctx.destroy(linger=0)
+        shutil.rmtree(d, ignore_errors=True)
     # memcpy of 64 MiB into warm memory
+    progress("floor: memcpy 64 MiB")
     src = np.ones(64 * MiB // 4, dtype=np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)
@@ -129,7 +157,10 @@ def raw_floors(n_rt: int, n_pipe: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- ours
-def ours(n_rt: int, n_pipe: int, reps_cold: int) -> dict:
+T = 60  # seconds: every wait has a timeout, so a lost reply fails the run instead of hanging
+
+
+def ours(n_rt: int, n_pipe: int, reps_cold: int, torch_first: bool = False) -> dict:
     import psutil
 
     import runtime
@@ -145,13 +176,14 @@ def ours(n_rt: int, n_pipe: int, reps_cold: int) -> dict:
             return a.nbytes if hasattr(a, "nbytes") else a.numel() * a.element_size()
 
     out: dict = {}
+    progress(f"ours: cold start x{reps_cold}")
     colds = []
     for _ in range(reps_cold):
         t = time.perf_counter()
         host = this_host()
         pm = host.spawn_procs(per_host={"procs": 4})
         am = pm.spawn("bench", Bench)
-        am.noop.call().get(timeout=60)
+        am.noop.call().get(timeout=T)
         colds.append(time.perf_counter() - t)
         pm.stop().get(timeout=30)
         host.shutdown()
@@ -159,55 +191,58 @@ def ours(n_rt: int, n_pipe: int, reps_cold: int) -> dict:
 
     pm = this_host().spawn_procs(per_host={"procs": 4})
     am = pm.spawn("bench", Bench)
-    am.noop.call().get(timeout=60)
+    am.noop.call().get(timeout=T)
     one = am.slice(procs=0)
-    for _ in range(300):
-        one.noop.call_one().get()
+    progress("ours: call_one round trips")
+    for _ in range(300):  # steady state for the latency distribution (connections, code paths)
+        one.noop.call_one().get(timeout=T)
     lat = []
     for _ in range(n_rt):
         t = time.perf_counter()
-        one.noop.call_one().get()
+        one.noop.call_one().get(timeout=T)
         lat.append(time.perf_counter() - t)
     out["rt_median"] = statistics.median(lat)
     out["rt_p99"] = pct(lat, 99)
+    progress("ours: call on 4 + gather")
     lat = []
     for _ in range(max(200, n_rt // 2)):
         t = time.perf_counter()
-        am.noop.call().get()
+        am.noop.call().get(timeout=T)
         lat.append(time.perf_counter() - t)
     out["gather_median"] = statistics.median(lat)
+    # pipelined: every call is queued before the first reply is awaited; the runtime's
+    # sockets have no high-water mark and its I/O threads receive while the caller sends,
+    # so this cannot block on a full queue
+    progress(f"ours: {n_pipe} pipelined calls to one actor (x3)")
     rates = []
     for _ in range(3):
         t = time.perf_counter()
         futs = [one.noop.call_one() for _ in range(n_pipe)]
         for f in futs:
-            f.get()
+            f.get(timeout=T)
         rates.append(n_pipe / (time.perf_counter() - t))
     out["pipe_rate"] = statistics.median(rates)
-    a = np.ones(64 * MiB // 4, dtype=np.float32)
-    for _ in range(3):  # warm-up: the receiver's allocator settles (huge pages)
-        one.nbytes.call_one(a).get()
-    ts = []
-    for _ in range(9):
-        t = time.perf_counter()
-        assert one.nbytes.call_one(a).get() == a.nbytes
-        ts.append(time.perf_counter() - t)
-    out["numpy_gbs"] = a.nbytes / statistics.median(ts) / 1e9
+    # 64 MiB arguments: median of 9 calls, the first included (no warm-up: the first call's
+    # cost is the user's too; it is also reported on its own)
     import torch
 
-    tt = torch.ones(64 * MiB // 4, dtype=torch.float32)
-    for _ in range(3):
-        one.nbytes.call_one(tt).get(timeout=60)
-    ts = []
-    for _ in range(9):
-        t = time.perf_counter()
-        assert one.nbytes.call_one(tt).get() == a.nbytes
-        ts.append(time.perf_counter() - t)
-    out["torch_gbs"] = a.nbytes / statistics.median(ts) / 1e9
+    args = {"numpy": np.ones(64 * MiB // 4, dtype=np.float32),
+            "torch": torch.ones(64 * MiB // 4, dtype=torch.float32)}
+    for key in (("torch", "numpy") if torch_first else ("numpy", "torch")):
+        x = args[key]
+        progress(f"ours: 64 MiB {key} argument, 9 calls")
+        ts = []
+        for _ in range(9):
+            t = time.perf_counter()
+            assert one.nbytes.call_one(x).get(timeout=T) == 64 * MiB
+            ts.append(time.perf_counter() - t)
+        out[f"{key}_gbs"] = 64 * MiB / statistics.median(ts) / 1e9
+        out[f"{key}_first_s"] = ts[0]
     # idle RSS: a fresh mesh of 4 procs that never imported torch or numpy payloads
+    progress("ours: idle RSS of 4 fresh procs")
     pm.stop().get(timeout=30)
     pm2 = this_host().spawn_procs(per_host={"procs": 4})
-    pm2.spawn("idle", Bench).noop.call().get(timeout=60)
+    pm2.spawn("idle", Bench).noop.call().get(timeout=T)
     time.sleep(0.5)
     out["idle_rss_mib"] = sum(psutil.Process(p.pid).memory_info().rss
                               for p in pm2.procs) / MiB
@@ -221,16 +256,31 @@ def compare(python: str, quick: bool) -> dict:
     res = {}
     for name in ("ray", "monarch"):
         script = os.path.join(HERE, f"ref_{name}.py")
+        progress(f"reference: {name} ({python})")
+        env = dict(os.environ, PYTHONPATH=HERE)
+        p = subprocess.Popen([python, script] + (["--quick"] if quick else []),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        err: list[str] = []
+
+        def relay(stream=p.stderr, err=err, name=name) -> None:  # its progress, live
+            for ln in stream:
+                err.append(ln)
+                print(f"  {name}: {ln}", end="", file=sys.stderr, flush=True)
+
+        th = threading.Thread(target=relay, daemon=True)
+        th.start()
         try:
-            env = dict(os.environ, PYTHONPATH=HERE)
-            r = subprocess.run([python, script] + (["--quick"] if quick else []),
-                               capture_output=True, text=True, timeout=900, env=env)
+            stdout, _ = p.communicate(timeout=900)
         except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
             res[name] = {"error": "timed out"}
             continue
-        line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-        if r.returncode != 0 or not line:
-            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        finally:
+            th.join(10)
+        line = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+        if p.returncode != 0 or not line:
+            tail = "".join(err or [stdout]).strip().splitlines()[-1:] or ["no output"]
             res[name] = {"error": tail[0][:120]}
         else:
             res[name] = json.loads(line[-1])
@@ -248,12 +298,15 @@ def main() -> int:
     ap.add_argument("--python", default=os.environ.get("BENCH_PYTHON", sys.executable),
                     help="Python with ray/torchmonarch installed, for --compare")
     ap.add_argument("--json", help="write the results here as JSON")
+    ap.add_argument("--torch-first", action="store_true",
+                    help="(e): measure the torch tensor before the numpy array")
     args = ap.parse_args()
     n_rt = 500 if args.quick else 3000
     n_pipe = 2000 if args.quick else 5000
     floor = raw_floors(n_rt, n_pipe)
-    us = ours(n_rt, n_pipe, 2 if args.quick else 5)
+    us = ours(n_rt, n_pipe, 2 if args.quick else 5, args.torch_first)
     refs = compare(args.python, args.quick) if args.compare else {}
+    progress("done")
 
     rows = [
         ("(a) cold start, 4 procs + actors", f"{us['cold']:.3f} s", "-", "-", "< 0.3 s", "cold"),
@@ -299,6 +352,10 @@ def main() -> int:
     print("-+-".join("-" * w for w in widths))
     for r in table:
         print(" | ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    first = (("torch", "numpy") if args.torch_first else ("numpy", "torch"))
+    print(f"(e) first call of each row, in the order measured (included in the median): "
+          + ", ".join(f"{k} {us[k + '_first_s'] * 1e3:,.0f} ms" for k in first)
+          + " (a proc imports numpy, and torch, on its first such argument)")
     for n, r in refs.items():
         if "error" in r:
             print(f"{n}: not run ({r['error']})")

@@ -1,21 +1,28 @@
 """Scale: a call + gather to 64 vs 1,024 actors on 16 host agents (LocalJob), side by side.
 
 16 agents x 4 procs = 64 procs; 16 actor meshes of 64 actors = 1,024 actors. For each size
-it prints the median time of `call()` + gather of every reply, and the messages the
-controller sends per cast (runtime stats["sent"]): with per-host fan-out that is one per
-host agent (16), not one per actor. The reference row is the 64-actor case of the same run.
+it prints the median time of `call()` + gather of every reply, the controller's CPU time
+(all its threads: process_time) per iteration and per cast, and the messages the controller
+sends per cast (runtime stats["sent"]): with per-host fan-out that is one per host agent
+(16), not one per actor. The reference row is the 64-actor case of the same run. Progress
+goes to stderr, the table to stdout.
 
     PYTHONPATH=. python benchmarks/bench_scale.py [--hosts 16] [--procs 4] [--meshes 16]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import runtime
 from runtime import Actor, endpoint
 from runtime.job import LocalJob
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _ref_common import progress  # noqa: E402
 
 
 class Echo(Actor):
@@ -27,7 +34,9 @@ class Echo(Actor):
 
 
 def timed(fn, iters: int, warmup: int = 3) -> tuple[list[float], list[float]]:
-    """Wall times and this process's CPU times (all threads: user + I/O) of `iters` runs."""
+    """Wall times and this process's CPU times (all threads: user + I/O) of `iters` runs,
+    after `warmup` runs that reach the steady state (the first casts to a mesh open the
+    agents' connections to its procs: a once-per-mesh cost, not a per-cast one)."""
     for _ in range(warmup):
         fn()
     wall, cpu = [], []
@@ -48,11 +57,14 @@ def main() -> None:
     a = ap.parse_args()
     rt = runtime.get_runtime()
     t0 = time.perf_counter()
+    progress(f"starting {a.hosts} host agents (LocalJob)")
     job = LocalJob(hosts=a.hosts, progress=False)
     try:
         hosts = job.state().hosts
+        progress(f"spawning {a.hosts * a.procs} procs")
         procs = hosts.spawn_procs(per_host={"procs": a.procs}, name="bench")
         procs.initialized.get(timeout=300)
+        progress(f"spawning {a.meshes} actor meshes")
         meshes = [procs.spawn(f"echo{i}", Echo) for i in range(a.meshes)]
         for m in meshes:
             m.initialized.get(timeout=300)
@@ -73,20 +85,26 @@ def main() -> None:
 
         rows = []
         for label, fn, casts in (("1 mesh", one, 1), (f"{a.meshes} meshes", all_, a.meshes)):
+            progress(f"{label}: {a.iters} x call + gather to {casts * n_procs} actors")
             times, cpu = timed(fn, a.iters)
             msgs = statistics.median(sent_per_cast(fn, casts) for _ in range(5))
             rows.append((label, casts * n_procs, casts, statistics.median(times) * 1e3, msgs,
-                         statistics.median(cpu) * 1e3))
+                         statistics.median(cpu) * 1e3,
+                         statistics.median(c / casts for c in cpu) * 1e3))
     finally:
+        progress("stopping the job")
         job.kill()
     ref = rows[0][3]
     print(f"LocalJob: {a.hosts} host agents, {a.hosts * a.procs} procs, set-up {setup:.1f} s")
     print(f"{'actor meshes':>14} {'actors':>7} {'casts':>6} {'median call+gather ms':>22} "
-          f"{'x ref':>6} {'controller CPU ms':>18} {'msgs sent/cast':>15} {'actors/cast':>12}")
-    for label, actors, casts, ms, msgs, cpu_ms in rows:
+          f"{'x ref':>6} {'controller CPU ms':>18} {'controller CPU ms/cast':>22} "
+          f"{'msgs sent/cast':>15} {'actors/cast':>12}")
+    for label, actors, casts, ms, msgs, cpu_ms, cpu_cast in rows:
         print(f"{label:>14} {actors:>7} {casts:>6} {ms:>22.1f} {ms / ref:>6.2f} {cpu_ms:>18.1f} "
-              f"{msgs:>15.1f} {actors // casts:>12}")
-    print("ref = the 1-mesh row of this run; msgs sent/cast counts the controller's sends "
+              f"{cpu_cast:>22.2f} {msgs:>15.1f} {actors // casts:>12}")
+    print("ref = the 1-mesh row of this run. controller CPU = CPU time of the controller "
+          "process (all threads) per iteration (all its casts and gathers), median; per cast = "
+          "that divided by the casts. msgs sent/cast counts the controller's sends "
           "(runtime stats['sent']): one per host agent with per-host fan-out.")
 
 
