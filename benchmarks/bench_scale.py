@@ -93,7 +93,7 @@ def main() -> None:
                          statistics.median(c / casts for c in cpu) * 1e3))
     finally:
         progress("stopping the job")
-        job.kill()
+        job.cleanup()  # kill, and remove the job's directory
     ref = rows[0][3]
     print(f"LocalJob: {a.hosts} host agents, {a.hosts * a.procs} procs, set-up {setup:.1f} s")
     print(f"{'actor meshes':>14} {'actors':>7} {'casts':>6} {'median call+gather ms':>22} "
