@@ -269,17 +269,21 @@ def compare(python: str, quick: bool) -> dict:
 
         th = threading.Thread(target=relay, daemon=True)
         th.start()
+        timed_out = threading.Event()
+        killer = threading.Timer(900, lambda: (timed_out.set(), p.kill()))
+        killer.start()
         try:
-            stdout, _ = p.communicate(timeout=900)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
-            res[name] = {"error": "timed out"}
-            continue
+            stdout = p.stdout.read()
+            p.wait()
         finally:
+            killer.cancel()
             th.join(10)
+            p.stdout.close()
+            p.stderr.close()
         line = [ln for ln in stdout.splitlines() if ln.startswith("{")]
-        if p.returncode != 0 or not line:
+        if timed_out.is_set():
+            res[name] = {"error": "timed out"}
+        elif p.returncode != 0 or not line:
             tail = "".join(err or [stdout]).strip().splitlines()[-1:] or ["no output"]
             res[name] = {"error": tail[0][:120]}
         else:
