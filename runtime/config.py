@@ -188,6 +188,10 @@ _SETTINGS: tuple[Setting, ...] = (
        "(monarch-admin, monarch-debug, the dashboard).", live=True),
     _s("hugepages", "bool", True, "Procs ask glibc for transparent huge pages "
        "(GLIBC_TUNABLES; an existing setting is kept).", live=True),
+    _s("keep_message_memory", "bool", True, "Procs keep the memory of large messages for "
+       "the next one (glibc arena_max=1, mmap_max=0, trim_threshold=256 MiB through "
+       "GLIBC_TUNABLES): faster large arguments, at the price of RSS up to the largest "
+       "recent message.", live=True),
     _s("key_file", "path", None, "CurveZMQ cluster key file (mode 0600) for multi-host "
        "agents and attach_to_workers().", live=True),
     _s("runtime_dir", "path", None, "Directory of admin connection files (default "

@@ -86,6 +86,7 @@ class ActorInstance:
                 self._stop(item[1])
                 self.rt.loop.call_soon(self.server.actor_stopped, self)
                 return
+            del item  # free the message (its buffers) before waiting for the next one
 
     def _init(self) -> None:
         body, buffers = self._spawn

@@ -29,21 +29,37 @@ def child_env() -> dict:
     env["PYTHONUNBUFFERED"] = "1"
     env.pop(TOKEN_ENV, None)
     env.update(config.to_env())  # settings made with configure() reach the children
-    _with_huge_pages(env)
+    _with_malloc_tunables(env)
     return env
 
 
-def _with_huge_pages(env: dict) -> None:
-    """Let glibc's malloc ask for transparent huge pages in procs (GLIBC_TUNABLES): large
-    messages land in fresh memory, and 2 MiB pages make that ~1.7x faster (measured with
-    64 MiB arguments). MONARCH_HUGEPAGES=0 turns it off; an existing setting is kept."""
-    if not config.hugepages:
-        return
-    tunables = env.get("GLIBC_TUNABLES", "")
-    if "glibc.malloc.hugetlb" in tunables:
-        return
-    env["GLIBC_TUNABLES"] = f"{tunables}:glibc.malloc.hugetlb=1" if tunables \
-        else "glibc.malloc.hugetlb=1"
+# glibc malloc settings for agents and procs, through GLIBC_TUNABLES (a tunable already set
+# there is kept), each group with its own setting to turn it off:
+# - hugepages: transparent huge pages for malloc (MONARCH_HUGEPAGES=0 turns it off).
+# - keep_message_memory: arena_max=1, mmap_max=0, trim_threshold=256 MiB. The memory of a
+#   large message stays in the process after the message is freed, and the next large
+#   message reuses those mapped pages. zmq allocates each incoming message on its I/O
+#   thread, and glibc serves any allocation over 32 MiB (always, from a thread's arena)
+#   with a new mmap that it unmaps on free: each 64 MiB argument faulted in 64 MiB of fresh
+#   pages, and on a VM that hands free memory back to the host, fresh pages cost 4-25x more
+#   (64 MiB arguments: 0.44-3.4 GB/s depending on what ran before; 2.6-5.7 GB/s kept). The
+#   price: a proc keeps the memory of its largest recent message (up to 256 MiB) as RSS.
+_MALLOC_TUNABLES = (
+    ("hugepages", ("glibc.malloc.hugetlb=1",)),
+    ("keep_message_memory", ("glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
+                             f"glibc.malloc.trim_threshold={256 << 20}")),
+)
+
+
+def _with_malloc_tunables(env: dict) -> None:
+    """Add the malloc tunables whose setting is on to env's GLIBC_TUNABLES."""
+    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t]
+    names = {t.split("=", 1)[0] for t in tunables}
+    for setting, group in _MALLOC_TUNABLES:
+        if getattr(config, setting):
+            tunables += [t for t in group if t.split("=", 1)[0] not in names]
+    if tunables:
+        env["GLIBC_TUNABLES"] = ":".join(tunables)
 
 
 def _start_local_agent(rt: Runtime) -> AgentRecord:
