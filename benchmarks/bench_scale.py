@@ -1,4 +1,5 @@
-"""Scale: a call + gather to 64 vs 1,024 actors on 16 host agents (LocalJob), side by side.
+"""Scale: a call + gather to 64 vs 1,024 actors on 16 host agents (LocalJob), side by side,
+and 1,024 again with the replies gathered per host (gather_replies='on').
 
 16 agents x 4 procs = 64 procs; 16 actor meshes of 64 actors = 1,024 actors. For each size
 it prints the median time of `call()` + gather of every reply, the controller's CPU time
@@ -78,16 +79,20 @@ def main() -> None:
             futs = [m.ping.call(1) for m in meshes]
             assert sum(len(f.get(timeout=60)) for f in futs) == n_procs * a.meshes
 
-        def sent_per_cast(fn, casts: int) -> float:
-            before = rt.stats["sent"]
+        def msgs_per_cast(fn, casts: int) -> tuple[float, float]:
+            sent, received = rt.stats["sent"], rt.stats["received"]
             fn()
-            return (rt.stats["sent"] - before) / casts
+            return ((rt.stats["sent"] - sent) / casts, (rt.stats["received"] - received) / casts)
 
         rows = []
-        for label, fn, casts in (("1 mesh", one, 1), (f"{a.meshes} meshes", all_, a.meshes)):
+        cases = (("1 mesh", one, 1, "off"), (f"{a.meshes} meshes", all_, a.meshes, "off"),
+                 (f"{a.meshes} meshes, gathered", all_, a.meshes, "on"))
+        for label, fn, casts, gather in cases:
             progress(f"{label}: {a.iters} x call + gather to {casts * n_procs} actors")
-            times, cpu = timed(fn, a.iters)
-            msgs = statistics.median(sent_per_cast(fn, casts) for _ in range(5))
+            with runtime.configured(gather_replies=gather):
+                times, cpu = timed(fn, a.iters)
+                counts = [msgs_per_cast(fn, casts) for _ in range(5)]
+            msgs = (statistics.median(c[0] for c in counts), statistics.median(c[1] for c in counts))
             rows.append((label, casts * n_procs, casts, statistics.median(times) * 1e3, msgs,
                          statistics.median(cpu) * 1e3,
                          statistics.median(c / casts for c in cpu) * 1e3))
@@ -96,16 +101,19 @@ def main() -> None:
         job.cleanup()  # kill, and remove the job's directory
     ref = rows[0][3]
     print(f"LocalJob: {a.hosts} host agents, {a.hosts * a.procs} procs, set-up {setup:.1f} s")
-    print(f"{'actor meshes':>14} {'actors':>7} {'casts':>6} {'median call+gather ms':>22} "
+    print(f"{'actor meshes':>24} {'actors':>7} {'casts':>6} {'median call+gather ms':>22} "
           f"{'x ref':>6} {'controller CPU ms':>18} {'controller CPU ms/cast':>22} "
-          f"{'msgs sent/cast':>15} {'actors/cast':>12}")
+          f"{'msgs sent/cast':>15} {'msgs received/cast':>19} {'actors/cast':>12}")
     for label, actors, casts, ms, msgs, cpu_ms, cpu_cast in rows:
-        print(f"{label:>14} {actors:>7} {casts:>6} {ms:>22.1f} {ms / ref:>6.2f} {cpu_ms:>18.1f} "
-              f"{cpu_cast:>22.2f} {msgs:>15.1f} {actors // casts:>12}")
+        print(f"{label:>24} {actors:>7} {casts:>6} {ms:>22.1f} {ms / ref:>6.2f} {cpu_ms:>18.1f} "
+              f"{cpu_cast:>22.2f} {msgs[0]:>15.1f} {msgs[1]:>19.1f} {actors // casts:>12}")
     print("ref = the 1-mesh row of this run. controller CPU = CPU time of the controller "
           "process (all threads) per iteration (all its casts and gathers), median; per cast = "
-          "that divided by the casts. msgs sent/cast counts the controller's sends "
-          "(runtime stats['sent']): one per host agent with per-host fan-out.")
+          "that divided by the casts. msgs sent/received per cast count the controller's "
+          "messages (runtime stats): one sent per host agent with per-host fan-out. gathered: each "
+          "host agent sends the replies of its procs to a call as one message "
+          "(gather_replies='on'; the default 'auto' gathers for agents on other hosts only: "
+          "here the agents' extra work competes with the controller for the same cores).")
 
 
 if __name__ == "__main__":

@@ -186,6 +186,10 @@ _SETTINGS: tuple[Setting, ...] = (
        choices=("auto", "raise", "exit")),
     _s("admin", "bool", True, "The controller serves its loopback admin endpoint "
        "(monarch-admin, monarch-debug, the dashboard).", live=True),
+    _s("gather_replies", "str", "auto", "Host agents gather the replies of their procs to a "
+       "call() into one message to the caller: less CPU for a controller that calls many "
+       "actors, one more local hop per reply. auto: for agents on other hosts.", live=True,
+       choices=("auto", "on", "off")),
     _s("hugepages", "bool", True, "Procs ask glibc for transparent huge pages "
        "(GLIBC_TUNABLES; an existing setting is kept).", live=True),
     _s("keep_message_memory", "bool", True, "Procs keep the memory of large messages for "

@@ -30,33 +30,48 @@ def remove_wait_hook(fn: Callable[["Future"], None]) -> None:
         _wait_hooks.remove(fn)
 
 
-class _LazyEvent:
-    """A threading.Event whose condition variable is made only if someone has to wait."""
+_guard = threading.Lock()
 
-    __slots__ = ("_flag", "_ev")
+
+class _LazyEvent:
+    """A one-shot event: a flag, and a lock made only if someone has to wait (cheaper than
+    threading.Event's condition variable: one futex wake on set)."""
+
+    __slots__ = ("_flag", "_lk")
 
     def __init__(self) -> None:
         self._flag = False
-        self._ev: Optional[threading.Event] = None
+        self._lk: Any = None  # held until set(); waiters acquire it, then pass it on
 
     def is_set(self) -> bool:
         return self._flag
 
     def set(self) -> None:
         self._flag = True
-        ev = self._ev
-        if ev is not None:
-            ev.set()
+        lk = self._lk
+        if lk is not None:
+            try:
+                lk.release()
+            except RuntimeError:  # released already
+                pass
 
     def wait(self, timeout: Optional[float]) -> bool:
         if self._flag:
             return True
-        ev = self._ev
-        if ev is None:
-            ev = self._ev = threading.Event()
-            if self._flag:  # set() ran before the event existed
-                return True
-        return ev.wait(timeout)
+        lk = self._lk
+        if lk is None:
+            new = threading.Lock()
+            new.acquire()
+            with _guard:
+                lk = self._lk
+                if lk is None:
+                    lk = self._lk = new
+        if self._flag:  # set() ran before the lock existed
+            return True
+        if lk.acquire(True, -1 if timeout is None else max(0.0, timeout)):
+            lk.release()  # wake the next waiter, if any
+            return True
+        return self._flag
 
 
 class Future(Generic[R]):

@@ -23,7 +23,7 @@ from .config import config
 from .errors import ActorError, SupervisionError
 from .shapes import Point, Shape
 from .supervision import MeshFailure
-from .transport.framing import ERROR, OK, Header, Kind
+from .transport.framing import ERROR, OK, Header, Kind, extra_get
 from .transport.serialization import dumps, loads
 
 log = logging.getLogger("runtime.proc")
@@ -124,7 +124,7 @@ class ActorInstance:
 
     def _reply(self, h: Header, status: int, body: bytes, buffers: tuple = ()) -> None:
         self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=self.rank, status=status,
-                                     actor=self.actor_id), body, buffers)
+                                     actor=self.actor_id, extra=h.extra), body, buffers)
 
     def _reply_error(self, h: Header, exc: BaseException) -> None:
         try:
@@ -149,7 +149,7 @@ class ActorInstance:
             return
         self._set_state("busy", name)
         self.current_port = h.port
-        self.current_reply = h.reply
+        self.current_reply = h.reply if h.extra is None else extra_get(h, "caller", h.reply)
         ok = False
         result = None
         try:
@@ -306,7 +306,8 @@ class ProcServer:
     def _no_actor(self, h: Header) -> None:
         if h.port:
             why = "was stopped" if h.actor in self.stopped_actors else "does not exist"
-            self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=ERROR),
+            self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=ERROR,
+                                         extra=h.extra),
                          dumps(SupervisionError(
                              f"actor {h.actor} {why} in proc {self.rt.proc_id}"))[0])
 

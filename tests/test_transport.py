@@ -64,3 +64,48 @@ def test_unpicklable_names_what():
 def test_lambdas_travel_by_value():
     body, bufs = dumps(lambda x: x + 1)
     assert loads(body, bufs)(1) == 2
+
+
+def test_small_bodies_travel_in_the_head_frame_and_large_ones_apart():
+    h = Header(Kind.CALL, method="m", port=3)
+    small = framing.build(TOKEN, h, b"x" * 100, [b"buf"])
+    assert len(small) == 2 and small[1] == b"buf"
+    big = framing.build(TOKEN, h, b"y" * (framing.INLINE_BODY + 1))
+    assert len(big) == 2
+    for frames, body in ((small, b"x" * 100), (big, b"y" * (framing.INLINE_BODY + 1))):
+        h2, b2, _ = framing.parse(frames, [b"other-token-0000", TOKEN])
+        assert h2 == h and bytes(b2) == body
+
+
+@pytest.mark.parametrize("keep", [len(TOKEN), len(TOKEN) + 3, len(TOKEN) + 6])
+def test_truncated_head_frames_are_rejected(keep):
+    head = framing.build(TOKEN, Header(Kind.CALL), b"body")[0]
+    with pytest.raises(FrameError):
+        framing.parse([head[:keep]], TOKEN)
+
+
+def test_reply_batches_split_back_into_replies():
+    bodies = [dumps(v)[0] for v in ("a", 2, None)]
+    items = [["p0", "act", 0, framing.OK, len(bodies[0]), 1],
+             ["p1", "act", 1, framing.ERROR, len(bodies[1]), 0],
+             ["p2", "act", 2, framing.OK, len(bodies[2]), 2]]
+    h, body = framing.reply_batch(9, items, bodies)
+    bufs = [b"b0", b"b2a", b"b2b"]
+    frames = framing.build(TOKEN, h, body, bufs)
+    h2, body2, bufs2 = framing.parse(frames, TOKEN)
+    replies = framing.split_reply_batch(h2, body2, bufs2)
+    assert [(r.kind, r.src, r.rank, r.status, r.port) for r, _, _ in replies] == [
+        (Kind.REPLY, "p0", 0, framing.OK, 9), (Kind.REPLY, "p1", 1, framing.ERROR, 9),
+        (Kind.REPLY, "p2", 2, framing.OK, 9)]
+    assert [loads(b) for _, b, _ in replies] == ["a", 2, None]
+    assert [list(map(bytes, bs)) for _, _, bs in replies] == [[b"b0"], [], [b"b2a", b"b2b"]]
+
+
+@pytest.mark.parametrize("items", [
+    None, [["p0", "a", 0, 0, 5]], [["p0", "a", 0, 0, 999, 0]], [["p0", "a", 0, 0, 1, 5]],
+    [["p0", "a", 0, 0, -1, 0]], [["p0", "a", 0, 0, "3", 0]], [["p0", "a", 0, 0, 1, 0]],
+])
+def test_reply_batches_that_do_not_add_up_are_rejected(items):
+    h = Header(Kind.REPLY_BATCH, port=1, extra={"items": items})
+    with pytest.raises(FrameError):
+        framing.split_reply_batch(h, b"abc", [])

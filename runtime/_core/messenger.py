@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..config import config
 from ..transport import auth, framing
 from ..transport.framing import Header, Kind
 from ..transport.loop import IOLoop
@@ -26,6 +27,7 @@ class Messenger:
         self.address = ""
         self.tcp_address = ""
         self._tcp_by_key: dict[bytes, str] = {}
+        self.far_agents: set[str] = set()  # addresses of host agents on other hosts
         if keys is not None:
             self.use_keys(keys)
 
@@ -91,25 +93,34 @@ class Messenger:
         elif route:
             self.cast([(address, route)], header, body, buffers)
 
+    def _gathers(self, agent_addr: str) -> bool:
+        mode = config.gather_replies
+        return mode == "on" or (mode == "auto" and agent_addr in self.far_agents)
+
     def cast(self, targets: list, header: Header, body: bytes = b"",
-             buffers: tuple = ()) -> None:
+             buffers: tuple = (), gather: bool = False) -> None:
         """Send one message to many procs: directly to those with an address, and one
-        FANOUT per host agent for the rest (the agent delivers to its local procs)."""
+        FANOUT per host agent for the rest (the agent delivers to its local procs). With
+        `gather`, each agent sends the replies of its procs back as one REPLY_BATCH."""
         if not header.src:
             header.src = self.proc_id
         by_agent: dict[str, list] = {}
         frames = None
+        frames_tok = None
         send = self.loop.send
         for address, route in targets:
             if address:
                 tok = self.token_for(address)
-                if frames is None or frames[0] != tok:
-                    frames = framing.build(tok, header, body, buffers)
+                if tok != frames_tok:
+                    frames, frames_tok = framing.build(tok, header, body, buffers), tok
                 send(address, frames)
             elif route:
                 by_agent.setdefault(route[0], []).append(route[1])
         if by_agent:
             inner = framing.encode_header(header)
             for agent_addr, procs in by_agent.items():
-                h = Header(Kind.FANOUT, src=self.proc_id, extra={"header": inner, "procs": procs})
+                extra = {"header": inner, "procs": procs}
+                if gather and len(procs) > 1 and self._gathers(agent_addr):
+                    extra["gather"] = True
+                h = Header(Kind.FANOUT, src=self.proc_id, extra=extra)
                 send(agent_addr, framing.build(self.token_for(agent_addr), h, body, buffers))

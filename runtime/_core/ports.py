@@ -10,9 +10,13 @@ after inserting it, so a death that races with the open fails the port either wa
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import Any, Callable, Iterable, Optional
 
+from ..transport import framing
 from ..transport.framing import Header
+
+log = logging.getLogger("runtime.ports")
 
 Handler = Callable[[Header, Any, list], None]
 #: on_fail(exc, proc=dead proc id or None, actor=failed actor id or None)
@@ -42,6 +46,19 @@ class Ports:
         entry = self._ports.get(h.port)
         if entry is not None:
             entry[0](h, body, buffers)
+
+    def deliver_batch(self, h: Header, body: Any, buffers: list) -> None:
+        """Hand each reply of a REPLY_BATCH (a host agent's gathered replies) to its port."""
+        entry = self._ports.get(h.port)
+        if entry is None:
+            return
+        try:
+            replies = framing.split_reply_batch(h, body, buffers)
+        except framing.FrameError as e:
+            log.warning("dropped a reply batch from %s: %s", h.src, e)
+            return
+        for rh, rbody, rbufs in replies:
+            entry[0](rh, rbody, rbufs)
 
     def fail(self, pid: int, exc: BaseException, proc: Optional[str] = None,
              actor: Optional[str] = None) -> None:

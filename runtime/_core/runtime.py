@@ -61,7 +61,7 @@ class Runtime:
         self._closed = False
         self._admin_started = False
         self._handlers: dict[int, Handler] = {
-            Kind.REPLY: self.ports.deliver,
+            Kind.REPLY: self.ports.deliver, Kind.REPLY_BATCH: self.ports.deliver_batch,
             Kind.PORT_SEND: self.ports.deliver,
             Kind.HEARTBEAT: self.liveness.on_heartbeat,
             Kind.LOG: self._on_log,
@@ -173,6 +173,8 @@ class Runtime:
             for a in state.agents.values():
                 if a.agent_id == e.get("attach_id") or a.agent_id == h.src:
                     a.host = e.get("host", a.host)
+                    if a.remote and a.host != self.host:
+                        self.messenger.far_agents.add(a.address)
                     a.last_seen = time.monotonic()
                     a.hello = True
                     state.alias_agent(h.src, a)

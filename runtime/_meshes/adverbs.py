@@ -175,7 +175,7 @@ class _Collector:
                    reply=rt.reply_address_for(first), port=port)
         body, bufs = self.body, self.bufs
         self.body = self.bufs = None
-        rt.messenger.cast(targets, h, body, tuple(bufs))
+        rt.messenger.cast(targets, h, body, tuple(bufs), gather=self.mode == "call")
 
     def _interrupt(self) -> None:
         self.rt.interrupt([self.rec.proc_ids[r] for r in self.ranks], self.port)

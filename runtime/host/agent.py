@@ -18,6 +18,7 @@ from typing import Any
 from .. import _process
 from ..transport import framing
 from ..transport.framing import Header, Kind
+from .gather import ReplyGather
 from .output import ProcPipes
 from .zygote import zygote_main
 
@@ -89,10 +90,12 @@ class Agent:
                 json.dump({"address": self.tcp_address or self.address, "ipc": self.address,
                            "host": socket.gethostname(), "pid": os.getpid()}, f)
             os.replace(tmp, args.address_file)
+        self.gather = ReplyGather(self.address, self.loop.send, self.token)
         self._handlers = {
             Kind.HEARTBEAT: self._on_heartbeat, Kind.SPAWN_PROCS: self._spawn,
             Kind.KILL_PROCS: self._on_kill, Kind.AGENT_ATTACH: self._attach,
             Kind.AGENT_STOP: self._on_stop, Kind.FANOUT: self._on_fanout,
+            Kind.REPLY: self.gather.on_reply,
         }
 
     def run(self) -> None:
@@ -156,9 +159,12 @@ class Agent:
         e = h.extra or {}
         raw = e["header"]
         inner = framing.decode_header(raw if isinstance(raw, bytes) else bytes(raw))
-        data = framing.encode_header(inner)
-        for proc_id in e.get("procs", []):
-            self.loop.send(f"ipc://{self.rundir}/{proc_id}", [self.token, data, body, *buffers])
+        procs = e.get("procs", [])
+        if e.get("gather") and inner.port and inner.reply:
+            inner = self.gather.start(inner, procs)
+        frames = framing.build(self.token, inner, body, buffers)
+        for proc_id in procs:
+            self.loop.send(f"ipc://{self.rundir}/{proc_id}", frames)
 
     def _attach(self, h: Header, body: Any = None, buffers: Any = None) -> None:
         """A controller adopts this (listening) agent; a previous owner's procs are ended."""
@@ -226,6 +232,7 @@ class Agent:
         if pp is None:
             return
         pp.finish()
+        self.gather.proc_exited(pp.proc_id)
         self._send(pp.owner, Header(Kind.PROC_EXIT, extra={
             "proc": pp.proc_id, "pid": pp.pid, "code": msg["code"], "signal": msg["signal"],
             "stderr": list(pp.stderr_tail)}))

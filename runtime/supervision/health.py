@@ -145,12 +145,9 @@ class HealthModel:
             if state is not None and state != old.state:
                 changes["state"] = state
                 changes.setdefault("since", time.time())
-            if not changes:
+            if all(getattr(old, k) == v for k, v in changes.items()):
                 return
-            new = replace(old, **changes)
-            if new == old:
-                return
-            actors[rank] = new
+            actors[rank] = replace(old, **changes)
             self.version += 1
         if state is not None and state != old.state:
             self._emit(HealthEvent(mesh, rank, old.state, state, time.time(), detail))

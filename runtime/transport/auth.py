@@ -77,11 +77,19 @@ def read_key_file(path: str) -> CurveKeys:
 
 
 def cluster_token(keys: CurveKeys) -> bytes:
-    """The session token shared by every holder of a cluster key file."""
-    import hashlib
-    import hmac
+    """The session token shared by every holder of a cluster key file (computed once per
+    key: it is needed for every message to a TCP peer)."""
+    tok = _cluster_tokens.get(keys.secret)
+    if tok is None:
+        import hashlib
+        import hmac
 
-    return hmac.new(keys.secret, b"monarch-cluster-token", hashlib.sha256).digest()[:TOKEN_BYTES]
+        tok = hmac.new(keys.secret, b"monarch-cluster-token", hashlib.sha256).digest()
+        tok = _cluster_tokens[keys.secret] = tok[:TOKEN_BYTES]
+    return tok
+
+
+_cluster_tokens: dict[bytes, bytes] = {}
 
 
 def keys_from_env() -> Optional[CurveKeys]:

@@ -1,13 +1,18 @@
-"""Message framing: `[token, header, body, *buffers]`, with a msgpack header.
+"""Message framing: a head frame `token | flag | header length | header [| body]`, then the
+body (when not inline) and the out-of-band buffers, with a msgpack header.
 
-Pure logic: builds and parses frame lists, checks the session token. A frame list that does
-not parse or carries the wrong token is rejected before anything is unpickled.
+A body up to INLINE_BODY bytes travels inside the head frame: most messages are one frame,
+which zmq and pyzmq send and receive several times faster than three (measured: 0.6 us
+against 8.7 us for a send and receive of a small message). Pure logic: builds and parses
+frame lists, checks the session token. A frame list that does not parse or carries the wrong
+token is rejected before anything is unpickled.
 """
 
 from __future__ import annotations
 
 import enum
 import hmac
+import struct
 from typing import Any, Optional, Sequence
 
 import msgspec
@@ -39,6 +44,7 @@ class Kind(enum.IntEnum):
     AGENT_ATTACH = 22  # controller -> remote agent: adopt me as owner
     DEBUG = 23  # debugger traffic (actor <-> controller)
     SUPERVISE = 24  # owner-side delivery of a failure to a supervising actor
+    REPLY_BATCH = 25  # agent -> caller: the replies of several local procs to one call
 
 
 class Header(msgspec.Struct, array_like=True, omit_defaults=False):
@@ -55,6 +61,7 @@ class Header(msgspec.Struct, array_like=True, omit_defaults=False):
     extra: Any = None  # small kind-specific data (msgpack types only)
 
 
+_KINDS = frozenset(int(k) for k in Kind)
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(Header)
 
@@ -75,34 +82,53 @@ def decode_header(data: bytes | memoryview) -> Header:
         h = _dec.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise FrameError(f"bad header: {e}") from None
-    try:
-        Kind(h.kind)
-    except ValueError:
-        raise FrameError(f"unknown message kind {h.kind}") from None
+    if h.kind not in _KINDS:
+        raise FrameError(f"unknown message kind {h.kind}")
     return h
+
+
+#: Bodies up to this size travel inside the head frame (copied once); larger ones are a
+#: frame of their own (sent without a copy).
+INLINE_BODY = 16 << 10
+_INLINE = 1
+_SEPARATE = 0
+_HLEN = struct.Struct("<BI")  # flag, header length
 
 
 def build(token: bytes, header: Header, body: bytes = b"",
           buffers: Sequence[Any] = ()) -> list[Any]:
     """The frame list for one message."""
-    return [token, encode_header(header), body, *buffers]
+    hb = _enc.encode(header)
+    if len(body) <= INLINE_BODY:
+        return [b"".join((token, _HLEN.pack(_INLINE, len(hb)), hb, body)), *buffers]
+    return [b"".join((token, _HLEN.pack(_SEPARATE, len(hb)), hb)), body, *buffers]
 
 
 def parse(frames: Sequence[Any], token: bytes | Sequence[bytes]) -> tuple[Header, Any, list[Any]]:
     """Check the token (one, or any of several) and decode the header; returns
     (header, body, buffers). Raises FrameError for anything not of this session."""
-    if len(frames) < 3:
-        raise FrameError(f"{len(frames)} frames, expected at least 3")
-    t = _as_bytes(frames[0])
+    if not frames:
+        raise FrameError("no frames")
+    head = _as_bytes(frames[0])
     tokens = (token,) if isinstance(token, (bytes, bytearray)) else token
-    ok = False
+    n = 0
     for tok in tokens:
-        if len(t) == len(tok) and hmac.compare_digest(t, tok):
-            ok = True
-    if not ok:
+        if hmac.compare_digest(head[:len(tok)], tok):
+            n = len(tok)
+    if not n:
         raise FrameError("wrong session token")
-    header = decode_header(_as_bytes(frames[1]))
-    return header, frames[2], list(frames[3:])
+    if len(head) < n + _HLEN.size:
+        raise FrameError(f"head frame of {len(head)} bytes is too short")
+    flag, hlen = _HLEN.unpack_from(head, n)
+    start = n + _HLEN.size
+    if flag not in (_INLINE, _SEPARATE) or start + hlen > len(head):
+        raise FrameError("bad head frame layout")
+    header = decode_header(head[start:start + hlen])
+    if flag == _INLINE:
+        return header, head[start + hlen:], list(frames[1:])
+    if len(frames) < 2 or len(head) != start + hlen:
+        raise FrameError("bad head frame layout")
+    return header, frames[1], list(frames[2:])
 
 
 def _as_bytes(f: Any) -> bytes:
@@ -138,3 +164,36 @@ def extra_get(h: Header, key: str, default: Optional[Any] = None) -> Any:
     if isinstance(e, dict):
         return e.get(key, default)
     return default
+
+
+def reply_batch(port: int, items: list, bodies: list) -> tuple[Header, bytes]:
+    """Header and body of a REPLY_BATCH: `items` are [src, actor, rank, status, body length,
+    buffer count] per reply, `bodies` their bodies (buffers follow in the same order)."""
+    return Header(Kind.REPLY_BATCH, port=port, extra={"items": items}), b"".join(bodies)
+
+
+def split_reply_batch(h: Header, body: Any, buffers: list) -> list[tuple[Header, Any, list]]:
+    """The REPLY messages a REPLY_BATCH carries (pure logic; raises FrameError when the
+    batch does not add up)."""
+    items = extra_get(h, "items")
+    if not isinstance(items, list):
+        raise FrameError("reply batch without items")
+    data = memoryview(body)
+    out = []
+    off = nb = 0
+    size, nbufs = len(data), len(buffers)
+    for it in items:
+        try:
+            src, actor, rank, status, n, k = it
+        except (TypeError, ValueError):
+            raise FrameError("bad reply batch item") from None
+        if type(n) is not int or type(k) is not int or n < 0 or k < 0 or off + n > size \
+                or nb + k > nbufs:
+            raise FrameError("reply batch sizes do not add up")
+        out.append((Header(Kind.REPLY, src=src, actor=actor, port=h.port, rank=rank,
+                           status=status), data[off:off + n], buffers[nb:nb + k]))
+        off += n
+        nb += k
+    if off != size or nb != nbufs:
+        raise FrameError("reply batch sizes do not add up")
+    return out
