@@ -1,10 +1,13 @@
-"""CPU per call: where a `call_one` round trip spends its time, against raw pyzmq REQ/REP.
+"""CPU per call: where a `call_one` round trip spends its time, thread by thread, against
+raw pyzmq REQ/REP.
 
     python benchmarks/bench_call_cpu.py [--calls 3000]
 
-Prints wall time and CPU time per round trip on each side (the controller: this process,
-all threads; the proc / the REP peer: psutil user + system time), measured in the same run.
-CPU time is steadier than wall time on a loaded machine.
+Prints wall time and CPU time per round trip on each side (the controller: this process;
+the proc / the REP peer), measured in the same run, then the CPU per round trip of every
+thread of both sides (Linux per-thread times through psutil). CPU time is steadier than
+wall time on a loaded machine, and a round trip is a chain: its wall time is about the sum
+of the CPU of the threads it passes through. Progress goes to stderr.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import psutil
@@ -29,18 +33,45 @@ while True:
     if m == b"quit": break
 """
 
+Sample = dict  # thread label -> CPU seconds
 
-def _measure(fn, peer: psutil.Process, n: int) -> tuple[float, float, float]:
+
+def _threads(pid: int, names: dict) -> Sample:
+    """CPU seconds of each thread of `pid`, labelled by `names` (native id -> name) or the
+    kernel's thread name; threads of the same label are summed."""
+    out: Sample = {}
+    for t in psutil.Process(pid).threads():
+        label = names.get(t.id)
+        if label is None:
+            try:
+                with open(f"/proc/{pid}/task/{t.id}/comm") as f:
+                    label = f.read().strip()
+            except OSError:
+                continue
+            label = "zmq I/O thread" if label.startswith("ZMQbg/IO") else label
+        out[label] = out.get(label, 0.0) + t.user_time + t.system_time
+    return out
+
+
+def _measure(fn, sides: list, n: int) -> tuple[float, list]:
+    """Wall seconds per call and, for each (pid, names) side, CPU seconds per call by thread."""
     for _ in range(min(500, n)):
         fn()
-    c0, p0, t0 = time.process_time(), sum(peer.cpu_times()[:2]), time.perf_counter()
+    before = [_threads(pid, names()) for pid, names in sides]
+    t0 = time.perf_counter()
     for _ in range(n):
         fn()
-    t1, c1, p1 = time.perf_counter(), time.process_time(), sum(peer.cpu_times()[:2])
-    return (t1 - t0) / n, (c1 - c0) / n, (p1 - p0) / n
+    wall = (time.perf_counter() - t0) / n
+    after = [_threads(pid, names()) for pid, names in sides]
+    per = [{k: (v - b.get(k, 0.0)) / n for k, v in a.items()} for a, b in zip(after, before)]
+    return wall, per
 
 
-def raw(n: int) -> tuple[float, float, float]:
+def _own_names() -> dict:
+    return {t.native_id: t.name for t in threading.enumerate()}
+
+
+def raw(n: int) -> tuple[float, list]:
     d = tempfile.mkdtemp(prefix="bench-")
     addr = f"ipc://{d}/rep"
     p = subprocess.Popen([sys.executable, "-c", _PEER, addr])
@@ -52,7 +83,8 @@ def raw(n: int) -> tuple[float, float, float]:
         s.recv()
 
     try:
-        return _measure(rt, psutil.Process(p.pid), n)
+        return _measure(rt, [(os.getpid(), _own_names), (p.pid, lambda: {p.pid: "REP loop"})],
+                        n)
     finally:
         s.send(b"quit")
         s.recv()
@@ -61,7 +93,7 @@ def raw(n: int) -> tuple[float, float, float]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def ours(n: int) -> tuple[float, float, float]:
+def ours(n: int) -> tuple[float, list]:
     import runtime
     from runtime import Actor, endpoint, this_host
 
@@ -70,11 +102,22 @@ def ours(n: int) -> tuple[float, float, float]:
         def noop(self) -> None:
             return None
 
+        @endpoint
+        def thread_names(self) -> dict:
+            return {t.native_id: t.name for t in threading.enumerate()}
+
     pm = this_host().spawn_procs(per_host={"procs": 1})
     try:
         one = pm.spawn("noop", Noop)
-        one.noop.call_one().get(timeout=60)
-        return _measure(lambda: one.noop.call_one().get(), psutil.Process(pm.procs[0].pid), n)
+        names = one.thread_names.call_one().get(timeout=60)
+        proc_names = {k: ("actor thread" if v.startswith("actor-") else
+                          "I/O thread" if v.startswith("monarch-io") else v)
+                      for k, v in names.items()}
+        ctl_names = lambda: {k: ("caller (main) thread" if v == "MainThread" else
+                                 "I/O thread" if v.startswith("monarch-io") else v)
+                             for k, v in _own_names().items()}
+        return _measure(lambda: one.noop.call_one().get(),
+                        [(os.getpid(), ctl_names), (pm.procs[0].pid, lambda: proc_names)], n)
     finally:
         pm.stop().get(timeout=30)
         runtime.shutdown()
@@ -88,10 +131,19 @@ def main() -> None:
     r = raw(a.calls)
     print("measuring call_one ...", file=sys.stderr)
     o = ours(a.calls)
+    tot = lambda side: sum(side.values())
     print(f"{'per round trip':<22} | {'wall':>8} | {'caller CPU':>10} | {'callee CPU':>10}")
-    for label, (w, c, p) in (("raw pyzmq REQ/REP", r), ("call_one", o)):
-        print(f"{label:<22} | {w * 1e6:6.0f} us | {c * 1e6:7.0f} us | {p * 1e6:7.0f} us")
-    print(f"{'ratio':<22} | {o[0] / r[0]:7.2f}x | {o[1] / r[1]:9.2f}x | {o[2] / r[2]:9.2f}x")
+    for label, (w, (c, p)) in (("raw pyzmq REQ/REP", r), ("call_one", o)):
+        print(f"{label:<22} | {w * 1e6:5.0f} us | {tot(c) * 1e6:7.0f} us | {tot(p) * 1e6:7.0f} us")
+    print(f"{'ratio':<22} | {o[0] / r[0]:7.2f}x | {tot(o[1][0]) / tot(r[1][0]):9.2f}x | "
+          f"{tot(o[1][1]) / tot(r[1][1]):9.2f}x")
+    print()
+    print(f"{'CPU per round trip, by thread':<44} | {'us':>6}")
+    for label, (_, sides) in (("raw", r), ("call_one", o)):
+        for side, sample in zip(("caller", "callee"), sides):
+            for name, sec in sorted(sample.items(), key=lambda kv: -kv[1]):
+                if sec * 1e6 >= 0.5:
+                    print(f"{label + ' ' + side + ': ' + name:<44} | {sec * 1e6:6.1f}")
 
 
 if __name__ == "__main__":
