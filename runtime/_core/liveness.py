@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("runtime")
 
 
+_STATES = {s.value: s for s in ActorState}  # a dict lookup, not an Enum call per actor
+
 class Liveness:
     """Sends heartbeats, records them, and fails what stops answering."""
 
@@ -83,7 +85,7 @@ class Liveness:
             rank = m.rank_of(rec.proc_id)
             if rank < 0 or rank in m.failed or m.ready[rank] is None:
                 continue
-            rt.health.update(m.health_name, rank, ActorState(state), endpoint=endpoint,
+            rt.health.update(m.health_name, rank, _STATES.get(state), endpoint=endpoint,
                              since=since, handled=handled, errors=errors)
 
     # -- checks -------------------------------------------------------------------------------

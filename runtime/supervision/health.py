@@ -109,6 +109,9 @@ class HealthModel:
         self._lock = threading.RLock()
         self._meshes: dict[str, dict[str, Any]] = {}
         self._actors: dict[str, dict[int, ActorHealth]] = {}
+        # field changes that keep an actor's state (heartbeat counters: every actor, twice
+        # a second), applied when read: cheaper than a new record per heartbeat
+        self._pending: dict[str, dict[int, dict[str, Any]]] = {}
         self._procs: dict[str, ProcStats] = {}
         self._subs: list[Subscriber] = []
         self.version = 0
@@ -127,6 +130,7 @@ class HealthModel:
         with self._lock:
             self._meshes.pop(name, None)
             self._actors.pop(name, None)
+            self._pending.pop(name, None)
             self.version += 1
 
     def update(self, mesh: str, rank: int, state: Optional[ActorState] = None,
@@ -141,15 +145,20 @@ class HealthModel:
                 None, ActorState.STOPPED
             ):
                 return  # terminal states stick (a stale busy report must not revive it)
-            changes = dict(fields)
-            if state is not None and state != old.state:
-                changes["state"] = state
-                changes.setdefault("since", time.time())
-            if all(getattr(old, k) == v for k, v in changes.items()):
+            pending = self._pending.get(mesh, {}).get(rank)
+            if state is None or state == old.state:
+                if any((pending[k] if pending and k in pending else getattr(old, k)) != v
+                       for k, v in fields.items()):
+                    self._pending.setdefault(mesh, {}).setdefault(rank, {}).update(fields)
+                    self.version += 1
                 return
+            if pending:
+                del self._pending[mesh][rank]
+            changes = {**(pending or {}), **fields, "state": state}
+            changes.setdefault("since", time.time())
             actors[rank] = replace(old, **changes)
             self.version += 1
-        if state is not None and state != old.state:
+        if state is not None:
             self._emit(HealthEvent(mesh, rank, old.state, state, time.time(), detail))
 
     def update_proc(self, stats: ProcStats) -> None:
@@ -158,8 +167,17 @@ class HealthModel:
             self.version += 1
 
     # -- readers (views) ------------------------------------------------------------------
+    def _apply_pending(self) -> None:
+        for mesh, ranks in self._pending.items():
+            actors = self._actors.get(mesh, {})
+            for rank, fields in ranks.items():
+                if rank in actors:
+                    actors[rank] = replace(actors[rank], **fields)
+        self._pending.clear()
+
     def snapshot(self) -> list[MeshHealth]:
         with self._lock:
+            self._apply_pending()
             out = []
             for name, meta in self._meshes.items():
                 actors = tuple(sorted(self._actors[name].values(), key=lambda a: a.rank))
