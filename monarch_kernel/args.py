@@ -280,7 +280,7 @@ def _command_parsers() -> dict[str, _Parser]:
     a = ps["alloc"] = _Parser(
         prog="%mesh alloc",
         description="Allocate a process mesh and bind it to NAME in the notebook's namespace.",
-        epilog="On a new multi-host job instead: %mesh alloc NAME --job local|slurm|ssh|"
+        epilog="On a new multi-host job instead: %mesh alloc NAME --job local|process|slurm|ssh|"
                "kubernetes --hosts N [--per-host DIM=N] [--partition P] [--time T] "
                "[--account A] [--qos Q] [--ssh-hosts H ...] [--image I] [--namespace NS] "
                "[--timeout S] [--no-progress]; the Job is bound to NAME_job, and "
