@@ -1,7 +1,8 @@
 """monarch-notebook's actor runtime: meshes of processes and actors driven from one
 controller (a script or a notebook), with Monarch's API names and semantics."""
 
-from .actor import Actor, ActorContext, context, current_rank, current_size, endpoint
+from .actor import (Actor, ActorContext, CreatorInstance, context, current_actor_name,
+                    current_rank, current_size, endpoint)
 from .channel import Accumulator, Channel, Port, PortReceiver
 from ._core import get_runtime, shutdown
 from .config import configure, configured
@@ -44,7 +45,8 @@ __all__ = [
     "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape",
     "ShapeError", "SupervisionError", "ValueMesh", "add_startup_hook", "attach_to_workers",
-    "configure", "configured", "context", "current_rank", "current_runtime", "current_size",
+    "configure", "configured", "context", "CreatorInstance", "current_actor_name",
+    "current_rank", "current_runtime", "current_size",
     "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "this_host",
     "this_proc", "unhandled_fault_hook",
 ]

@@ -18,7 +18,7 @@ import traceback
 from typing import Any, Optional
 
 from . import logs
-from .actor import ActorContext, _set_context, endpoints_of
+from .actor import ActorContext, CreatorInstance, _message_view, _set_context, endpoints_of
 from .config import config
 from .errors import ActorError, SupervisionError
 from .shapes import Point, Shape
@@ -37,6 +37,14 @@ def current_actor() -> Optional["ActorInstance"]:
     return getattr(_tls, "actor", None)
 
 
+def _creator(d: Any) -> Optional[CreatorInstance]:
+    """The spawner's description sent with SPAWN_ACTOR (None: the controller spawned it)."""
+    if not d:
+        return None
+    return CreatorInstance(d["name"], d.get("cls"), Point(d["rank"], Shape(d["labels"], d["sizes"])),
+                           d["actor_id"], _creator(d.get("creator")))
+
+
 class ActorInstance:
     """One actor in this proc: its thread, mailbox, state and counters."""
 
@@ -48,6 +56,8 @@ class ActorInstance:
         self.name: str = e["name"]
         self.rank: int = e["rank"]
         self.shape = Shape(e["labels"], e["sizes"])
+        self.class_name: Optional[str] = e.get("cls")
+        self.creator = _creator(e.get("creator"))
         self.owner_addr: str = h.reply
         self.mailbox: queue.SimpleQueue = queue.SimpleQueue()
         self.state = "starting"
@@ -69,7 +79,8 @@ class ActorInstance:
     # -- thread body ---------------------------------------------------------------------------
     def _run(self) -> None:
         ctx = ActorContext(self.actor_id, self.name, Point(self.rank, self.shape),
-                           self.rt.proc_id, self.rt.host, os.getpid())
+                           self.rt.proc_id, self.rt.host, os.getpid(), self.class_name,
+                           self.creator)
         _set_context(ctx)
         _tls.actor = self
         logs.set_thread_label(self.name)
@@ -152,6 +163,8 @@ class ActorInstance:
         self.current_reply = h.reply
         ok = False
         result = None
+        view = h.extra.get("view") if isinstance(h.extra, dict) else None
+        token = _message_view.set(Shape(*view) if view else None)
         try:
             args, kwargs = loads(body, buffers)
             result = ep.fn(self.instance, *args, **kwargs)
@@ -171,6 +184,7 @@ class ActorInstance:
                 self._fail(f"{name}() raised {type(e).__name__}: {e} (no caller to receive it)",
                            tb)
         finally:
+            _message_view.reset(token)
             self.current_port = -1
             self.handled += 1
             if self.failed is None:

@@ -300,6 +300,11 @@ class Point(Mapping):
         inner = ", ".join(f"{k}={v}" for k, v in self._coords.items())
         return f"Point(rank={self.rank}, {inner})" if inner else f"Point(rank={self.rank})"
 
+    def __str__(self) -> str:
+        """Monarch's form: `{'hosts': 0/1, 'gpus': 1/2}` (coordinate/size per dimension)."""
+        sizes = self._shape.sizes
+        return "{" + ", ".join(f"{k!r}: {v}/{sizes[k]}" for k, v in self._coords.items()) + "}"
+
     def __reduce__(self) -> Any:
         return (Point, (self.rank, self._shape))
 

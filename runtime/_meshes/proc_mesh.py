@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from .._core import ActorMeshRecord, ProcRecord, Runtime
-from ..actor import Actor, _get_context, endpoints_of, plain_signature
+from ..actor import Actor, _get_context, creator_record, endpoints_of, plain_signature
 from ..config import config
 from ..errors import MeshStoppedError, SerializationError, SupervisionError
 from ..future import Future
@@ -116,6 +116,7 @@ class ProcMesh(MeshTrait):
         procs = self._view_procs()
         labels, sizes = self._shape.labels, self._shape.sizes_
         ctx = _get_context()
+        creator = creator_record(ctx)
         rec = ActorMeshRecord(
             actor_id=rt.new_id(name), name=name, cls_name=actor_class.__name__,
             proc_ids=[p.proc_id for p in procs], addresses=[p.address for p in procs],
@@ -156,7 +157,8 @@ class ProcMesh(MeshTrait):
             if i not in dead:
                 h = Header(Kind.SPAWN_ACTOR, actor=rec.actor_id, reply=reply, rank=i,
                            extra={"name": name, "rank": i, "labels": list(labels),
-                                  "sizes": list(sizes)})
+                                  "sizes": list(sizes), "cls": actor_class.__name__,
+                                  "creator": creator})
                 rt.send_to_proc(p.address, p.route, h, body, tuple(bufs))
         am = ActorMesh(rt, rec, shape, self, actor_class)
         rt.register_mesh(am)
