@@ -19,6 +19,12 @@ from . import _core, hooks
 from .hooks import add_startup_hook, set_display_hook
 
 
+def shutdown_context() -> Future:
+    """Monarch's `shutdown_context()`: stop everything this process started (the local host
+    agent and its procs included); returns a resolved Future[None]."""
+    return shutdown()
+
+
 def current_runtime() -> "_core.Runtime | None":
     """The running runtime of this controller, or None (none started yet, or shut down, or
     this is a proc). Never starts one, unlike `get_runtime()`."""
@@ -47,6 +53,6 @@ __all__ = [
     "ShapeError", "SupervisionError", "ValueMesh", "add_startup_hook", "attach_to_workers",
     "configure", "configured", "context", "CreatorInstance", "current_actor_name",
     "current_rank", "current_runtime", "current_size",
-    "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "this_host",
-    "this_proc", "unhandled_fault_hook",
+    "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "shutdown_context",
+    "this_host", "this_proc", "unhandled_fault_hook",
 ]
