@@ -297,9 +297,14 @@ class ProcServer:
         except Exception:
             pass
 
+    def _on_log_level(self, h: Header, body: Any, buffers: list) -> None:
+        level = int((h.extra or {}).get("level", logging.INFO))
+        logs.set_actor_log_level(level)
+        logging.getLogger().setLevel(level)
+
     def handlers(self) -> dict:
         """Message kind -> handler, for the proc's runtime."""
-        return {Kind.CALL: self._on_call, Kind.SPAWN_ACTOR: self._on_spawn,
+        return {Kind.LOG_LEVEL: self._on_log_level, Kind.CALL: self._on_call, Kind.SPAWN_ACTOR: self._on_spawn,
                 Kind.STOP_ACTOR: self._on_stop_actor, Kind.STOP_PROC: self._on_stop_proc,
                 Kind.DUMP_STACK: self._on_dump_stack, Kind.INTERRUPT: self._on_interrupt}
 

@@ -55,3 +55,15 @@ class Parent(Actor):
             return list(kids.info.call().get(timeout=60).values())
         finally:
             procs.stop().get(timeout=30)
+
+
+class Printer(Actor):
+    """Prints and logs from every rank (for logging_option)."""
+
+    @endpoint
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    @endpoint
+    def debug(self, text: str) -> None:
+        self.logger.debug(text)

@@ -39,6 +39,7 @@ class Kind(enum.IntEnum):
     AGENT_ATTACH = 22  # controller -> remote agent: adopt me as owner
     DEBUG = 23  # debugger traffic (actor <-> controller)
     SUPERVISE = 24  # owner-side delivery of a failure to a supervising actor
+    LOG_LEVEL = 40  # to a proc: the level its Actor.logger records print at (logging_option)
 
 
 class Header(msgspec.Struct, array_like=True, omit_defaults=False):
