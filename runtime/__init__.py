@@ -19,6 +19,23 @@ from . import _core, hooks
 from .hooks import add_startup_hook, set_display_hook
 
 
+#: Monarch's name for what `context()` returns.
+Context = ActorContext
+
+_TRANSPORTS = ("tcp", "ipc", "metatls", "metatls-hostname", "tls")
+
+
+def enable_transport(transport: str) -> None:
+    """Accepted so Monarch programs run: here transports follow the topology (ipc sockets on
+    one host, CurveZMQ tcp across hosts), so this only checks the name it is given."""
+    if not isinstance(transport, str):
+        raise TypeError(f"enable_transport takes a transport name such as 'tcp', got "
+                        f"{transport!r}")
+    if transport not in _TRANSPORTS and not transport.startswith(("tcp://", "ipc://")):
+        raise ValueError(f"unknown transport {transport!r}; one of {', '.join(_TRANSPORTS)} "
+                         f"or a tcp:// / ipc:// address")
+
+
 def shutdown_context() -> Future:
     """Monarch's `shutdown_context()`: stop everything this process started (the local host
     agent and its procs included); returns a resolved Future[None]."""
@@ -47,7 +64,7 @@ def __getattr__(name: str):
 unhandled_fault_hook = default_unhandled_fault_hook
 
 __all__ = [
-    "Actor", "ActorContext", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
+    "Actor", "ActorContext", "Context", "enable_transport", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
     "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape",
     "ShapeError", "SupervisionError", "ValueMesh", "add_startup_hook", "attach_to_workers",

@@ -106,3 +106,13 @@ def test_actor_logger_records_carry_name_and_rank_and_reach_the_controller(who):
     line = [(lbl, s, t) for lbl, s, t in got if "hello from the logger" in t][0]
     assert line[0] == "who 2" and line[1] == "stderr" and "INFO Whoami: hello from the logger" in line[2]
     assert not any("quiet debug" in t for _, _, t in got)
+
+
+def test_context_alias_and_enable_transport():
+    assert runtime.Context is runtime.ActorContext and isinstance(context(), runtime.Context)
+    for name in ("tcp", "ipc", "tcp://127.0.0.1:0"):
+        assert runtime.enable_transport(name) is None
+    with pytest.raises(ValueError, match="unknown transport"):
+        runtime.enable_transport("carrier-pigeon")
+    with pytest.raises(TypeError, match="transport name"):
+        runtime.enable_transport(3)

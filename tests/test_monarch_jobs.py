@@ -130,6 +130,9 @@ def test_saved_job_round_trip_and_private_file_check(tmp_path):
         again = job_loads(job.dumps())
         assert type(again) is ProcessJob and again.agent_pids == job.agent_pids
         assert again.can_run(ProcessJob({"hosts": 1}))
+        reused = job_loads(job.dumps())  # the same pid, another process (pid reuse)
+        reused.agent_starts = {p: 1 for p in reused.agent_starts}
+        assert not reused.can_run(ProcessJob({"hosts": 1}))
         path = job.dump(tmp_path / "j.pkl")
         path.chmod(0o666)
         with pytest.raises(JobError, match="not be writable"):
@@ -188,3 +191,9 @@ def test_mesh_alloc_accepts_a_process_job():
     finally:
         job.kill()
     assert _wait_dead(pids)
+
+
+def test_telemetry_and_admin_are_accepted():
+    job = ProcessJob({"hosts": 1})
+    assert job.enable_telemetry() is job and job.enable_admin(admin_addr=None) is job
+    assert JobState().admin_url is None and JobState().telemetry_url is None

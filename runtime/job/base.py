@@ -223,6 +223,16 @@ class Job(ABC):
         return (type(spec) is type(self) and spec._spec() == self._spec() and self.active
                 and self._alive())
 
+    def enable_telemetry(self, config: Any = None, **kwargs: Any) -> "Job":
+        """Accepted so Monarch programs run; there is no telemetry service here
+        (`state().telemetry_url` stays None). Returns self."""
+        return self
+
+    def enable_admin(self, config: Any = None, **kwargs: Any) -> "Job":
+        """Accepted so Monarch programs run; the controller's loopback admin endpoint
+        (`runtime.admin`) plays that part (`state().admin_url` stays None). Returns self."""
+        return self
+
     def _spec(self) -> dict[str, Any]:
         """What must match for a running job to serve another spec (see `can_run`)."""
         return {"meshes": self.meshes}

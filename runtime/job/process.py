@@ -19,14 +19,14 @@ from .cache import DEFAULT_JOB_PATH
 from .local import LocalJob
 
 
-def _alive(pid: int) -> bool:
-    """True when `pid` is a running (not zombie) host agent."""
+def _start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), None when it is gone or a zombie; with
+    the pid it names one process, even after the pid is reused."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z" and b"runtime.host" in cmdline
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
 
 
 class ProcessJob(LocalJob):
@@ -46,6 +46,7 @@ class ProcessJob(LocalJob):
         super().__init__(meshes=meshes, env=env, **kw)
         self.tied = False  # an explicit apply() starts a job that outlives this process
         self.agent_pids: dict[str, int] = {}
+        self.agent_starts: dict[int, int | None] = {}
 
     def _apply_for_state(self, cached: bool) -> None:
         self.tied = not cached
@@ -54,6 +55,7 @@ class ProcessJob(LocalJob):
     def _launch(self) -> None:
         super()._launch()
         self.agent_pids = {f"{m}.{i}": p.pid for (m, i), p in self.procs.items()}
+        self.agent_starts = {pid: _start_time(pid) for pid in self.agent_pids.values()}
 
     def _addresses(self) -> dict[tuple[str, int], str]:
         assert self.workdir is not None
@@ -63,8 +65,12 @@ class ProcessJob(LocalJob):
         super()._after_load()
         self.procs = {}
 
+    def _agent_alive(self, pid: int) -> bool:
+        return _start_time(pid) is not None and _start_time(pid) == self.agent_starts.get(pid)
+
     def _alive(self) -> bool:
-        return bool(self.agent_pids) and all(_alive(p) for p in self.agent_pids.values())
+        return bool(self.agent_pids) and all(self._agent_alive(p)
+                                             for p in self.agent_pids.values())
 
     def _check(self) -> str:
         if self.procs:
@@ -77,14 +83,14 @@ class ProcessJob(LocalJob):
         if self.procs:
             super()._cancel()
         else:  # reattached: the agents are not our children
-            live = [p for p in self.agent_pids.values() if _alive(p)]
+            live = [p for p in self.agent_pids.values() if self._agent_alive(p)]
             for pid in live:
                 os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 5
-            while any(_alive(p) for p in live) and time.monotonic() < deadline:
+            while any(self._agent_alive(p) for p in live) and time.monotonic() < deadline:
                 time.sleep(0.05)
             for pid in live:
-                if _alive(pid):
+                if self._agent_alive(pid):
                     os.kill(pid, signal.SIGKILL)
         if self.workdir is not None:  # Monarch's kill() leaves nothing behind
             shutil.rmtree(self.workdir, ignore_errors=True)
