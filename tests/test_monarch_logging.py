@@ -59,8 +59,15 @@ def test_similar_lines_from_many_ranks_print_once(sink):
         assert sink.wait(lambda g: any("similar" in lbl for lbl, _, _ in g))
         agg = [(lbl, t) for lbl, _, t in sink.got if "loss" in t]
         assert agg == [("4 similar lines from printer 0-3", "loss 0.13\n")]
-        # line by line again without a window
-        pm.logging_option(aggregate_window_sec=None)
+        # line by line again without a window; Monarch's form: asyncio.run(...) of it
+        import asyncio
+
+        assert asyncio.run(pm.logging_option(aggregate_window_sec=None)) is None
+
+        async def main():
+            return await pm.logging_option(aggregate_window_sec=None)
+
+        assert asyncio.run(main()) is None
         p.say.call("each on its own").get(timeout=30)
         assert sink.wait(lambda g: sum("each on its own" in t for _, _, t in g) == 4)
         assert sorted(lbl for lbl, _, t in sink.got if "each on its own" in t) == [

@@ -13,7 +13,7 @@ from .._core import ActorMeshRecord, ProcRecord, Runtime
 from ..actor import Actor, _get_context, creator_record, endpoints_of, plain_signature
 from ..config import config
 from ..errors import MeshStoppedError, SerializationError, SupervisionError
-from ..future import Future, resolved
+from ..future import Future, completed
 from ..shapes import MeshTrait, Shape
 from ..supervision.health import ActorHealth, ActorState
 from ..transport.framing import Header, Kind
@@ -220,7 +220,8 @@ class ProcMesh(MeshTrait):
         """Monarch's `logging_option`: stream these procs' output to this controller or not
         (it is kept in each proc's log either way), aggregate similar lines from many ranks
         over `aggregate_window_sec` seconds (None: line by line), and the level their
-        `Actor.logger` records print at. Returns a resolved Future[None]."""
+        `Actor.logger` records print at. Applied when it returns; the Future[None] it returns
+        may be awaited, passed to `asyncio.run` (Monarch's is `async def`) or ignored."""
         if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 255:
             raise ValueError(f"invalid logging level: {level!r}")
         window = 0.0
@@ -243,7 +244,7 @@ class ProcMesh(MeshTrait):
         for p in procs:
             if p.state in ("starting", "running"):
                 rt.send_to_proc(p.address, p.route, Header(Kind.LOG_LEVEL, extra={"level": level}))
-        return resolved(None)
+        return completed(None)
 
     def _stop_now(self, timeout: float = 5.0) -> None:
         self.stop().get(timeout + 3.0)
