@@ -182,6 +182,11 @@ def test_slurm_job_takes_monarch_keywords(tmp_path):
 def test_mesh_alloc_accepts_a_process_job():
     from monarch_kernel.args import parse_alloc
 
+    slurm = parse_alloc("t --job slurm --hosts 2 --gpus-per-node 8 --partition gpu")
+    assert slurm.options == {"gpus_per_node": 8, "partition": "gpu"}
+    assert slurm.make_job().gpus_per_node == 8
+    with pytest.raises(Exception, match="--gpus-per-node does not apply to --job process"):
+        parse_alloc("t --job process --hosts 1 --gpus-per-node 8")
     spec = parse_alloc("trainers --job process --hosts 2 --per-host gpus=2")
     assert spec.kind == "process" and isinstance(spec.make_job(), ProcessJob)
     job, procs = spec.run()

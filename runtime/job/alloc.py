@@ -20,7 +20,8 @@ KINDS = ("local", "process", "slurm", "ssh", "kubernetes")
 OPTIONS: dict[str, frozenset[str]] = {
     "local": frozenset({"timeout"}),
     "process": frozenset({"timeout"}),
-    "slurm": frozenset({"partition", "time_limit", "account", "qos", "timeout"}),
+    "slurm": frozenset({"partition", "time_limit", "account", "qos", "gpus_per_node",
+                        "timeout"}),
     "ssh": frozenset({"ssh_hosts", "timeout"}),
     "kubernetes": frozenset({"image", "namespace", "timeout"}),
 }
