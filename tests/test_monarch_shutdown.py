@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent("""
     while not all(dead(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(dead(p) for p in pids), pids
-    job.kill()
+    job.cleanup()  # kill, and remove the job's directory
 
     # await works on every stop/shutdown
     async def main():
