@@ -11,7 +11,7 @@ from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, Seriali
 from .future import Future
 from ._meshes import (ActorMesh, HostMesh, ProcInfo, ProcMesh, attach_to_workers, this_host,
                       this_proc)
-from .shapes import Point, Shape, ShapeError
+from .shapes import Extent, Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
 from .supervision.health import ActorState
 from .value_mesh import ValueMesh
@@ -65,7 +65,7 @@ unhandled_fault_hook = default_unhandled_fault_hook
 
 __all__ = [
     "Actor", "ActorContext", "Context", "enable_transport", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
-    "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
+    "Extent", "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape",
     "ShapeError", "SupervisionError", "ValueMesh", "add_startup_hook", "attach_to_workers",
     "configure", "configured", "context", "CreatorInstance", "current_actor_name",

@@ -18,6 +18,32 @@ class ShapeError(ValueError):
     """A slicing, renaming or splitting request does not fit the shape."""
 
 
+class Extent(dict):
+    """Named sizes, Monarch's `Extent`: a dict `{dim: size}` in dimension order that also has
+    `.labels`, `.sizes` and `.nelements`. `Extent(["hosts", "gpus"], [2, 8])` or from a dict."""
+
+    def __init__(self, labels: Any = (), sizes: Any = ()) -> None:
+        if isinstance(labels, Mapping):
+            super().__init__(labels)
+            return
+        labels, sizes = list(labels), list(sizes)
+        if len(labels) != len(sizes):
+            raise ShapeError(f"{len(labels)} labels for {len(sizes)} sizes")
+        super().__init__(zip(labels, sizes))
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self)
+
+    @property
+    def sizes(self) -> list[int]:
+        return list(self.values())
+
+    @property
+    def nelements(self) -> int:
+        return math.prod(self.values())
+
+
 class Shape:
     """A strided view over global ranks, with named dimensions (row-major local ranks)."""
 
@@ -68,8 +94,8 @@ class Shape:
         return self.sizes_[self._index(dim)]
 
     @property
-    def extent(self) -> dict[str, int]:
-        return self.sizes
+    def extent(self) -> Extent:
+        return Extent(self.labels, self.sizes_)
 
     def _index(self, dim: str) -> int:
         try:
@@ -264,8 +290,8 @@ class Point(Mapping):
         self._coords = shape.coords_of(rank)
 
     @property
-    def extent(self) -> dict[str, int]:
-        return self._shape.sizes
+    def extent(self) -> Extent:
+        return self._shape.extent
 
     @property
     def size(self) -> int:
@@ -326,8 +352,8 @@ class MeshTrait:
         return self._shape.sizes
 
     @property
-    def extent(self) -> dict[str, int]:
-        return self._shape.sizes
+    def extent(self) -> Extent:
+        return self._shape.extent
 
     def size(self, dim: str | None = None) -> int:
         return self._shape.size(dim)

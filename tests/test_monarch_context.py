@@ -27,6 +27,17 @@ def who(procs):
     return procs.spawn("who", Whoami)
 
 
+def test_extent_is_a_dict_with_monarchs_attributes(procs):
+    ext = procs.extent
+    assert isinstance(ext, runtime.Extent) and ext == {"hosts": 2, "gpus": 2}
+    assert ext.labels == ["hosts", "gpus"] and ext.sizes == [2, 2] and ext.nelements == 4
+    p = Point(3, Shape(("hosts", "gpus"), (2, 2)))
+    assert p.extent.sizes == [2, 2] and dict(p.extent) == {"hosts": 2, "gpus": 2}
+    assert runtime.Extent(["a"], [3]) == {"a": 3} and runtime.Extent({"a": 3}).labels == ["a"]
+    with pytest.raises(runtime.ShapeError, match="labels"):
+        runtime.Extent(["a", "b"], [1])
+
+
 def test_point_prints_in_monarchs_form():
     shape = Shape(("hosts", "gpus"), (1, 2))
     assert str(Point(1, shape)) == "{'hosts': 0/1, 'gpus': 1/2}"
