@@ -280,10 +280,10 @@ def _command_parsers() -> dict[str, _Parser]:
     a = ps["alloc"] = _Parser(
         prog="%mesh alloc",
         description="Allocate a process mesh and bind it to NAME in the notebook's namespace.",
-        epilog="On a new multi-host job instead: %mesh alloc NAME --job local|slurm|ssh|"
+        epilog="On a new multi-host job instead: %mesh alloc NAME --job local|process|slurm|ssh|"
                "kubernetes --hosts N [--per-host DIM=N] [--partition P] [--time T] "
-               "[--account A] [--qos Q] [--ssh-hosts H ...] [--image I] [--namespace NS] "
-               "[--timeout S] [--no-progress]; the Job is bound to NAME_job, and "
+               "[--account A] [--qos Q] [--gpus-per-node G] [--ssh-hosts H ...] [--image I] "
+               "[--namespace NS] [--timeout S] [--no-progress]; the Job is bound to NAME_job, and "
                "'%mesh stop NAME' also ends the job (see docs/multihost.md).")
     a.add_argument("name", metavar="NAME", type=_arg_type(parse_identifier),
                    help="variable to bind the ProcMesh to (also its mesh name)")
@@ -532,6 +532,7 @@ def _job_alloc_parser() -> _Parser:
     ap.add_argument("--time", dest="time_limit")
     ap.add_argument("--account")
     ap.add_argument("--qos")
+    ap.add_argument("--gpus-per-node", dest="gpus_per_node", type=int)
     ap.add_argument("--ssh-hosts", nargs="+")
     ap.add_argument("--image")
     ap.add_argument("--namespace")

@@ -59,6 +59,7 @@ class NotebookSession:
         rt = self.sink_rt
         if rt is not None and _running_runtime() is rt and rt.meshes():
             self.router.settle()  # a short grace for remote output still on its way
+            rt.flush_output()  # lines held by logging_option(aggregate_window_sec=...)
         self.router.flush()
 
     def _adopt_runtime(self) -> None:

@@ -1,7 +1,8 @@
 """monarch-notebook's actor runtime: meshes of processes and actors driven from one
 controller (a script or a notebook), with Monarch's API names and semantics."""
 
-from .actor import Actor, ActorContext, context, current_rank, current_size, endpoint
+from .actor import (Actor, ActorContext, CreatorInstance, context, current_actor_name,
+                    current_rank, current_size, endpoint)
 from .channel import Accumulator, Channel, Port, PortReceiver
 from ._core import get_runtime, shutdown
 from .config import configure, configured
@@ -10,12 +11,35 @@ from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, Seriali
 from .future import Future
 from ._meshes import (ActorMesh, HostMesh, ProcInfo, ProcMesh, attach_to_workers, this_host,
                       this_proc)
-from .shapes import Point, Shape, ShapeError
+from .shapes import Extent, Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
 from .supervision.health import ActorState
 from .value_mesh import ValueMesh
 from . import _core, hooks
 from .hooks import add_startup_hook, set_display_hook
+
+
+#: Monarch's name for what `context()` returns.
+Context = ActorContext
+
+_TRANSPORTS = ("tcp", "ipc", "metatls", "metatls-hostname", "tls")
+
+
+def enable_transport(transport: str) -> None:
+    """Accepted so Monarch programs run: here transports follow the topology (ipc sockets on
+    one host, CurveZMQ tcp across hosts), so this only checks the name it is given."""
+    if not isinstance(transport, str):
+        raise TypeError(f"enable_transport takes a transport name such as 'tcp', got "
+                        f"{transport!r}")
+    if transport not in _TRANSPORTS and not transport.startswith(("tcp://", "ipc://")):
+        raise ValueError(f"unknown transport {transport!r}; one of {', '.join(_TRANSPORTS)} "
+                         f"or a tcp:// / ipc:// address")
+
+
+def shutdown_context() -> Future:
+    """Monarch's `shutdown_context()`: stop everything this process started (the local host
+    agent and its procs included); returns a resolved Future[None]."""
+    return shutdown()
 
 
 def current_runtime() -> "_core.Runtime | None":
@@ -40,11 +64,12 @@ def __getattr__(name: str):
 unhandled_fault_hook = default_unhandled_fault_hook
 
 __all__ = [
-    "Actor", "ActorContext", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
-    "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
+    "Actor", "ActorContext", "Context", "enable_transport", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
+    "Extent", "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape",
     "ShapeError", "SupervisionError", "ValueMesh", "add_startup_hook", "attach_to_workers",
-    "configure", "configured", "context", "current_rank", "current_runtime", "current_size",
-    "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "this_host",
-    "this_proc", "unhandled_fault_hook",
+    "configure", "configured", "context", "CreatorInstance", "current_actor_name",
+    "current_rank", "current_runtime", "current_size",
+    "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "shutdown_context",
+    "this_host", "this_proc", "unhandled_fault_hook",
 ]

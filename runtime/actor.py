@@ -6,7 +6,10 @@ User code subclasses `Actor` and marks methods with `@endpoint`. Inside an actor
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import inspect
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar, overload
@@ -19,6 +22,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Actor:
     """Base class of actors. Define `@endpoint` methods; optionally `__supervise__(failure)`
     to handle failures of meshes this actor owns, and `__cleanup__(exc)` run at stop."""
+
+    @functools.cached_property
+    def logger(self) -> logging.Logger:
+        """A logger named after the actor's class (Monarch's `Actor.logger`); its records carry
+        `actor_name` and `rank` and print on the proc's stderr, which reaches the controller
+        as `[mesh rank] LEVEL message`."""
+        from .logs import actor_logger
+
+        return actor_logger(type(self).__name__)
 
 
 class EndpointDef:
@@ -79,9 +91,50 @@ def plain_signature(fn: Callable[..., Any]) -> inspect.Signature:
 
 
 # -- the context of the running actor ---------------------------------------------------
+def _qualified_name(ins: Any) -> str:
+    """`<Class name{'dim': i/n}>`, prefixed by its creators' names (Monarch's form)."""
+    names = []
+    while ins is not None:
+        cls = f"{ins.class_name} " if ins.class_name else ""
+        names.append(f"<{cls}{ins.name}{ins.rank if len(ins.rank) else ''}>")
+        ins = ins.creator
+    return ".".join(reversed(names))
+
+
+@dataclass(frozen=True, repr=False)
+class CreatorInstance:
+    """The actor that spawned another (Monarch's `CreatorInstance`): mesh name, class name,
+    rank and actor id; `creator` is its own creator, None for one spawned by the controller."""
+
+    name: str
+    class_name: Optional[str]
+    rank: Point
+    actor_id: str
+    creator: Optional["CreatorInstance"] = None
+
+    def __repr__(self) -> str:
+        return _qualified_name(self)
+
+
+def creator_record(ins: Any) -> Optional[dict]:
+    """A spawner (ActorContext or CreatorInstance) as msgpack-able data for SPAWN_ACTOR."""
+    if ins is None:
+        return None
+    ext = ins.rank.extent
+    return {"name": ins.name, "cls": ins.class_name, "actor_id": ins.actor_id,
+            "rank": ins.rank.rank, "labels": list(ext), "sizes": list(ext.values()),
+            "creator": creator_record(ins.creator)}
+
+
+#: the view (Shape) the message being handled was sent to; None: the whole mesh
+_message_view: contextvars.ContextVar[Optional[Shape]] = contextvars.ContextVar(
+    "runtime.message_view", default=None)
+
+
 @dataclass(frozen=True)
 class ActorContext:
-    """Where an actor runs: its id, mesh name, rank (a Point), and proc."""
+    """Where an actor runs: its id, mesh name, rank (a Point), and proc. Also Monarch's
+    `Context` and `Instance` in one: `context().actor_instance` is this object."""
 
     actor_id: str
     name: str
@@ -89,10 +142,37 @@ class ActorContext:
     proc_id: str
     host: str
     pid: int
+    class_name: Optional[str] = None
+    creator: Optional[CreatorInstance] = None
 
     @property
     def size(self) -> dict[str, int]:
         return dict(self.rank.extent)
+
+    @property
+    def actor_instance(self) -> "ActorContext":
+        """Monarch's `context().actor_instance` (`.rank`, `.actor_id`, `.name`, `.creator`,
+        `.class_name`, `.proc`): this same object."""
+        return self
+
+    @property
+    def message_rank(self) -> Point:
+        """This actor's point in the slice the current message was sent to (Monarch's
+        `context().message_rank`); its own `rank` when the message went to the whole mesh."""
+        view = _message_view.get()
+        if view is None:
+            return self.rank
+        return Point(view.global_ranks().index(self.rank.rank), view)
+
+    @property
+    def proc(self) -> Any:
+        """This actor's proc as a one-proc ProcMesh (`this_proc()`)."""
+        from ._meshes import this_proc
+
+        return this_proc()
+
+    def __str__(self) -> str:
+        return _qualified_name(self)
 
 
 _local = threading.local()
@@ -124,6 +204,12 @@ def context() -> ActorContext:
 def current_rank() -> Point:
     """This actor's point in its mesh."""
     return context().rank
+
+
+def current_actor_name() -> str:
+    """The running actor's id as a string (Monarch's `current_actor_name()`); "controller"
+    outside an actor."""
+    return str(context().actor_instance.actor_id)
 
 
 def current_size() -> dict[str, int]:

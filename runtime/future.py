@@ -240,3 +240,32 @@ def failed(exc: BaseException) -> Future:
     f: Future = Future()
     f.set_exception(exc)
     return f
+
+
+class _Completed(Future):
+    """A resolved Future that is also a finished coroutine, for calls Monarch declares
+    `async def`: `asyncio.run(procs.logging_option(...))` works, and so do a plain call
+    (the work is already done), `await` and `.get()`."""
+
+    __slots__ = ()
+
+    def send(self, value: Any) -> Any:
+        raise StopIteration(self._value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        raise (val if val is not None else typ)
+
+    def close(self) -> None:
+        pass
+
+
+def completed(value: Any = None) -> Future:
+    """A resolved future that asyncio also takes as a (finished) coroutine."""
+    f: Future = _Completed()
+    f.set_result(value)
+    return f
+
+
+import collections.abc  # noqa: E402
+
+collections.abc.Coroutine.register(_Completed)

@@ -156,3 +156,53 @@ class TaggedWriter(io.TextIOBase):
 
     def flush(self) -> None:
         pass
+
+
+# -- Actor.logger: records carry the actor's name and rank; printed on the proc's stderr ---
+import logging  # noqa: E402
+
+_ACTOR_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+class _ActorRecordFilter(logging.Filter):
+    """Adds `actor_name` (mesh name), `rank` (int) and `point` (Monarch's str form)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from .actor import _get_context
+
+        ctx = _get_context()
+        record.actor_name = ctx.name if ctx is not None else "controller"
+        record.rank = ctx.rank.rank if ctx is not None else 0
+        record.point = str(ctx.rank) if ctx is not None else "{}"
+        return True
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is now (a proc replaces it with a TaggedWriter)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+_actor_handler = _StderrHandler()
+_actor_handler.setFormatter(logging.Formatter(_ACTOR_FORMAT))
+_actor_handler.setLevel(logging.INFO)
+_actor_filter = _ActorRecordFilter()
+
+
+def actor_logger(name: str) -> logging.Logger:
+    """The logger behind `Actor.logger`: level DEBUG as in Monarch; what prints is the
+    handler's level (INFO, or `ProcMesh.logging_option(level=...)`)."""
+    lg = logging.getLogger(name)
+    if _actor_handler not in lg.handlers:
+        lg.setLevel(logging.DEBUG)
+        lg.addFilter(_actor_filter)
+        lg.addHandler(_actor_handler)
+        lg.propagate = False
+    return lg
+
+
+def set_actor_log_level(level: int) -> None:
+    """The lowest level `Actor.logger` records print at in this process."""
+    _actor_handler.setLevel(level)

@@ -18,7 +18,7 @@ import traceback
 from typing import Any, Optional
 
 from . import logs
-from .actor import ActorContext, _set_context, endpoints_of
+from .actor import ActorContext, CreatorInstance, _message_view, _set_context, endpoints_of
 from .config import config
 from .errors import ActorError, SupervisionError
 from .shapes import Point, Shape
@@ -37,6 +37,14 @@ def current_actor() -> Optional["ActorInstance"]:
     return getattr(_tls, "actor", None)
 
 
+def _creator(d: Any) -> Optional[CreatorInstance]:
+    """The spawner's description sent with SPAWN_ACTOR (None: the controller spawned it)."""
+    if not d:
+        return None
+    return CreatorInstance(d["name"], d.get("cls"), Point(d["rank"], Shape(d["labels"], d["sizes"])),
+                           d["actor_id"], _creator(d.get("creator")))
+
+
 class ActorInstance:
     """One actor in this proc: its thread, mailbox, state and counters."""
 
@@ -48,6 +56,8 @@ class ActorInstance:
         self.name: str = e["name"]
         self.rank: int = e["rank"]
         self.shape = Shape(e["labels"], e["sizes"])
+        self.class_name: Optional[str] = e.get("cls")
+        self.creator = _creator(e.get("creator"))
         self.owner_addr: str = h.reply
         self.mailbox: queue.SimpleQueue = queue.SimpleQueue()
         self.state = "starting"
@@ -69,7 +79,8 @@ class ActorInstance:
     # -- thread body ---------------------------------------------------------------------------
     def _run(self) -> None:
         ctx = ActorContext(self.actor_id, self.name, Point(self.rank, self.shape),
-                           self.rt.proc_id, self.rt.host, os.getpid())
+                           self.rt.proc_id, self.rt.host, os.getpid(), self.class_name,
+                           self.creator)
         _set_context(ctx)
         _tls.actor = self
         logs.set_thread_label(self.name)
@@ -124,7 +135,7 @@ class ActorInstance:
 
     def _reply(self, h: Header, status: int, body: bytes, buffers: tuple = ()) -> None:
         self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=self.rank, status=status,
-                                     actor=self.actor_id, extra=h.extra), body, buffers)
+                                     actor=self.actor_id, extra=_reply_extra(h)), body, buffers)
 
     def _reply_error(self, h: Header, exc: BaseException) -> None:
         try:
@@ -152,6 +163,8 @@ class ActorInstance:
         self.current_reply = h.reply if h.extra is None else extra_get(h, "caller", h.reply)
         ok = False
         result = None
+        view = h.extra.get("view") if isinstance(h.extra, dict) else None
+        token = _message_view.set(Shape(*view) if view else None)
         try:
             args, kwargs = loads(body, buffers)
             result = ep.fn(self.instance, *args, **kwargs)
@@ -171,6 +184,7 @@ class ActorInstance:
                 self._fail(f"{name}() raised {type(e).__name__}: {e} (no caller to receive it)",
                            tb)
         finally:
+            _message_view.reset(token)
             self.current_port = -1
             self.handled += 1
             if self.failed is None:
@@ -283,9 +297,14 @@ class ProcServer:
         except Exception:
             pass
 
+    def _on_log_level(self, h: Header, body: Any, buffers: list) -> None:
+        level = int((h.extra or {}).get("level", logging.INFO))
+        logs.set_actor_log_level(level)
+        logging.getLogger().setLevel(level)
+
     def handlers(self) -> dict:
         """Message kind -> handler, for the proc's runtime."""
-        return {Kind.CALL: self._on_call, Kind.SPAWN_ACTOR: self._on_spawn,
+        return {Kind.LOG_LEVEL: self._on_log_level, Kind.CALL: self._on_call, Kind.SPAWN_ACTOR: self._on_spawn,
                 Kind.STOP_ACTOR: self._on_stop_actor, Kind.STOP_PROC: self._on_stop_proc,
                 Kind.DUMP_STACK: self._on_dump_stack, Kind.INTERRUPT: self._on_interrupt}
 
@@ -307,7 +326,7 @@ class ProcServer:
         if h.port:
             why = "was stopped" if h.actor in self.stopped_actors else "does not exist"
             self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=ERROR,
-                                         extra=h.extra),
+                                         extra=_reply_extra(h)),
                          dumps(SupervisionError(
                              f"actor {h.actor} {why} in proc {self.rt.proc_id}"))[0])
 
@@ -391,6 +410,13 @@ class ProcServer:
         for a in list(self.actors.values()):
             a.thread.join(max(0.0, deadline - time.monotonic()))
         self.stopped.set()
+
+
+def _reply_extra(h: Header) -> Optional[dict]:
+    """What a reply echoes of its call's header: the batch id of a call whose replies a
+    host agent gathers (runtime/host/gather.py), else nothing."""
+    g = extra_get(h, "g")
+    return None if g is None else {"g": g}
 
 
 def _user_traceback(e: BaseException) -> str:

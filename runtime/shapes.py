@@ -18,6 +18,32 @@ class ShapeError(ValueError):
     """A slicing, renaming or splitting request does not fit the shape."""
 
 
+class Extent(dict):
+    """Named sizes, Monarch's `Extent`: a dict `{dim: size}` in dimension order that also has
+    `.labels`, `.sizes` and `.nelements`. `Extent(["hosts", "gpus"], [2, 8])` or from a dict."""
+
+    def __init__(self, labels: Any = (), sizes: Any = ()) -> None:
+        if isinstance(labels, Mapping):
+            super().__init__(labels)
+            return
+        labels, sizes = list(labels), list(sizes)
+        if len(labels) != len(sizes):
+            raise ShapeError(f"{len(labels)} labels for {len(sizes)} sizes")
+        super().__init__(zip(labels, sizes))
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self)
+
+    @property
+    def sizes(self) -> list[int]:
+        return list(self.values())
+
+    @property
+    def nelements(self) -> int:
+        return math.prod(self.values())
+
+
 class Shape:
     """A strided view over global ranks, with named dimensions (row-major local ranks)."""
 
@@ -68,8 +94,8 @@ class Shape:
         return self.sizes_[self._index(dim)]
 
     @property
-    def extent(self) -> dict[str, int]:
-        return self.sizes
+    def extent(self) -> Extent:
+        return Extent(self.labels, self.sizes_)
 
     def _index(self, dim: str) -> int:
         try:
@@ -264,8 +290,8 @@ class Point(Mapping):
         self._coords = shape.coords_of(rank)
 
     @property
-    def extent(self) -> dict[str, int]:
-        return self._shape.sizes
+    def extent(self) -> Extent:
+        return self._shape.extent
 
     @property
     def size(self) -> int:
@@ -300,6 +326,11 @@ class Point(Mapping):
         inner = ", ".join(f"{k}={v}" for k, v in self._coords.items())
         return f"Point(rank={self.rank}, {inner})" if inner else f"Point(rank={self.rank})"
 
+    def __str__(self) -> str:
+        """Monarch's form: `{'hosts': 0/1, 'gpus': 1/2}` (coordinate/size per dimension)."""
+        sizes = self._shape.sizes
+        return "{" + ", ".join(f"{k!r}: {v}/{sizes[k]}" for k, v in self._coords.items()) + "}"
+
     def __reduce__(self) -> Any:
         return (Point, (self.rank, self._shape))
 
@@ -321,8 +352,8 @@ class MeshTrait:
         return self._shape.sizes
 
     @property
-    def extent(self) -> dict[str, int]:
-        return self._shape.sizes
+    def extent(self) -> Extent:
+        return self._shape.extent
 
     def size(self, dim: str | None = None) -> int:
         return self._shape.size(dim)

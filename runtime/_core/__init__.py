@@ -8,7 +8,10 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from ..future import Future
 
 from .records import ActorMeshRecord, AgentRecord, ProcRecord
 from .runtime import Runtime
@@ -54,14 +57,18 @@ def current_runtime() -> Optional[Runtime]:
     return rt
 
 
-def shutdown(timeout: float = 5.0) -> None:
-    """Stop every mesh this process started."""
+def shutdown(timeout: float = 5.0) -> "Future[None]":
+    """Stop every mesh this process started; returns a resolved Future[None] (Monarch's
+    shutdown calls return futures: `.get()` and `await` both work)."""
+    from ..future import resolved
+
     global _runtime
     rt = _runtime
     if rt is not None:
         rt.shutdown(timeout)
         if rt is _runtime and not rt.is_proc:
             _runtime = None
+    return resolved(None)
 
 
 def _shutdown_at_exit() -> None:

@@ -46,6 +46,8 @@ class ProcRecord:
     stopping: bool = False
     exited: Optional[Future] = None
     tcp_address: str = ""
+    log_stream: bool = True  # forward output to the output sink (logging_option)
+    log_window: float = 0.0  # > 0: aggregate output over this many seconds
 
     @property
     def route(self) -> Optional[tuple]:

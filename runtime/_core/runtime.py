@@ -12,7 +12,6 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
-from .. import logs
 from .._process import hostname
 from ..config import config
 from ..future import Future
@@ -23,6 +22,7 @@ from ..transport.loop import IOLoop
 from .failures import Failures
 from .liveness import Liveness
 from .messenger import Messenger
+from .output import ProcOutput
 from .ports import Ports
 from .roles import ControllerRole
 from .state import State
@@ -57,6 +57,7 @@ class Runtime:
         self.failures = Failures(self)
         self.liveness = Liveness(self)
         self.output_sink: Optional[Callable[[str, str, str], None]] = None
+        self.output = ProcOutput(self)
         self.this_host_mesh: Any = None  # the HostMesh of this_host(), once made
         self._closed = False
         self._admin_started = False
@@ -64,7 +65,7 @@ class Runtime:
             Kind.REPLY: self.ports.deliver, Kind.REPLY_BATCH: self.ports.deliver_batch,
             Kind.PORT_SEND: self.ports.deliver,
             Kind.HEARTBEAT: self.liveness.on_heartbeat,
-            Kind.LOG: self._on_log,
+            Kind.LOG: self.output.on_log,
             Kind.HELLO: self._on_hello,
             Kind.PROC_EXIT: self.failures.on_proc_exit,
             Kind.ACTOR_READY: self.failures.on_actor_ready,
@@ -146,26 +147,6 @@ class Runtime:
             return
         fn(h, body, buffers)
 
-    def _on_log(self, h: Header, body: Any, buffers: list) -> None:
-        e = h.extra or {}
-        proc_id = e.get("proc", "")
-        stream = e.get("stream", "stdout")
-        label = e.get("label", "")
-        text = bytes(body).decode("utf-8", "replace")
-        rec = self.state.proc(proc_id)
-        if rec is not None:
-            label = label or rec.mesh
-            lines = [ln for ln in text.splitlines() if not ln.startswith(logs.CONTROL_MARK)]
-            rec.output.extend(f"[{stream}] {ln}" for ln in lines)
-            if stream == "stderr":
-                rec.stderr_tail.extend(lines)
-            prefix = f"{label} {rec.rank}"
-            if rec.agent is not None and rec.agent.remote:
-                prefix = f"{label} {rec.rank}@{rec.host}"
-        else:
-            prefix = label or proc_id
-        logs.emit(self.output_sink, prefix, stream, text)
-
     def _on_hello(self, h: Header, body: Any, buffers: list) -> None:
         e = h.extra or {}
         state = self.state
@@ -197,6 +178,16 @@ class Runtime:
     def set_output_sink(self, fn: Optional[Callable[[str, str, str], None]]) -> None:
         """Where forwarded remote output goes: fn(label, stream, text); None prints it."""
         self.output_sink = fn
+
+    def flush_output(self, timeout: float = 1.0) -> None:
+        """Deliver the proc output held for aggregation now (`ProcMesh.logging_option`);
+        the notebook kernel calls it when a cell ends."""
+        if self._closed:
+            return
+        try:
+            self.loop.run_sync(self.output.flush, timeout=timeout)
+        except TimeoutError:
+            pass
 
     def output_tail(self, proc_id: str, n: int = 100) -> list[str]:
         rec = self.state.proc(proc_id)
@@ -272,6 +263,7 @@ class Runtime:
         self._closed = True
 
         def stop_all() -> None:
+            self.output.flush()  # aggregated output is printed before the procs go
             for rec in self.state.procs.values():
                 if rec.state in ("running", "starting"):
                     rec.stopping = True

@@ -73,6 +73,18 @@ class ActorMesh(MeshTrait):
             r = self.__dict__["_ranks_cache"] = self._shape.global_ranks()
         return r
 
+    def _view_extra(self) -> Optional[dict]:
+        """For a CALL header: the slice this view is, so each actor knows its
+        `context().message_rank`; None for the whole mesh (nothing to send)."""
+        v = self.__dict__.get("_view_cache", False)
+        if v is False:
+            sh, sizes = self._shape, self._rec.sizes
+            whole = Shape(list(sizes), list(sizes.values()))
+            v = None if sh == whole else {"view": [list(sh.labels), list(sh.sizes_),
+                                                   list(sh.strides), sh.offset]}
+            self.__dict__["_view_cache"] = v
+        return v
+
     def __getattr__(self, name: str) -> EndpointRef:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)

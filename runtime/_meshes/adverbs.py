@@ -121,7 +121,8 @@ class EndpointRef:
         body, bufs = self._encode(args, kwargs)
         rt = self._mesh._rt
         rec = self._mesh._rec
-        h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self._name)
+        h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self._name,
+                   extra=self._mesh._view_extra())
         rt.messenger.cast([rec.target(r) for r in ranks], h, body, tuple(bufs))
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[Any]]:
@@ -172,7 +173,8 @@ class _Collector:
         targets = [rec.target(r) for r in ranks]
         first = targets[0][0] or (targets[0][1] or ("",))[0]
         h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self.ep._name,
-                   reply=rt.reply_address_for(first), port=port)
+                   reply=rt.reply_address_for(first), port=port,
+                   extra=self.ep._mesh._view_extra())
         body, bufs = self.body, self.bufs
         self.body = self.bufs = None
         rt.messenger.cast(targets, h, body, tuple(bufs), gather=self.mode == "call")

@@ -13,6 +13,7 @@ from typing import Optional
 from .._core import AgentRecord, ProcRecord, Runtime, get_runtime
 from ..config import TOKEN_ENV, config
 from ..errors import MeshStoppedError
+from ..future import Future, resolved
 from ..shapes import MeshTrait, Shape
 from ..transport.framing import Header, Kind
 
@@ -137,8 +138,9 @@ class HostMesh(MeshTrait):
         rt.register_mesh(pm)
         return pm
 
-    def shutdown(self) -> None:
-        """Stop the agents of this host mesh and every proc they run."""
+    def shutdown(self) -> Future:
+        """Stop the agents of this host mesh and every proc they run. Done when it returns;
+        the Future[None] it returns (as Monarch's) is resolved, for `.get()` or `await`."""
         rt = self._rt
         agents = [self._agents[r] for r in self._shape.global_ranks()]
 
@@ -164,6 +166,7 @@ class HostMesh(MeshTrait):
                     a.popen.kill()
         if rt.this_host_mesh is self:
             rt.this_host_mesh = None
+        return resolved(None)
 
     def __repr__(self) -> str:
         return f"<HostMesh {self.sizes or ''} hosts={self.hosts}>"

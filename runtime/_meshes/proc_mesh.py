@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from .._core import ActorMeshRecord, ProcRecord, Runtime
-from ..actor import Actor, _get_context, endpoints_of, plain_signature
+from ..actor import Actor, _get_context, creator_record, endpoints_of, plain_signature
 from ..config import config
 from ..errors import MeshStoppedError, SerializationError, SupervisionError
-from ..future import Future
+from ..future import Future, completed
 from ..shapes import MeshTrait, Shape
 from ..supervision.health import ActorHealth, ActorState
 from ..transport.framing import Header, Kind
@@ -116,6 +117,7 @@ class ProcMesh(MeshTrait):
         procs = self._view_procs()
         labels, sizes = self._shape.labels, self._shape.sizes_
         ctx = _get_context()
+        creator = creator_record(ctx)
         rec = ActorMeshRecord(
             actor_id=rt.new_id(name), name=name, cls_name=actor_class.__name__,
             proc_ids=[p.proc_id for p in procs], addresses=[p.address for p in procs],
@@ -156,7 +158,8 @@ class ProcMesh(MeshTrait):
             if i not in dead:
                 h = Header(Kind.SPAWN_ACTOR, actor=rec.actor_id, reply=reply, rank=i,
                            extra={"name": name, "rank": i, "labels": list(labels),
-                                  "sizes": list(sizes)})
+                                  "sizes": list(sizes), "cls": actor_class.__name__,
+                                  "creator": creator})
                 rt.send_to_proc(p.address, p.route, h, body, tuple(bufs))
         am = ActorMesh(rt, rec, shape, self, actor_class)
         rt.register_mesh(am)
@@ -194,6 +197,7 @@ class ProcMesh(MeshTrait):
 
         def check() -> None:
             if all(p.exited.done() for p in pending):
+                rt.output.flush()  # their aggregated output, before stop() returns
                 for m in [m for m in rt.state.actor_meshes.values() if set(m.proc_ids) <= ids]:
                     rt.health.remove_mesh(m.health_name)
                 fut.set_result(None)
@@ -209,6 +213,38 @@ class ProcMesh(MeshTrait):
 
         rt.loop.call_soon(check)
         return fut
+
+    def logging_option(self, stream_to_client: bool = True,
+                       aggregate_window_sec: Optional[float] = 3,
+                       level: int = logging.INFO) -> Future:
+        """Monarch's `logging_option`: stream these procs' output to this controller or not
+        (it is kept in each proc's log either way), aggregate similar lines from many ranks
+        over `aggregate_window_sec` seconds (None: line by line), and the level their
+        `Actor.logger` records print at. Applied when it returns; the Future[None] it returns
+        may be awaited, passed to `asyncio.run` (Monarch's is `async def`) or ignored."""
+        if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 255:
+            raise ValueError(f"invalid logging level: {level!r}")
+        window = 0.0
+        if aggregate_window_sec is not None:
+            if isinstance(aggregate_window_sec, bool) or not isinstance(
+                    aggregate_window_sec, (int, float)) or aggregate_window_sec <= 0:
+                raise ValueError(f"aggregate_window_sec must be positive seconds or None, "
+                                 f"got {aggregate_window_sec!r}")
+            window = float(aggregate_window_sec)
+        rt = self._rt
+        procs = self._view_procs()
+
+        def apply() -> None:
+            rt.output.flush()  # what was held under the old setting goes out first
+            for p in procs:
+                p.log_stream = bool(stream_to_client)
+                p.log_window = window
+
+        rt.state.change(apply)
+        for p in procs:
+            if p.state in ("starting", "running"):
+                rt.send_to_proc(p.address, p.route, Header(Kind.LOG_LEVEL, extra={"level": level}))
+        return completed(None)
 
     def _stop_now(self, timeout: float = 5.0) -> None:
         self.stop().get(timeout + 3.0)

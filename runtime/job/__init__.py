@@ -2,14 +2,22 @@
 
 `LocalJob` (agents on this machine), `SlurmJob` (one batch job, one srun per host),
 `SSHJob` (one ssh session per host), `KubernetesJob` (an indexed Job + headless Service).
+Monarch's `monarch.job` names are here too: `ProcessJob`, `LocalJob(hosts=("a", ...))`,
+`JobTrait` (= `Job`), `job_load`, `job_loads`, and Monarch's SlurmJob keywords.
 `AllocSpec` starts a job and spawns a proc mesh on it from plain values (`%mesh alloc
 NAME --job KIND` parses its arguments in `monarch_kernel` and calls it).
 """
 from .alloc import AllocSpec
 from .base import Job, JobError, JobState
+from .cache import DEFAULT_JOB_PATH, job_load, job_loads
 from .kubernetes import KubernetesJob
 from .local import LocalJob
+from .process import ProcessJob
 from .slurm import SlurmJob
 from .ssh import SSHJob
 
-__all__ = ["AllocSpec", "Job", "JobError", "JobState", "LocalJob", "SlurmJob", "SSHJob", "KubernetesJob"]
+JobTrait = Job  # Monarch's name for the base class
+
+__all__ = ["AllocSpec", "DEFAULT_JOB_PATH", "Job", "JobError", "JobState", "JobTrait",
+           "KubernetesJob", "LocalJob", "ProcessJob", "SlurmJob", "SSHJob", "job_load",
+           "job_loads"]

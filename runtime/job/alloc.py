@@ -14,12 +14,14 @@ from typing import Any
 
 from .base import Job, check_meshes
 
-KINDS = ("local", "slurm", "ssh", "kubernetes")
+KINDS = ("local", "process", "slurm", "ssh", "kubernetes")
 
 #: The options (Job keyword arguments) each kind of job takes.
 OPTIONS: dict[str, frozenset[str]] = {
     "local": frozenset({"timeout"}),
-    "slurm": frozenset({"partition", "time_limit", "account", "qos", "timeout"}),
+    "process": frozenset({"timeout"}),
+    "slurm": frozenset({"partition", "time_limit", "account", "qos", "gpus_per_node",
+                        "timeout"}),
     "ssh": frozenset({"ssh_hosts", "timeout"}),
     "kubernetes": frozenset({"image", "namespace", "timeout"}),
 }
@@ -62,12 +64,14 @@ class AllocSpec:
 
     def make_job(self) -> Job:
         """The Job this spec describes (not started)."""
-        from . import KubernetesJob, LocalJob, SlurmJob, SSHJob
+        from . import KubernetesJob, LocalJob, ProcessJob, SlurmJob, SSHJob
 
         meshes = {self.name: self.hosts}
         opts = dict(self.options)
         if self.kind == "local":
             return LocalJob(meshes=meshes, **opts)
+        if self.kind == "process":
+            return ProcessJob(meshes, **opts)
         if self.kind == "slurm":
             return SlurmJob(meshes, **opts)
         if self.kind == "ssh":
@@ -77,7 +81,7 @@ class AllocSpec:
     def run(self, job: Job | None = None) -> tuple[Job, Any]:
         """Start the job, attach to its agents and spawn the procs: (job, ProcMesh)."""
         job = job or self.make_job()
-        host_mesh = job.state()[self.name]
+        host_mesh = job.state(cached_path=None)[self.name]  # agents end with this process
         try:
             return job, host_mesh.spawn_procs(per_host=self.per_host, name=self.name)
         except BaseException:

@@ -27,7 +27,12 @@ class JobError(RuntimeError):
 
 
 class JobState(dict):
-    """Mesh name -> HostMesh; also readable as attributes (`state.trainers`)."""
+    """Mesh name -> HostMesh; also readable as attributes (`state.trainers`), as Monarch's
+    `monarch.job.JobState`. Telemetry and admin URLs are not provided here (always None)."""
+
+    query_engine = None
+    telemetry_url = None
+    admin_url = None
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -113,6 +118,10 @@ class Job(ABC):
     """Start host agents through some launcher and attach to them as named HostMeshes."""
 
     kind = "job"
+    #: where `state()` caches the running job when no `cached_path` is given (None: nowhere)
+    default_cached_path: str | None = None
+    #: whether a running job of this kind can be saved and reattached from another process
+    cacheable = True
 
     def __init__(self, meshes: dict[str, int], *, key_file: str | os.PathLike | None = None,
                  workdir: str | os.PathLike | None = None, timeout: float = 300.0,
@@ -161,8 +170,12 @@ class Job(ABC):
         if self.key_file is None:
             self.key_file = self._key_file_arg or make_key_file(self.workdir / "cluster.key")
 
-    def apply(self) -> "Job":
-        """Start the job if it is not started yet; returns self."""
+    def apply(self, client_script: str | None = None) -> "Job":
+        """Start the job if it is not started yet; returns self. Monarch's batch mode
+        (`client_script=...`, the controller runs inside the job) is not provided."""
+        if client_script is not None:
+            raise JobError("apply(client_script=...) (batch mode) is not provided: run the "
+                           "script as the controller and call job.state() in it")
         if self._killed:
             raise JobError(f"{self.kind} job was killed; create a new one")
         if not self._launched:
@@ -199,10 +212,59 @@ class Job(ABC):
                                    f"(status: {status}){self._diagnostics()}")
                 time.sleep(0.1)
 
-    def state(self, timeout: float | None = None) -> JobState:
-        """Start if needed, wait for every agent, and return mesh name -> HostMesh."""
+    @property
+    def active(self) -> bool:
+        """True once applied and until killed."""
+        return self._launched and not self._killed
+
+    def can_run(self, spec: "Job") -> bool:
+        """True when this running job can serve `spec` (same kind, same specification, agents
+        alive): `state(cached_path=...)` then reuses it instead of starting a new one."""
+        return (type(spec) is type(self) and spec._spec() == self._spec() and self.active
+                and self._alive())
+
+    def enable_telemetry(self, config: Any = None, **kwargs: Any) -> "Job":
+        """Accepted so Monarch programs run; there is no telemetry service here
+        (`state().telemetry_url` stays None). Returns self."""
+        return self
+
+    def enable_admin(self, config: Any = None, **kwargs: Any) -> "Job":
+        """Accepted so Monarch programs run; the controller's loopback admin endpoint
+        (`runtime.admin`) plays that part (`state().admin_url` stays None). Returns self."""
+        return self
+
+    def _spec(self) -> dict[str, Any]:
+        """What must match for a running job to serve another spec (see `can_run`)."""
+        return {"meshes": self.meshes}
+
+    def _alive(self) -> bool:
+        """Whether the job's agents can still be reached (overridden where it can be checked)."""
+        return True
+
+    def _apply_for_state(self, cached: bool) -> None:
+        """Start the job from `state()`; `cached` says the job will be saved for reattaching."""
+        self.apply()
+
+    def state(self, cached_path: str | os.PathLike | None | object = ...,
+              timeout: float | None = None) -> JobState:
+        """Start if needed, wait for every agent, and return mesh name -> HostMesh.
+
+        With a `cached_path` (default: the class's `default_cached_path`), a job saved there
+        that `can_run` this spec is reattached instead of starting a new one; a job started
+        here is saved there (Monarch's `job.state(cached_path=...)`)."""
         if self._state is not None:
             return self._state
+        from . import cache
+
+        path = self.default_cached_path if cached_path is ... else cached_path
+        started_here = False
+        if path is not None and not self.cacheable:
+            raise JobError(f"a {type(self).__name__}'s agents exit with this process, so it "
+                           f"cannot be cached; pass cached_path=None (or use ProcessJob)")
+        if not self._launched:
+            if path is None or not cache.adopt(self, path):
+                self._apply_for_state(cached=path is not None)
+                started_here = True
         found = self.wait_addresses(timeout)
         import runtime
 
@@ -215,6 +277,8 @@ class Job(ABC):
             self.kill()
             raise
         self._state = state
+        if path is not None and started_here:
+            self.dump(path)
         return state
 
     def kill(self) -> None:
@@ -242,31 +306,38 @@ class Job(ABC):
     # --- persistence: reattach from a new kernel ------------------------------------------
     _transient = ("_state",)
 
-    def dump(self, path: str | os.PathLike) -> Path:
-        """Save what is needed to reattach to this running job (mode 0600), e.g. after a
-        kernel restart: `Job.load(path).state()` attaches to the same agents."""
+    def dumps(self) -> bytes:
+        """What `dump()` writes, as bytes (`runtime.job.job_loads` reads them back)."""
         import cloudpickle
 
         if not self._launched or self._killed:
             raise JobError(f"only a running job can be dumped ({self!r})")
         data = {k: v for k, v in self.__dict__.items() if k not in self._transient}
+        return cloudpickle.dumps((type(self), data))
+
+    def dump(self, path: str | os.PathLike) -> Path:
+        """Save what is needed to reattach to this running job (mode 0600), e.g. after a
+        kernel restart: `Job.load(path).state()` attaches to the same agents."""
+        data = self.dumps()
         path = Path(path)
+        if path.parent != Path(""):
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
-            cloudpickle.dump((type(self), data), f)
+            f.write(data)
         return path
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Job":
-        """A job saved with `dump()`; its agents must still be running."""
-        import pickle
+        """A job saved with `dump()`; its agents must still be running. The file must be
+        ours and not writable by others (it is unpickled)."""
+        from . import cache
 
-        with open(path, "rb") as f:
-            cls, data = pickle.load(f)
-        job = cls.__new__(cls)
-        job.__dict__.update(data)
-        job._state = None
-        return job
+        return cache.job_load(path)
+
+    def _after_load(self) -> None:
+        """Reset what `_transient` left out of a saved job."""
+        self._state = None
 
     def __enter__(self) -> "Job":
         return self.apply()

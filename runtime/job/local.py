@@ -16,16 +16,28 @@ from ..config import config
 from .base import Job, JobError, read_address_files, slots, tail
 
 
-def agent_argv(python: str, listen: str, key_file: Path, address_file: Path) -> list[str]:
-    """The command line of one host agent; it exits when this process dies."""
-    return [python, "-m", "runtime.host", "--listen", listen, "--key-file", str(key_file),
-            "--address-file", str(address_file), "--parent-pid", str(os.getpid())]
+def agent_argv(python: str, listen: str, key_file: Path, address_file: Path,
+               tied: bool = True) -> list[str]:
+    """The command line of one host agent; when `tied`, it exits when this process dies."""
+    argv = [python, "-m", "runtime.host", "--listen", listen, "--key-file", str(key_file),
+            "--address-file", str(address_file)]
+    return argv + (["--parent-pid", str(os.getpid())] if tied else [])
 
 
 class LocalJob(Job):
     """Start `hosts` agents (or `meshes={name: hosts}`) as child processes on 127.0.0.1."""
 
     kind = "local"
+    cacheable = False
+    #: agents exit with this process (False: they outlive it, see ProcessJob)
+    tied = True
+
+    def __new__(cls, hosts: object = None, **kw: object) -> "LocalJob":
+        if cls is LocalJob and isinstance(hosts, (list, tuple)):
+            from .process import ThisHostJob  # Monarch's LocalJob(hosts=("a", "b"))
+
+            return super().__new__(ThisHostJob)
+        return super().__new__(cls)
 
     def __init__(self, hosts: int | None = None, *, meshes: dict[str, int] | None = None,
                  python: str = sys.executable, env: dict[str, str] | None = None,
@@ -44,10 +56,14 @@ class LocalJob(Job):
         for mesh, i in slots(self.meshes):
             log = open(self.workdir / f"agent-{mesh}.{i}.log", "wb")
             argv = agent_argv(self.python, "tcp://127.0.0.1:0", self.key_file,
-                              self.workdir / "addrs" / f"{mesh}.{i}.addr")
+                              self.workdir / "addrs" / f"{mesh}.{i}.addr", self.tied)
             self.procs[(mesh, i)] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                                     stdin=subprocess.DEVNULL, env=env)
+                                                     stdin=subprocess.DEVNULL, env=env,
+                                                     start_new_session=not self.tied)
             log.close()
+
+    def _spec(self) -> dict:
+        return {"meshes": self.meshes, "python": self.python, "env": self.env}
 
     def _addresses(self) -> dict[tuple[str, int], str]:
         assert self.workdir is not None

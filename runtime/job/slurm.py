@@ -12,6 +12,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from .base import Job, JobError, read_address_files, slots, tail
 
@@ -46,6 +47,30 @@ def format_time_limit(value: int | str | None) -> str | None:
     raise ValueError(f"time_limit must be minutes or a SLURM time string like '1:00:00', got {value!r}")
 
 
+def _positive(name: str, value: int | None) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _monarch_names(kw: dict, python: str, sbatch_args: Any, port: int, workdir: Any) -> tuple:
+    """Accept Monarch's SlurmJob keyword names (python_exe, slurm_args, monarch_port, log_dir,
+    job_start_timeout, ntasks_per_node=1); they are removed from `kw`."""
+    python = kw.pop("python_exe", python)
+    if "slurm_args" in kw:
+        sbatch_args = [a for a in kw.pop("slurm_args") if str(a).startswith("-")]
+    port = kw.pop("monarch_port", port)
+    workdir = kw.pop("log_dir", workdir)
+    if kw.get("job_start_timeout") is not None:
+        kw["timeout"] = kw.pop("job_start_timeout")
+    kw.pop("job_start_timeout", None)
+    tasks = kw.pop("ntasks_per_node", 1)
+    if tasks != 1:
+        raise ValueError(f"ntasks_per_node={tasks!r}: one host agent runs per node here "
+                         f"(procs per node come from spawn_procs(per_host=...))")
+    return python, sbatch_args, port, workdir
+
+
 class SlurmJob(Job):
     """Submit one sbatch job that runs a host agent on every allocated node."""
 
@@ -57,7 +82,10 @@ class SlurmJob(Job):
                  sbatch_args: list[str] | tuple[str, ...] = (), python: str = sys.executable,
                  address_cmd: str = DEFAULT_ADDRESS_CMD, port: int = 0,
                  chdir: str | os.PathLike | None = None, workdir: str | os.PathLike | None = None,
+                 gpus_per_node: int | None = None, cpus_per_task: int | None = None,
+                 mem: str | None = None, exclusive: bool = False,
                  **kw) -> None:
+        python, sbatch_args, port, workdir = _monarch_names(kw, python, sbatch_args, port, workdir)
         if workdir is None:  # must be on a filesystem every node sees: the home directory
             workdir = Path.home() / ".monarch" / "jobs"
         super().__init__(meshes, workdir=workdir, **kw)
@@ -73,6 +101,10 @@ class SlurmJob(Job):
             raise ValueError(f"port must be 0 (any) or a TCP port number, got {port!r}")
         self.port = port
         self.chdir = Path(chdir) if chdir is not None else Path.cwd()
+        self.gpus_per_node = _positive("gpus_per_node", gpus_per_node)
+        self.cpus_per_task = _positive("cpus_per_task", cpus_per_task)
+        self.mem = _sbatch_value("mem", mem) if mem is not None else None
+        self.exclusive = bool(exclusive)
         self.job_id: str | None = None
         self._last_state = "not submitted"
 
@@ -91,9 +123,14 @@ class SlurmJob(Job):
                  f"#SBATCH --chdir={self.chdir}",
                  f"#SBATCH --output={workdir}/slurm-%j.out"]
         for opt, val in (("partition", self.partition), ("time", self.time_limit),
-                         ("account", self.account), ("qos", self.qos)):
+                         ("account", self.account), ("qos", self.qos),
+                         ("gpus-per-node", getattr(self, "gpus_per_node", None)),
+                         ("cpus-per-task", getattr(self, "cpus_per_task", None)),
+                         ("mem", getattr(self, "mem", None))):
             if val is not None:
                 lines.append(f"#SBATCH --{opt}={val}")
+        if getattr(self, "exclusive", False) and "--exclusive" not in self.sbatch_args:
+            lines.append("#SBATCH --exclusive")
         lines += [f"#SBATCH {a}" for a in self.sbatch_args]
         names = " ".join(q(m) for m, _ in slots(self.meshes))
         index = " ".join(str(i) for _, i in slots(self.meshes))
@@ -119,6 +156,12 @@ class SlurmJob(Job):
             "wait",
         ]
         return "\n".join(lines) + "\n"
+
+    def _spec(self) -> dict:
+        return {"meshes": self.meshes, "script": self.render_script(Path("/"), Path("/k"))}
+
+    def _alive(self) -> bool:
+        return self.slurm_state() in _ACTIVE
 
     # --- Job hooks ----------------------------------------------------------------------
     def _launch(self) -> None:

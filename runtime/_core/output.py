@@ -1,0 +1,71 @@
+"""Proc output arriving at the controller: kept in the proc's record, streamed to the output
+sink line by line or aggregated over a window (`ProcMesh.logging_option`). I/O thread only."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from .. import logs
+from ..log_aggregation import Aggregator
+from ..transport.framing import Header
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+
+class ProcOutput:
+    """The LOG handler: `on_log` records and forwards; `flush` empties the aggregator."""
+
+    def __init__(self, rt: "Runtime") -> None:
+        self.rt = rt
+        self.aggregator = Aggregator()
+
+    def on_log(self, h: Header, body: Any, buffers: list) -> None:
+        e = h.extra or {}
+        proc_id = e.get("proc", "")
+        stream = e.get("stream", "stdout")
+        label = e.get("label", "")
+        text = bytes(body).decode("utf-8", "replace")
+        rec = self.rt.state.proc(proc_id)
+        if rec is None:
+            logs.emit(self.rt.output_sink, label or proc_id, stream, text)
+            return
+        label = label or rec.mesh
+        lines = [ln for ln in text.splitlines() if not ln.startswith(logs.CONTROL_MARK)]
+        rec.output.extend(f"[{stream}] {ln}" for ln in lines)
+        if stream == "stderr":
+            rec.stderr_tail.extend(lines)
+        if not rec.log_stream:
+            return  # kept in the proc's log only (logging_option(stream_to_client=False))
+        if rec.log_window:
+            self._aggregate(label, stream, rec.rank, text, rec.log_window)
+            return
+        prefix = f"{label} {rec.rank}"
+        if rec.agent is not None and rec.agent.remote:
+            prefix = f"{label} {rec.rank}@{rec.host}"
+        logs.emit(self.rt.output_sink, prefix, stream, text)
+
+    def _aggregate(self, label: str, stream: str, rank: int, text: str, window: float) -> None:
+        now = time.monotonic()
+        for line in text.splitlines():
+            if line.startswith(logs.CONTROL_MARK):
+                # a front-end's mark (e.g. the end of a notebook cell): what came before it
+                # is delivered before it
+                self.flush(label)
+                logs.emit(self.rt.output_sink, f"{label} {rank}", stream, line + "\n")
+            elif self.aggregator.add(label, stream, rank, line, now, window):
+                self.rt.loop.call_later(window, self._flush_due)
+
+    def _flush_due(self) -> None:
+        now = time.monotonic() + 1e-3
+        for key in self.aggregator.due(now):
+            self._emit(self.aggregator.flush(key))
+
+    def flush(self, label: str | None = None) -> None:
+        """Deliver every aggregated line now (of one mesh label, or all)."""
+        for key in self.aggregator.keys(label):
+            self._emit(self.aggregator.flush(key))
+
+    def _emit(self, items: list[tuple[str, str, str]]) -> None:
+        for prefix, stream, text in items:
+            logs.emit(self.rt.output_sink, prefix, stream, text)

@@ -1,0 +1,140 @@
+"""Monarch's local jobs: `ProcessJob` (N host agents on this machine that outlive the
+controller, so a re-run reattaches) and `LocalJob(hosts=("a", "b"))` (every named mesh is
+`this_host()`).
+
+    job = ProcessJob({"hosts": 2})
+    hosts = job.state(cached_path=None).hosts        # HostMesh {hosts: 2}
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from .base import Job, JobError, JobState, read_address_files, slots
+from .cache import DEFAULT_JOB_PATH
+from .local import LocalJob
+
+
+def _start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), None when it is gone or a zombie; with
+    the pid it names one process, even after the pid is reused."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+class ProcessJob(LocalJob):
+    """Monarch's `ProcessJob(meshes, env=None)`: one host agent per host on this machine
+    (loopback TCP, CurveZMQ). `state()` caches the job at `.monarch/job_state.pkl` by default
+    and its agents then outlive this process until `kill()`; with `cached_path=None` they
+    exit with this process, like a `LocalJob`'s."""
+
+    kind = "process"
+    cacheable = True
+    default_cached_path = DEFAULT_JOB_PATH
+    _transient = ("_state", "procs")
+
+    def __init__(self, meshes: dict[str, int], env: dict[str, str] | None = None,
+                 **kw: Any) -> None:
+        kw.setdefault("progress", False)
+        super().__init__(meshes=meshes, env=env, **kw)
+        self.tied = False  # an explicit apply() starts a job that outlives this process
+        self.agent_pids: dict[str, int] = {}
+        self.agent_starts: dict[int, int | None] = {}
+
+    def _apply_for_state(self, cached: bool) -> None:
+        self.tied = not cached
+        self.apply()
+
+    def _launch(self) -> None:
+        super()._launch()
+        self.agent_pids = {f"{m}.{i}": p.pid for (m, i), p in self.procs.items()}
+        self.agent_starts = {pid: _start_time(pid) for pid in self.agent_pids.values()}
+
+    def _addresses(self) -> dict[tuple[str, int], str]:
+        assert self.workdir is not None
+        return read_address_files(self.workdir / "addrs", slots(self.meshes))
+
+    def _after_load(self) -> None:
+        super()._after_load()
+        self.procs = {}
+
+    def _agent_alive(self, pid: int) -> bool:
+        return _start_time(pid) is not None and _start_time(pid) == self.agent_starts.get(pid)
+
+    def _alive(self) -> bool:
+        return bool(self.agent_pids) and all(self._agent_alive(p)
+                                             for p in self.agent_pids.values())
+
+    def _check(self) -> str:
+        if self.procs:
+            return super()._check()
+        if not self._alive():
+            raise JobError(f"process job: agents {self.agent_pids} are no longer running")
+        return f"{len(self.agent_pids)} agents running"
+
+    def _cancel(self) -> None:
+        if self.procs:
+            super()._cancel()
+        else:  # reattached: the agents are not our children
+            live = [p for p in self.agent_pids.values() if self._agent_alive(p)]
+            for pid in live:
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while any(self._agent_alive(p) for p in live) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for pid in live:
+                if self._agent_alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+        if self.workdir is not None:  # Monarch's kill() leaves nothing behind
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    dump = Job.dump  # unlike LocalJob, a ProcessJob can be saved and reattached
+
+
+class ThisHostJob(LocalJob):
+    """Monarch's `LocalJob(hosts=("trainers", ...))`: each named mesh is `this_host()`,
+    whose procs run on this machine under this controller's own host agent."""
+
+    kind = "this_host"
+
+    def __init__(self, hosts: Sequence[str] = ("hosts",), **kw: Any) -> None:
+        if not hosts or not all(isinstance(h, str) and h.isidentifier() for h in hosts):
+            raise ValueError(f"hosts must be mesh names (identifiers), got {hosts!r}")
+        Job.__init__(self, {h: 1 for h in hosts}, progress=False, **kw)
+        self.python, self.env, self.procs = "", None, {}
+
+    def _prepare(self) -> None:
+        pass  # no agents to start, no keys
+
+    def _launch(self) -> None:
+        pass
+
+    def _addresses(self) -> dict[tuple[str, int], str]:
+        return {}
+
+    def _cancel(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        """Forget the meshes; this host's agent keeps running (it is the controller's own)."""
+        self._state = None
+
+    def can_run(self, spec: Job) -> bool:
+        """Never: like Monarch's LocalJob, the spec itself is always used."""
+        return False
+
+    def state(self, cached_path: Any = None, timeout: float | None = None) -> JobState:
+        """Every named mesh as `this_host()`; `cached_path` is ignored (nothing to cache)."""
+        import runtime
+
+        self.apply()
+        if self._state is None:
+            self._state = JobState({name: runtime.this_host() for name in self.meshes})
+        return self._state

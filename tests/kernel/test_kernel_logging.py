@@ -1,0 +1,42 @@
+"""logging_option in a notebook cell: aggregated lines land in the cell that caused them."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from test_kernel_client import Kernel
+
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel()
+    rundirs: list = []
+    try:
+        yield k
+        rundirs.append(k.value("import runtime; runtime.get_runtime().rundir"))
+    finally:
+        k.close()
+        for d in rundirs:  # the kernel is killed, so its runtime cannot remove it
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def test_aggregated_lines_print_in_the_cell(kernel):
+    r = kernel.execute("%mesh alloc workers --per-host procs=4")
+    assert r["error"] is None, r["error"]
+    kernel.track_processes()
+    r = kernel.execute(
+        "from runtime import Actor, endpoint\n"
+        "class Loud(Actor):\n"
+        "    @endpoint\n"
+        "    def say(self, text):\n"
+        "        print(text, flush=True)\n"
+        "workers.logging_option(stream_to_client=True, aggregate_window_sec=30)\n"
+        "loud = workers.spawn('loud', Loud)\n"
+        "loud.say.call('loss 0.13').get()\n")
+    assert r["error"] is None, r["error"]
+    assert r["stdout"].splitlines() == ["[4 similar lines from loud 0-3] loss 0.13"], r
+    r = kernel.execute("loud.say.call('next cell').get()")
+    assert r["stdout"].splitlines() == ["[4 similar lines from loud 0-3] next cell"], r

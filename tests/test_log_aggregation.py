@@ -1,0 +1,58 @@
+"""The pure aggregation of proc output lines (runtime.log_aggregation)."""
+from __future__ import annotations
+
+from runtime.log_aggregation import Aggregator, edit_distance, format_ranks, similar
+
+
+def test_edit_distance_and_similarity():
+    assert edit_distance("kitten", "sitting") == 3
+    assert edit_distance("", "abc") == 3 and edit_distance("same", "same") == 0
+    assert edit_distance("aaaa", "bbbbbbbbbb", limit=2) == 3  # stopped early
+    assert similar("loss 0.13", "loss 0.12")
+    assert similar("step 100 loss 0.1312", "step 100 loss 0.1298")
+    assert not similar("loss 0.13", "saving checkpoint")
+    assert not similar("x" * 500, "x" * 499 + "y")  # long lines: identical only
+    assert similar("x" * 500, "x" * 500)
+
+
+def test_format_ranks():
+    assert format_ranks([3, 0, 1, 2, 7, 9, 10]) == "0-3,7,9-10"
+    assert format_ranks([5]) == "5" and format_ranks([]) == ""
+    assert format_ranks([1, 1, 2]) == "1-2"
+
+
+def test_lines_from_many_ranks_print_once_with_count_and_ranks():
+    agg = Aggregator()
+    opened = [agg.add("trainers", "stdout", r, f"loss 0.1{r % 10}", now=10.0, window=3)
+              for r in range(16)]
+    assert opened == [True] + [False] * 15
+    agg.add("trainers", "stdout", 4, "saving checkpoint", now=10.5, window=3)
+    agg.add("trainers", "stderr", 2, "warning: slow", now=10.5, window=3)
+    assert agg.due(12.9) == [] and agg.due(13.0) == [("trainers", "stdout")]
+    assert sorted(agg.due(13.5)) == [("trainers", "stderr"), ("trainers", "stdout")]
+    out = agg.flush(("trainers", "stdout"))
+    assert out == [("16 similar lines from trainers 0-15", "stdout", "loss 0.10\n"),
+                   ("trainers 4", "stdout", "saving checkpoint\n")]
+    assert agg.flush(("trainers", "stdout")) == []  # forgotten
+    assert agg.keys() == [("trainers", "stderr")] and agg.keys("other") == []
+    assert agg.flush(("trainers", "stderr")) == [("trainers 2", "stderr", "warning: slow\n")]
+    assert agg.keys() == []
+
+
+def test_meshes_are_kept_apart_and_windows_restart():
+    agg = Aggregator()
+    agg.add("a", "stdout", 0, "hello", now=0.0, window=1)
+    agg.add("b", "stdout", 0, "hello", now=0.5, window=5)
+    assert agg.due(1.0) == [("a", "stdout")]
+    assert agg.flush(("a", "stdout")) == [("a 0", "stdout", "hello\n")]
+    assert agg.add("a", "stdout", 1, "hello", now=1.2, window=1)  # a new window opens
+    assert agg.due(2.0) == [] and agg.due(2.2) == [("a", "stdout")]
+    assert agg.flush(("b", "stdout")) == [("b 0", "stdout", "hello\n")]
+
+
+def test_a_flood_of_distinct_lines_is_bounded():
+    agg = Aggregator(max_groups=3)
+    for i in range(10):
+        agg.add("m", "stdout", i, f"unique line number {i} " + "z" * i * 7, now=0, window=1)
+    out = agg.flush(("m", "stdout"))
+    assert len(out) == 3 and out[-1][0] == "8 similar lines from m 2-9"
