@@ -1,15 +1,16 @@
 """monarch-notebook's actor runtime: meshes of processes and actors driven from one
 controller (a script or a notebook), with Monarch's API names and semantics."""
 
-from .actor import Actor, ActorContext, context, current_rank, current_size, endpoint
+from .actor import (Actor, ActorContext, concurrent_endpoint, context, current_rank,
+                    current_size, endpoint)
 from .channel import Accumulator, Channel, Port, PortReceiver
 from ._core import get_runtime, shutdown
 from .config import configure, configured
 from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, SerializationError,
                      SupervisionError)
 from .future import Future
-from ._meshes import (ActorMesh, HostMesh, ProcInfo, ProcMesh, attach_to_workers, this_host,
-                      this_proc)
+from ._meshes import (ActorMesh, HostMesh, NotAnEndpoint, ProcInfo, ProcMesh, as_endpoint,
+                      attach_to_workers, get_or_spawn_controller, send, this_host, this_proc)
 from .shapes import Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
 from .supervision.health import ActorState
@@ -40,7 +41,8 @@ def __getattr__(name: str):
 unhandled_fault_hook = default_unhandled_fault_hook
 
 __all__ = [
-    "Actor", "ActorContext", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
+    "Actor", "ActorContext", "NotAnEndpoint", "as_endpoint", "concurrent_endpoint",
+    "get_or_spawn_controller", "send", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
     "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape",
     "ShapeError", "SupervisionError", "ValueMesh", "add_startup_hook", "attach_to_workers",

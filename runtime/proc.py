@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import Any, Optional
 
-from . import logs
+from . import _endpoints, logs
 from .actor import ActorContext, _set_context, endpoints_of
 from .config import config
 from .errors import ActorError, SupervisionError
@@ -49,7 +49,7 @@ class ActorInstance:
         self.rank: int = e["rank"]
         self.shape = Shape(e["labels"], e["sizes"])
         self.owner_addr: str = h.reply
-        self.mailbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.mailbox: queue.SimpleQueue = _endpoints.Mailbox()
         self.state = "starting"
         self.endpoint: Optional[str] = None
         self.since = time.time()
@@ -62,6 +62,8 @@ class ActorInstance:
         self.instance: Any = None
         self.endpoints: dict = {}
         self._aloop: Any = None
+        self.tasks: set = set()  # running @concurrent_endpoint tasks
+        self.wake: Any = None  # set while the event loop runs them between messages
         self._spawn = (body, buffers)
         self.thread = threading.Thread(target=self._run, name=f"actor-{self.name}-{self.rank}",
                                        daemon=True)
@@ -76,6 +78,8 @@ class ActorInstance:
         self._init()
         mailbox = self.mailbox
         while True:
+            if self.tasks:
+                _endpoints.wait_idle(self)
             item = mailbox.get()
             what = item[0]
             if what == "call":
@@ -94,6 +98,8 @@ class ActorInstance:
         try:
             cls, args, kwargs = loads(body, buffers)
             self.endpoints = endpoints_of(cls)
+            if _endpoints.has_concurrent(self.endpoints):
+                _endpoints.install_waker(self)
             self.instance = cls.__new__(cls)
             init = self.instance.__init__(*args, **kwargs)
             if inspect.iscoroutine(init):
@@ -115,12 +121,16 @@ class ActorInstance:
         self.endpoint = endpoint
         self.since = time.time()
 
-    def _run_coro(self, coro: Any) -> Any:
+    def event_loop(self) -> Any:
+        """This actor's asyncio loop (made on first use; run only by its thread)."""
         if self._aloop is None:
             import asyncio
 
             self._aloop = asyncio.new_event_loop()
-        return self._aloop.run_until_complete(coro)
+        return self._aloop
+
+    def _run_coro(self, coro: Any) -> Any:
+        return self.event_loop().run_until_complete(coro)
 
     def _reply(self, h: Header, status: int, body: bytes, buffers: tuple = ()) -> None:
         self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=self.rank, status=status,
@@ -141,6 +151,8 @@ class ActorInstance:
             return
         name = h.method
         ep = self.endpoints.get(name)
+        if ep is None and h.extra is not None:
+            ep = _endpoints.adhoc_endpoint(self, h)
         if ep is None:
             if h.port:
                 self._reply_error(h, ActorError(
@@ -154,43 +166,63 @@ class ActorInstance:
         result = None
         try:
             args, kwargs = loads(body, buffers)
+            if ep.explicit_response_port:
+                args = (_endpoints.response_port(self, h), *args)
+            if ep.concurrent:
+                _endpoints.start_concurrent(self, ep, h, args, kwargs)
+                return
             result = ep.fn(self.instance, *args, **kwargs)
             if inspect.iscoroutine(result):
                 result = self._run_coro(result)
-            ok = True
+            ok = not ep.explicit_response_port
         except BaseException as e:  # noqa: BLE001 - delivered to the caller
-            self.errors += 1
-            self.last_exception = e
-            tb = _user_traceback(e)
-            err = ActorError(f"{type(e).__name__}: {e}", remote_traceback=tb,
-                             exception_type=type(e).__name__, mesh=self.name, rank=self.rank,
-                             endpoint=name)
-            if h.port:
-                self._reply_error(h, err)
-            else:
-                self._fail(f"{name}() raised {type(e).__name__}: {e} (no caller to receive it)",
-                           tb)
+            self.report_error(h, ep, e)
         finally:
             self.current_port = -1
             self.handled += 1
             if self.failed is None:
                 self._set_state("idle")
         if ok and h.port:
-            try:
-                data, bufs = dumps(result, f"the return value of {name}()")
-            except Exception as e:
-                self.errors += 1
-                self._reply_error(h, ActorError(
-                    f"endpoint {name}() returned a value that cannot be pickled: {e}",
-                    mesh=self.name, rank=self.rank, endpoint=name))
-                return
-            total = len(data) + sum(memoryview(b).nbytes for b in bufs)
-            if total > config.max_message_bytes:
-                self._reply_error(h, ActorError(
-                    f"endpoint {name}() returned {total} bytes, over the message limit of "
-                    f"{config.max_message_bytes}", mesh=self.name, rank=self.rank, endpoint=name))
-                return
-            self._reply(h, OK, data, tuple(bufs))
+            self._send_result(h, name, result)
+
+    def report_error(self, h: Header, ep: Any, e: BaseException) -> None:
+        """An endpoint raised `e`: an ActorError to the caller, or the actor fails (no
+        caller, an explicit-response-port endpoint, or a BaseException like SystemExit)."""
+        name = ep.name
+        self.errors += 1
+        self.last_exception = e
+        tb = _user_traceback(e)
+        if _endpoints.is_fatal(ep, e):
+            cause = f"{name}() raised {type(e).__name__}: {e}"
+            self._fail(cause, tb)
+            if h.port:
+                self._reply_error(h, _endpoints.failed_reply(self, cause))
+            return
+        err = ActorError(f"{type(e).__name__}: {e}", remote_traceback=tb,
+                         exception_type=type(e).__name__, mesh=self.name, rank=self.rank,
+                         endpoint=name)
+        if h.port:
+            self._reply_error(h, err)
+        else:
+            self._fail(f"{name}() raised {type(e).__name__}: {e} (no caller to receive it)", tb)
+
+    def _send_result(self, h: Header, name: str, result: Any) -> None:
+        """Reply with an endpoint's return value (or why it cannot travel)."""
+        try:
+            data, bufs = dumps(result, f"the return value of {name}()")
+        except Exception as e:
+            self.errors += 1
+            self._reply_error(h, ActorError(
+                f"endpoint {name}() returned a value that cannot be pickled: {e}",
+                mesh=self.name, rank=self.rank, endpoint=name))
+            return
+        total = len(data) + sum(memoryview(b).nbytes for b in bufs)
+        if total > config.max_message_bytes:
+            self._reply_error(h, ActorError(
+                f"endpoint {name}() returned {total} bytes, over the message limit of "
+                f"{config.max_message_bytes}", mesh=self.name, rank=self.rank, endpoint=name))
+            return
+        self._reply(h, OK, data, tuple(bufs))
 
     def _fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None) -> None:
         self.failed = cause
@@ -228,6 +260,7 @@ class ActorInstance:
             self._fail(f"failure of a mesh it owns not handled: {failure}", caused_by=failure)
 
     def _stop(self, h: Optional[Header]) -> None:
+        _endpoints.cancel_all(self)  # concurrent endpoint tasks end before __cleanup__
         # children first: meshes this actor owns
         for obj in list(self.rt.meshes()):
             if getattr(obj, "_owner_actor", None) == self.actor_id and hasattr(obj, "_stop_now"):

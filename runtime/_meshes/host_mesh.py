@@ -129,7 +129,12 @@ class HostMesh(MeshTrait):
                     {"proc_id": proc_id, "rank": rank, "mesh": name,
                      "env": {**config.to_env(), **(env or {})}})
         rt.state.change(rt.state.add_procs, procs)
+        from .local import root_controller_env
+
         for agent, plist in by_agent.values():
+            root = root_controller_env(rt, agent.address)
+            for p in plist:
+                p["env"].update(root)
             rt.send(agent.address, Header(Kind.SPAWN_PROCS, extra={
                 "procs": plist, "owner": rt.reply_address_for(agent.address),
                 "cwd": os.getcwd()}))

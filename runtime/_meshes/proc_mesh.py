@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from .._core import ActorMeshRecord, ProcRecord, Runtime
-from ..actor import Actor, _get_context, endpoints_of, plain_signature
+from ..actor import Actor, _get_context, endpoints_of, methods_of, plain_signature
 from ..config import config
 from ..errors import MeshStoppedError, SerializationError, SupervisionError
 from ..future import Future
@@ -54,6 +54,11 @@ class ProcMesh(MeshTrait):
 
     @property
     def host_mesh(self) -> "HostMesh":
+        """The host mesh these procs run on (this_host() for this_proc())."""
+        if self._host_mesh is None:
+            from .host_mesh import this_host
+
+            return this_host()
         return self._host_mesh
 
     @property
@@ -125,6 +130,7 @@ class ProcMesh(MeshTrait):
             ready=[None] * len(procs), inflight=[0] * len(procs),
             sigs=_signatures(actor_class), initialized=Future(f"{name}.initialized"),
         )
+        rec.methods = _method_signatures(actor_class)
         shape = Shape(labels, sizes)
         reply = rt.reply_address_for(
             (procs[0].address or procs[0].agent.address) if procs else "")
@@ -244,8 +250,29 @@ def _check_init_args(actor_class: type, args: tuple, kwargs: dict) -> None:
 def _signatures(actor_class: type) -> dict:
     sigs = {}
     for ep_name, ep in endpoints_of(actor_class).items():
-        try:
-            sigs[ep_name] = plain_signature(ep.fn)
-        except (TypeError, ValueError):
-            sigs[ep_name] = None
+        sigs[ep_name] = _caller_signature(ep.fn, ep.explicit_response_port)
     return sigs
+
+
+def _caller_signature(fn: Any, explicit_port: bool) -> Optional[inspect.Signature]:
+    """What a caller passes: the method's parameters without `self` (and without the
+    response port of an explicit-port endpoint); None where it cannot be read."""
+    try:
+        sig = plain_signature(fn)
+    except (TypeError, ValueError):
+        return None
+    if explicit_port:
+        params = list(sig.parameters.values())
+        P = inspect.Parameter
+        if params and params[0].kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
+            sig = sig.replace(parameters=params[1:])
+        elif not (params and params[0].kind == P.VAR_POSITIONAL):
+            raise TypeError(f"{getattr(fn, '__qualname__', fn)}: an endpoint with "
+                            "explicit_response_port=True takes the port as its first argument")
+    return sig
+
+
+def _method_signatures(actor_class: type) -> dict:
+    """The non-endpoint public methods (for `as_endpoint`): name -> caller signature."""
+    return {n: _caller_signature(getattr(actor_class, n), False)
+            for n in methods_of(actor_class)}

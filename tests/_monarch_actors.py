@@ -1,0 +1,175 @@
+"""Actor classes for the tests of Monarch's endpoint kinds and semantics (imported by the
+workers by reference)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+
+from runtime import (Actor, Port, concurrent_endpoint, context, endpoint,
+                     get_or_spawn_controller, this_proc)
+
+
+class Ported(Actor):
+    def __init__(self) -> None:
+        self.waiting: list = []
+
+    @endpoint(explicit_response_port=True)
+    def add(self, port: "Port[int]", b: int) -> None:
+        port.send(3 + b)
+
+    @endpoint(explicit_response_port=True)
+    def park(self, port: "Port[str]") -> None:
+        self.waiting.append(port)  # answered later, by release()
+
+    @endpoint
+    def release(self, value: str) -> int:
+        n = len(self.waiting)
+        for p in self.waiting:
+            p.send(value)
+        self.waiting.clear()
+        return n
+
+    @endpoint(explicit_response_port=True)
+    def forward(self, port: "Port[str]", other: "object", value: str) -> None:
+        other.answer.call_one(port, value).get(timeout=30)  # another actor answers
+
+    @endpoint(explicit_response_port=True)
+    def refuse(self, port: "Port[int]") -> None:
+        port.exception(ValueError("refused"))
+
+    @endpoint(explicit_response_port=True)
+    def crash(self, port: "Port[int]") -> None:
+        raise RuntimeError("no answer sent")
+
+    @endpoint(propagate="inspect", instrument=False)
+    def ping(self, x: int = 0) -> int:
+        return x
+
+    def plain(self, x: int) -> int:
+        return x * 10
+
+    def plain_port(self, port: "Port[int]", x: int) -> None:
+        port.send(x + 100)
+
+
+class Answerer(Actor):
+    @endpoint
+    def answer(self, port: "Port[str]", value: str) -> None:
+        port.send(f"answered {value} from pid {os.getpid()}")
+
+
+class Gate(Actor):
+    def __init__(self) -> None:
+        self.ready = asyncio.Event()
+        self.unblock = asyncio.Event()
+        self.order: list = []
+
+    @concurrent_endpoint
+    async def wait(self) -> str:
+        self.ready.set()
+        await self.unblock.wait()
+        return "done"
+
+    @endpoint
+    async def release_when_ready(self) -> str:
+        await self.ready.wait()
+        self.unblock.set()
+        return "released"
+
+    @concurrent_endpoint(explicit_response_port=True)
+    async def started(self, port: "Port[str]") -> None:
+        port.send("started")
+        await self.unblock.wait()
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+    @concurrent_endpoint
+    async def fail(self) -> None:
+        await asyncio.sleep(0)
+        raise ValueError("boom")
+
+    @concurrent_endpoint
+    async def hang(self, path: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            with open(path, "a") as f:
+                f.write("cancelled\n")
+
+    async def __cleanup__(self, exc: object) -> None:
+        path = os.environ.get("GATE_CLEANUP_FILE")
+        if path:
+            with open(path, "a") as f:
+                f.write("cleanup\n")
+
+
+class Sequential(Actor):
+    @endpoint
+    async def slow(self, t: float) -> str:
+        await asyncio.sleep(t)
+        return "slow"
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+
+class Where(Actor):
+    def __init__(self, tag: str = "") -> None:
+        self.tag = tag
+        self.n = 0
+
+    @endpoint
+    def where(self) -> dict:
+        self.n += 1
+        return {"pid": os.getpid(), "thread": threading.current_thread().name,
+                "tag": self.tag, "n": self.n, "name": context().name}
+
+    @endpoint
+    def singleton(self, name: str) -> object:
+        return get_or_spawn_controller(name, Where, "from-actor").get(timeout=30)
+
+    @endpoint
+    def spawn_here(self) -> int:
+        m = this_proc().spawn("inner", Where, "inner")
+        return m.where.call_one().get(timeout=30)["pid"]
+
+    @endpoint
+    def spawn_on(self, procs: object) -> list:
+        m = procs.spawn("spawned_by_actor", Where, "remote")
+        return sorted(v["pid"] for v in m.where.call().get(timeout=30).values())
+
+    @endpoint
+    def exit(self) -> None:
+        sys.exit(3)
+
+
+class BadInit(Actor):
+    def __init__(self) -> None:
+        raise ValueError("init exploded at once")
+
+    @endpoint
+    def ping(self) -> int:
+        return 1
+
+
+class Parent(Actor):
+    def __init__(self) -> None:
+        self.failures: list = []
+
+    @endpoint
+    def spawn_bad(self) -> None:
+        self.child = this_proc().spawn("bad_child", BadInit)
+
+    def __supervise__(self, failure: object) -> bool:
+        self.failures.append(str(failure))
+        return True
+
+    @endpoint
+    def seen(self) -> list:
+        return self.failures
