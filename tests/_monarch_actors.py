@@ -145,6 +145,14 @@ class Where(Actor):
         return sorted(v["pid"] for v in m.where.call().get(timeout=30).values())
 
     @endpoint
+    def procs_on(self, hosts: object) -> int:
+        pm = hosts.spawn_procs(per_host={"gpus": 2}, name="nested")
+        m = pm.spawn("nested_where", Where)
+        pids = {v["pid"] for v in m.where.call().get(timeout=30).values()}
+        pm.stop().get(timeout=20)
+        return len(pids - {os.getpid()})
+
+    @endpoint
     def exit(self) -> None:
         sys.exit(3)
 

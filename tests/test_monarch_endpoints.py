@@ -218,3 +218,10 @@ def test_proc_mesh_is_a_picklable_reference(procs):
     pids = w.spawn_on.call_one(procs.slice(procs=1)).get(timeout=40)
     assert pids == [procs.procs[1].pid]
     w.stop().get(timeout=20)
+
+
+def test_host_mesh_is_a_picklable_reference(procs):
+    w = procs.slice(procs=0).spawn("host_user", Where)
+    n = w.procs_on.call_one(this_host()).get(timeout=60)
+    assert n == 2
+    w.stop().get(timeout=20)

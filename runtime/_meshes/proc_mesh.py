@@ -196,6 +196,9 @@ class ProcMesh(MeshTrait):
             return fut
         for p in pending:
             rt.send_to_proc(p.address, p.route, Header(Kind.STOP_PROC))
+        if any(rt.state.proc(p.proc_id) is not p for p in pending):
+            fut.set_result(None)  # a reference received from elsewhere: no exit reports here
+            return fut
         deadline = time.monotonic() + config.stop_timeout + 1.0
 
         def check() -> None:
@@ -218,6 +221,14 @@ class ProcMesh(MeshTrait):
 
     def _stop_now(self, timeout: float = 5.0) -> None:
         self.stop().get(timeout + 3.0)
+
+    def __reduce__(self) -> Any:
+        """A reference another actor can spawn on, slice or stop (the procs stay owned by
+        their creator, who alone sees their exits)."""
+        procs = [(p.proc_id, p.rank, p.mesh, p.address, p.host, p.pid,
+                  (p.agent.agent_id, p.agent.address, p.agent.host, p.agent.remote)
+                  if p.agent is not None else None) for p in self._procs]
+        return (_rebuild_proc_mesh, (self.name, procs, self._shape, self._host_mesh))
 
     def __enter__(self) -> "ProcMesh":
         return self
@@ -276,3 +287,21 @@ def _method_signatures(actor_class: type) -> dict:
     """The non-endpoint public methods (for `as_endpoint`): name -> caller signature."""
     return {n: _caller_signature(getattr(actor_class, n), False)
             for n in methods_of(actor_class)}
+
+
+def _rebuild_proc_mesh(name: str, procs: list, shape: Shape, host_mesh: Any) -> ProcMesh:
+    from .._core import AgentRecord, get_runtime
+
+    rt = get_runtime()
+    recs = []
+    for proc_id, rank, mesh, address, host, pid, agent in procs:
+        rec = rt.state.proc(proc_id)
+        if rec is None:
+            a = None
+            if agent is not None:
+                a = rt.state.agents.get(agent[0]) or AgentRecord(agent[0], agent[1], agent[2],
+                                                                 remote=agent[3])
+            rec = ProcRecord(proc_id, rank, mesh, a, address, host=host, pid=pid,
+                             state="running")
+        recs.append(rec)
+    return ProcMesh(rt, name, recs, shape, host_mesh)
