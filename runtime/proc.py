@@ -419,9 +419,13 @@ class ProcServer:
         """Stop every actor (running __cleanup__), then exit the process."""
         for a in list(self.actors.values()):
             a.mailbox.put((_STOP, None))
-        deadline = time.monotonic() + config.stop_timeout
+        deadline = time.monotonic() + config.stop_timeout / 2
         for a in list(self.actors.values()):
             a.thread.join(max(0.0, deadline - time.monotonic()))
+        for a in list(self.actors.values()):
+            if a.thread.is_alive():  # still busy: KeyboardInterrupt runs its `finally` blocks
+                a.interrupt()
+                a.thread.join(1.0)
         self.stopped.set()
 
 
@@ -442,6 +446,26 @@ def dump_stacks() -> str:
         out.append(f"\nThread {names.get(tid, tid)} ({tid}):")
         out.extend(ln.rstrip("\n") for ln in traceback.format_stack(frame))
     return "\n".join(out) + "\n"
+
+
+def _graceful_exit(server: ProcServer, timeout: float) -> None:
+    """Before the proc exits: drop the actors (their `__del__` runs), then run the `atexit`
+    handlers, all within `timeout` seconds (the proc exits anyway after that)."""
+    import atexit
+    import gc
+
+    def run() -> None:
+        for a in list(server.actors.values()):
+            a.instance = None
+        gc.collect()
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001 - the proc is exiting anyway
+            traceback.print_exc()
+
+    t = threading.Thread(target=run, name="monarch-atexit", daemon=True)
+    t.start()
+    t.join(timeout)
 
 
 def main(cfg: dict) -> None:
@@ -477,6 +501,7 @@ def main(cfg: dict) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while not server.stopped.wait(1.0):
         pass
+    _graceful_exit(server, config.stop_timeout / 2)
     try:
         rt.loop.stop(timeout=1.0)
     finally:

@@ -181,3 +181,32 @@ class Parent(Actor):
     @endpoint
     def seen(self) -> list:
         return self.failures
+
+
+class Graceful(Actor):
+    def __init__(self, path: str) -> None:
+        import atexit
+
+        self.path = path
+        atexit.register(self._note, "atexit")
+
+    def _note(self, what: str) -> None:
+        with open(self.path, "a") as f:
+            f.write(what + "\n")
+
+    def __del__(self) -> None:
+        self._note("del")
+
+    @endpoint
+    def busy(self) -> None:
+        import time
+
+        try:
+            while True:
+                time.sleep(0.05)
+        finally:
+            self._note("finally")
+
+    @endpoint
+    def ping(self) -> int:
+        return 1

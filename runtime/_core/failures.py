@@ -164,6 +164,7 @@ class Failures:
             rt.health.update(m.health_name, rank, ActorState.FAILED, detail=failure.cause,
                              last_error=failure.cause, last_traceback=failure.traceback)
             self.check_initialized(m)
+            self.deliver(m, failure)  # a supervision event at once, as in Monarch
             return
         if rank in m.failed:
             return
@@ -190,6 +191,8 @@ class Failures:
     # -- supervision ------------------------------------------------------------------------
     def deliver(self, m: Optional[ActorMeshRecord], failure: MeshFailure) -> None:
         """Hand a failure of something this process owns to its owner (I/O thread)."""
+        if self.rt._closed:
+            return  # shutting down: the agents and procs ending now are no failure
         owner_actor = m.owner_actor if m is not None else None
         self.rt.role.on_unhandled_failure(owner_actor, failure)
 

@@ -277,6 +277,7 @@ class Runtime:
             for agent in self.state.agents.values():
                 if agent.alive:
                     self.send(agent.address, Header(Kind.AGENT_STOP))
+                    agent.alive = False  # its exit (code 0) is no host failure
 
         try:
             self.loop.run_sync(stop_all, timeout=1.0)
