@@ -21,12 +21,18 @@ class Mailbox(queue.SimpleQueue):
     replaces (on the instance) with one that also wakes its event loop."""
 
 
-def has_concurrent(endpoints: dict) -> bool:
-    return any(ep.concurrent for ep in endpoints.values())
+def loop_has_work(a: "ActorInstance") -> bool:
+    """Whether the actor's event loop has tasks that are not done (concurrent endpoints, or
+    tasks endpoints started with asyncio.create_task)."""
+    if a.tasks:
+        return True
+    return any(not t.done() for t in asyncio.all_tasks(a._aloop))
 
 
 def install_waker(a: "ActorInstance") -> None:
-    """Make `a.mailbox.put` wake the actor's event loop while it runs concurrent tasks."""
+    """Make `a.mailbox.put` wake the actor's event loop while it runs tasks between
+    messages (installed on first need; a put racing with it is seen by the empty() check)."""
+    a.waker = True
     mailbox = a.mailbox
     plain_put = queue.SimpleQueue.put
 
@@ -101,29 +107,38 @@ async def _run(a: "ActorInstance", ep: EndpointDef, h: Any, coro: Any) -> None:
 
 
 def wait_idle(a: "ActorInstance") -> None:
-    """Run the actor's event loop (its concurrent tasks) until a message arrives or no task
-    is left."""
+    """Run the actor's event loop (its tasks) until a message arrives or no task is left:
+    as in Monarch, an actor's asyncio loop keeps running between messages."""
     loop = a.event_loop()
     mailbox = a.mailbox
-    while a.tasks and mailbox.empty():
+    if not a.waker:
+        install_waker(a)
+    while mailbox.empty():
+        pending = {t for t in asyncio.all_tasks(loop) if not t.done()}
+        if not pending:
+            return
         wake = loop.create_future()
         a.wake = wake
         if not mailbox.empty():  # arrived before the waker could see `wake`
             a.wake = None
             break
         try:
-            loop.run_until_complete(asyncio.wait({wake, *a.tasks},
+            loop.run_until_complete(asyncio.wait({wake, *pending},
                                                  return_when=asyncio.FIRST_COMPLETED))
         finally:
             a.wake = None
 
 
-def cancel_all(a: "ActorInstance") -> None:
-    """Cancel the actor's concurrent tasks and wait for them (before `__cleanup__`)."""
-    if not a.tasks:
+def cancel_all(a: "ActorInstance", every_task: bool = False) -> None:
+    """Cancel the actor's concurrent tasks (before `__cleanup__`), or with `every_task` all
+    tasks of its loop (after it), and wait for them."""
+    if a._aloop is None:
         return
-    loop = a.event_loop()
-    tasks = list(a.tasks)
+    loop = a._aloop
+    tasks = list(a.tasks) if not every_task else \
+        [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if not tasks:
+        return
     for t in tasks:
         t.cancel()
     loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))

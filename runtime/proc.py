@@ -63,7 +63,8 @@ class ActorInstance:
         self.endpoints: dict = {}
         self._aloop: Any = None
         self.tasks: set = set()  # running @concurrent_endpoint tasks
-        self.wake: Any = None  # set while the event loop runs them between messages
+        self.wake: Any = None  # set while the event loop runs tasks between messages
+        self.waker = False  # whether mailbox.put wakes that loop
         self._spawn = (body, buffers)
         self.thread = threading.Thread(target=self._run, name=f"actor-{self.name}-{self.rank}",
                                        daemon=True)
@@ -78,8 +79,8 @@ class ActorInstance:
         self._init()
         mailbox = self.mailbox
         while True:
-            if self.tasks:
-                _endpoints.wait_idle(self)
+            if self._aloop is not None and _endpoints.loop_has_work(self):
+                _endpoints.wait_idle(self)  # the actor's asyncio tasks run between messages
             item = mailbox.get()
             what = item[0]
             if what == "call":
@@ -98,8 +99,6 @@ class ActorInstance:
         try:
             cls, args, kwargs = loads(body, buffers)
             self.endpoints = endpoints_of(cls)
-            if _endpoints.has_concurrent(self.endpoints):
-                _endpoints.install_waker(self)
             self.instance = cls.__new__(cls)
             init = self.instance.__init__(*args, **kwargs)
             if inspect.iscoroutine(init):
@@ -282,6 +281,7 @@ class ActorInstance:
             if h.port:
                 self._reply(h, OK, dumps(None)[0])
         if self._aloop is not None:
+            _endpoints.cancel_all(self, every_task=True)
             self._aloop.close()
 
     def interrupt(self) -> None:

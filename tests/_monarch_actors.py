@@ -210,3 +210,31 @@ class Graceful(Actor):
     @endpoint
     def ping(self) -> int:
         return 1
+
+
+class Background(Actor):
+    """A task started by a plain async endpoint keeps running between messages."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.running = False
+
+    @endpoint
+    async def start(self) -> None:
+        self.running = True
+        self.task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while self.running:
+            self.ticks += 1
+            await asyncio.sleep(0.01)
+
+    @endpoint
+    def ticks_now(self) -> int:
+        return self.ticks
+
+    @endpoint
+    async def finish(self) -> int:
+        self.running = False
+        await self.task
+        return self.ticks

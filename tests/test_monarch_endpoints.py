@@ -225,3 +225,16 @@ def test_host_mesh_is_a_picklable_reference(procs):
     n = w.procs_on.call_one(this_host()).get(timeout=60)
     assert n == 2
     w.stop().get(timeout=20)
+
+
+def test_asyncio_tasks_of_an_actor_run_between_messages(procs):
+    from _monarch_actors import Background
+
+    b = procs.slice(procs=0).spawn("background", Background)
+    b.start.call_one().get(timeout=20)
+    first = b.ticks_now.call_one().get(timeout=20)
+    time.sleep(0.5)  # no message meanwhile: the loop still runs the task
+    later = b.ticks_now.call_one().get(timeout=20)
+    assert later >= first + 10, (first, later)
+    assert b.finish.call_one().get(timeout=20) >= later
+    b.stop().get(timeout=20)
