@@ -84,8 +84,8 @@ def endpoint(fn: Any = None, *, propagate: Any = None, explicit_response_port: b
     _check_propagate(propagate)
 
     def make(f: Any) -> EndpointDef:
-        if isinstance(f, EndpointDef):
-            raise ValueError(f"{f.name} is already an endpoint; apply @endpoint once")
+        if isinstance(f, EndpointDef):  # applied twice: the outer options win
+            f = f.fn
         return EndpointDef(f, propagate, explicit_response_port, instrument)
 
     if fn is None:
