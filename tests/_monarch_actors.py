@@ -145,6 +145,14 @@ class Where(Actor):
         return sorted(v["pid"] for v in m.where.call().get(timeout=30).values())
 
     @endpoint
+    def try_stop(self, procs: object) -> str:
+        try:
+            procs.stop()
+        except RuntimeError as e:
+            return str(e)
+        return "stopped"
+
+    @endpoint
     def procs_on(self, hosts: object) -> int:
         pm = hosts.spawn_procs(per_host={"gpus": 2}, name="nested")
         m = pm.spawn("nested_where", Where)

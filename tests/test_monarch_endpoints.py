@@ -217,6 +217,7 @@ def test_proc_mesh_is_a_picklable_reference(procs):
     assert pids == sorted(p.pid for p in procs.procs)
     pids = w.spawn_on.call_one(procs.slice(procs=1)).get(timeout=40)
     assert pids == [procs.procs[1].pid]
+    assert "only its owner can stop it" in w.try_stop.call_one(procs).get(timeout=20)
     w.stop().get(timeout=20)
 
 

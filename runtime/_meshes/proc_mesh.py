@@ -48,6 +48,7 @@ class ProcMesh(MeshTrait):
         ctx = _get_context()
         self._owner_actor = ctx.actor_id if ctx is not None else None
         self._stopped_flag = False
+        self._borrowed = False  # a reference received from another process (unpickled)
 
     def _new_with_shape(self, shape: Shape) -> "ProcMesh":
         return ProcMesh(self._rt, self.name, self._procs, shape, self._host_mesh, self._root)
@@ -171,8 +172,11 @@ class ProcMesh(MeshTrait):
     def stop(self) -> Future:
         """Stop every proc of this mesh (actors run `__cleanup__` first). Returns a Future."""
         rt = self._rt
-        fut: Future = Future(f"{self.name}.stop")
         procs = self._procs
+        if self._root._borrowed:
+            raise RuntimeError(f"proc mesh {self.name!r} was received from another process; "
+                               "only its owner can stop it (stop the actors you spawned on it)")
+        fut: Future = Future(f"{self.name}.stop")
         self._stopped_flag = True
         self._root._stopped_flag = True
         ids = {p.proc_id for p in procs}
@@ -196,9 +200,6 @@ class ProcMesh(MeshTrait):
             return fut
         for p in pending:
             rt.send_to_proc(p.address, p.route, Header(Kind.STOP_PROC))
-        if any(rt.state.proc(p.proc_id) is not p for p in pending):
-            fut.set_result(None)  # a reference received from elsewhere: no exit reports here
-            return fut
         deadline = time.monotonic() + config.stop_timeout + 1.0
 
         def check() -> None:
@@ -304,4 +305,6 @@ def _rebuild_proc_mesh(name: str, procs: list, shape: Shape, host_mesh: Any) -> 
             rec = ProcRecord(proc_id, rank, mesh, a, address, host=host, pid=pid,
                              state="running")
         recs.append(rec)
-    return ProcMesh(rt, name, recs, shape, host_mesh)
+    pm = ProcMesh(rt, name, recs, shape, host_mesh)
+    pm._borrowed = True
+    return pm
