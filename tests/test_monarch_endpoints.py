@@ -100,6 +100,11 @@ def test_plain_method_is_not_an_endpoint_until_wrapped(ported):
         as_endpoint(len)
 
 
+def test_rref_says_it_needs_the_tensor_engine(ported):
+    with pytest.raises(NotImplementedError, match="tensor engine"):
+        ported.ping.rref(1)
+
+
 def test_send_to_a_port_and_selection(ported):
     port, recv = Channel.open()
     send(ported.ping, (7,), {}, port=port)

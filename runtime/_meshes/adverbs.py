@@ -127,6 +127,12 @@ class EndpointRef:
                    extra=self._extra)
         rt.messenger.cast([rec.target(r) for r in ranks], h, body, tuple(bufs))
 
+    def rref(self, *args: Any, **kwargs: Any) -> Any:
+        """Monarch's tensor-engine adverb: not provided (no tensor engine here)."""
+        raise NotImplementedError(
+            f"{self._qualname()}.rref(): rref needs Monarch's tensor engine, which this "
+            "runtime does not provide; use call()/call_one() and RDMABuffer for tensors")
+
     def _send(self, args: tuple, kwargs: dict, port: Any = None,
               selection: str = "all") -> None:
         """Send without waiting; each actor's answer goes to `port` (a `Port`), if given.
