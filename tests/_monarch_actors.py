@@ -135,6 +135,12 @@ class Where(Actor):
         return get_or_spawn_controller(name, Where, "from-actor").get(timeout=30)
 
     @endpoint
+    async def asingleton(self, name: str) -> object:
+        mesh = await get_or_spawn_controller(name, Where, "async")
+        info = await mesh.where.call_one()
+        return info["pid"]
+
+    @endpoint
     def spawn_here(self) -> int:
         m = this_proc().spawn("inner", Where, "inner")
         return m.where.call_one().get(timeout=30)["pid"]

@@ -208,6 +208,7 @@ def test_get_or_spawn_controller_is_a_singleton_from_anywhere(procs):
     fresh = w.slice(procs=0).singleton.call_one("made_by_actor").get(timeout=30)
     info = fresh.where.call_one().get(timeout=20)
     assert info["pid"] == os.getpid() and info["tag"] == "from-actor"
+    assert w.slice(procs=1).asingleton.call_one("awaited").get(timeout=30) == os.getpid()
     w.stop().get(timeout=20)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Optional
+from typing import Any
 
 from .._core import ProcRecord, Runtime, get_runtime
 from ..actor import Actor, _get_context, _set_context, endpoint
@@ -174,7 +174,3 @@ def get_or_spawn_controller(name: str, cls: type, *args: Any, **kwargs: Any) -> 
         "shape": Shape((), ())})
     return cc.get_or_spawn.call_one(name, cls, args, kwargs)
 
-
-def local_server_of(rt: Runtime) -> Optional[Any]:
-    """The ProcServer of a controller that hosts actors (None if it hosts none)."""
-    return getattr(rt.role, "local_server", None)
