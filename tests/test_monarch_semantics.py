@@ -138,3 +138,45 @@ def test_rdma_action_batches_reads_and_writes():
     with pytest.raises(ValueError, match="same local memory"):
         RDMAAction().read_into(ba, x).read_into(bb, x[:50])
     assert RDMAAction().submit().get(timeout=5) is None
+
+
+LOCAL_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from runtime import Actor, endpoint, this_proc
+
+    class Local(Actor):
+        @endpoint
+        def ping(self):
+            return "pong"
+
+        def __cleanup__(self, exc):
+            with open({path!r}, "w") as f:
+                f.write("cleaned up")
+
+    m = this_proc().spawn("local", Local)
+    print(m.ping.call_one().get(timeout=20), flush=True)
+""")
+
+
+def test_actors_in_the_controller_are_cleaned_up_at_exit(tmp_path):
+    path = str(tmp_path / "cleanup")
+    script = tmp_path / "local_actor.py"
+    script.write_text(LOCAL_SCRIPT.format(root=ROOT, path=path))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=60, cwd=str(tmp_path))
+    assert p.returncode == 0 and p.stdout.strip() == "pong", p.stderr
+    with open(path) as f:
+        assert f.read() == "cleaned up"
+
+
+def test_this_proc_stop_stops_its_actors_not_the_process():
+    pm = this_proc()
+    m = pm.spawn("stoppable", Where)
+    assert m.where.call_one().get(timeout=20)["pid"] == os.getpid()
+    pm.stop().get(timeout=20)
+    with pytest.raises(runtime.MeshStoppedError):
+        m.where.call_one()
+    again = this_proc().spawn("after_stop", Where)
+    assert again.where.call_one().get(timeout=20)["pid"] == os.getpid()
+    again.stop().get(timeout=20)

@@ -268,6 +268,9 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
+        local = getattr(self.role, "local_server", None)
+        if local is not None:  # actors hosted in this process (this_proc()): __cleanup__ first
+            local.stop()
 
         def stop_all() -> None:
             for rec in self.state.procs.values():
