@@ -9,8 +9,9 @@ from .config import configure, configured
 from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, SerializationError,
                      SupervisionError)
 from .future import Future
-from ._meshes import (ActorMesh, HostMesh, NotAnEndpoint, ProcInfo, ProcMesh, as_endpoint,
-                      attach_to_workers, get_or_spawn_controller, send, this_host, this_proc)
+from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, ProcMesh,
+                      as_endpoint, attach_to_workers, get_or_spawn_controller, send, this_host,
+                      this_proc)
 from .shapes import Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
 from .supervision.health import ActorState
@@ -41,7 +42,7 @@ def __getattr__(name: str):
 unhandled_fault_hook = default_unhandled_fault_hook
 
 __all__ = [
-    "Actor", "ActorContext", "NotAnEndpoint", "as_endpoint", "concurrent_endpoint",
+    "Actor", "ActorContext", "Endpoint", "NotAnEndpoint", "as_endpoint", "concurrent_endpoint",
     "get_or_spawn_controller", "send", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
     "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape",

@@ -213,8 +213,9 @@ def test_get_or_spawn_controller_is_a_singleton_from_anywhere(procs):
 
 
 # -- meshes as arguments, generic annotations ------------------------------------------------
-def test_generic_mesh_annotations():
+def test_generic_mesh_annotations(ported):
     assert ActorMesh[Where] is ActorMesh and ValueMesh[int] is ValueMesh
+    assert isinstance(ported.ping, runtime.Endpoint[[int], int])
 
 
 def test_proc_mesh_is_a_picklable_reference(procs):

@@ -25,7 +25,11 @@ if TYPE_CHECKING:
 
 
 class EndpointRef:
-    """An endpoint of an actor mesh (or of a slice of it)."""
+    """An endpoint of an actor mesh (or of a slice of it); exported as `runtime.Endpoint`
+    too (Monarch's name), and `Endpoint[P, R]` is the class itself."""
+
+    def __class_getitem__(cls, item: Any) -> type:
+        return cls
 
     def __init__(self, mesh: "ActorMesh", name: str, signature: Optional[inspect.Signature],
                  extra: Optional[dict] = None) -> None:
