@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from .actor import EndpointDef
 from .channel import Port
-from .errors import ActorError, SupervisionError
+from .errors import ActorError, SupervisionError, actor_failed_message
 
 if TYPE_CHECKING:
     from .proc import ActorInstance
@@ -145,4 +145,6 @@ def cancel_all(a: "ActorInstance", every_task: bool = False) -> None:
 
 
 def failed_reply(a: "ActorInstance", cause: str) -> SupervisionError:
-    return SupervisionError(f"actor {a.name!r} rank {a.rank} has failed: {cause}")
+    """What a call to a failed actor raises at its caller."""
+    cls_name = type(a.instance).__name__ if a.instance is not None else "actor"
+    return SupervisionError(actor_failed_message(cls_name, a.name, a.rank, cause))

@@ -145,8 +145,7 @@ class ActorInstance:
     def _handle_call(self, h: Header, body: Any, buffers: list) -> None:
         if self.failed is not None:
             if h.port:
-                self._reply_error(h, SupervisionError(
-                    f"actor {self.name!r} rank {self.rank} has failed: {self.failed}"))
+                self._reply_error(h, _endpoints.failed_reply(self, self.failed))
             return
         name = h.method
         ep = self.endpoints.get(name)

@@ -63,9 +63,11 @@ def test_init_failure_reaches_the_owners_supervise(failures):
 
 def test_system_exit_in_an_endpoint_fails_the_actor(failures):
     m = this_proc().spawn("exiter", Where)
-    with pytest.raises(SupervisionError, match="SystemExit"):
+    with pytest.raises(SupervisionError, match="Actor Where exiter .*exited because of the "
+                                               "following reason: .*SystemExit"):
         m.exit.call_one().get(timeout=20)
-    with pytest.raises(SupervisionError):
+    with pytest.raises(RuntimeError, match="Actor Where exiter .*exited because of the "
+                                           "following reason"):
         m.where.call_one().get(timeout=20)
     assert _wait_for(lambda: any(f.mesh == "exiter" for f in failures))
 

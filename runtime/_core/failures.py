@@ -11,7 +11,7 @@ import signal
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..config import config
-from ..errors import SupervisionError
+from ..errors import SupervisionError, actor_failed_message
 from ..supervision import MeshFailure
 from ..supervision.health import ActorState
 from ..transport.framing import Header, Kind
@@ -178,10 +178,11 @@ class Failures:
                              failure: MeshFailure) -> None:
         proc = m.proc_ids[rank]
         ports = self.rt.ports
+        msg = failure.report() + "\n" + actor_failed_message(m.cls_name, m.name, rank,
+                                                              failure.cause)
         for pid in ports.waiting_on(proc):
             failure.seen_by_waiter = True
-            ports.fail(pid, SupervisionError(failure.report(), failure), proc=proc,
-                       actor=m.actor_id)
+            ports.fail(pid, SupervisionError(msg, failure), proc=proc, actor=m.actor_id)
 
     def on_actor_stopped(self, h: Header, body: Any, buffers: list) -> None:
         m = self.rt.state.actor_meshes.get(h.actor)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ..config import config
 from ..errors import ActorError, MeshStoppedError, MessageTooLargeError, SerializationError, \
-    SupervisionError
+    SupervisionError, actor_failed_message
 from ..future import Future
 from ..shapes import Shape
 from ..transport.framing import ERROR, Header, Kind
@@ -81,8 +81,8 @@ class EndpointRef:
                 if r in rec.init_failed:
                     raise SupervisionError(
                         f"actor mesh {rec.name!r} rank {r} failed in __init__:\n{rec.ready[r]}", f)
-                raise SupervisionError(
-                    f.report(), f)
+                raise SupervisionError(actor_failed_message(
+                    rec.cls_name, rec.name, r, f.cause) + "\n" + f.report(), f)
 
     # -- adverbs -------------------------------------------------------------------------------------
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh]:
