@@ -42,9 +42,10 @@ class ThisProcMesh(ProcMesh):
             out.set_result(None)
             return out
         left = [len(futs)]
+        count_lock = threading.Lock()  # not _lock: callbacks run on the I/O thread
 
         def done(_: Future) -> None:
-            with _lock:
+            with count_lock:
                 left[0] -= 1
                 last = left[0] == 0
             if last:
