@@ -252,3 +252,16 @@ class Background(Actor):
         self.running = False
         await self.task
         return self.ticks
+
+
+class ChildGate(Gate):
+    """Concurrent endpoints are inherited; the child adds its own."""
+
+    @concurrent_endpoint
+    async def child_wait(self) -> str:
+        await self.ready.wait()
+        return "child"
+
+    @endpoint
+    def release(self) -> None:
+        self.unblock.set()

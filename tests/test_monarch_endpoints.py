@@ -150,6 +150,18 @@ def test_concurrent_endpoint_runs_interleaved(procs):
     g.stop().get(timeout=20)
 
 
+def test_inherited_concurrent_endpoints_run_interleaved(procs):
+    from _monarch_actors import ChildGate
+
+    assert ChildGate.wait._explicit_response_port and not ChildGate.release._explicit_response_port
+    g = procs.slice(procs=1).spawn("child_gate", ChildGate)
+    base = g.wait.call_one()
+    assert g.child_wait.call_one().get(timeout=20) == "child"
+    g.release.call_one().get(timeout=20)
+    assert base.get(timeout=20) == "done"
+    g.stop().get(timeout=20)
+
+
 def test_plain_async_endpoints_stay_one_at_a_time(procs):
     s = procs.slice(procs=1).spawn("seq", Sequential)
     slow = s.slow.call_one(0.6)
