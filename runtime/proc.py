@@ -431,7 +431,8 @@ class ProcServer:
 def _user_traceback(e: BaseException) -> str:
     """The traceback of `e` without the runtime's own frames at its top."""
     tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    ours = (__file__, _endpoints.__file__)
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours:
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(e), e, tb))
 

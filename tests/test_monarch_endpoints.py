@@ -144,8 +144,10 @@ def test_concurrent_endpoint_runs_interleaved(procs):
     assert wait.get(timeout=20) == "done"
     assert g.started.call_one().get(timeout=20) == "started"
     assert g.ping.call_one().get(timeout=20) == "pong"  # the started task still awaits
-    with pytest.raises(runtime.ActorError, match="boom"):
+    with pytest.raises(runtime.ActorError, match="boom") as ei:
         g.fail.call_one().get(timeout=20)
+    assert ei.value.remote_traceback.splitlines()[1].strip().startswith('File "') and \
+        "_endpoints.py" not in ei.value.remote_traceback
     assert g.ping.call_one().get(timeout=20) == "pong"
     g.stop().get(timeout=20)
 
