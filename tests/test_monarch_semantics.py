@@ -73,7 +73,7 @@ def test_system_exit_in_an_endpoint_fails_the_actor(failures):
 
 
 def test_proc_stop_runs_finally_del_and_atexit(tmp_path, monkeypatch):
-    monkeypatch.setattr(runtime.config.config, "stop_timeout", 2.0)
+    monkeypatch.setattr(runtime.config.config, "stop_timeout", 4.0)
     path = str(tmp_path / "log")
     pm = this_host().spawn_procs(per_host={"procs": 1}, name="graceful")
     g = pm.spawn("graceful", Graceful, path)
