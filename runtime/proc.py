@@ -456,12 +456,13 @@ def _graceful_exit(server: ProcServer, timeout: float) -> None:
 
     def run() -> None:
         for a in list(server.actors.values()):
-            a.instance = None
+            a.instance = a.last_exception = None  # a traceback would keep the instance alive
         gc.collect()
         try:
             atexit._run_exitfuncs()
         except BaseException:  # noqa: BLE001 - the proc is exiting anyway
             traceback.print_exc()
+        gc.collect()  # what the atexit handlers held
 
     t = threading.Thread(target=run, name="monarch-atexit", daemon=True)
     t.start()
