@@ -1,15 +1,16 @@
 """monarch-notebook's actor runtime: meshes of processes and actors driven from one
 controller (a script or a notebook), with Monarch's API names and semantics."""
 
-from .actor import (Actor, ActorContext, CreatorInstance, context, current_actor_name,
-                    current_rank, current_size, endpoint)
+from .actor import (Actor, ActorContext, CreatorInstance, concurrent_endpoint, context,
+                    current_actor_name, current_rank, current_size, endpoint)
 from .channel import Accumulator, Channel, Port, PortReceiver
 from ._core import get_runtime, shutdown
 from .config import configure, configured
 from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, SerializationError,
                      SupervisionError)
 from .future import Future
-from ._meshes import (ActorMesh, HostMesh, ProcInfo, ProcMesh, attach_to_workers, this_host,
+from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, ProcMesh,
+                      as_endpoint, attach_to_workers, get_or_spawn_controller, send, this_host,
                       this_proc)
 from .shapes import Extent, Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
@@ -64,8 +65,10 @@ def __getattr__(name: str):
 unhandled_fault_hook = default_unhandled_fault_hook
 
 __all__ = [
-    "Actor", "ActorContext", "Context", "enable_transport", "ActorError", "ActorMesh", "ActorState", "Accumulator", "Channel",
-    "Extent", "Future", "HostMesh", "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
+    "Actor", "ActorContext", "Context", "enable_transport", "Endpoint", "NotAnEndpoint",
+    "as_endpoint", "concurrent_endpoint", "get_or_spawn_controller", "send", "ActorError",
+    "ActorMesh", "ActorState", "Accumulator", "Channel", "Extent", "Future", "HostMesh",
+    "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape",
     "ShapeError", "SupervisionError", "ValueMesh", "add_startup_hook", "attach_to_workers",
     "configure", "configured", "context", "CreatorInstance", "current_actor_name",

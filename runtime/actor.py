@@ -34,16 +34,34 @@ class Actor:
 
 
 class EndpointDef:
-    """An endpoint method on an Actor class (a descriptor)."""
+    """An endpoint method on an Actor class (a descriptor).
 
-    def __init__(self, fn: Callable[..., Any], propagate: Any = None) -> None:
+    `explicit_response_port`: the method receives a `Port` as its first argument and
+    answers through it (later, or from another actor) instead of returning the answer.
+    `concurrent`: an async method run as a task on the actor's event loop, so the actor
+    takes its next message while this one waits (`@concurrent_endpoint`).
+    `propagate` and `instrument` are Monarch's keywords, kept for its code; they change
+    nothing here (no tensor engine, no tracing spans)."""
+
+    def __init__(self, fn: Callable[..., Any], propagate: Any = None,
+                 explicit_response_port: bool = False, instrument: bool = True,
+                 concurrent: bool = False) -> None:
         self.fn = fn
         self.name = fn.__name__
         self.is_async = inspect.iscoroutinefunction(fn)
         self.propagate = propagate
+        self.explicit_response_port = bool(explicit_response_port)
+        self.instrument = bool(instrument)
+        self.concurrent = bool(concurrent)
         self.__doc__ = fn.__doc__
         self.__name__ = fn.__name__
         self.__wrapped__ = fn
+
+    @property
+    def _explicit_response_port(self) -> bool:
+        """Monarch's attribute: true for explicit-port and for concurrent endpoints (which
+        Monarch implements as explicit-port endpoints)."""
+        return self.explicit_response_port or self.concurrent
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -57,17 +75,54 @@ class EndpointDef:
         return self.fn(*args, **kwargs)
 
 
+def _check_propagate(propagate: Any) -> None:
+    if propagate is None or propagate in ("cached", "inspect", "mocked") or callable(propagate):
+        return
+    raise ValueError(f"propagate={propagate!r}: expected None, 'cached', 'inspect', 'mocked' "
+                     "or a callable")
+
+
 @overload
 def endpoint(fn: F) -> F: ...
 @overload
-def endpoint(*, propagate: Any = None) -> Callable[[F], F]: ...
+def endpoint(*, propagate: Any = None, explicit_response_port: bool = False,
+             instrument: bool = True) -> Callable[[F], F]: ...
 
 
-def endpoint(fn: Any = None, *, propagate: Any = None) -> Any:
-    """Mark an Actor method as callable from other processes (sync or async)."""
+def endpoint(fn: Any = None, *, propagate: Any = None, explicit_response_port: bool = False,
+             instrument: bool = True) -> Any:
+    """Mark an Actor method as callable from other processes (sync or async). With
+    `explicit_response_port=True` the method gets a `Port` first and answers through it."""
+    _check_propagate(propagate)
+
+    def make(f: Any) -> EndpointDef:
+        if isinstance(f, EndpointDef):  # applied twice: the outer options win
+            f = f.fn
+        return EndpointDef(f, propagate, explicit_response_port, instrument)
+
     if fn is None:
-        return lambda f: EndpointDef(f, propagate)
-    return EndpointDef(fn, propagate)
+        return make
+    return make(fn)
+
+
+def concurrent_endpoint(fn: Any = None, *, propagate: Any = None,
+                        explicit_response_port: bool = False, instrument: bool = True) -> Any:
+    """An async endpoint run as a task on the actor's event loop: the actor handles its
+    next message while this one awaits. Plain endpoints keep one-at-a-time order."""
+    _check_propagate(propagate)
+
+    def make(f: Any) -> EndpointDef:
+        if isinstance(f, EndpointDef):
+            raise ValueError("concurrent_endpoint does not wrap @endpoint; pass endpoint "
+                             "options to @concurrent_endpoint")
+        if not inspect.iscoroutinefunction(f):
+            raise ValueError("concurrent_endpoint can only wrap async endpoints "
+                             f"({getattr(f, '__name__', f)!r} is not `async def`)")
+        return EndpointDef(f, propagate, explicit_response_port, instrument, concurrent=True)
+
+    if fn is None:
+        return make
+    return make(fn)
 
 
 def endpoints_of(cls: type) -> dict[str, EndpointDef]:
@@ -79,6 +134,20 @@ def endpoints_of(cls: type) -> dict[str, EndpointDef]:
                 out[name] = v
             elif name in out:
                 del out[name]  # overridden by a plain attribute
+    return out
+
+
+def methods_of(cls: type) -> list[str]:
+    """The public methods of an Actor class that are not endpoints (`as_endpoint` can call
+    them)."""
+    out = []
+    for name in dir(cls):
+        if name.startswith("_") or hasattr(Actor, name):
+            continue
+        v = inspect.getattr_static(cls, name, None)
+        if isinstance(v, EndpointDef) or not callable(v):
+            continue
+        out.append(name)
     return out
 
 

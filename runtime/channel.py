@@ -8,27 +8,45 @@ from typing import Any, Callable, Generic, Optional, TypeVar
 
 from ._core import get_runtime
 from .future import Future
-from .transport.framing import Header, Kind
+from .transport.framing import ERROR, OK, Header, Kind
 from .transport.serialization import dumps, loads
 
 T = TypeVar("T")
 
 
 class Port(Generic[T]):
-    """The sending end of a channel; picklable, so it can be passed to endpoints."""
+    """The sending end of a channel; picklable, so it can be passed to endpoints. An
+    explicit-response-port endpoint receives one (with the caller's `rank`) as its first
+    argument: `send(value)` answers the call, `exception(exc)` fails it."""
 
-    def __init__(self, address: str, port_id: int) -> None:
+    def __init__(self, address: str, port_id: int, rank: Optional[int] = None) -> None:
         self.address = address
         self.port_id = port_id
+        self.rank = rank
+
+    def _send(self, value: Any, status: int, what: str) -> None:
+        if not self.port_id:
+            return  # a call that wants no answer (broadcast): the value is dropped
+        rt = get_runtime()
+        body, bufs = dumps(value, what)
+        if self.rank is None:
+            h = Header(Kind.PORT_SEND, port=self.port_id, status=status)
+        else:
+            h = Header(Kind.REPLY, port=self.port_id, rank=self.rank, status=status)
+        rt.send(self.address, h, body, tuple(bufs))
 
     def send(self, value: T) -> None:
         """Send `value` to the receiver (from any process of this controller's session)."""
-        rt = get_runtime()
-        body, bufs = dumps(value, "the value sent to a port")
-        rt.send(self.address, Header(Kind.PORT_SEND, port=self.port_id), body, tuple(bufs))
+        self._send(value, OK, "the value sent to a port")
+
+    def exception(self, exc: BaseException) -> None:
+        """Send an exception: the receiver's `recv()` (or the waiting call) raises it."""
+        if not isinstance(exc, BaseException):
+            raise TypeError(f"Port.exception() takes an exception, got {type(exc).__name__}")
+        self._send(exc, ERROR, "the exception sent to a port")
 
     def __reduce__(self) -> Any:
-        return (Port, (self.address, self.port_id))
+        return (Port, (self.address, self.port_id, self.rank))
 
     def __repr__(self) -> str:
         return f"<Port {self.port_id} at {self.address}>"
@@ -46,7 +64,7 @@ class PortReceiver(Generic[T]):
     def _deliver(self, h: Header, body: Any, buffers: list) -> None:
         try:
             value: Any = loads(body, buffers)
-            ok = True
+            ok = h.status != ERROR or not isinstance(value, BaseException)
         except Exception as e:
             value, ok = e, False
         with self._lock:

@@ -52,8 +52,9 @@ def _rebuild_actor_error(message, tb, etype, mesh, rank, endpoint) -> ActorError
                       rank=rank, endpoint=endpoint)
 
 
-class SupervisionError(RuntimeErrorBase):
-    """The actor (or its process) has failed; calls to it cannot complete."""
+class SupervisionError(RuntimeErrorBase, RuntimeError):
+    """The actor (or its process) has failed; calls to it cannot complete (a RuntimeError,
+    as Monarch's is)."""
 
     def __init__(self, message: str, failure: Any = None) -> None:
         super().__init__(message)
@@ -71,5 +72,10 @@ class SerializationError(RuntimeErrorBase, TypeError):
     """An argument or a return value could not be pickled."""
 
 
-class MeshStoppedError(RuntimeErrorBase):
-    """The mesh was stopped; it accepts no more calls."""
+class MeshStoppedError(RuntimeErrorBase, RuntimeError):
+    """The mesh was stopped; it accepts no more calls (a RuntimeError, as in Monarch)."""
+
+
+def actor_failed_message(cls_name: str, mesh: str, rank: int, cause: str) -> str:
+    """The first line of a SupervisionError for a failed actor (Monarch's wording)."""
+    return f"Actor {cls_name} {mesh} (rank {rank}) exited because of the following reason: {cause}"

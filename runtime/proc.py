@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import Any, Optional
 
-from . import logs
+from . import _endpoints, logs
 from .actor import ActorContext, CreatorInstance, _message_view, _set_context, endpoints_of
 from .config import config
 from .errors import ActorError, SupervisionError
@@ -59,7 +59,7 @@ class ActorInstance:
         self.class_name: Optional[str] = e.get("cls")
         self.creator = _creator(e.get("creator"))
         self.owner_addr: str = h.reply
-        self.mailbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.mailbox: queue.SimpleQueue = _endpoints.Mailbox()
         self.state = "starting"
         self.endpoint: Optional[str] = None
         self.since = time.time()
@@ -72,6 +72,9 @@ class ActorInstance:
         self.instance: Any = None
         self.endpoints: dict = {}
         self._aloop: Any = None
+        self.tasks: set = set()  # running @concurrent_endpoint tasks
+        self.wake: Any = None  # set while the event loop runs tasks between messages
+        self.waker = False  # whether mailbox.put wakes that loop
         self._spawn = (body, buffers)
         self.thread = threading.Thread(target=self._run, name=f"actor-{self.name}-{self.rank}",
                                        daemon=True)
@@ -87,6 +90,8 @@ class ActorInstance:
         self._init()
         mailbox = self.mailbox
         while True:
+            if self._aloop is not None and _endpoints.loop_has_work(self):
+                _endpoints.wait_idle(self)  # the actor's asyncio tasks run between messages
             item = mailbox.get()
             what = item[0]
             if what == "call":
@@ -126,12 +131,16 @@ class ActorInstance:
         self.endpoint = endpoint
         self.since = time.time()
 
-    def _run_coro(self, coro: Any) -> Any:
+    def event_loop(self) -> Any:
+        """This actor's asyncio loop (made on first use; run only by its thread)."""
         if self._aloop is None:
             import asyncio
 
             self._aloop = asyncio.new_event_loop()
-        return self._aloop.run_until_complete(coro)
+        return self._aloop
+
+    def _run_coro(self, coro: Any) -> Any:
+        return self.event_loop().run_until_complete(coro)
 
     def _reply(self, h: Header, status: int, body: bytes, buffers: tuple = ()) -> None:
         self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=self.rank, status=status,
@@ -147,11 +156,12 @@ class ActorInstance:
     def _handle_call(self, h: Header, body: Any, buffers: list) -> None:
         if self.failed is not None:
             if h.port:
-                self._reply_error(h, SupervisionError(
-                    f"actor {self.name!r} rank {self.rank} has failed: {self.failed}"))
+                self._reply_error(h, _endpoints.failed_reply(self, self.failed))
             return
         name = h.method
         ep = self.endpoints.get(name)
+        if ep is None and h.extra is not None:
+            ep = _endpoints.adhoc_endpoint(self, h)
         if ep is None:
             if h.port:
                 self._reply_error(h, ActorError(
@@ -167,22 +177,17 @@ class ActorInstance:
         token = _message_view.set(Shape(*view) if view else None)
         try:
             args, kwargs = loads(body, buffers)
+            if ep.explicit_response_port:
+                args = (_endpoints.response_port(self, h), *args)
+            if ep.concurrent:
+                _endpoints.start_concurrent(self, ep, h, args, kwargs)
+                return
             result = ep.fn(self.instance, *args, **kwargs)
             if inspect.iscoroutine(result):
                 result = self._run_coro(result)
-            ok = True
+            ok = not ep.explicit_response_port
         except BaseException as e:  # noqa: BLE001 - delivered to the caller
-            self.errors += 1
-            self.last_exception = e
-            tb = _user_traceback(e)
-            err = ActorError(f"{type(e).__name__}: {e}", remote_traceback=tb,
-                             exception_type=type(e).__name__, mesh=self.name, rank=self.rank,
-                             endpoint=name)
-            if h.port:
-                self._reply_error(h, err)
-            else:
-                self._fail(f"{name}() raised {type(e).__name__}: {e} (no caller to receive it)",
-                           tb)
+            self.report_error(h, ep, e)
         finally:
             _message_view.reset(token)
             self.current_port = -1
@@ -190,21 +195,46 @@ class ActorInstance:
             if self.failed is None:
                 self._set_state("idle")
         if ok and h.port:
-            try:
-                data, bufs = dumps(result, f"the return value of {name}()")
-            except Exception as e:
-                self.errors += 1
-                self._reply_error(h, ActorError(
-                    f"endpoint {name}() returned a value that cannot be pickled: {e}",
-                    mesh=self.name, rank=self.rank, endpoint=name))
-                return
-            total = len(data) + sum(memoryview(b).nbytes for b in bufs)
-            if total > config.max_message_bytes:
-                self._reply_error(h, ActorError(
-                    f"endpoint {name}() returned {total} bytes, over the message limit of "
-                    f"{config.max_message_bytes}", mesh=self.name, rank=self.rank, endpoint=name))
-                return
-            self._reply(h, OK, data, tuple(bufs))
+            self._send_result(h, name, result)
+
+    def report_error(self, h: Header, ep: Any, e: BaseException) -> None:
+        """An endpoint raised `e`: an ActorError to the caller, or the actor fails (no
+        caller, an explicit-response-port endpoint, or a BaseException like SystemExit)."""
+        name = ep.name
+        self.errors += 1
+        self.last_exception = e
+        tb = _user_traceback(e)
+        if _endpoints.is_fatal(ep, e):
+            cause = f"{name}() raised {type(e).__name__}: {e}"
+            self._fail(cause, tb)
+            if h.port:
+                self._reply_error(h, _endpoints.failed_reply(self, cause))
+            return
+        err = ActorError(f"{type(e).__name__}: {e}", remote_traceback=tb,
+                         exception_type=type(e).__name__, mesh=self.name, rank=self.rank,
+                         endpoint=name)
+        if h.port:
+            self._reply_error(h, err)
+        else:
+            self._fail(f"{name}() raised {type(e).__name__}: {e} (no caller to receive it)", tb)
+
+    def _send_result(self, h: Header, name: str, result: Any) -> None:
+        """Reply with an endpoint's return value (or why it cannot travel)."""
+        try:
+            data, bufs = dumps(result, f"the return value of {name}()")
+        except Exception as e:
+            self.errors += 1
+            self._reply_error(h, ActorError(
+                f"endpoint {name}() returned a value that cannot be pickled: {e}",
+                mesh=self.name, rank=self.rank, endpoint=name))
+            return
+        total = len(data) + sum(memoryview(b).nbytes for b in bufs)
+        if total > config.max_message_bytes:
+            self._reply_error(h, ActorError(
+                f"endpoint {name}() returned {total} bytes, over the message limit of "
+                f"{config.max_message_bytes}", mesh=self.name, rank=self.rank, endpoint=name))
+            return
+        self._reply(h, OK, data, tuple(bufs))
 
     def _fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None) -> None:
         self.failed = cause
@@ -242,6 +272,7 @@ class ActorInstance:
             self._fail(f"failure of a mesh it owns not handled: {failure}", caused_by=failure)
 
     def _stop(self, h: Optional[Header]) -> None:
+        _endpoints.cancel_all(self)  # concurrent endpoint tasks end before __cleanup__
         # children first: meshes this actor owns
         for obj in list(self.rt.meshes()):
             if getattr(obj, "_owner_actor", None) == self.actor_id and hasattr(obj, "_stop_now"):
@@ -263,6 +294,7 @@ class ActorInstance:
             if h.port:
                 self._reply(h, OK, dumps(None)[0])
         if self._aloop is not None:
+            _endpoints.cancel_all(self, every_task=True)
             self._aloop.close()
 
     def interrupt(self) -> None:
@@ -406,9 +438,13 @@ class ProcServer:
         """Stop every actor (running __cleanup__), then exit the process."""
         for a in list(self.actors.values()):
             a.mailbox.put((_STOP, None))
-        deadline = time.monotonic() + config.stop_timeout
+        deadline = time.monotonic() + config.stop_timeout / 2
         for a in list(self.actors.values()):
             a.thread.join(max(0.0, deadline - time.monotonic()))
+        for a in list(self.actors.values()):
+            if a.thread.is_alive():  # still busy: KeyboardInterrupt runs its `finally` blocks
+                a.interrupt()
+                a.thread.join(1.0)
         self.stopped.set()
 
 
@@ -422,7 +458,8 @@ def _reply_extra(h: Header) -> Optional[dict]:
 def _user_traceback(e: BaseException) -> str:
     """The traceback of `e` without the runtime's own frames at its top."""
     tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    ours = (__file__, _endpoints.__file__)
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours:
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(e), e, tb))
 
@@ -436,6 +473,27 @@ def dump_stacks() -> str:
         out.append(f"\nThread {names.get(tid, tid)} ({tid}):")
         out.extend(ln.rstrip("\n") for ln in traceback.format_stack(frame))
     return "\n".join(out) + "\n"
+
+
+def _graceful_exit(server: ProcServer, timeout: float) -> None:
+    """Before the proc exits: drop the actors (their `__del__` runs), then run the `atexit`
+    handlers, all within `timeout` seconds (the proc exits anyway after that)."""
+    import atexit
+    import gc
+
+    def run() -> None:
+        for a in list(server.actors.values()):
+            a.instance = a.last_exception = None  # a traceback would keep the instance alive
+        gc.collect()
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001 - the proc is exiting anyway
+            traceback.print_exc()
+        gc.collect()  # what the atexit handlers held
+
+    t = threading.Thread(target=run, name="monarch-atexit", daemon=True)
+    t.start()
+    t.join(timeout)
 
 
 def main(cfg: dict) -> None:
@@ -471,6 +529,7 @@ def main(cfg: dict) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while not server.stopped.wait(1.0):
         pass
+    _graceful_exit(server, config.stop_timeout / 2)
     try:
         rt.loop.stop(timeout=1.0)
     finally:

@@ -10,7 +10,11 @@ T = TypeVar("T")
 
 
 class ValueMesh(MeshTrait, Generic[T]):
-    """Values indexed by mesh points. `values[i]` belongs to the dense shape's rank `i`."""
+    """Values indexed by mesh points. `values[i]` belongs to the dense shape's rank `i`.
+    `ValueMesh[T]` is the class itself (Monarch's generic annotation)."""
+
+    def __class_getitem__(cls, item: Any) -> type:
+        return cls
 
     def __init__(self, shape: Shape, values: Sequence[T], _base: Shape | None = None) -> None:
         self._shape = shape

@@ -1,69 +1,267 @@
-"""Actor classes for the Monarch-compatibility tests (imported by the workers by reference)."""
+"""Actor classes for the tests of Monarch's endpoint kinds and semantics (imported by the
+workers by reference)."""
+
 from __future__ import annotations
 
-import logging
+import asyncio
+import os
+import sys
+import threading
 
-from runtime import Actor, context, current_actor_name, current_rank, endpoint
+from runtime import (Actor, Port, concurrent_endpoint, context, endpoint,
+                     get_or_spawn_controller, this_proc)
 
 
-class Whoami(Actor):
-    """Reports what Monarch's context API says inside an actor."""
+class Ported(Actor):
+    def __init__(self) -> None:
+        self.waiting: list = []
+
+    @endpoint(explicit_response_port=True)
+    def add(self, port: "Port[int]", b: int) -> None:
+        port.send(3 + b)
+
+    @endpoint(explicit_response_port=True)
+    def park(self, port: "Port[str]") -> None:
+        self.waiting.append(port)  # answered later, by release()
 
     @endpoint
-    def info(self) -> dict:
-        ins = context().actor_instance
-        return {"rank": ins.rank.rank, "coords": dict(ins.rank), "str": str(ins.rank),
-                "actor_id": ins.actor_id, "name": ins.name, "class_name": ins.class_name,
-                "creator": repr(ins.creator) if ins.creator is not None else None,
-                "message_rank": dict(context().message_rank),
-                "message_flat": context().message_rank.rank,
-                "current_actor_name": current_actor_name(), "qualified": str(ins)}
+    def release(self, value: str) -> int:
+        n = len(self.waiting)
+        for p in self.waiting:
+            p.send(value)
+        self.waiting.clear()
+        return n
+
+    @endpoint(explicit_response_port=True)
+    def forward(self, port: "Port[str]", other: "object", value: str) -> None:
+        other.answer.call_one(port, value).get(timeout=30)  # another actor answers
+
+    @endpoint(explicit_response_port=True)
+    def refuse(self, port: "Port[int]") -> None:
+        port.exception(ValueError("refused"))
+
+    @endpoint(explicit_response_port=True)
+    def crash(self, port: "Port[int]") -> None:
+        raise RuntimeError("no answer sent")
+
+    @endpoint(propagate="inspect", instrument=False)
+    def ping(self, x: int = 0) -> int:
+        return x
+
+    def plain(self, x: int) -> int:
+        return x * 10
+
+    def plain_port(self, port: "Port[int]", x: int) -> None:
+        port.send(x + 100)
+
+
+class Answerer(Actor):
+    @endpoint
+    def answer(self, port: "Port[str]", value: str) -> None:
+        port.send(f"answered {value} from pid {os.getpid()}")
+
+
+class Gate(Actor):
+    def __init__(self) -> None:
+        self.ready = asyncio.Event()
+        self.unblock = asyncio.Event()
+        self.order: list = []
+
+    @concurrent_endpoint
+    async def wait(self) -> str:
+        self.ready.set()
+        await self.unblock.wait()
+        return "done"
 
     @endpoint
-    async def ainfo(self) -> dict:
-        return {"message_rank": dict(context().message_rank), "rank": current_rank().rank}
+    async def release_when_ready(self) -> str:
+        await self.ready.wait()
+        self.unblock.set()
+        return "released"
+
+    @concurrent_endpoint(explicit_response_port=True)
+    async def started(self, port: "Port[str]") -> None:
+        port.send("started")
+        await self.unblock.wait()
 
     @endpoint
-    def log(self, msg: str, level: int = logging.INFO) -> dict:
-        seen: list = []
+    async def ping(self) -> str:
+        return "pong"
 
-        class Keep(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                seen.append({"actor_name": record.actor_name, "rank": record.rank,
-                             "point": record.point, "msg": record.getMessage()})
+    @concurrent_endpoint
+    async def fail(self) -> None:
+        await asyncio.sleep(0)
+        raise ValueError("boom")
 
-        h = Keep()
-        self.logger.addHandler(h)
+    @concurrent_endpoint
+    async def hang(self, path: str) -> None:
         try:
-            self.logger.log(level, msg)
+            await asyncio.Event().wait()
         finally:
-            self.logger.removeHandler(h)
-        return {"records": seen, "is_logger": isinstance(self.logger, logging.Logger),
-                "logger_name": self.logger.name}
+            with open(path, "a") as f:
+                f.write("cancelled\n")
+
+    async def __cleanup__(self, exc: object) -> None:
+        path = os.environ.get("GATE_CLEANUP_FILE")
+        if path:
+            with open(path, "a") as f:
+                f.write("cleanup\n")
+
+
+class Sequential(Actor):
+    @endpoint
+    async def slow(self, t: float) -> str:
+        await asyncio.sleep(t)
+        return "slow"
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+
+class Where(Actor):
+    def __init__(self, tag: str = "") -> None:
+        self.tag = tag
+        self.n = 0
+
+    @endpoint
+    def where(self) -> dict:
+        self.n += 1
+        return {"pid": os.getpid(), "thread": threading.current_thread().name,
+                "tag": self.tag, "n": self.n, "name": context().name}
+
+    @endpoint
+    def singleton(self, name: str) -> object:
+        return get_or_spawn_controller(name, Where, "from-actor").get(timeout=30)
+
+    @endpoint
+    async def asingleton(self, name: str) -> object:
+        mesh = await get_or_spawn_controller(name, Where, "async")
+        info = await mesh.where.call_one()
+        return info["pid"]
+
+    @endpoint
+    def spawn_here(self) -> int:
+        m = this_proc().spawn("inner", Where, "inner")
+        return m.where.call_one().get(timeout=30)["pid"]
+
+    @endpoint
+    def spawn_on(self, procs: object) -> list:
+        m = procs.spawn("spawned_by_actor", Where, "remote")
+        return sorted(v["pid"] for v in m.where.call().get(timeout=30).values())
+
+    @endpoint
+    def try_stop(self, procs: object) -> str:
+        try:
+            procs.stop()
+        except RuntimeError as e:
+            return str(e)
+        return "stopped"
+
+    @endpoint
+    def procs_on(self, hosts: object) -> int:
+        pm = hosts.spawn_procs(per_host={"gpus": 2}, name="nested")
+        m = pm.spawn("nested_where", Where)
+        pids = {v["pid"] for v in m.where.call().get(timeout=30).values()}
+        pm.stop().get(timeout=20)
+        return len(pids - {os.getpid()})
+
+    @endpoint
+    def exit(self) -> None:
+        sys.exit(3)
+
+
+class BadInit(Actor):
+    def __init__(self) -> None:
+        raise ValueError("init exploded at once")
+
+    @endpoint
+    def ping(self) -> int:
+        return 1
 
 
 class Parent(Actor):
-    """Spawns children from inside an actor (to check `creator`)."""
+    def __init__(self) -> None:
+        self.failures: list = []
 
     @endpoint
-    def children_info(self) -> list:
-        from runtime import this_host
+    def spawn_bad(self) -> None:
+        self.child = this_proc().spawn("bad_child", BadInit)
 
-        procs = this_host().spawn_procs(per_host={"procs": 1})
+    def __supervise__(self, failure: object) -> bool:
+        self.failures.append(str(failure))
+        return True
+
+    @endpoint
+    def seen(self) -> list:
+        return self.failures
+
+
+class Graceful(Actor):
+    def __init__(self, path: str) -> None:
+        import atexit
+
+        self.path = path
+        atexit.register(self._note, "atexit")
+
+    def _note(self, what: str) -> None:
+        with open(self.path, "a") as f:
+            f.write(what + "\n")
+
+    def __del__(self) -> None:
+        self._note("del")
+
+    @endpoint
+    def busy(self) -> None:
+        import time
+
         try:
-            kids = procs.spawn("kids", Whoami)
-            return list(kids.info.call().get(timeout=60).values())
+            while True:
+                time.sleep(0.05)
         finally:
-            procs.stop().get(timeout=30)
-
-
-class Printer(Actor):
-    """Prints and logs from every rank (for logging_option)."""
+            self._note("finally")
 
     @endpoint
-    def say(self, text: str) -> None:
-        print(text, flush=True)
+    def ping(self) -> int:
+        return 1
+
+
+class Background(Actor):
+    """A task started by a plain async endpoint keeps running between messages."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.running = False
 
     @endpoint
-    def debug(self, text: str) -> None:
-        self.logger.debug(text)
+    async def start(self) -> None:
+        self.running = True
+        self.task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while self.running:
+            self.ticks += 1
+            await asyncio.sleep(0.01)
+
+    @endpoint
+    def ticks_now(self) -> int:
+        return self.ticks
+
+    @endpoint
+    async def finish(self) -> int:
+        self.running = False
+        await self.task
+        return self.ticks
+
+
+class ChildGate(Gate):
+    """Concurrent endpoints are inherited; the child adds its own."""
+
+    @concurrent_endpoint
+    async def child_wait(self) -> str:
+        await self.ready.wait()
+        return "child"
+
+    @endpoint
+    def release(self) -> None:
+        self.unblock.set()

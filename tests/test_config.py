@@ -41,7 +41,8 @@ def test_every_setting_is_declared_with_env_type_default_doc():
 
 def test_every_monarch_variable_in_the_code_is_declared():
     declared = {s.env for s in SETTINGS.values()} | {TOKEN_ENV}
-    not_settings = {"MONARCH_AGENT_ADDRESS", "MONARCH_JOB_DIR"}  # a stdout tag, a script var
+    # a stdout tag, a script var, the root controller's address handed to procs
+    not_settings = {"MONARCH_AGENT_ADDRESS", "MONARCH_JOB_DIR", "MONARCH_ROOT_CONTROLLER"}
     found = set()
     for pkg in ("runtime", "monarch_kernel", "monarch_widgets"):
         for f in (ROOT / pkg).rglob("*.py"):

@@ -10,7 +10,7 @@ import pytest
 import runtime
 from runtime import Point, Shape, context, current_actor_name, this_host
 
-from _monarch_actors import Parent, Whoami
+from _monarch_context_actors import Parent, Whoami
 
 pytestmark = pytest.mark.timeout(120)
 

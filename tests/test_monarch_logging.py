@@ -15,7 +15,7 @@ import pytest
 import runtime
 from runtime import Future, this_host
 
-from _monarch_actors import Printer
+from _monarch_context_actors import Printer
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,7 +123,7 @@ SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, "tests")
     from runtime import this_host
-    from _monarch_actors import Printer
+    from _monarch_context_actors import Printer
     pm = this_host().spawn_procs(per_host={"hosts": 2, "gpus": 8})
     pm.logging_option(stream_to_client=True, aggregate_window_sec=3)
     p = pm.spawn("trainers", Printer)

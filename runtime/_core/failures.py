@@ -11,7 +11,7 @@ import signal
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..config import config
-from ..errors import SupervisionError
+from ..errors import SupervisionError, actor_failed_message
 from ..supervision import MeshFailure
 from ..supervision.health import ActorState
 from ..transport.framing import Header, Kind
@@ -164,6 +164,7 @@ class Failures:
             rt.health.update(m.health_name, rank, ActorState.FAILED, detail=failure.cause,
                              last_error=failure.cause, last_traceback=failure.traceback)
             self.check_initialized(m)
+            self.deliver(m, failure)  # a supervision event at once, as in Monarch
             return
         if rank in m.failed:
             return
@@ -177,10 +178,11 @@ class Failures:
                              failure: MeshFailure) -> None:
         proc = m.proc_ids[rank]
         ports = self.rt.ports
+        msg = failure.report() + "\n" + actor_failed_message(m.cls_name, m.name, rank,
+                                                              failure.cause)
         for pid in ports.waiting_on(proc):
             failure.seen_by_waiter = True
-            ports.fail(pid, SupervisionError(failure.report(), failure), proc=proc,
-                       actor=m.actor_id)
+            ports.fail(pid, SupervisionError(msg, failure), proc=proc, actor=m.actor_id)
 
     def on_actor_stopped(self, h: Header, body: Any, buffers: list) -> None:
         m = self.rt.state.actor_meshes.get(h.actor)
@@ -190,6 +192,8 @@ class Failures:
     # -- supervision ------------------------------------------------------------------------
     def deliver(self, m: Optional[ActorMeshRecord], failure: MeshFailure) -> None:
         """Hand a failure of something this process owns to its owner (I/O thread)."""
+        if self.rt._closed:
+            return  # shutting down: the agents and procs ending now are no failure
         owner_actor = m.owner_actor if m is not None else None
         self.rt.role.on_unhandled_failure(owner_actor, failure)
 

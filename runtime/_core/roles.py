@@ -32,8 +32,16 @@ class ControllerRole:
     def heartbeat_extra(self) -> Optional[dict]:
         return None
 
+    local_server: Any = None  # the ProcServer of actors hosted here (this_proc()), if any
+
     def on_unhandled_failure(self, owner_actor: Optional[str], failure: MeshFailure) -> None:
-        """Run `runtime.unhandled_fault_hook(failure)` on its own thread."""
+        """Give the failure to the owning actor hosted here (`this_proc()`), else run
+        `runtime.unhandled_fault_hook(failure)` on its own thread."""
+        server = self.local_server
+        if owner_actor is not None and server is not None and \
+                server.deliver_to_actor(owner_actor, failure):
+            return
+
         def run_hook() -> None:
             import runtime
 

@@ -261,6 +261,9 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
+        local = getattr(self.role, "local_server", None)
+        if local is not None:  # actors hosted in this process (this_proc()): __cleanup__ first
+            local.stop()
 
         def stop_all() -> None:
             self.output.flush()  # aggregated output is printed before the procs go
@@ -271,6 +274,7 @@ class Runtime:
             for agent in self.state.agents.values():
                 if agent.alive:
                     self.send(agent.address, Header(Kind.AGENT_STOP))
+                    agent.alive = False  # its exit (code 0) is no host failure
 
         try:
             self.loop.run_sync(stop_all, timeout=1.0)

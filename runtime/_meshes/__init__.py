@@ -4,15 +4,13 @@ User objects ask the runtime's state table and submit changes to it; they never 
 """
 
 from .actor_mesh import ActorMesh
-from .adverbs import EndpointRef
+from .adverbs import EndpointRef, NotAnEndpoint, as_endpoint, send
+
+Endpoint = EndpointRef  # Monarch's name for the type of `mesh.method`
 from .host_mesh import HostMesh, attach_to_workers, child_env, this_host
+from .local import get_or_spawn_controller, this_proc
 from .proc_mesh import ProcInfo, ProcMesh
 
-
-def this_proc() -> ProcMesh:
-    """Not supported in this runtime: actors live in procs started by a host mesh."""
-    raise NotImplementedError("this_proc() is not supported; use this_host().spawn_procs()")
-
-
-__all__ = ["ActorMesh", "EndpointRef", "HostMesh", "ProcInfo", "ProcMesh", "attach_to_workers",
-           "child_env", "this_host", "this_proc"]
+__all__ = ["ActorMesh", "Endpoint", "EndpointRef", "HostMesh", "NotAnEndpoint", "ProcInfo", "ProcMesh",
+           "as_endpoint", "attach_to_workers", "child_env", "get_or_spawn_controller", "send",
+           "this_host", "this_proc"]

@@ -8,14 +8,18 @@ from .._core import ActorMeshRecord, Runtime, get_runtime
 from ..future import Future, resolved
 from ..shapes import MeshTrait, Shape
 from ..transport.framing import Header, Kind
-from .adverbs import EndpointRef
+from .adverbs import EndpointRef, NotAnEndpoint
 
 if TYPE_CHECKING:
     from .proc_mesh import ProcMesh
 
 
 class ActorMesh(MeshTrait):
-    """A mesh of actors, one per proc; endpoints are attributes with call/choose/... adverbs."""
+    """A mesh of actors, one per proc; endpoints are attributes with call/choose/... adverbs.
+    `ActorMesh[T]` is the class itself (Monarch's generic annotation)."""
+
+    def __class_getitem__(cls, item: Any) -> type:
+        return cls
 
     def __init__(self, rt: Runtime, rec: ActorMeshRecord, shape: Shape,
                  proc_mesh: Optional["ProcMesh"], actor_class: Optional[type] = None) -> None:
@@ -92,6 +96,8 @@ class ActorMesh(MeshTrait):
         if rec is None:
             raise AttributeError(name)
         if name not in rec.sigs:
+            if name in rec.methods:
+                return NotAnEndpoint(self, name)
             have = ", ".join(sorted(rec.sigs)) or "none"
             raise AttributeError(
                 f"{rec.cls_name} has no endpoint {name!r} (its endpoints: {have})")
@@ -153,6 +159,7 @@ class ActorMesh(MeshTrait):
             "actor_id": r.actor_id, "name": r.name, "cls_name": r.cls_name,
             "proc_ids": r.proc_ids, "addresses": r.addresses, "hosts": r.hosts,
             "routes": r.routes, "sizes": r.sizes, "sigs": r.sigs, "shape": self._shape,
+            "methods": r.methods,
         }
         return (_rebuild_actor_mesh, (state,))
 
@@ -175,6 +182,7 @@ def _rebuild_actor_mesh(state: dict) -> ActorMesh:
             proc_ids=state["proc_ids"], addresses=state["addresses"], hosts=state["hosts"],
             sizes=state["sizes"], owned=False, ready=[True] * n, inflight=[0] * n,
             health_name="", sigs=state["sigs"], routes=state.get("routes") or [],
+            methods=state.get("methods") or {},
         )
         rec = rt.state.change(rt.state.add_actor_mesh, rec)
     return ActorMesh(rt, rec, state["shape"], None)

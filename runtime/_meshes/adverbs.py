@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ..config import config
 from ..errors import ActorError, MeshStoppedError, MessageTooLargeError, SerializationError, \
-    SupervisionError
+    SupervisionError, actor_failed_message
 from ..future import Future
 from ..shapes import Shape
 from ..transport.framing import ERROR, Header, Kind
@@ -25,12 +25,18 @@ if TYPE_CHECKING:
 
 
 class EndpointRef:
-    """An endpoint of an actor mesh (or of a slice of it)."""
+    """An endpoint of an actor mesh (or of a slice of it); exported as `runtime.Endpoint`
+    too (Monarch's name), and `Endpoint[P, R]` is the class itself."""
 
-    def __init__(self, mesh: "ActorMesh", name: str, signature: Optional[inspect.Signature]) -> None:
+    def __class_getitem__(cls, item: Any) -> type:
+        return cls
+
+    def __init__(self, mesh: "ActorMesh", name: str, signature: Optional[inspect.Signature],
+                 extra: Optional[dict] = None) -> None:
         self._mesh = mesh
         self._name = name
         self._sig = signature
+        self._extra = extra  # {"as": "call"|"port"} for as_endpoint() of a plain method
 
     def __repr__(self) -> str:
         return f"<endpoint {self._mesh._rec.cls_name}.{self._name} of {self._mesh!r}>"
@@ -65,6 +71,14 @@ class EndpointRef:
     def _ranks(self) -> list[int]:
         return self._mesh._ranks()
 
+    def _call_extra(self) -> Optional[dict]:
+        """A CALL header's extra: the slice this view is (for message_rank) and how a
+        plain method made an endpoint is called; None when neither applies."""
+        view, kind = self._mesh._view_extra(), self._extra
+        if view is None or kind is None:
+            return view if kind is None else kind
+        return {**view, **kind}
+
     def _check_usable(self, ranks: list[int]) -> None:
         rec = self._mesh._rec
         if rec.stopped:
@@ -75,8 +89,8 @@ class EndpointRef:
                 if r in rec.init_failed:
                     raise SupervisionError(
                         f"actor mesh {rec.name!r} rank {r} failed in __init__:\n{rec.ready[r]}", f)
-                raise SupervisionError(
-                    f.report(), f)
+                raise SupervisionError(actor_failed_message(
+                    rec.cls_name, rec.name, r, f.cause) + "\n" + f.report(), f)
 
     # -- adverbs -------------------------------------------------------------------------------------
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh]:
@@ -122,7 +136,34 @@ class EndpointRef:
         rt = self._mesh._rt
         rec = self._mesh._rec
         h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self._name,
-                   extra=self._mesh._view_extra())
+                   extra=self._call_extra())
+        rt.messenger.cast([rec.target(r) for r in ranks], h, body, tuple(bufs))
+
+    def rref(self, *args: Any, **kwargs: Any) -> Any:
+        """Monarch's tensor-engine adverb: not provided (no tensor engine here)."""
+        raise NotImplementedError(
+            f"{self._qualname()}.rref(): rref needs Monarch's tensor engine, which this "
+            "runtime does not provide; use call()/call_one() and RDMABuffer for tensors")
+
+    def _send(self, args: tuple, kwargs: dict, port: Any = None,
+              selection: str = "all") -> None:
+        """Send without waiting; each actor's answer goes to `port` (a `Port`), if given.
+        `selection`: "all" actors of the mesh, or "choose" one (the least loaded)."""
+        rec = self._mesh._rec
+        ranks = self._ranks()
+        if selection == "choose":
+            alive = [r for r in ranks if r not in rec.failed]
+            if alive:
+                ranks = [min(alive, key=lambda r: rec.inflight[r])]
+        elif selection != "all":
+            raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
+        self._check_usable(ranks)
+        body, bufs = self._encode(args, kwargs)
+        rt = self._mesh._rt
+        h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self._name,
+                   extra=self._call_extra())
+        if port is not None:
+            h.reply, h.port = port.address, port.port_id
         rt.messenger.cast([rec.target(r) for r in ranks], h, body, tuple(bufs))
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[Any]]:
@@ -173,8 +214,7 @@ class _Collector:
         targets = [rec.target(r) for r in ranks]
         first = targets[0][0] or (targets[0][1] or ("",))[0]
         h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self.ep._name,
-                   reply=rt.reply_address_for(first), port=port,
-                   extra=self.ep._mesh._view_extra())
+                   reply=rt.reply_address_for(first), port=port, extra=self.ep._call_extra())
         body, bufs = self.body, self.bufs
         self.body = self.bufs = None
         rt.messenger.cast(targets, h, body, tuple(bufs), gather=self.mode == "call")
@@ -248,6 +288,51 @@ class _Collector:
             for r in list(self.remaining):
                 self._finish_rank(r)
             self.rt.close_port(self.port)
+
+
+def send(endpoint: EndpointRef, args: tuple, kwargs: dict, port: Any = None,
+         selection: str = "all") -> None:
+    """Monarch's `send`: call `endpoint` with `args`/`kwargs` without waiting; each actor's
+    answer (or exception) goes to `port` (from `Channel.open()`), none if it is None."""
+    if not isinstance(endpoint, EndpointRef):
+        raise TypeError(f"send() needs an endpoint of an actor mesh (mesh.method), got "
+                        f"{endpoint!r}")
+    endpoint._send(tuple(args), dict(kwargs or {}), port, selection)
+
+
+class NotAnEndpoint:
+    """`mesh.method` for a public method not marked `@endpoint`: calling it raises;
+    `as_endpoint(mesh.method)` makes it callable as an endpoint."""
+
+    def __init__(self, mesh: "ActorMesh", name: str) -> None:
+        self._mesh = mesh
+        self._name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"Actor {self._mesh._rec.cls_name}.{self._name} is not annotated as an endpoint. "
+            "To call it as one, add a @endpoint decorator to it, or wrap it: "
+            f"as_endpoint(mesh.{self._name}).call(...)")
+
+    def __repr__(self) -> str:
+        return f"<not an endpoint: {self._mesh._rec.cls_name}.{self._name}>"
+
+
+def as_endpoint(not_an_endpoint: Any, *, propagate: Any = None,
+                explicit_response_port: bool = False) -> EndpointRef:
+    """An endpoint of a spawned actor mesh's plain method (`as_endpoint(mesh.method)`);
+    with `explicit_response_port=True` the method gets a Port first and answers through it."""
+    if isinstance(not_an_endpoint, EndpointRef):
+        return not_an_endpoint
+    if not isinstance(not_an_endpoint, NotAnEndpoint):
+        raise ValueError("expected a method of a spawned actor mesh (as_endpoint(mesh.method))")
+    mesh, name = not_an_endpoint._mesh, not_an_endpoint._name
+    sig = mesh._rec.methods.get(name)
+    if sig is not None and explicit_response_port:
+        params = list(sig.parameters.values())
+        if params and params[0].kind != inspect.Parameter.VAR_POSITIONAL:
+            sig = sig.replace(parameters=params[1:])
+    return EndpointRef(mesh, name, sig, {"as": "port" if explicit_response_port else "call"})
 
 
 _arity_cache: dict = {}

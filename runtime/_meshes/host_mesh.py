@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from .._core import AgentRecord, ProcRecord, Runtime, get_runtime
 from ..config import TOKEN_ENV, config
@@ -130,7 +130,12 @@ class HostMesh(MeshTrait):
                     {"proc_id": proc_id, "rank": rank, "mesh": name,
                      "env": {**config.to_env(), **(env or {})}})
         rt.state.change(rt.state.add_procs, procs)
+        from .local import root_controller_env
+
         for agent, plist in by_agent.values():
+            root = root_controller_env(rt, agent.address)
+            for p in plist:
+                p["env"].update(root)
             rt.send(agent.address, Header(Kind.SPAWN_PROCS, extra={
                 "procs": plist, "owner": rt.reply_address_for(agent.address),
                 "cwd": os.getcwd()}))
@@ -168,8 +173,25 @@ class HostMesh(MeshTrait):
             rt.this_host_mesh = None
         return resolved(None)
 
+    def __reduce__(self) -> Any:
+        """A reference another actor can spawn procs on (its own procs, owned by it)."""
+        agents = [(a.agent_id, a.address, a.host, a.remote) for a in self._agents]
+        return (_rebuild_host_mesh, (agents, self._shape))
+
     def __repr__(self) -> str:
         return f"<HostMesh {self.sizes or ''} hosts={self.hosts}>"
+
+
+def _rebuild_host_mesh(agents: list, shape: Shape) -> HostMesh:
+    rt = get_runtime()
+    recs = []
+    for agent_id, address, host, remote in agents:
+        rec = rt.state.agents.get(agent_id)
+        if rec is None:
+            rec = AgentRecord(agent_id, address, host, remote=remote, hello=True)
+            rt.state.change(rt.state.add_agent, rec)
+        recs.append(rec)
+    return HostMesh(rt, recs, shape)
 
 
 _this_host_lock = threading.Lock()

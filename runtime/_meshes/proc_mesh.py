@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from .._core import ActorMeshRecord, ProcRecord, Runtime
-from ..actor import Actor, _get_context, creator_record, endpoints_of, plain_signature
+from ..actor import (Actor, _get_context, creator_record, endpoints_of, methods_of,
+                     plain_signature)
 from ..config import config
 from ..errors import MeshStoppedError, SerializationError, SupervisionError
 from ..future import Future, completed
@@ -49,12 +50,18 @@ class ProcMesh(MeshTrait):
         ctx = _get_context()
         self._owner_actor = ctx.actor_id if ctx is not None else None
         self._stopped_flag = False
+        self._borrowed = False  # a reference received from another process (unpickled)
 
     def _new_with_shape(self, shape: Shape) -> "ProcMesh":
         return ProcMesh(self._rt, self.name, self._procs, shape, self._host_mesh, self._root)
 
     @property
     def host_mesh(self) -> "HostMesh":
+        """The host mesh these procs run on (this_host() for this_proc())."""
+        if self._host_mesh is None:
+            from .host_mesh import this_host
+
+            return this_host()
         return self._host_mesh
 
     @property
@@ -127,6 +134,7 @@ class ProcMesh(MeshTrait):
             ready=[None] * len(procs), inflight=[0] * len(procs),
             sigs=_signatures(actor_class), initialized=Future(f"{name}.initialized"),
         )
+        rec.methods = _method_signatures(actor_class)
         shape = Shape(labels, sizes)
         reply = rt.reply_address_for(
             (procs[0].address or procs[0].agent.address) if procs else "")
@@ -168,8 +176,11 @@ class ProcMesh(MeshTrait):
     def stop(self) -> Future:
         """Stop every proc of this mesh (actors run `__cleanup__` first). Returns a Future."""
         rt = self._rt
-        fut: Future = Future(f"{self.name}.stop")
         procs = self._procs
+        if self._root._borrowed:
+            raise RuntimeError(f"proc mesh {self.name!r} was received from another process; "
+                               "only its owner can stop it (stop the actors you spawned on it)")
+        fut: Future = Future(f"{self.name}.stop")
         self._stopped_flag = True
         self._root._stopped_flag = True
         ids = {p.proc_id for p in procs}
@@ -249,6 +260,14 @@ class ProcMesh(MeshTrait):
     def _stop_now(self, timeout: float = 5.0) -> None:
         self.stop().get(timeout + 3.0)
 
+    def __reduce__(self) -> Any:
+        """A reference another actor can spawn on, slice or stop (the procs stay owned by
+        their creator, who alone sees their exits)."""
+        procs = [(p.proc_id, p.rank, p.mesh, p.address, p.host, p.pid,
+                  (p.agent.agent_id, p.agent.address, p.agent.host, p.agent.remote)
+                  if p.agent is not None else None) for p in self._procs]
+        return (_rebuild_proc_mesh, (self.name, procs, self._shape, self._host_mesh))
+
     def __enter__(self) -> "ProcMesh":
         return self
 
@@ -280,8 +299,49 @@ def _check_init_args(actor_class: type, args: tuple, kwargs: dict) -> None:
 def _signatures(actor_class: type) -> dict:
     sigs = {}
     for ep_name, ep in endpoints_of(actor_class).items():
-        try:
-            sigs[ep_name] = plain_signature(ep.fn)
-        except (TypeError, ValueError):
-            sigs[ep_name] = None
+        sigs[ep_name] = _caller_signature(ep.fn, ep.explicit_response_port)
     return sigs
+
+
+def _caller_signature(fn: Any, explicit_port: bool) -> Optional[inspect.Signature]:
+    """What a caller passes: the method's parameters without `self` (and without the
+    response port of an explicit-port endpoint); None where it cannot be read."""
+    try:
+        sig = plain_signature(fn)
+    except (TypeError, ValueError):
+        return None
+    if explicit_port:
+        params = list(sig.parameters.values())
+        P = inspect.Parameter
+        if params and params[0].kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
+            sig = sig.replace(parameters=params[1:])
+        elif not (params and params[0].kind == P.VAR_POSITIONAL):
+            raise TypeError(f"{getattr(fn, '__qualname__', fn)}: an endpoint with "
+                            "explicit_response_port=True takes the port as its first argument")
+    return sig
+
+
+def _method_signatures(actor_class: type) -> dict:
+    """The non-endpoint public methods (for `as_endpoint`): name -> caller signature."""
+    return {n: _caller_signature(getattr(actor_class, n), False)
+            for n in methods_of(actor_class)}
+
+
+def _rebuild_proc_mesh(name: str, procs: list, shape: Shape, host_mesh: Any) -> ProcMesh:
+    from .._core import AgentRecord, get_runtime
+
+    rt = get_runtime()
+    recs = []
+    for proc_id, rank, mesh, address, host, pid, agent in procs:
+        rec = rt.state.proc(proc_id)
+        if rec is None:
+            a = None
+            if agent is not None:
+                a = rt.state.agents.get(agent[0]) or AgentRecord(agent[0], agent[1], agent[2],
+                                                                 remote=agent[3])
+            rec = ProcRecord(proc_id, rank, mesh, a, address, host=host, pid=pid,
+                             state="running")
+        recs.append(rec)
+    pm = ProcMesh(rt, name, recs, shape, host_mesh)
+    pm._borrowed = True
+    return pm

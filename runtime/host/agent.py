@@ -200,6 +200,8 @@ class Agent:
             self.zsock.setblocking(True)
             try:
                 self.zsock.send(json.dumps(msg).encode())
+            except OSError:  # the zygote is gone (stopping): _on_zygote reports it
+                return
             finally:
                 self.zsock.setblocking(False)
 

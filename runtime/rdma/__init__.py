@@ -3,13 +3,13 @@
 Bulk bytes never travel over control messages: each process that exports a buffer runs a
 small data server on its own thread and sockets."""
 
-from .buffer import RDMABuffer, RDMAOwner, get_rdma_backend, is_rdma_available
+from .buffer import RDMAAction, RDMABuffer, RDMAOwner, get_rdma_backend, is_rdma_available
 from .errors import (RDMAAuthError, RDMABufferDroppedError, RDMABufferError, RDMADTypeError,
                      RDMAError, RDMAOwnerDiedError, RDMASizeError, RDMATimeoutError,
                      RDMATransportError)
 
 __all__ = [
-    "RDMABuffer", "RDMAOwner", "get_rdma_backend", "is_rdma_available", "RDMAError",
+    "RDMAAction", "RDMABuffer", "RDMAOwner", "get_rdma_backend", "is_rdma_available", "RDMAError",
     "RDMABufferError", "RDMASizeError", "RDMADTypeError", "RDMABufferDroppedError",
     "RDMAOwnerDiedError", "RDMATimeoutError", "RDMAAuthError", "RDMATransportError",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
@@ -125,10 +126,13 @@ class RDMABuffer:
         check_dtype(span, self._h.dtype, what)
         if not isinstance(offset, int) or offset < 0:
             raise RDMASizeError(f"offset must be a non-negative int, got {offset!r}")
+        if offset == 0 and span.nbytes > self._h.size:
+            # a larger local buffer takes (or gives) the remote buffer's bytes, as in Monarch
+            span = dataclasses.replace(span, nbytes=self._h.size)
         if offset == 0 and span.nbytes != self._h.size:
             raise RDMASizeError(
-                f"{what} has {span.nbytes} bytes but the remote buffer has {self._h.size}; "
-                "sizes must match (pass offset= to move a sub-range)")
+                f"{what} has {span.nbytes} bytes, fewer than the remote buffer's "
+                f"{self._h.size}; pass offset= to move a sub-range")
         if offset + span.nbytes > self._h.size:
             raise RDMASizeError(
                 f"{what} of {span.nbytes} bytes at offset {offset} overruns the remote buffer "
@@ -136,7 +140,8 @@ class RDMABuffer:
         return span
 
     def read_into(self, dst: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT) -> Future:
-        """Copy the remote bytes [offset, offset+dst.nbytes) into `dst`; Future of the byte count."""
+        """Copy the remote bytes [offset, offset+dst.nbytes) into `dst`; Future of the byte count.
+        A `dst` larger than the remote buffer (offset 0) receives the remote buffer's size."""
         span = self._check(dst, "read_into destination", offset, True, timeout)
 
         def run() -> int:
@@ -146,7 +151,8 @@ class RDMABuffer:
         return _submit(run, "RDMABuffer.read_into")
 
     def write_from(self, src: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT) -> Future:
-        """Copy `src` into the remote bytes [offset, offset+src.nbytes); Future of the byte count."""
+        """Copy `src` into the remote bytes [offset, offset+src.nbytes); Future of the byte count.
+        A `src` larger than the remote buffer (offset 0) gives its first remote-size bytes."""
         span = self._check(src, "write_from source", offset, False, timeout)
 
         def run() -> int:
@@ -209,3 +215,74 @@ def _after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork)
+
+
+class RDMAAction:
+    """A batch of reads and writes submitted together (`submit()`): the transfers run in
+    parallel on the transfer threads and one Future resolves when all are done. Each is
+    checked when queued (sizes, dtypes); a local range written by two reads is refused."""
+
+    def __init__(self) -> None:
+        self._ops: list = []  # (buffer, span, is_write)
+        self._written: list = []  # (start, end) of local ranges reads write into
+
+    def _add(self, buf: RDMABuffer, local: Any, is_write: bool) -> "RDMAAction":
+        if not isinstance(buf, RDMABuffer):
+            raise TypeError(f"expected an RDMABuffer, got {type(buf).__name__}")
+        what = "write_from source" if is_write else "read_into destination"
+        span = buf._check(local, what, 0, not is_write, DEFAULT_TIMEOUT)
+        if not is_write:
+            start, end = span.addr, span.addr + span.nbytes
+            for s0, e0 in self._written:
+                if start < e0 and s0 < end:
+                    raise ValueError("RDMAAction: two reads in one batch write the same local "
+                                     "memory")
+            self._written.append((start, end))
+        self._ops.append((buf, span, is_write))
+        return self
+
+    def read_into(self, src: RDMABuffer, dst: Any) -> "RDMAAction":
+        """Queue a read of remote buffer `src` into local memory `dst`."""
+        return self._add(src, dst, False)
+
+    def write_from(self, dst: RDMABuffer, src: Any) -> "RDMAAction":
+        """Queue a write of local memory `src` into remote buffer `dst`."""
+        return self._add(dst, src, True)
+
+    def read_remote(self, dst: Any, src: RDMABuffer) -> "RDMAAction":
+        """Queue a read of remote buffer `src` into local `dst` (Monarch's newer name)."""
+        return self._add(src, dst, False)
+
+    def write_remote(self, dst: RDMABuffer, src: Any) -> "RDMAAction":
+        """Queue a write of local `src` into remote buffer `dst` (Monarch's newer name)."""
+        return self._add(dst, src, True)
+
+    def submit(self, timeout: float = DEFAULT_TIMEOUT) -> Future:
+        """Run every queued transfer; a Future of None, or of the first transfer's error."""
+        ops, self._ops, self._written = self._ops, [], []
+        out: Future = Future("RDMAAction.submit")
+        if not ops:
+            out.set_result(None)
+            return out
+        left = [len(ops)]
+        lock = threading.Lock()
+
+        def one(buf: RDMABuffer, span: Any, is_write: bool) -> int:
+            buf.last_transport = client.transfer(buf._h, span, 0, is_write, timeout)
+            return span.nbytes
+
+        def done(f: Future) -> None:
+            exc = f._exc
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+                if exc is not None and not out.done():
+                    out.set_exception(exc)
+                    return
+            if last and not out.done():
+                out.set_result(None)
+
+        for buf, span, is_write in ops:
+            _submit(lambda b=buf, s=span, w=is_write: one(b, s, w),
+                    "RDMAAction transfer").add_done_callback(done)
+        return out

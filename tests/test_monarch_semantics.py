@@ -1,0 +1,184 @@
+"""Monarch's semantics through the public API: __init__ failures are supervision events at
+once, a BaseException fails the actor, graceful proc stop, a clean controller exit while
+procs start, and RDMA transfers with a larger local buffer or in a batch (RDMAAction)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+import runtime
+from runtime import SupervisionError, this_host, this_proc
+from runtime.rdma import RDMAAction, RDMABuffer, RDMASizeError
+from _monarch_actors import BadInit, Graceful, Parent, Where
+
+pytestmark = pytest.mark.timeout(90)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def failures(monkeypatch):
+    seen: list = []
+    monkeypatch.setattr(runtime, "unhandled_fault_hook", seen.append)
+    return seen
+
+
+def _wait_for(cond, timeout: float = 20.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_init_failure_reaches_the_fault_hook_at_once(failures):
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="badinit_root")
+    try:
+        pm.spawn("bad_at_once", BadInit)  # never used: the failure still arrives
+        assert _wait_for(lambda: any("init exploded at once" in f.cause for f in failures))
+        f = [f for f in failures if f.mesh == "bad_at_once"][0]
+        assert "ValueError" in f.cause and "raise ValueError" in f.traceback
+    finally:
+        pm.stop().get(timeout=20)
+
+
+def test_init_failure_reaches_the_owners_supervise(failures):
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="badinit_owner")
+    try:
+        parent = pm.spawn("parent", Parent)
+        parent.spawn_bad.call_one().get(timeout=20)
+        assert _wait_for(lambda: parent.seen.call_one().get(timeout=10) != [])
+        assert "init exploded at once" in parent.seen.call_one().get(timeout=10)[0]
+        assert parent.seen.call_one().get(timeout=10) and not failures
+    finally:
+        pm.stop().get(timeout=20)
+
+
+def test_system_exit_in_an_endpoint_fails_the_actor(failures):
+    m = this_proc().spawn("exiter", Where)
+    with pytest.raises(SupervisionError, match="Actor Where exiter .*exited because of the "
+                                               "following reason: .*SystemExit"):
+        m.exit.call_one().get(timeout=20)
+    with pytest.raises(RuntimeError, match="Actor Where exiter .*exited because of the "
+                                           "following reason"):
+        m.where.call_one().get(timeout=20)
+    assert _wait_for(lambda: any(f.mesh == "exiter" for f in failures))
+
+
+def test_proc_stop_runs_finally_del_and_atexit(tmp_path, monkeypatch):
+    monkeypatch.setattr(runtime.config.config, "stop_timeout", 4.0)
+    path = str(tmp_path / "log")
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="graceful")
+    g = pm.spawn("graceful", Graceful, path)
+    assert g.ping.call_one().get(timeout=20) == 1
+    busy = g.busy.call_one()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    pm.stop().get(timeout=30)
+    assert time.monotonic() - t0 < 10
+    with open(path) as f:
+        lines = f.read().split()
+    # the atexit handler holds the instance, so __del__ may come after it
+    assert lines[0] == "finally" and sorted(lines[1:]) == ["atexit", "del"], lines
+    with pytest.raises(Exception):
+        busy.get(timeout=5)
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from runtime import this_host
+    pm = this_host().spawn_procs(per_host={{"procs": 2}})
+    print("spawned", flush=True)
+    sys.exit({code})
+""")
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_controller_exiting_while_procs_start_keeps_its_status(tmp_path, code):
+    script = tmp_path / "early_exit.py"
+    script.write_text(SCRIPT.format(root=ROOT, code=code))
+    env = {k: v for k, v in os.environ.items() if k != "MONARCH_FAULT_POLICY"}
+    for _ in range(3):
+        p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           timeout=60, env=env, cwd=str(tmp_path))
+        assert p.returncode == code, p.stderr
+        assert "unhandled failure" not in p.stderr and "MeshFailure" not in p.stderr
+        assert "Traceback" not in p.stderr, p.stderr
+
+
+def test_rdma_larger_local_buffer_moves_the_remote_size():
+    remote = torch.arange(10, dtype=torch.float32)
+    buf = RDMABuffer(remote)
+    dst = torch.full((16,), -1.0)
+    assert buf.read_into(dst).get(timeout=20) == 40
+    assert dst[:10].tolist() == list(range(10)) and dst[10:].tolist() == [-1.0] * 6
+    assert buf.write_from(torch.full((12,), 7.0)).get(timeout=20) == 40
+    assert remote.tolist() == [7.0] * 10
+    with pytest.raises(RDMASizeError, match="36 bytes, fewer than"):
+        buf.read_into(torch.empty(9))  # smaller still refused at offset 0
+
+
+def test_rdma_action_batches_reads_and_writes():
+    a = torch.arange(100, dtype=torch.float32)
+    b = torch.zeros(50, dtype=torch.float32)
+    ba, bb = RDMABuffer(a), RDMABuffer(b)
+    x = torch.zeros(100)
+    fut = RDMAAction().read_into(ba, x).write_from(bb, torch.ones(50)).submit(timeout=20)
+    assert fut.get(timeout=30) is None
+    assert x.tolist() == a.tolist() and b.tolist() == [1.0] * 50
+    y = torch.zeros(100)
+    RDMAAction().read_remote(y, ba).write_remote(bb, torch.full((60,), 2.0)).submit().get(30)
+    assert y.tolist() == a.tolist() and b.tolist() == [2.0] * 50
+    with pytest.raises(ValueError, match="same local memory"):
+        RDMAAction().read_into(ba, x).read_into(bb, x[:50])
+    assert RDMAAction().submit().get(timeout=5) is None
+
+
+LOCAL_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from runtime import Actor, endpoint, this_proc
+
+    class Local(Actor):
+        @endpoint
+        def ping(self):
+            return "pong"
+
+        def __cleanup__(self, exc):
+            with open({path!r}, "w") as f:
+                f.write("cleaned up")
+
+    m = this_proc().spawn("local", Local)
+    print(m.ping.call_one().get(timeout=20), flush=True)
+""")
+
+
+def test_actors_in_the_controller_are_cleaned_up_at_exit(tmp_path):
+    path = str(tmp_path / "cleanup")
+    script = tmp_path / "local_actor.py"
+    script.write_text(LOCAL_SCRIPT.format(root=ROOT, path=path))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=60, cwd=str(tmp_path))
+    assert p.returncode == 0 and p.stdout.strip() == "pong", p.stderr
+    with open(path) as f:
+        assert f.read() == "cleaned up"
+
+
+def test_this_proc_stop_stops_its_actors_not_the_process():
+    pm = this_proc()
+    m = pm.spawn("stoppable", Where)
+    assert m.where.call_one().get(timeout=20)["pid"] == os.getpid()
+    pm.stop().get(timeout=20)
+    with pytest.raises(runtime.MeshStoppedError):
+        m.where.call_one()
+    again = this_proc().spawn("after_stop", Where)
+    assert again.where.call_one().get(timeout=20)["pid"] == os.getpid()
+    again.stop().get(timeout=20)
