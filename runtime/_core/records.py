@@ -80,6 +80,7 @@ class ActorMeshRecord:
     rr: int = 0  # round-robin start for choose()
     routes: list = field(default_factory=list)  # by global rank: (agent address, proc id)
     init_failed: set = field(default_factory=set)  # ranks whose __init__ raised
+    explicit_ports: frozenset = frozenset()  # endpoints that answer through a Port they get
     methods: dict = field(default_factory=dict)  # non-endpoint methods (as_endpoint): sigs
 
     def target(self, rank: int) -> tuple:

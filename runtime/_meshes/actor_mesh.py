@@ -159,7 +159,7 @@ class ActorMesh(MeshTrait):
             "actor_id": r.actor_id, "name": r.name, "cls_name": r.cls_name,
             "proc_ids": r.proc_ids, "addresses": r.addresses, "hosts": r.hosts,
             "routes": r.routes, "sizes": r.sizes, "sigs": r.sigs, "shape": self._shape,
-            "methods": r.methods,
+            "methods": r.methods, "explicit_ports": r.explicit_ports,
         }
         return (_rebuild_actor_mesh, (state,))
 
@@ -183,6 +183,7 @@ def _rebuild_actor_mesh(state: dict) -> ActorMesh:
             sizes=state["sizes"], owned=False, ready=[True] * n, inflight=[0] * n,
             health_name="", sigs=state["sigs"], routes=state.get("routes") or [],
             methods=state.get("methods") or {},
+            explicit_ports=state.get("explicit_ports") or frozenset(),
         )
         rec = rt.state.change(rt.state.add_actor_mesh, rec)
     return ActorMesh(rt, rec, state["shape"], None)

@@ -217,7 +217,15 @@ class _Collector:
                    reply=rt.reply_address_for(first), port=port, extra=self.ep._call_extra())
         body, bufs = self.body, self.bufs
         self.body = self.bufs = None
-        rt.messenger.cast(targets, h, body, tuple(bufs), gather=self.mode == "call")
+        rt.messenger.cast(targets, h, body, tuple(bufs), gather=self._gatherable())
+
+    def _gatherable(self) -> bool:
+        """Whether host agents may gather the replies (runtime/host/gather.py): for call()
+        of an endpoint whose replies come back from the actors it reached (not through a
+        Port the handler may pass on)."""
+        ep = self.ep
+        return self.mode == "call" and ep._name not in self.rec.explicit_ports and \
+            (ep._extra or {}).get("as") != "port"
 
     def _interrupt(self) -> None:
         self.rt.interrupt([self.rec.proc_ids[r] for r in self.ranks], self.port)

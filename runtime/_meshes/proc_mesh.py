@@ -135,6 +135,8 @@ class ProcMesh(MeshTrait):
             sigs=_signatures(actor_class), initialized=Future(f"{name}.initialized"),
         )
         rec.methods = _method_signatures(actor_class)
+        rec.explicit_ports = frozenset(n for n, ep in endpoints_of(actor_class).items()
+                                       if ep.explicit_response_port)
         shape = Shape(labels, sizes)
         reply = rt.reply_address_for(
             (procs[0].address or procs[0].agent.address) if procs else "")

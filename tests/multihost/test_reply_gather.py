@@ -10,7 +10,7 @@ import cloudpickle
 import pytest
 
 import runtime
-from runtime import Actor, ActorError, SupervisionError, current_rank, endpoint
+from runtime import Actor, ActorError, Port, SupervisionError, current_rank, endpoint
 from runtime.job import LocalJob
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,6 +38,12 @@ class Ranked(Actor):
         if current_rank().rank == bad:
             os._exit(7)
         return current_rank().rank
+
+
+class Answering(Actor):
+    @endpoint(explicit_response_port=True)
+    def add(self, port: Port, b: int) -> None:
+        port.send(current_rank().rank + b)
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -89,9 +95,19 @@ def test_an_error_is_not_held_back_by_slow_ranks(mesh):
     a.stop().get(timeout=30)
 
 
-def test_a_proc_that_dies_fails_a_gathered_call(mesh):
+def test_explicit_response_port_endpoints_are_not_gathered(mesh):
+    # their answer goes through a Port the handler may hand to anyone: never via the agent
+    a = mesh.spawn("answering", Answering)
+    a.initialized.get(timeout=60)
+    with runtime.configured(gather_replies="on"):
+        assert list(a.add.call(10).get(timeout=30).values()) == list(range(10, 16))
+    a.stop().get(timeout=30)
+
+
+def test_a_proc_that_dies_fails_a_gathered_call(mesh):  # last: it kills a proc of `mesh`
     a = mesh.spawn("dying", Ranked)
     a.initialized.get(timeout=60)
     with runtime.configured(gather_replies="on"):
         with pytest.raises(SupervisionError):
             a.die_on.call(1).get(timeout=30)
+
