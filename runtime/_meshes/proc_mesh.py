@@ -213,6 +213,13 @@ class ProcMesh(MeshTrait):
     def _stop_now(self, timeout: float = 5.0) -> None:
         self.stop().get(timeout + 3.0)
 
+    def activate(self) -> Any:
+        """A context manager making this mesh the calling thread's active mesh: torch
+        factories and ops then run on its procs (the tensor engine, docs/tensors.md)."""
+        from ..tensor import activate
+
+        return activate(self)
+
     def __enter__(self) -> "ProcMesh":
         return self
 

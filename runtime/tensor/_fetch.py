@@ -1,0 +1,136 @@
+"""Looking at a mesh tensor's values from the controller: `fetch_shard`, `inspect`, `show`,
+and the engine's per-proc counters (`engine_stats`)."""
+
+from __future__ import annotations
+
+import html
+import sys
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..future import Future
+from ._engine import engine_for, send_call, send_command
+from ._tensor import Tensor
+from ._worker import Failure
+
+if TYPE_CHECKING:
+    from .._meshes import ProcMesh
+    from ..value_mesh import ValueMesh
+
+
+class RemoteTensorError(RuntimeError):
+    """A mesh tensor could not be computed on a proc: names the op that failed there, the
+    rank, and the remote traceback. Tensors computed from it fail with the same error."""
+
+    def __init__(self, failure: Failure) -> None:
+        self.op, self.rank = failure.op, failure.rank
+        self.error, self.remote_traceback = failure.error, failure.traceback
+        tb = f"\nremote traceback:\n{failure.traceback}" if failure.traceback else ""
+        super().__init__(f"{failure.op} failed on rank {failure.rank}: {failure.error}{tb}")
+
+
+def _one_proc(t: Tensor, coords: dict) -> "ProcMesh":
+    mesh = t.mesh
+    unknown = set(coords) - set(mesh.sizes)
+    if unknown:
+        raise KeyError(f"{sorted(unknown)} are not dimensions of {mesh!r} "
+                       f"(its dimensions: {list(mesh.sizes)})")
+    sel = {d: coords.get(d, 0) for d in mesh.sizes}
+    for d, v in sel.items():
+        if not isinstance(v, int):
+            raise TypeError(f"fetch_shard wants one proc: {d}={v!r} is not an int")
+    return mesh.slice(**sel)
+
+
+def fetch_shard(t: Tensor, **coords: int) -> Future:
+    """A Future of one rank's values of `t` (a CPU torch.Tensor); coordinates not given are
+    0, so no coordinates means rank 0. Fails with RemoteTensorError if `t` failed there."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"fetch_shard needs a runtime.Tensor, got {type(t).__name__}")
+    view = _one_proc(t, coords)
+    engine = t._engine
+    engine.check(t._key)
+    target = engine.target(view)[1]
+    ref = t.ref
+
+    def finish(reply: tuple) -> torch.Tensor:
+        if reply[0] == "failed":
+            raise RemoteTensorError(reply[1])
+        return reply[1]
+
+    return send_call(engine, t._key, lambda: target.fetch.call_one(ref),
+                     f"fetch_shard({coords or 'rank 0'})", finish, keepalive=t)
+
+
+def inspect(t: Tensor, timeout: float = 60.0, **coords: int) -> torch.Tensor:
+    """One rank's values of `t` as a local torch.Tensor (blocks; rank 0 by default)."""
+    return fetch_shard(t, **coords).get(timeout=timeout)
+
+
+class _Shown:
+    def __init__(self, title: str, value: torch.Tensor) -> None:
+        self.title, self.value = title, value
+
+    def __repr__(self) -> str:
+        return f"{self.title}\n{self.value}"
+
+    def _repr_html_(self) -> str:
+        v = self.value
+        rows = v.reshape(1, -1) if v.dim() < 2 else v.reshape(-1, v.shape[-1])
+        body = "".join("<tr>" + "".join(f"<td>{float(x):.4g}</td>" if v.is_floating_point()
+                                        else f"<td>{html.escape(str(x.item()))}</td>"
+                                        for x in row) + "</tr>" for row in rows[:64])
+        more = f"<p>... {rows.shape[0] - 64} more rows</p>" if rows.shape[0] > 64 else ""
+        return (f"<div><b>{html.escape(self.title)}</b><table>{body}</table>{more}</div>")
+
+
+def show(t: Tensor, **coords: int) -> None:
+    """Print one rank's values of `t` (rank 0 by default); a table in a notebook."""
+    value = inspect(t, **coords)
+    where = ", ".join(f"{k}={v}" for k, v in coords.items()) or "rank 0"
+    shown = _Shown(f"{t.mesh.name} [{where}] {tuple(t.shape)} {t.dtype}", value)
+    ip = sys.modules.get("IPython")
+    shell = ip.get_ipython() if ip is not None and hasattr(ip, "get_ipython") else None
+    if shell is not None and getattr(shell, "kernel", None) is not None:
+        from IPython.display import display
+
+        display(shown)
+    else:
+        print(repr(shown))
+
+
+def engine_stats(mesh: "ProcMesh") -> "Future[ValueMesh]":
+    """Per proc of `mesh`: live and failed shard counts, bytes held, ops run (after every
+    command issued before this call)."""
+    engine = engine_for(mesh)
+    key, target = engine.target(mesh)
+    return send_call(engine, key, lambda: target.stats.call(), "engine_stats", lambda v: v)
+
+
+def manual_seed(seed: int, per_rank: bool = False) -> None:
+    """Seed torch's generator on every proc of the active mesh (`seed + rank` with
+    `per_rank=True`, so ranks differ but runs repeat)."""
+    from ._context import get_active_mesh
+
+    mesh = get_active_mesh()
+    if mesh is None:
+        raise RuntimeError("manual_seed needs an active mesh (use `with mesh.activate():`)")
+    engine = engine_for(mesh)
+    key, target = engine.target(mesh)
+    send_command(engine, key, target, ("seed", int(seed), bool(per_rank)))
+
+
+def flush(timeout: float = 30.0) -> None:
+    """Wait until every command issued so far has been sent to the procs."""
+    from ._engine import sender
+
+    sender.flush(timeout)
+
+
+def tensor_html(t: Tensor) -> str:
+    """A mesh tensor's notebook display: shape, dtype, device, the mesh's dimensions."""
+    dims = ", ".join(f"{k}: {v}" for k, v in t.mesh.sizes.items())
+    return (f"<div><b>runtime.Tensor</b> <code>{tuple(t.shape)}</code> {t.dtype} on "
+            f"{t.device}, mesh <code>{html.escape(t.mesh.name)}</code> ({html.escape(dims)})"
+            f"</div>")
