@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from ._engine import engine_for
-from ._tensor import Tensor, dispatch
+from ._tensor import dispatch, scan
 
 if TYPE_CHECKING:
     from .._meshes import ProcMesh
@@ -57,15 +56,15 @@ class _MeshMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
-        leaves = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
-        if any(isinstance(x, Tensor) for x in leaves):
+        has = max(scan(args), scan(tuple(kwargs.values())) if kwargs else 0)
+        if has == 2:
             return dispatch(func, args, kwargs, None)
         mesh = get_active_mesh()
         if mesh is None:
             return func(*args, **kwargs)
         if not _makes_tensors(func):
             return func(*args, **kwargs)
-        if not leaves or func in _TO_MESH or func.__name__.split(".")[0] in _LIKE_NAMES:
+        if not has or func in _TO_MESH or func.__name__.split(".")[0] in _LIKE_NAMES:
             return dispatch(func, args, kwargs, mesh)
         return func(*args, **kwargs)
 
