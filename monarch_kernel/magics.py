@@ -1,6 +1,7 @@
 """The %mesh line magic and the %%mesh cell magic.
 
-`%mesh alloc|spawn|list|status|stop|interrupt ...` manages meshes; `%%mesh MESH` runs the
+`%mesh alloc|spawn|list|status|stop|interrupt ...` manages meshes; `%mesh activate NAME` /
+`%mesh deactivate` make torch in later cells run on a mesh (the tensor engine); `%%mesh MESH` runs the
 cell's code on every proc of MESH. Bad arguments raise IPython's UsageError, which the
 notebook shows as one line, never a traceback.
 """
@@ -96,6 +97,37 @@ class MeshMagics(Magics):
 
         self.session.install_sink()
         return get_runtime()
+
+    # -- %mesh activate / deactivate ----------------------------------------------------------
+    def _cmd_activate(self, a: margs.ActivateArgs) -> Any:
+        import threading
+
+        pm = self._proc_mesh(a.name, "%mesh activate")
+        self._runtime()
+        self._end_active()
+        ctx = pm.activate()
+        ctx.__enter__()
+        self.session.active_mesh = (a.name, pm, ctx, threading.get_ident())
+        print(f"mesh {a.name!r} {_fmt_sizes(pm.sizes)} is active: torch in the cells that "
+              "follow runs on its procs ('%mesh deactivate' ends it)")
+
+    def _cmd_deactivate(self, a: margs.DeactivateArgs) -> Any:
+        name = self._end_active()
+        print(f"mesh {name!r} is no longer active" if name else "no mesh is active")
+
+    def _end_active(self) -> Any:
+        """Leave the mesh `%mesh activate` entered, if any; its variable name."""
+        import threading
+
+        active = getattr(self.session, "active_mesh", None)
+        if active is None:
+            return None
+        name, _, ctx, tid = active
+        if tid != threading.get_ident():
+            raise UsageError("%mesh deactivate: the mesh was activated on another thread")
+        self.session.active_mesh = None
+        ctx.__exit__(None, None, None)
+        return name
 
     # -- %mesh alloc -------------------------------------------------------------------------
     def _cmd_alloc(self, a: margs.AllocArgs) -> Any:
