@@ -222,3 +222,24 @@ def test_dead_proc_fails_its_tensors():
                 runtime.inspect(u, timeout=20)
     finally:
         pm.stop().get(timeout=30)
+
+
+def test_mesh_tensor_arrives_as_local_shard_in_an_actor(mesh):
+    from _actors import ShardUser
+
+    users = mesh.spawn("shard_users", ShardUser)
+    with mesh.activate():
+        r = torch.rand(3)
+        t = torch.zeros(2)
+    got = users.describe.call(r).get(timeout=60)
+    for i in range(4):
+        d = got.item(procs=i)
+        assert d["is_plain"] and d["rank"] == i
+        assert d["sum"] == pytest.approx(runtime.inspect(r, procs=i).sum().item())
+    users.add_one_in_place.call(t).get(timeout=60)  # the actor's change is the engine's
+    assert runtime.inspect(t, procs=2).tolist() == [1.0, 1.0]
+    with mesh.slice(procs=1).activate():
+        elsewhere = torch.ones(2)
+    with pytest.raises(runtime.ActorError, match="only on the procs of its mesh"):
+        users.slice(procs=0).describe.call_one(elsewhere).get(timeout=60)
+    users.stop().get(timeout=30)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from ._engine import Engine, engine_for, free_ref, new_ref, send_command
-from ._worker import Ref
+from ._worker import Ref, local_shard
 
 if TYPE_CHECKING:
     from .._meshes import ActorMesh, ProcMesh
@@ -43,7 +43,7 @@ class Tensor(torch.Tensor):
         r.mesh = mesh
         r.ref = new_ref()
         r._engine, r._key, r._target = engine, key, target
-        weakref.finalize(r, free_ref, engine, key, target, r.ref)
+        weakref.finalize(r, free_ref, engine, key, target, r.ref).atexit = False
         return r
 
     @property
@@ -81,8 +81,12 @@ class Tensor(torch.Tensor):
         return tensor_html(self)
 
     def __reduce_ex__(self, proto: Any) -> Any:
-        raise TypeError("a runtime.Tensor cannot be pickled (fetch its values with "
-                        "runtime.inspect or runtime.fetch_shard)")
+        """Passed to an actor on the same procs, a mesh tensor arrives as that proc's shard
+        (the ops issued before the call are sent first)."""
+        from ._engine import sender
+
+        sender.flush()
+        return (local_shard, (self.ref, self._key))
 
 
 def _device_of(kwargs: dict, found: list, local: list) -> torch.device:

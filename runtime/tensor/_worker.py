@@ -4,6 +4,8 @@ order, keeping the proc's shards in a ref -> tensor table."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +13,11 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..actor import Actor, current_rank, endpoint
+from ..actor import Actor, context, current_rank, endpoint
+
+#: the tensor-engine worker of this proc (a proc belongs to one root mesh: one worker)
+_WORKER: "Worker | None" = None
+SHARD_WAIT_S = 60.0
 
 
 class Ref:
@@ -59,6 +65,9 @@ class Worker(Actor):
         self.failed: dict[int, Failure] = {}
         self.rank = current_rank().rank
         self.ops_run = 0
+        self.ran = threading.Condition()
+        global _WORKER
+        _WORKER = self
         torch.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
 
     @endpoint
@@ -75,6 +84,27 @@ class Worker(Actor):
                 self._fail(cmd[1], cmd[2])
             elif cmd[0] == "seed":
                 torch.manual_seed(cmd[1] + (self.rank if cmd[2] else 0))
+        with self.ran:
+            self.ran.notify_all()
+
+    def shard(self, ref: int, timeout: float) -> Any:
+        """This proc's tensor for `ref`, waiting for the op that makes it (another actor's
+        call may overtake the engine's commands); a Failure if it failed."""
+        deadline = time.monotonic() + timeout
+        with self.ran:
+            while True:
+                t = self.refs.get(ref)
+                if t is not None:
+                    return t
+                f = self.failed.get(ref)
+                if f is not None:
+                    return f
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"mesh tensor ref {ref} did not appear on this proc "
+                                       f"within {timeout} s (was it freed before the call "
+                                       "was handled?)")
+                self.ran.wait(left)
 
     def _op(self, name: str, args: tuple, kwargs: dict, out_ids: list) -> None:
         self.ops_run += 1
@@ -134,3 +164,18 @@ class Worker(Actor):
                 nbytes += s.nbytes()
         return {"live": len(self.refs), "failed": len(self.failed), "bytes": nbytes,
                 "ops": self.ops_run, "rank": self.rank}
+
+
+def local_shard(ref: int, proc_ids: tuple) -> Any:
+    """Unpickling a mesh tensor in an actor's call: this proc's shard of it (a tensor)."""
+    ctx = context()
+    if ctx is None or ctx.proc_id not in proc_ids or _WORKER is None:
+        where = ctx.proc_id if ctx is not None else "this process"
+        raise RuntimeError(f"a runtime.Tensor passed to an actor arrives as its local shard "
+                           f"only on the procs of its mesh; {where} is not one of them")
+    got = _WORKER.shard(ref, SHARD_WAIT_S)
+    if isinstance(got, Failure):
+        from ._fetch import RemoteTensorError
+
+        raise RemoteTensorError(got)
+    return got
