@@ -11,7 +11,7 @@ import torch
 
 import runtime
 from runtime import SupervisionError, get_runtime, this_host
-from runtime.tensor import RemoteTensorError, engine_stats, flush, manual_seed
+from runtime.tensor import RemoteTensorError, engine_stats, flush, manual_seed, tensor_state
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,7 +66,7 @@ def test_factories_and_ops_make_mesh_tensors(mesh):
         y = (w @ w.T).relu().sum(dim=0)
         assert isinstance(y, runtime.Tensor) and y.shape == (4,) and y.device.type == "cpu"
         assert "runtime.Tensor(shape=(4,)" in repr(y) and "'te'" in repr(y)
-        assert "procs: 4" in y._repr_html_()
+        assert "procs: 4" in y._repr_html_() and "ranks: 4 ready" in y._repr_html_()
     wv, yv = runtime.inspect(w, procs=2), runtime.inspect(y, procs=2)
     torch.testing.assert_close(yv, (wv @ wv.T).relu().sum(dim=0))
     assert torch.equal(runtime.inspect(made[6]), torch.arange(12).reshape(3, 4))
@@ -126,6 +126,8 @@ def test_failed_op_fails_dependents_only_and_proc_lives(mesh, capsys):
     assert "Traceback" in err.remote_traceback
     with pytest.raises(RemoteTensorError, match="aten::index"):
         runtime.inspect(bad)
+    assert tensor_state(worse) == ["failed: aten::index.Tensor"] * 4
+    assert "4 failed: aten::index.Tensor" in worse._repr_html_()
     torch.testing.assert_close(runtime.inspect(fine), runtime.inspect(a) + 1)
     with mesh.activate():  # and work goes on after the failure
         after = torch.ones(2) * 3

@@ -128,9 +128,37 @@ def flush(timeout: float = 30.0) -> None:
     sender.flush(timeout)
 
 
+def tensor_state(t: Tensor, timeout: float = 1.0) -> list[str]:
+    """Per rank of `t`'s mesh: 'ready', 'failed: <op>', or 'pending' when the procs have
+    not reached it within `timeout` seconds (they are still running earlier ops)."""
+    engine = t._engine
+    n = len(t._key)
+    try:
+        engine.check(t._key)
+    except BaseException as e:
+        return [f"failed: {type(e).__name__}"] * n
+    target, ref = t._target, t.ref
+    fut = send_call(engine, t._key, lambda: target.state.call(ref), "tensor_state",
+                    lambda vm: list(vm.values()), keepalive=t)
+    try:
+        return fut.get(timeout=timeout)
+    except TimeoutError:
+        return ["pending"] * n
+    except BaseException as e:
+        return [f"failed: {type(e).__name__}"] * n
+
+
 def tensor_html(t: Tensor) -> str:
-    """A mesh tensor's notebook display: shape, dtype, device, the mesh's dimensions."""
+    """A mesh tensor's notebook display: shape, dtype, device, the mesh's dimensions and
+    each rank's state (ready, failed, pending)."""
     dims = ", ".join(f"{k}: {v}" for k, v in t.mesh.sizes.items())
+    states = tensor_state(t)
+    counts: dict[str, int] = {}
+    for s in states:
+        counts[s] = counts.get(s, 0) + 1
+    cells = "".join(f"<td title='rank {r}'>{html.escape(s)}</td>" for r, s in
+                    enumerate(states[:64]))
+    summary = ", ".join(f"{v} {html.escape(k)}" for k, v in counts.items())
     return (f"<div><b>runtime.Tensor</b> <code>{tuple(t.shape)}</code> {t.dtype} on "
             f"{t.device}, mesh <code>{html.escape(t.mesh.name)}</code> ({html.escape(dims)})"
-            f"</div>")
+            f"; ranks: {summary}<table><tr>{cells}</tr></table></div>")

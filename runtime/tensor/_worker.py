@@ -152,6 +152,14 @@ class Worker(Actor):
         return ("ok", t.detach().to("cpu", copy=True).contiguous())
 
     @endpoint
+    def state(self, ref: int) -> str:
+        """'ready', 'failed: <op>' or 'unknown' for `ref` on this proc (after the ops before)."""
+        if ref in self.refs:
+            return "ready"
+        f = self.failed.get(ref)
+        return f"failed: {f.op}" if f is not None else "unknown"
+
+    @endpoint
     def stats(self) -> dict:
         """Live and failed shard counts, the bytes the live shards hold, ops run."""
         seen: set = set()
