@@ -178,3 +178,7 @@ class ShardUser(Actor):
     @endpoint
     def add_one_in_place(self, t) -> None:
         t.add_(1)
+
+    @endpoint
+    def env(self, name: str):
+        return os.environ.get(name)

@@ -245,3 +245,34 @@ def test_mesh_tensor_arrives_as_local_shard_in_an_actor(mesh):
     with pytest.raises(runtime.ActorError, match="only on the procs of its mesh"):
         users.slice(procs=0).describe.call_one(elsewhere).get(timeout=60)
     users.stop().get(timeout=30)
+
+
+def test_each_proc_of_a_gpu_dimension_is_given_its_own_gpu():
+    """On CPU this checks the selection (CUDA_VISIBLE_DEVICES per proc), not a GPU."""
+    from _actors import ShardUser
+
+    pm = this_host().spawn_procs(per_host={"gpu": 2}, name="te_gpus")
+    try:
+        with pm.activate():
+            t = torch.ones(1)
+        runtime.inspect(t, gpu=1)  # the workers have started
+        seen = pm.spawn("env_reader", ShardUser).env.call("CUDA_VISIBLE_DEVICES").get(timeout=60)
+        assert list(seen.values()) == ["0", "1"]
+    finally:
+        pm.stop().get(timeout=30)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (and torch with CUDA)")
+def test_cuda_tensors_on_one_gpu_per_proc():
+    n = min(2, torch.cuda.device_count())
+    pm = this_host().spawn_procs(per_host={"gpu": n}, name="te_cuda")
+    try:
+        with pm.activate():
+            t = torch.ones(3, device="cuda")
+            u = (t * 2).sum()
+            assert u.device.type == "cuda"
+        for r in range(n):
+            got = runtime.inspect(u, gpu=r)
+            assert got.device.type == "cpu" and got.item() == 6.0
+    finally:
+        pm.stop().get(timeout=30)

@@ -56,6 +56,24 @@ def resolve_op(name: str) -> Any:
     return op
 
 
+GPU_DIMS = ("gpu", "gpus")
+
+
+def select_gpu(coords: dict) -> None:
+    """One GPU per proc along a dimension named 'gpu' or 'gpus': CUDA_VISIBLE_DEVICES names
+    the proc's own GPU when CUDA has not started in the proc yet, else the worker thread's
+    current device is set."""
+    dim = next((d for d in GPU_DIMS if d in coords), None)
+    if dim is None:
+        return
+    idx = int(coords[dim])
+    if torch.cuda.is_initialized():
+        torch.cuda.set_device(idx)
+        return
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible[idx] if idx < len(visible) else str(idx)
+
+
 class Worker(Actor):
     """Executes commands in the order they arrive; an op that raises marks its outputs (and
     everything computed from them) failed instead of failing the actor."""
@@ -64,6 +82,7 @@ class Worker(Actor):
         self.refs: dict[int, torch.Tensor] = {}
         self.failed: dict[int, Failure] = {}
         self.rank = current_rank().rank
+        select_gpu(dict(current_rank()))
         self.ops_run = 0
         self.ran = threading.Condition()
         global _WORKER
