@@ -6,8 +6,8 @@
     by the controller, and until the last has run (a fetch of x returns N).
 (2) real work: forward + backward + SGD step of a 3-layer 512-wide MLP at batch 512 on a
     1-proc mesh, against the same step run locally in this process; median step times and
-    their ratio (the mesh step ends with a fetch of the loss, so it includes the work; mesh and local
-    steps alternate, so both see the same load).
+    their ratio (the mesh step ends with a fetch of the loss, so it includes the work;
+    mesh and local steps alternate, so both see the same load).
 (3) memory: the engine's live shards and bytes on a proc when idle, and after the loop.
 Progress goes to stderr, the table to stdout."""
 

@@ -1,8 +1,8 @@
 """The %mesh line magic and the %%mesh cell magic.
 
-`%mesh alloc|spawn|list|status|stop|interrupt ...` manages meshes; `%mesh activate NAME` /
-`%mesh deactivate` make torch in later cells run on a mesh (the tensor engine); `%%mesh MESH` runs the
-cell's code on every proc of MESH. Bad arguments raise IPython's UsageError, which the
+`%mesh alloc|spawn|list|status|stop|interrupt ...` manages meshes; `%mesh activate NAME`
+and `%mesh deactivate` make torch in later cells run on a mesh (the tensor engine);
+`%%mesh MESH` runs the cell's code on every proc of MESH. Bad arguments raise IPython's UsageError, which the
 notebook shows as one line, never a traceback.
 """
 

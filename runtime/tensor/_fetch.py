@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
