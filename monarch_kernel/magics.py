@@ -2,8 +2,8 @@
 
 `%mesh alloc|spawn|list|status|stop|interrupt ...` manages meshes; `%mesh activate NAME`
 and `%mesh deactivate` make torch in later cells run on a mesh (the tensor engine);
-`%%mesh MESH` runs the cell's code on every proc of MESH. Bad arguments raise IPython's UsageError, which the
-notebook shows as one line, never a traceback.
+`%%mesh MESH` runs the cell's code on every proc of MESH. Bad arguments raise IPython's
+UsageError, which the notebook shows as one line, never a traceback.
 """
 
 from __future__ import annotations
