@@ -295,8 +295,10 @@ class MeshMagics(Magics):
                 if self._hidden(obj):
                     continue
                 if isinstance(obj, ProcMesh):
+                    active = getattr(self.session, "active_mesh", None)
+                    mark = " (active)" if active is not None and active[1] is obj else ""
                     t.add(obj.name, self._vars_for(obj), "procs", _fmt_sizes(obj.sizes),
-                          _proc_state(rt, obj))
+                          _proc_state(rt, obj) + mark)
                 elif isinstance(obj, ActorMesh):
                     t.add(obj.name, self._vars_for(obj), f"actors ({obj.class_name})",
                           _fmt_sizes(obj.sizes), _actor_state(rt, obj))

@@ -188,6 +188,7 @@ def test_mesh_activate_runs_later_cells_on_the_mesh(ip):
         ip.run_line_magic("mesh", "activate act")
     assert "mesh 'act' {procs: 2} is active: torch in the cells that follow" in cap.stdout
     assert runtime.get_active_mesh() is ip.user_ns["act"]
+    assert "running (active)" in repr(ip.run_line_magic("mesh", "list"))
     ip.run_cell("import torch\nx = torch.ones(3) * 2")
     assert isinstance(ip.user_ns["x"], runtime.Tensor)
     assert runtime.inspect(ip.user_ns["x"], procs=1).tolist() == [2.0, 2.0, 2.0]
