@@ -110,6 +110,11 @@ def test_per_rank_values(mesh):
     assert len({tuple(v.tolist()) for v in ps}) == 4
     with pytest.raises(KeyError, match="gpu"):
         runtime.fetch_shard(r, gpu=1)
+    both = runtime.fetch_shard({"r": r, "s": [s, 5]}, {"procs": 2}).get(timeout=30)
+    assert torch.equal(both["r"], rs[2]) and torch.equal(both["s"][0], ss[0])
+    assert both["s"][1] == 5
+    with pytest.raises(TypeError, match="needs a runtime.Tensor"):
+        runtime.fetch_shard([1, 2])
 
 
 def test_failed_op_fails_dependents_only_and_proc_lives(mesh, capsys):
@@ -255,7 +260,8 @@ def test_each_proc_of_a_gpu_dimension_is_given_its_own_gpu():
     try:
         with pm.activate():
             t = torch.ones(1)
-        runtime.inspect(t, gpu=1)  # the workers have started
+        for r in range(2):
+            runtime.inspect(t, gpu=r)  # both workers have started
         seen = pm.spawn("env_reader", ShardUser).env.call("CUDA_VISIBLE_DEVICES").get(timeout=60)
         assert list(seen.values()) == ["0", "1"]
     finally:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import html
 import sys
-from typing import TYPE_CHECKING
+import threading
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..future import Future
 from ._engine import engine_for, send_call, send_command
@@ -43,11 +45,7 @@ def _one_proc(t: Tensor, coords: dict) -> "ProcMesh":
     return mesh.slice(**sel)
 
 
-def fetch_shard(t: Tensor, **coords: int) -> Future:
-    """A Future of one rank's values of `t` (a CPU torch.Tensor); coordinates not given are
-    0, so no coordinates means rank 0. Fails with RemoteTensorError if `t` failed there."""
-    if not isinstance(t, Tensor):
-        raise TypeError(f"fetch_shard needs a runtime.Tensor, got {type(t).__name__}")
+def _fetch_one(t: Tensor, coords: dict) -> Future:
     view = _one_proc(t, coords)
     engine = t._engine
     engine.check(t._key)
@@ -63,9 +61,50 @@ def fetch_shard(t: Tensor, **coords: int) -> Future:
                      f"fetch_shard({coords or 'rank 0'})", finish, keepalive=t)
 
 
-def inspect(t: Tensor, timeout: float = 60.0, **coords: int) -> torch.Tensor:
-    """One rank's values of `t` as a local torch.Tensor (blocks; rank 0 by default)."""
-    return fetch_shard(t, **coords).get(timeout=timeout)
+def _coords(shard: Optional[dict], kwargs: dict) -> dict:
+    coords = dict(shard or {})
+    coords.update(kwargs)
+    return coords
+
+
+def fetch_shard(obj: Any, shard: Optional[dict] = None, **kwargs: int) -> Future:
+    """A Future of one rank's values of the mesh tensors in `obj` (a tensor or a pytree of
+    them; each becomes a CPU torch.Tensor). `shard`/keywords name the rank's coordinates;
+    those not given are 0, so none means rank 0. A failed tensor raises RemoteTensorError."""
+    coords = _coords(shard, kwargs)
+    if isinstance(obj, Tensor):
+        return _fetch_one(obj, coords)
+    leaves, spec = tree_flatten(obj)
+    futs = {i: _fetch_one(x, coords) for i, x in enumerate(leaves) if isinstance(x, Tensor)}
+    if not futs:
+        raise TypeError(f"fetch_shard needs a runtime.Tensor (or a structure holding some), "
+                        f"got {type(obj).__name__}")
+    out: Future = Future(f"fetch_shard({coords or 'rank 0'})")
+    left = [len(futs)]
+    lock = threading.Lock()
+
+    def done(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        try:
+            values = [futs[i].result(0) if i in futs else x for i, x in enumerate(leaves)]
+        except BaseException as e:
+            out.set_exception(e)
+            return
+        out.set_result(tree_unflatten(values, spec))
+
+    for f in futs.values():
+        f.add_done_callback(done)
+    return out
+
+
+def inspect(obj: Any, shard: Optional[dict] = None, timeout: float = 60.0,
+            **kwargs: int) -> Any:
+    """One rank's values of `obj`'s mesh tensors as local torch.Tensors (blocks; rank 0 by
+    default)."""
+    return fetch_shard(obj, shard, **kwargs).get(timeout=timeout)
 
 
 class _Shown:
@@ -85,9 +124,12 @@ class _Shown:
         return (f"<div><b>{html.escape(self.title)}</b><table>{body}</table>{more}</div>")
 
 
-def show(t: Tensor, **coords: int) -> None:
+def show(t: Tensor, shard: Optional[dict] = None, **kwargs: int) -> None:
     """Print one rank's values of `t` (rank 0 by default); a table in a notebook."""
-    value = inspect(t, **coords)
+    if not isinstance(t, Tensor):
+        raise TypeError(f"show needs a runtime.Tensor, got {type(t).__name__}")
+    coords = _coords(shard, kwargs)
+    value = inspect(t, coords)
     where = ", ".join(f"{k}={v}" for k, v in coords.items()) or "rank 0"
     shown = _Shown(f"{t.mesh.name} [{where}] {tuple(t.shape)} {t.dtype}", value)
     ip = sys.modules.get("IPython")
