@@ -5,6 +5,7 @@ issued, batched per destination, without waiting for replies."""
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from .._meshes import ActorMesh, ProcMesh
 
 _BATCH_MAX = 1000
+log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 
 
@@ -109,7 +111,10 @@ class Sender:
             time.sleep(0.0003)  # let a burst of ops gather into one message
             self.wake.clear()
             while q:
-                self._drain(q)
+                try:
+                    self._drain(q)
+                except Exception:  # never let the sender die: later commands would hang
+                    log.exception("tensor engine: sending a batch failed")
 
     def _drain(self, q: deque) -> None:
         batch: list = []
