@@ -238,6 +238,16 @@ class AdminArgs:
 
 
 @dataclass
+class ActivateArgs:
+    name: str
+
+
+@dataclass
+class DeactivateArgs:
+    pass
+
+
+@dataclass
 class CellArgs:
     mesh: str
     ranks: Optional[dict[str, RankSel]] = None
@@ -248,7 +258,7 @@ class CellArgs:
 
 
 MeshCommand = Union[AllocArgs, JobAllocArgs, SpawnArgs, ListArgs, StatusArgs, StopArgs, InterruptArgs,
-                    AttachArgs, AdminArgs]
+                    AttachArgs, AdminArgs, ActivateArgs, DeactivateArgs]
 
 
 _COMMANDS = {
@@ -261,6 +271,8 @@ _COMMANDS = {
     "attach": "attach the debugger to an actor paused at a breakpoint",
     "debug": "list, attach, cast to, continue paused actors; --postmortem (see '%mesh debug help')",
     "admin": "serve the admin endpoint for the terminal admin (monarch-admin)",
+    "activate": "make a proc mesh active: torch in the cells that follow runs on its procs",
+    "deactivate": "end '%mesh activate': torch runs locally again",
 }
 
 
@@ -352,6 +364,15 @@ def _command_parsers() -> dict[str, _Parser]:
         prog="%mesh admin",
         description="Serve the admin endpoint of this controller and print how to attach "
                     "the terminal admin (monarch-admin) to it.")
+    ac = ps["activate"] = _Parser(
+        prog="%mesh activate",
+        description="Make proc mesh NAME active for the cells that follow, as `with "
+                    "NAME.activate():` would: torch factories and ops on its tensors run on "
+                    "its procs (docs/tensors.md). Replaces a mesh activated before.")
+    ac.add_argument("name", metavar="NAME", type=_arg_type(parse_identifier),
+                    help="a ProcMesh variable (a slice bound to a variable works too)")
+    ps["deactivate"] = _Parser(prog="%mesh deactivate",
+                               description="End '%mesh activate': torch runs locally again.")
     return ps
 
 
@@ -465,6 +486,10 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
         return AttachArgs(mesh=ns.mesh, rank=ns.rank)
     if cmd == "admin":
         return AdminArgs()
+    if cmd == "activate":
+        return ActivateArgs(name=ns.name)
+    if cmd == "deactivate":
+        return DeactivateArgs()
     raise MagicArgError(f"%mesh: unknown command {cmd!r}")  # pragma: no cover
 
 

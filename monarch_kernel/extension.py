@@ -28,6 +28,7 @@ class NotebookSession:
         self.sink_rt: Any = None  # the runtime our sink is installed on
         self.magics: Any = None
         self.jobs: dict[int, tuple[Any, Any]] = {}  # id(ProcMesh) -> (ProcMesh, Job)
+        self.active_mesh: Any = None  # %mesh activate: (variable, ProcMesh, context, thread)
 
     def kill_jobs(self) -> None:
         """End every job `%mesh alloc --job` started (cancels cluster allocations)."""

@@ -1,8 +1,9 @@
 """The %mesh line magic and the %%mesh cell magic.
 
-`%mesh alloc|spawn|list|status|stop|interrupt ...` manages meshes; `%%mesh MESH` runs the
-cell's code on every proc of MESH. Bad arguments raise IPython's UsageError, which the
-notebook shows as one line, never a traceback.
+`%mesh alloc|spawn|list|status|stop|interrupt ...` manages meshes; `%mesh activate NAME`
+and `%mesh deactivate` make torch in later cells run on a mesh (the tensor engine);
+`%%mesh MESH` runs the cell's code on every proc of MESH. Bad arguments raise IPython's
+UsageError, which the notebook shows as one line, never a traceback.
 """
 
 from __future__ import annotations
@@ -96,6 +97,37 @@ class MeshMagics(Magics):
 
         self.session.install_sink()
         return get_runtime()
+
+    # -- %mesh activate / deactivate ----------------------------------------------------------
+    def _cmd_activate(self, a: margs.ActivateArgs) -> Any:
+        import threading
+
+        pm = self._proc_mesh(a.name, "%mesh activate")
+        self._runtime()
+        self._end_active()
+        ctx = pm.activate()
+        ctx.__enter__()
+        self.session.active_mesh = (a.name, pm, ctx, threading.get_ident())
+        print(f"mesh {a.name!r} {_fmt_sizes(pm.sizes)} is active: torch in the cells that "
+              "follow runs on its procs ('%mesh deactivate' ends it)")
+
+    def _cmd_deactivate(self, a: margs.DeactivateArgs) -> Any:
+        name = self._end_active()
+        print(f"mesh {name!r} is no longer active" if name else "no mesh is active")
+
+    def _end_active(self) -> Any:
+        """Leave the mesh `%mesh activate` entered, if any; its variable name."""
+        import threading
+
+        active = getattr(self.session, "active_mesh", None)
+        if active is None:
+            return None
+        name, _, ctx, tid = active
+        if tid != threading.get_ident():
+            raise UsageError("%mesh deactivate: the mesh was activated on another thread")
+        self.session.active_mesh = None
+        ctx.__exit__(None, None, None)
+        return name
 
     # -- %mesh alloc -------------------------------------------------------------------------
     def _cmd_alloc(self, a: margs.AllocArgs) -> Any:
@@ -263,8 +295,10 @@ class MeshMagics(Magics):
                 if self._hidden(obj):
                     continue
                 if isinstance(obj, ProcMesh):
+                    active = getattr(self.session, "active_mesh", None)
+                    mark = " (active)" if active is not None and active[1] is obj else ""
                     t.add(obj.name, self._vars_for(obj), "procs", _fmt_sizes(obj.sizes),
-                          _proc_state(rt, obj))
+                          _proc_state(rt, obj) + mark)
                 elif isinstance(obj, ActorMesh):
                     t.add(obj.name, self._vars_for(obj), f"actors ({obj.class_name})",
                           _fmt_sizes(obj.sizes), _actor_state(rt, obj))

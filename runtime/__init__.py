@@ -52,12 +52,21 @@ def current_runtime() -> "_core.Runtime | None":
     return rt
 
 
+_TENSOR_NAMES = ("Tensor", "get_active_mesh", "no_mesh", "inspect", "show", "fetch_shard",
+                 "RemoteTensorError")
+
+
 def __getattr__(name: str):
-    """Lazy names: the data plane is imported only when used (`runtime.RDMABuffer`)."""
+    """Lazy names: the data plane (`runtime.RDMABuffer`) and the tensor engine
+    (`runtime.Tensor`, `runtime.inspect`, ...) are imported only when used."""
     if name in ("RDMABuffer", "get_rdma_backend", "is_rdma_available"):
         from . import rdma
 
         return getattr(rdma, name)
+    if name in _TENSOR_NAMES:  # the tensor engine imports torch: only when used
+        from . import tensor
+
+        return getattr(tensor, name)
     raise AttributeError(f"module 'runtime' has no attribute {name!r}")
 
 

@@ -163,3 +163,22 @@ class Probe(Actor):
     @endpoint
     def modules(self):
         return sorted(m for m in ("torch", "numpy") if m in sys.modules)
+
+
+class ShardUser(Actor):
+    """Receives mesh tensors (as this proc's shard) for the tensor-engine tests."""
+
+    @endpoint
+    def describe(self, t):
+        import torch
+
+        return {"type": type(t).__name__, "sum": float(t.sum()), "rank": current_rank().rank,
+                "is_plain": type(t) is torch.Tensor}
+
+    @endpoint
+    def add_one_in_place(self, t) -> None:
+        t.add_(1)
+
+    @endpoint
+    def env(self, name: str):
+        return os.environ.get(name)

@@ -270,6 +270,13 @@ class ProcMesh(MeshTrait):
                   if p.agent is not None else None) for p in self._procs]
         return (_rebuild_proc_mesh, (self.name, procs, self._shape, self._host_mesh))
 
+    def activate(self) -> Any:
+        """A context manager making this mesh the calling thread's active mesh: torch
+        factories and ops then run on its procs (the tensor engine, docs/tensors.md)."""
+        from ..tensor import activate
+
+        return activate(self)
+
     def __enter__(self) -> "ProcMesh":
         return self
 

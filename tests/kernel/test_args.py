@@ -3,7 +3,7 @@
 import pytest
 
 from monarch_kernel.args import (
-    AdminArgs, AttachArgs, AllocArgs, JobAllocArgs, CellArgs, InterruptArgs, ListArgs, MagicArgError, MagicHelp, SpawnArgs,
+    ActivateArgs, AdminArgs, AttachArgs, DeactivateArgs, AllocArgs, JobAllocArgs, CellArgs, InterruptArgs, ListArgs, MagicArgError, MagicHelp, SpawnArgs,
     StatusArgs, StopArgs, parse_mesh_cell, parse_mesh_line, parse_ranks, parse_sizes,
 )
 
@@ -50,6 +50,12 @@ def test_simple_commands():
     assert parse_mesh_line("stop --all") == StopArgs([], True)
     assert parse_mesh_line("interrupt") == InterruptArgs(None)
     assert parse_mesh_line("interrupt local") == InterruptArgs("local")
+    assert parse_mesh_line("activate trainers") == ActivateArgs("trainers")
+    assert parse_mesh_line("deactivate") == DeactivateArgs()
+    with pytest.raises(MagicArgError, match="not a valid Python identifier"):
+        parse_mesh_line("activate 3x")
+    with pytest.raises(MagicArgError, match="activate"):
+        parse_mesh_line("activate")
 
 
 def test_cell_args():

@@ -9,6 +9,7 @@ from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
 import runtime
+import torch
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -179,3 +180,25 @@ def test_job_alloc_errors_are_one_line(ip, line, message):
     with pytest.raises(UsageError) as e:
         ip.run_line_magic("mesh", line)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_mesh_activate_runs_later_cells_on_the_mesh(ip):
+    with capture_output() as cap:
+        ip.run_line_magic("mesh", "alloc act --per-host procs=2 --no-progress")
+        ip.run_line_magic("mesh", "activate act")
+    assert "mesh 'act' {procs: 2} is active: torch in the cells that follow" in cap.stdout
+    assert runtime.get_active_mesh() is ip.user_ns["act"]
+    assert "running (active)" in repr(ip.run_line_magic("mesh", "list"))
+    ip.run_cell("import torch\nx = torch.ones(3) * 2")
+    assert isinstance(ip.user_ns["x"], runtime.Tensor)
+    assert runtime.inspect(ip.user_ns["x"], procs=1).tolist() == [2.0, 2.0, 2.0]
+    with capture_output() as cap:
+        ip.run_line_magic("mesh", "deactivate")
+        ip.run_line_magic("mesh", "deactivate")
+    assert cap.stdout.splitlines() == ["mesh 'act' is no longer active", "no mesh is active"]
+    assert runtime.get_active_mesh() is None
+    ip.run_cell("y = torch.ones(3)")
+    assert type(ip.user_ns["y"]) is torch.Tensor
+    with pytest.raises(UsageError, match="no variable 'nope'"):
+        ip.run_line_magic("mesh", "activate nope")
+    ip.run_line_magic("mesh", "stop act")

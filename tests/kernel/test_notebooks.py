@@ -130,3 +130,20 @@ def test_runner_exits_non_zero_on_error_and_timeout(tmp_path):
     out = io.StringIO()
     assert run_notebook(path, timeout=2, out=out) == 1
     assert "timed out after 2 s" in out.getvalue()
+
+
+@pytest.mark.timeout(240)
+def test_distributed_tensors(tmp_path):
+    status, printed, cells = execute("distributed_tensors.ipynb", tmp_path, timeout=180)
+    assert status == 0, printed
+    assert "is active" in output_of(cells, "%mesh activate procs")
+    assert "runtime.Tensor(shape=(4,), dtype=torch.float32" in output_of(cells, "w = torch.rand")
+    assert "shape error:" in output_of(cells, "try:\n    w @")
+    text = output_of(cells, "print(runtime.inspect(y))")
+    assert "procs [procs=2] (4,) torch.float32" in text and "tensor([" in text
+    text = output_of(cells, "bad = w[")
+    assert "caught: aten::index.Tensor failed on rank 0: IndexError" in text
+    assert "still fine: torch.Size([4])" in text
+    text = output_of(cells, "x = torch.randn")
+    assert "every rank learned: True" in text, text
+    assert output_of(cells, "%mesh deactivate").strip().endswith("Tensor")

@@ -1,0 +1,13 @@
+"""The tensor engine: torch tensors that live on every proc of a mesh, driven from the
+controller as if they were local (`with procs.activate(): t = torch.rand(3, 4)`).
+
+Public: `Tensor`, `activate`, `get_active_mesh`, `no_mesh`, `fetch_shard`, `inspect`, `show`,
+`RemoteTensorError`, `engine_stats`, `tensor_state`, `manual_seed`, `flush`. See docs/tensors.md."""
+
+from ._context import activate, get_active_mesh, no_mesh
+from ._fetch import (RemoteTensorError, engine_stats, fetch_shard, flush, inspect, manual_seed,
+                     show, tensor_state)
+from ._tensor import Tensor
+
+__all__ = ["RemoteTensorError", "Tensor", "activate", "engine_stats", "fetch_shard", "flush",
+           "get_active_mesh", "inspect", "manual_seed", "no_mesh", "show", "tensor_state"]

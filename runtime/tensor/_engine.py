@@ -1,0 +1,208 @@
+"""The controller side of the tensor engine: one worker actor mesh per root proc mesh, and
+one sender thread that sends every command (ops, frees, fetches) in the order they were
+issued, batched per destination, without waiting for replies."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from ..future import Future
+from ..errors import SerializationError
+from ._worker import Failure, Worker
+
+if TYPE_CHECKING:
+    from .._meshes import ActorMesh, ProcMesh
+
+_BATCH_MAX = 1000
+log = logging.getLogger(__name__)
+_ids = itertools.count(1)
+
+
+def new_ref() -> int:
+    """A fresh ref id (unique in this controller)."""
+    return next(_ids)
+
+
+def mesh_key(mesh: "ProcMesh") -> tuple:
+    """Two views name the same procs in the same order iff their keys are equal."""
+    return tuple(p.proc_id for p in mesh.procs)
+
+
+class Engine:
+    """The workers of one root proc mesh, and the per-view targets sliced from them."""
+
+    def __init__(self, root: "ProcMesh") -> None:
+        self.root = root
+        self.workers: "ActorMesh" = root.spawn("tensor_engine", Worker)
+        self.targets: dict[tuple, "ActorMesh"] = {}
+        self.broken: dict[tuple, BaseException] = {}
+
+    def target(self, mesh: "ProcMesh") -> tuple[tuple, "ActorMesh"]:
+        """(key, the worker actors on `mesh`'s procs)."""
+        key = mesh_key(mesh)
+        t = self.targets.get(key)
+        if t is None:
+            t = self.targets[key] = self.workers.restricted_to(mesh)
+        return key, t
+
+    def check(self, key: tuple) -> None:
+        """Raise the error that broke sending to these procs, if any (at the call site)."""
+        exc = self.broken.get(key)
+        if exc is not None:
+            raise exc
+
+
+_engines: dict[int, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def engine_for(mesh: "ProcMesh") -> Engine:
+    """The engine of `mesh`'s root proc mesh; its workers are spawned on first use."""
+    root = mesh.root
+    e = _engines.get(id(root))
+    if e is None or e.root is not root:
+        with _engines_lock:
+            e = _engines.get(id(root))
+            if e is None or e.root is not root:
+                e = _engines[id(root)] = Engine(root)
+    return e
+
+
+class Sender:
+    """Sends queued entries from one thread, so that a proc receives them in issue order."""
+
+    def __init__(self) -> None:
+        self.queue: deque = deque()
+        self.wake = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+        self.lock = threading.Lock()
+
+    def put(self, entry: tuple) -> None:
+        """Queue ("cmd", engine, key, target, command) or ("call", ...); never blocks."""
+        self.queue.append(entry)
+        if self.thread is None:
+            self._start()
+        if not self.wake.is_set():
+            self.wake.set()
+
+    def _start(self) -> None:
+        with self.lock:
+            if self.thread is None:
+                t = threading.Thread(target=self._loop, name="tensor-engine-sender", daemon=True)
+                t.start()
+                self.thread = t
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until everything queued so far has been handed to the transport."""
+        done = threading.Event()
+        self.put(("mark", done))
+        if not done.wait(timeout):
+            raise TimeoutError("tensor engine: commands were not sent in time")
+
+    def _loop(self) -> None:
+        q = self.queue
+        while True:
+            self.wake.wait()
+            time.sleep(0.0003)  # let a burst of ops gather into one message
+            self.wake.clear()
+            while q:
+                try:
+                    self._drain(q)
+                except Exception:  # never let the sender die: later commands would hang
+                    log.exception("tensor engine: sending a batch failed")
+
+    def _drain(self, q: deque) -> None:
+        batch: list = []
+        cur: Optional[tuple] = None
+        while q and len(batch) < _BATCH_MAX:
+            entry = q[0]
+            if entry[0] != "cmd":
+                break
+            if cur is not None and entry[2] != cur[2]:
+                break
+            q.popleft()
+            cur = entry
+            batch.append(entry[4])
+        if batch:
+            self._send(cur, batch)
+        elif q:
+            entry = q.popleft()
+            if entry[0] == "mark":
+                entry[1].set()
+            else:
+                self._call(entry)
+
+    def _send(self, entry: tuple, batch: list) -> None:
+        engine, key, target = entry[1], entry[2], entry[3]
+        if key in engine.broken:
+            return
+        try:
+            target.run.broadcast(batch)
+        except SerializationError:
+            self._send_each(engine, key, target, batch)
+        except BaseException as e:  # a dead or stopped proc: later use raises this
+            engine.broken[key] = e
+
+    def _send_each(self, engine: Engine, key: tuple, target: "ActorMesh", batch: list) -> None:
+        """Send one by one; a command that cannot be pickled fails its outputs instead."""
+        for cmd in batch:
+            try:
+                target.run.broadcast([cmd])
+            except SerializationError as e:
+                failure = Failure(str(cmd[1]), -1, f"its arguments cannot be sent: {e}", "")
+                if cmd[0] == "op":
+                    target.run.broadcast([("fail", cmd[4], failure)])
+            except BaseException as e:
+                engine.broken[key] = e
+                return
+
+    def _call(self, entry: tuple) -> None:
+        _, engine, key, call, out, finish = entry[:6]
+        exc = engine.broken.get(key)
+        if exc is not None:
+            out.set_exception(exc)
+            return
+        try:
+            inner = call()
+        except BaseException as e:
+            out.set_exception(e)
+            return
+
+        def done(f: Future) -> None:
+            e = f.exception(0)
+            if e is not None:
+                out.set_exception(e)
+                return
+            try:
+                out.set_result(finish(f.result(0)))
+            except BaseException as e2:
+                out.set_exception(e2)
+
+        inner.add_done_callback(done)
+
+
+sender = Sender()
+
+
+def send_command(engine: Engine, key: tuple, target: "ActorMesh", command: tuple) -> None:
+    """Queue a command for the workers of `target` (sent in order, batched)."""
+    sender.put(("cmd", engine, key, target, command))
+
+
+def send_call(engine: Engine, key: tuple, call: Callable[[], Future], label: str,
+              finish: Callable[[Any], Any], keepalive: Any = None) -> Future:
+    """Queue `call()` (an endpoint call) after the commands before it; a Future of
+    `finish(result)`."""
+    out: Future = Future(label)
+    sender.put(("call", engine, key, call, out, finish, keepalive))
+    return out
+
+
+def free_ref(engine: Engine, key: tuple, target: "ActorMesh", ref: int) -> None:
+    """Finalizer of a mesh tensor: free its shard on every proc (may run on any thread)."""
+    sender.put(("cmd", engine, key, target, ("free", (ref,))))

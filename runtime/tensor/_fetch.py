@@ -1,0 +1,206 @@
+"""Looking at a mesh tensor's values from the controller: `fetch_shard`, `inspect`, `show`,
+and the engine's per-proc counters (`engine_stats`)."""
+
+from __future__ import annotations
+
+import html
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..future import Future
+from ._engine import engine_for, send_call, send_command
+from ._tensor import Tensor
+from ._worker import Failure
+
+if TYPE_CHECKING:
+    from .._meshes import ProcMesh
+    from ..value_mesh import ValueMesh
+
+
+class RemoteTensorError(RuntimeError):
+    """A mesh tensor could not be computed on a proc: names the op that failed there, the
+    rank, and the remote traceback. Tensors computed from it fail with the same error."""
+
+    def __init__(self, failure: Failure) -> None:
+        self.op, self.rank = failure.op, failure.rank
+        self.error, self.remote_traceback = failure.error, failure.traceback
+        tb = f"\nremote traceback:\n{failure.traceback}" if failure.traceback else ""
+        super().__init__(f"{failure.op} failed on rank {failure.rank}: {failure.error}{tb}")
+
+
+def _one_proc(t: Tensor, coords: dict) -> "ProcMesh":
+    mesh = t.mesh
+    unknown = set(coords) - set(mesh.sizes)
+    if unknown:
+        raise KeyError(f"{sorted(unknown)} are not dimensions of {mesh!r} "
+                       f"(its dimensions: {list(mesh.sizes)})")
+    sel = {d: coords.get(d, 0) for d in mesh.sizes}
+    for d, v in sel.items():
+        if not isinstance(v, int):
+            raise TypeError(f"fetch_shard wants one proc: {d}={v!r} is not an int")
+    return mesh.slice(**sel)
+
+
+def _fetch_one(t: Tensor, coords: dict) -> Future:
+    view = _one_proc(t, coords)
+    engine = t._engine
+    engine.check(t._key)
+    target = engine.target(view)[1]
+    ref = t.ref
+
+    def finish(reply: tuple) -> torch.Tensor:
+        if reply[0] == "failed":
+            raise RemoteTensorError(reply[1])
+        return reply[1]
+
+    return send_call(engine, t._key, lambda: target.fetch.call_one(ref),
+                     f"fetch_shard({coords or 'rank 0'})", finish, keepalive=t)
+
+
+def _coords(shard: Optional[dict], kwargs: dict) -> dict:
+    coords = dict(shard or {})
+    coords.update(kwargs)
+    return coords
+
+
+def fetch_shard(obj: Any, shard: Optional[dict] = None, **kwargs: int) -> Future:
+    """A Future of one rank's values of the mesh tensors in `obj` (a tensor or a pytree of
+    them; each becomes a CPU torch.Tensor). `shard`/keywords name the rank's coordinates;
+    those not given are 0, so none means rank 0. A failed tensor raises RemoteTensorError."""
+    coords = _coords(shard, kwargs)
+    if isinstance(obj, Tensor):
+        return _fetch_one(obj, coords)
+    leaves, spec = tree_flatten(obj)
+    futs = {i: _fetch_one(x, coords) for i, x in enumerate(leaves) if isinstance(x, Tensor)}
+    if not futs:
+        raise TypeError(f"fetch_shard needs a runtime.Tensor (or a structure holding some), "
+                        f"got {type(obj).__name__}")
+    out: Future = Future(f"fetch_shard({coords or 'rank 0'})")
+    left = [len(futs)]
+    lock = threading.Lock()
+
+    def done(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        try:
+            values = [futs[i].result(0) if i in futs else x for i, x in enumerate(leaves)]
+        except BaseException as e:
+            out.set_exception(e)
+            return
+        out.set_result(tree_unflatten(values, spec))
+
+    for f in futs.values():
+        f.add_done_callback(done)
+    return out
+
+
+def inspect(obj: Any, shard: Optional[dict] = None, timeout: float = 60.0,
+            **kwargs: int) -> Any:
+    """One rank's values of `obj`'s mesh tensors as local torch.Tensors (blocks; rank 0 by
+    default)."""
+    return fetch_shard(obj, shard, **kwargs).get(timeout=timeout)
+
+
+class _Shown:
+    def __init__(self, title: str, value: torch.Tensor) -> None:
+        self.title, self.value = title, value
+
+    def __repr__(self) -> str:
+        return f"{self.title}\n{self.value}"
+
+    def _repr_html_(self) -> str:
+        v = self.value
+        rows = v.reshape(1, -1) if v.dim() < 2 else v.reshape(-1, v.shape[-1])
+        body = "".join("<tr>" + "".join(f"<td>{float(x):.4g}</td>" if v.is_floating_point()
+                                        else f"<td>{html.escape(str(x.item()))}</td>"
+                                        for x in row) + "</tr>" for row in rows[:64])
+        more = f"<p>... {rows.shape[0] - 64} more rows</p>" if rows.shape[0] > 64 else ""
+        return (f"<div><b>{html.escape(self.title)}</b><table>{body}</table>{more}</div>")
+
+
+def show(t: Tensor, shard: Optional[dict] = None, **kwargs: int) -> None:
+    """Print one rank's values of `t` (rank 0 by default); a table in a notebook."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"show needs a runtime.Tensor, got {type(t).__name__}")
+    coords = _coords(shard, kwargs)
+    value = inspect(t, coords)
+    where = ", ".join(f"{k}={v}" for k, v in coords.items()) or "rank 0"
+    shown = _Shown(f"{t.mesh.name} [{where}] {tuple(t.shape)} {t.dtype}", value)
+    ip = sys.modules.get("IPython")
+    shell = ip.get_ipython() if ip is not None and hasattr(ip, "get_ipython") else None
+    if shell is not None and getattr(shell, "kernel", None) is not None:
+        from IPython.display import display
+
+        display(shown)
+    else:
+        print(repr(shown))
+
+
+def engine_stats(mesh: "ProcMesh") -> "Future[ValueMesh]":
+    """Per proc of `mesh`: live and failed shard counts, bytes held, ops run (after every
+    command issued before this call)."""
+    engine = engine_for(mesh)
+    key, target = engine.target(mesh)
+    return send_call(engine, key, lambda: target.stats.call(), "engine_stats", lambda v: v)
+
+
+def manual_seed(seed: int, per_rank: bool = False) -> None:
+    """Seed torch's generator on every proc of the active mesh (`seed + rank` with
+    `per_rank=True`, so ranks differ but runs repeat)."""
+    from ._context import get_active_mesh
+
+    mesh = get_active_mesh()
+    if mesh is None:
+        raise RuntimeError("manual_seed needs an active mesh (use `with mesh.activate():`)")
+    engine = engine_for(mesh)
+    key, target = engine.target(mesh)
+    send_command(engine, key, target, ("seed", int(seed), bool(per_rank)))
+
+
+def flush(timeout: float = 30.0) -> None:
+    """Wait until every command issued so far has been sent to the procs."""
+    from ._engine import sender
+
+    sender.flush(timeout)
+
+
+def tensor_state(t: Tensor, timeout: float = 1.0) -> list[str]:
+    """Per rank of `t`'s mesh: 'ready', 'failed: <op>', or 'pending' when the procs have
+    not reached it within `timeout` seconds (they are still running earlier ops)."""
+    engine = t._engine
+    n = len(t._key)
+    try:
+        engine.check(t._key)
+    except BaseException as e:
+        return [f"failed: {type(e).__name__}"] * n
+    target, ref = t._target, t.ref
+    fut = send_call(engine, t._key, lambda: target.state.call(ref), "tensor_state",
+                    lambda vm: list(vm.values()), keepalive=t)
+    try:
+        return fut.get(timeout=timeout)
+    except TimeoutError:
+        return ["pending"] * n
+    except BaseException as e:
+        return [f"failed: {type(e).__name__}"] * n
+
+
+def tensor_html(t: Tensor) -> str:
+    """A mesh tensor's notebook display: shape, dtype, device, the mesh's dimensions and
+    each rank's state (ready, failed, pending)."""
+    dims = ", ".join(f"{k}: {v}" for k, v in t.mesh.sizes.items())
+    states = tensor_state(t)
+    counts: dict[str, int] = {}
+    for s in states:
+        counts[s] = counts.get(s, 0) + 1
+    cells = "".join(f"<td title='rank {r}'>{html.escape(s)}</td>" for r, s in
+                    enumerate(states[:64]))
+    summary = ", ".join(f"{v} {html.escape(k)}" for k, v in counts.items())
+    return (f"<div><b>runtime.Tensor</b> <code>{tuple(t.shape)}</code> {t.dtype} on "
+            f"{t.device}, mesh <code>{html.escape(t.mesh.name)}</code> ({html.escape(dims)})"
+            f"; ranks: {summary}<table><tr>{cells}</tr></table></div>")

@@ -1,0 +1,208 @@
+"""The tensor engine's worker: one actor per proc that runs the controller's op stream in
+order, keeping the proc's shards in a ref -> tensor table."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..actor import Actor, context, current_rank, endpoint
+
+#: the tensor-engine worker of this proc (a proc belongs to one root mesh: one worker)
+_WORKER: "Worker | None" = None
+SHARD_WAIT_S = 60.0
+
+
+class Ref:
+    """A placeholder for a mesh tensor inside a command: its ref id."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, id: int) -> None:
+        self.id = id
+
+    def __reduce__(self) -> Any:
+        return (Ref, (self.id,))
+
+
+@dataclass
+class Failure:
+    """Why a shard could not be computed: the op that failed, where, and its traceback."""
+
+    op: str
+    rank: int
+    error: str
+    traceback: str
+
+
+_OPS: dict[str, Any] = {}
+
+
+def resolve_op(name: str) -> Any:
+    """The torch op for a name such as 'aten::add.Tensor' (cached)."""
+    op = _OPS.get(name)
+    if op is None:
+        ns, _, rest = name.partition("::")
+        base, _, overload = rest.partition(".")
+        op = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+        _OPS[name] = op
+    return op
+
+
+GPU_DIMS = ("gpu", "gpus")
+
+
+def select_gpu(coords: dict) -> None:
+    """One GPU per proc along a dimension named 'gpu' or 'gpus': CUDA_VISIBLE_DEVICES names
+    the proc's own GPU when CUDA has not started in the proc yet, else the worker thread's
+    current device is set."""
+    dim = next((d for d in GPU_DIMS if d in coords), None)
+    if dim is None:
+        return
+    idx = int(coords[dim])
+    if torch.cuda.is_initialized():
+        torch.cuda.set_device(idx)
+        return
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible[idx] if idx < len(visible) else str(idx)
+
+
+class Worker(Actor):
+    """Executes commands in the order they arrive; an op that raises marks its outputs (and
+    everything computed from them) failed instead of failing the actor."""
+
+    def __init__(self) -> None:
+        self.refs: dict[int, torch.Tensor] = {}
+        self.failed: dict[int, Failure] = {}
+        self.rank = current_rank().rank
+        select_gpu(dict(current_rank()))
+        self.ops_run = 0
+        self.ran = threading.Condition()
+        global _WORKER
+        _WORKER = self
+        torch.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
+
+    @endpoint
+    def run(self, commands: list) -> None:
+        """Run a batch of commands: ("op", name, args, kwargs, out_ids) or ("free", ids)."""
+        for cmd in commands:
+            if cmd[0] == "op":
+                self._op(cmd[1], cmd[2], cmd[3], cmd[4])
+            elif cmd[0] == "free":
+                for i in cmd[1]:
+                    self.refs.pop(i, None)
+                    self.failed.pop(i, None)
+            elif cmd[0] == "fail":
+                self._fail(cmd[1], cmd[2])
+            elif cmd[0] == "seed":
+                torch.manual_seed(cmd[1] + (self.rank if cmd[2] else 0))
+        with self.ran:
+            self.ran.notify_all()
+
+    def shard(self, ref: int, timeout: float) -> Any:
+        """This proc's tensor for `ref`, waiting for the op that makes it (another actor's
+        call may overtake the engine's commands); a Failure if it failed."""
+        deadline = time.monotonic() + timeout
+        with self.ran:
+            while True:
+                t = self.refs.get(ref)
+                if t is not None:
+                    return t
+                f = self.failed.get(ref)
+                if f is not None:
+                    return f
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"mesh tensor ref {ref} did not appear on this proc "
+                                       f"within {timeout} s (was it freed before the call "
+                                       "was handled?)")
+                self.ran.wait(left)
+
+    def _op(self, name: str, args: tuple, kwargs: dict, out_ids: list) -> None:
+        self.ops_run += 1
+        bad: list[Failure] = []
+        refs, failed = self.refs, self.failed
+
+        def value(x: Any) -> Any:
+            if type(x) is Ref:
+                t = refs.get(x.id)
+                if t is None:
+                    bad.append(failed.get(x.id) or Failure(
+                        name, self.rank, f"input ref {x.id} is not on this proc", ""))
+                return t
+            return x
+
+        args, kwargs = tree_map(value, (args, kwargs))
+        if bad:
+            self._fail(out_ids, bad[0])
+            return
+        try:
+            out = resolve_op(name)(*args, **kwargs)
+        except Exception as e:  # the proc lives on; the outputs are failed
+            self._fail(out_ids, Failure(name, self.rank, f"{type(e).__name__}: {e}",
+                                        traceback.format_exc()))
+            return
+        leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+        for i, t in zip(out_ids, leaves):
+            if i is not None:
+                refs[i] = t
+                failed.pop(i, None)
+
+    def _fail(self, out_ids: list, failure: Failure) -> None:
+        for i in out_ids:
+            if i is not None:
+                self.refs.pop(i, None)
+                self.failed[i] = failure
+
+    @endpoint
+    def fetch(self, ref: int) -> tuple:
+        """("ok", a CPU copy of the shard) or ("failed", Failure)."""
+        t = self.refs.get(ref)
+        if t is None:
+            f = self.failed.get(ref) or Failure("fetch", self.rank, f"ref {ref} is unknown", "")
+            return ("failed", f)
+        return ("ok", t.detach().to("cpu", copy=True).contiguous())
+
+    @endpoint
+    def state(self, ref: int) -> str:
+        """'ready', 'failed: <op>' or 'unknown' for `ref` on this proc (after the ops before)."""
+        if ref in self.refs:
+            return "ready"
+        f = self.failed.get(ref)
+        return f"failed: {f.op}" if f is not None else "unknown"
+
+    @endpoint
+    def stats(self) -> dict:
+        """Live and failed shard counts, the bytes the live shards hold, ops run."""
+        seen: set = set()
+        nbytes = 0
+        for t in self.refs.values():
+            s = t.untyped_storage()
+            key = (s.data_ptr(), t.device)
+            if key not in seen:
+                seen.add(key)
+                nbytes += s.nbytes()
+        return {"live": len(self.refs), "failed": len(self.failed), "bytes": nbytes,
+                "ops": self.ops_run, "rank": self.rank}
+
+
+def local_shard(ref: int, proc_ids: tuple) -> Any:
+    """Unpickling a mesh tensor in an actor's call: this proc's shard of it (a tensor)."""
+    ctx = context()
+    if ctx is None or ctx.proc_id not in proc_ids or _WORKER is None:
+        where = ctx.proc_id if ctx is not None else "this process"
+        raise RuntimeError(f"a runtime.Tensor passed to an actor arrives as its local shard "
+                           f"only on the procs of its mesh; {where} is not one of them")
+    got = _WORKER.shard(ref, SHARD_WAIT_S)
+    if isinstance(got, Failure):
+        from ._fetch import RemoteTensorError
+
+        raise RemoteTensorError(got)
+    return got
