@@ -363,6 +363,12 @@ class ProcServer:
         a.mailbox.put(("supervise", failure))
         return True
 
+    def sizes(self) -> dict[str, int]:
+        """Entries in this proc's actor tables (soak tests)."""
+        return {"actors": len(self.actors), "stopped_actor_ids": len(self.stopped_actors),
+                "early_calls": len(self.early),
+                "threads": threading.active_count()}
+
     def heartbeat_extra(self) -> dict:
         actors = {a.actor_id: [a.state, a.endpoint, a.since, a.handled, a.errors]
                   for a in self.actors.values() if a.state != "starting"}

@@ -117,7 +117,7 @@ class Liveness:
         rt = self.rt
         state = rt.state
         targets = {}
-        for m in list(state.actor_meshes.values()):
+        for m in state.actor_meshes.all_values():
             if m.owned:
                 continue
             for r, pid in enumerate(m.proc_ids):

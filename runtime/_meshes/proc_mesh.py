@@ -194,7 +194,8 @@ class ProcMesh(MeshTrait):
 
         def check() -> None:
             if all(p.exited.done() for p in pending):
-                for m in [m for m in rt.state.actor_meshes.values() if set(m.proc_ids) <= ids]:
+                for m in [m for m in rt.state.actor_meshes.all_values()
+                          if set(m.proc_ids) <= ids]:
                     rt.health.remove_mesh(m.health_name)
                 fut.set_result(None)
                 return

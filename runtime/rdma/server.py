@@ -10,10 +10,11 @@ import os
 import shutil
 import socket
 import struct
-import tempfile
 import threading
+import time
 from typing import Optional
 
+from .. import rundir
 from ..config import config
 from . import protocol as P
 from .identity import process_start_time, session_secret
@@ -38,7 +39,7 @@ class DataServer:
         self.pid = os.getpid()
         self.start_time = process_start_time(self.pid) or 0
         self.secret, _ = session_secret()
-        self._rundir = tempfile.mkdtemp(prefix=f"monarch-rdma-{self.pid}-")  # mode 0700
+        self._rundir = rundir.make_dir("rdma")  # mode 0700, in the per-user runtime root
         self._closed = False
         self._listeners: list[socket.socket] = []
         self._mr_lock = threading.Lock()  # one memory registration per buffer
