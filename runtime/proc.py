@@ -335,7 +335,7 @@ class ProcServer:
         reached its mailbox after the stop (I/O thread)."""
         self.actors.pop(a.actor_id, None)
         self.stopped_actors[a.actor_id] = None
-        while len(self.stopped_actors) > 4096:
+        while len(self.stopped_actors) > 1024:  # a bounded memory of stopped ids
             self.stopped_actors.popitem(last=False)
         while True:
             try:
