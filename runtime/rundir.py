@@ -85,10 +85,19 @@ def tag() -> str:
     return _tag[1]
 
 
+# ipc socket paths are at most 107 bytes: leave 40 for a proc id under a run directory
+MAX_DIR_LEN = 107 - 41
+
+
 def make_dir(kind: str) -> str:
     """A new 0700 directory `<root>/<kind>-<pid>-<start>-<random>` owned by this process."""
     d = tempfile.mkdtemp(prefix=f"{kind}-{tag()}-", dir=root())
     os.chmod(d, 0o700)
+    if len(d) > MAX_DIR_LEN:
+        os.rmdir(d)
+        raise RuntimeRootError(f"runtime root {root(create=False)} is too long a path for the "
+                               f"ipc sockets under it ({d}: {len(d)} > {MAX_DIR_LEN} bytes); "
+                               "set MONARCH_RUNTIME_DIR to a shorter directory")
     return d
 
 
