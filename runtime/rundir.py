@@ -8,7 +8,8 @@ or runs with another start time (a reused pid). Never by name alone, never anoth
 
 The root is `MONARCH_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/monarch`, else
 `<tmp>/monarch-<uid>`; it is created with mode 0700 and must be a directory (not a link)
-owned by this user.
+owned by this user. Directories of ipc sockets go to `<tmp>/monarch-<uid>` instead when
+the root's path is over 40 bytes (socket names are limited to 107); both are swept.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from .config import config
 
 log = logging.getLogger("runtime")
 
+# ipc socket paths are at most 107 bytes: a run directory's name takes about 32, which
+# leaves a root of 40 bytes room for proc ids of 33 (the default ones take about 24)
+MAX_ROOT_LEN = 40
 _NAME = re.compile(r"^\.?([a-z]+)-(\d+)-(\d+)[-.]")
 
 
@@ -40,12 +44,36 @@ def default_root() -> Path:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK):
         return Path(xdg) / "monarch"
+    return _short_root()
+
+
+def _short_root() -> Path:
     return Path(tempfile.gettempdir()) / f"monarch-{os.getuid()}"
 
 
 def root(create: bool = True) -> Path:
     """The per-user runtime root (created 0700 when `create`; its ownership is checked)."""
+    return _checked(default_root(), create)
+
+
+def socket_root(create: bool = True) -> Path:
+    """Where directories of ipc sockets go: the runtime root, unless its path is too long
+    for socket names (107 bytes), then `<tmp>/monarch-<uid>` (swept the same way)."""
     d = default_root()
+    if len(str(d)) > MAX_ROOT_LEN:
+        d = _short_root()
+    return _checked(d, create)
+
+
+def roots() -> list[Path]:
+    """The runtime root and, if it differs, the socket root (what `sweep()` looks at)."""
+    out = [root(create=False)]
+    if socket_root(create=False) != out[0]:
+        out.append(socket_root(create=False))
+    return out
+
+
+def _checked(d: Path, create: bool) -> Path:
     if not create:
         return d
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -85,19 +113,11 @@ def tag() -> str:
     return _tag[1]
 
 
-# ipc socket paths are at most 107 bytes: leave 40 for a proc id under a run directory
-MAX_DIR_LEN = 107 - 41
-
-
 def make_dir(kind: str) -> str:
-    """A new 0700 directory `<root>/<kind>-<pid>-<start>-<random>` owned by this process."""
-    d = tempfile.mkdtemp(prefix=f"{kind}-{tag()}-", dir=root())
+    """A new 0700 directory `<socket root>/<kind>-<pid>-<start>-<random>` owned by this
+    process, for its ipc sockets."""
+    d = tempfile.mkdtemp(prefix=f"{kind}-{tag()}-", dir=socket_root())
     os.chmod(d, 0o700)
-    if len(d) > MAX_DIR_LEN:
-        os.rmdir(d)
-        raise RuntimeRootError(f"runtime root {root(create=False)} is too long a path for the "
-                               f"ipc sockets under it ({d}: {len(d)} > {MAX_DIR_LEN} bytes); "
-                               "set MONARCH_RUNTIME_DIR to a shorter directory")
     return d
 
 
@@ -121,8 +141,10 @@ def sweep(directory: Optional[Path] = None) -> list[str]:
     """Remove the entries of the runtime root whose creator is gone; returns their names.
 
     Only entries named by this module and owned by this user are considered; anything else
-    is left alone."""
-    d = Path(directory) if directory is not None else root(create=False)
+    is left alone. Without `directory`, sweeps every root of `roots()`."""
+    if directory is None:
+        return [n for d in roots() for n in sweep(d)]
+    d = Path(directory)
     try:
         names = os.listdir(d)
     except OSError:
@@ -159,8 +181,10 @@ def sweep(directory: Optional[Path] = None) -> list[str]:
 
 def count_files(directory: Optional[Path] = None) -> int:
     """Files, sockets and directories under the runtime root (for soak tests)."""
-    d = Path(directory) if directory is not None else root(create=False)
     n = 0
+    if directory is None:
+        return sum(count_files(d) for d in roots() if d.is_dir())
+    d = Path(directory)
     for _, dirs, files in os.walk(d):
         n += len(dirs) + len(files)
     return n
