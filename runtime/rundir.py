@@ -44,10 +44,11 @@ def default_root() -> Path:
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK):
         return Path(xdg) / "monarch"
-    return _short_root()
+    return short_root()
 
 
-def _short_root() -> Path:
+def short_root() -> Path:
+    """`<tmp>/monarch-<uid>`: the default root, and where sockets go under a long one."""
     return Path(tempfile.gettempdir()) / f"monarch-{os.getuid()}"
 
 
@@ -61,7 +62,7 @@ def socket_root(create: bool = True) -> Path:
     for socket names (107 bytes), then `<tmp>/monarch-<uid>` (swept the same way)."""
     d = default_root()
     if len(str(d)) > MAX_ROOT_LEN:
-        d = _short_root()
+        d = short_root()
     return _checked(d, create)
 
 
