@@ -64,7 +64,8 @@ class DeadProcs:
         self._ids: collections.OrderedDict = collections.OrderedDict()
 
     def add(self, proc_id: str) -> None:
-        if proc_id in self._procs.retired or dict.get(self._procs, proc_id) is not None:
+        rec = self._procs.get(proc_id)
+        if rec is not None and rec.state in ("failed", "stopped"):
             return  # its record says it
         self._ids[proc_id] = None
         while len(self._ids) > self.LIMIT:
