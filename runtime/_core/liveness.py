@@ -62,7 +62,8 @@ class Liveness:
             if agent.lost:  # the link came back: usable for new procs; old ones are failed
                 agent.lost, agent.alive = False, True
                 log.warning("host %s is reachable again", agent.host)
-                stale = [p for p in agent.procs if p in rt.state.dead_procs]
+                stale = [p for p in agent.procs if p in rt.state.dead_procs] + list(agent.stale)
+                agent.stale.clear()
                 if stale:
                     rt.send(agent.address, Header(Kind.KILL_PROCS, extra={
                         "procs": stale, "signal": int(signal.SIGKILL)}))

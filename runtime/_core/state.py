@@ -137,6 +137,8 @@ class State:
         self.dead_procs.discard(proc_id)
         if rec.agent is not None:
             rec.agent.procs.discard(proc_id)
+            if rec.agent.lost:  # may still run over there: killed when the link returns
+                rec.agent.stale.add(proc_id)
         gone = []
         for m, _ in list(self.meshes_on(proc_id)):
             if all(dict.get(self.procs, p) is None for p in m.proc_ids):
