@@ -289,3 +289,46 @@ def test_idle_unauthenticated_connections_cannot_lock_out_a_client():
         if p.poll() is None:
             p.kill()
             p.wait(10)
+
+
+_ADMIN = textwrap.dedent("""
+    import resource, sys
+    sys.path.insert(0, {root!r})
+    from runtime.admin.server import AdminServer
+    srv = AdminServer(None)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    print(srv.connection_file, flush=True)
+    sys.stdin.read()
+""")
+
+
+@pytest.mark.timeout(60)
+def test_admin_endpoint_answers_again_after_a_descriptor_flood(tmp_path):
+    """zmq's I/O thread retries a failed accept itself: the endpoint answers again."""
+    from runtime.admin import AdminClient, read_connection_file
+
+    env = {**os.environ, "MONARCH_RUNTIME_DIR": str(tmp_path)}
+    p = subprocess.Popen([sys.executable, "-c", _ADMIN.format(root=str(ROOT))], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    flood: list[socket.socket] = []
+    try:
+        path = p.stdout.readline().strip()
+        info = read_connection_file(path)
+        host, port = info.address.removeprefix("tcp://").rsplit(":", 1)
+        flood = _flood(f"tcp:{host}:{port}", 150)
+        time.sleep(0.5)
+        assert psutil.Process(p.pid).num_fds() >= 60  # out of descriptors
+        for s in flood:
+            s.close()
+        t0 = time.monotonic()
+        assert AdminClient.from_connection_file(path, timeout=5).ping()["pid"] == p.pid
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        for s in flood:
+            s.close()
+        p.stdin.close()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
