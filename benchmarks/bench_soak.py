@@ -49,6 +49,16 @@ class Probe(Actor):
         return runtime.get_runtime().table_sizes()
 
     @endpoint
+    def hold(self) -> bool:
+        """Export a buffer from this proc (it starts the proc's data server)."""
+        import torch
+
+        from runtime.rdma import RDMABuffer
+
+        self.held = RDMABuffer(torch.ones(8, dtype=torch.uint8))
+        return True
+
+    @endpoint
     def read(self, buf) -> int:
         import torch
 

@@ -452,6 +452,9 @@ def main(cfg: dict) -> None:
         pass
     try:
         rt.loop.stop(timeout=1.0)
+        rdma_server = sys.modules.get("runtime.rdma.server")
+        if rdma_server is not None and rdma_server.current_server() is not None:
+            rdma_server.current_server().close()  # its directory (os._exit skips atexit)
     finally:
         sys.stdout.flush()
         os._exit(0)

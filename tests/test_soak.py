@@ -104,6 +104,26 @@ def test_stopped_and_failed_meshes_leave_the_tables():
     assert after["health_meshes"] <= before["health_meshes"], (before, after)
 
 
+def test_stopped_procs_remove_their_rdma_directories():
+    """A proc exits with os._exit (no atexit): it closes its data server first."""
+    from runtime import rundir, this_host
+
+    bench = _bench_soak()
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="soak-rdma")
+    probe = pm.spawn("soak-probe", bench.Probe)
+    assert list(probe.hold.call().get(30).values()) == [True, True]
+    pids = {p.pid for p in pm.procs}
+
+    def theirs() -> list[str]:
+        return [n for d in rundir.roots() if d.is_dir() for n in os.listdir(d)
+                if (rundir.creator(n) or ("", 0, 0))[1] in pids]
+
+    assert len(theirs()) == 2, theirs()  # one rdma directory per proc
+    pm.stop().get(30)
+    time.sleep(0.2)
+    assert theirs() == []
+
+
 _CRASHER = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {root!r})
