@@ -96,9 +96,13 @@ class Soak:
         self.procs = self.host.spawn_procs(per_host={"procs": 2}, name="soak-keep")
         self.probe = self.procs.spawn("soak-probe", Probe)
         self.probe.initialized.get(60)
+        deadline = time.monotonic() + 30
+        while not self.procs.procs[0].pid:  # known once the proc's hello is handled
+            if time.monotonic() > deadline:
+                raise TimeoutError("the soak proc never said hello")
+            time.sleep(0.01)
         self.proc_ps = psutil.Process(self.procs.procs[0].pid)
-        agent = next(iter(self.rt.agents.values()))
-        self.agent_ps = psutil.Process(agent.popen.pid)
+        self.agent_ps = self.proc_ps.parent().parent()  # proc <- zygote <- host agent
         import torch
 
         self.data = torch.ones(64 << 10, dtype=torch.uint8)

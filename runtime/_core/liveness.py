@@ -69,7 +69,7 @@ class Liveness:
                         "procs": stale, "signal": int(signal.SIGKILL)}))
             return
         rec = rt.state.proc(h.src)
-        if rec is None:
+        if rec is None or rec.state in ("failed", "stopped"):  # a late one: it is retired
             return
         rec.last_seen = now
         e = h.extra or {}
@@ -107,6 +107,8 @@ class Liveness:
                 agent.lost = agent.remote and agent.popen is None and agent.hello
                 for p in list(agent.procs):
                     rt.failures.proc_failed(p, cause)
+                if agent.popen is not None:  # a local agent that exited: gone for good
+                    rt.state.drop_agent(agent)
         for rec in list(rt.state.procs.values()):
             if rec.state == "running" and now - rec.last_seen > timeout and not rec.stopping:
                 rt.failures.proc_failed(

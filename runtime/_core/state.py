@@ -146,6 +146,13 @@ class State:
                 gone.append(m)
         return gone
 
+    def drop_agent(self, rec: AgentRecord) -> None:
+        """A local host agent that exited: forget it (and its aliases) (I/O thread)."""
+        if self.agents.get(rec.agent_id) is rec:
+            del self.agents[rec.agent_id]
+        for k in [k for k, a in self.agent_alias.items() if a is rec]:
+            del self.agent_alias[k]
+
     def retire_actor_mesh(self, actor_id: str) -> None:
         """The actor mesh was stopped: drop it from the live table (I/O thread)."""
         self.actor_meshes.retire(actor_id)
