@@ -31,6 +31,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.interval <= 0:
         print("monarch-admin: --interval must be > 0", file=sys.stderr)
         return 2
+    from runtime import rundir
+
+    rundir.sweep()  # what crashed controllers of this user left behind
     try:
         if args.list:
             for path in list_connection_files():

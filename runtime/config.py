@@ -198,8 +198,9 @@ _SETTINGS: tuple[Setting, ...] = (
        "recent message.", live=True),
     _s("key_file", "path", None, "CurveZMQ cluster key file (mode 0600) for multi-host "
        "agents and attach_to_workers().", live=True),
-    _s("runtime_dir", "path", None, "Directory of admin connection files (default "
-       "$XDG_RUNTIME_DIR/monarch, else ~/.local/share/monarch/runtime).", live=True),
+    _s("runtime_dir", "path", None, "The per-user runtime root: run directories, RDMA "
+       "directories, admin connection files (default $XDG_RUNTIME_DIR/monarch, else "
+       "<tmp>/monarch-<uid>).", live=True),
     _s("debug_policy", "str", "fail", "What an unattended breakpoint does: fail the call or "
        "continue the actor.", live=True, choices=("fail", "continue")),
     _s("debug_timeout", "float", 600.0, "Seconds an unattended breakpoint waits before the "
@@ -216,6 +217,9 @@ _SETTINGS: tuple[Setting, ...] = (
        "TCP.", live=True),
     _s("rdma_advertise_host", "str", "", "Address peers dial to reach the RDMA data server "
        "(default: the bound one).", live=True),
+    _s("rdma_max_pending", "int", 64, "Connections to an RDMA data server that may wait "
+       "for authentication at once (the oldest is dropped for a new one; each has 5 s).",
+       live=True, minimum=1),
     _s("rdma_ib_device", "str", "", "ibverbs device, e.g. mlx5_0 (default: the first with "
        "an active port).", live=True),
     _s("rdma_ib_port", "int", 1, "ibverbs port number.", live=True, minimum=1),

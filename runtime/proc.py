@@ -387,7 +387,7 @@ class ProcServer:
         reached its mailbox after the stop (I/O thread)."""
         self.actors.pop(a.actor_id, None)
         self.stopped_actors[a.actor_id] = None
-        while len(self.stopped_actors) > 4096:
+        while len(self.stopped_actors) > 1024:  # a bounded memory of stopped ids
             self.stopped_actors.popitem(last=False)
         while True:
             try:
@@ -414,6 +414,12 @@ class ProcServer:
             return False
         a.mailbox.put(("supervise", failure))
         return True
+
+    def sizes(self) -> dict[str, int]:
+        """Entries in this proc's actor tables (soak tests)."""
+        return {"actors": len(self.actors), "stopped_actor_ids": len(self.stopped_actors),
+                "early_calls": len(self.early),
+                "threads": threading.active_count()}
 
     def heartbeat_extra(self) -> dict:
         actors = {a.actor_id: [a.state, a.endpoint, a.since, a.handled, a.errors]
@@ -532,6 +538,9 @@ def main(cfg: dict) -> None:
     _graceful_exit(server, config.stop_timeout / 2)
     try:
         rt.loop.stop(timeout=1.0)
+        rdma_server = sys.modules.get("runtime.rdma.server")
+        if rdma_server is not None and rdma_server.current_server() is not None:
+            rdma_server.current_server().close()  # its directory (os._exit skips atexit)
     finally:
         sys.stdout.flush()
         os._exit(0)

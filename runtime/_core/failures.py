@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..config import config
@@ -78,6 +79,20 @@ class Failures:
                 self.deliver(m, f)
         elif rec.agent is not None:
             self.deliver(None, base)
+        self.retire(proc_id)
+
+    def retire(self, proc_id: str) -> None:
+        """Drop a dead proc (and actor meshes with no live proc left) from the live tables.
+        A retired mesh's health entry goes when its record does: at once if it was
+        stopped, else (a failed mesh, whose report the user may still read) when the last
+        user object holding the record is gone."""
+        rt = self.rt
+        rt.health.remove_proc(proc_id)
+        for m in rt.state.retire_proc(proc_id):
+            if m.stopped:
+                rt.health.remove_mesh(m.health_name)
+            elif m.health_name:
+                weakref.finalize(m, _remove_health_later, rt, m.health_name)
 
     def mark_dead(self, proc_id: str, failure: Optional[MeshFailure]) -> None:
         rt = self.rt
@@ -102,6 +117,7 @@ class Failures:
         if rec.stopping or rec.state == "stopped":
             rec.state = "stopped"
             self.mark_dead(proc_id, None)
+            self.retire(proc_id)
         else:
             from .._process import describe_status
 
@@ -196,6 +212,16 @@ class Failures:
             return  # shutting down: the agents and procs ending now are no failure
         owner_actor = m.owner_actor if m is not None else None
         self.rt.role.on_unhandled_failure(owner_actor, failure)
+
+
+def _remove_health_later(rt: "Runtime", name: str) -> None:
+    """A failed mesh's record is gone: remove its health entry on the I/O thread, unless a
+    newer mesh took the name meanwhile."""
+    def remove() -> None:
+        if name not in rt.state.health_names():
+            rt.health.remove_mesh(name)
+
+    rt.loop.call_soon(remove)
 
 
 def tail(lines: list, n: int) -> list:

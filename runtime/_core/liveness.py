@@ -64,13 +64,14 @@ class Liveness:
             if agent.lost:  # the link came back: usable for new procs; old ones are failed
                 agent.lost, agent.alive = False, True
                 log.warning("host %s is reachable again", agent.host)
-                stale = [p for p in agent.procs if p in rt.state.dead_procs]
+                stale = [p for p in agent.procs if p in rt.state.dead_procs] + list(agent.stale)
+                agent.stale.clear()
                 if stale:
                     rt.send(agent.address, Header(Kind.KILL_PROCS, extra={
                         "procs": stale, "signal": int(signal.SIGKILL)}))
             return
         rec = rt.state.proc(h.src)
-        if rec is None:
+        if rec is None or rec.state in ("failed", "stopped"):  # a late one: it is retired
             return
         rec.last_seen = now
         e = h.extra or {}
@@ -108,6 +109,8 @@ class Liveness:
                 agent.lost = agent.remote and agent.popen is None and agent.hello
                 for p in list(agent.procs):
                     rt.failures.proc_failed(p, cause)
+                if agent.popen is not None:  # a local agent that exited: gone for good
+                    rt.state.drop_agent(agent)
         for rec in list(rt.state.procs.values()):
             if rec.state == "running" and now - rec.last_seen > timeout and not rec.stopping:
                 rt.failures.proc_failed(
@@ -119,7 +122,7 @@ class Liveness:
         rt = self.rt
         state = rt.state
         targets = {}
-        for m in list(state.actor_meshes.values()):
+        for m in state.actor_meshes.all_values():
             if m.owned:
                 continue
             for r, pid in enumerate(m.proc_ids):

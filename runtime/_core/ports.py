@@ -38,6 +38,9 @@ class Ports:
         self._ports[pid] = (handler, on_fail, frozenset(procs))
         return pid
 
+    def __len__(self) -> int:
+        return len(self._ports)
+
     def close(self, pid: int) -> None:
         self._ports.pop(pid, None)
 

@@ -25,6 +25,7 @@ class AgentRecord:
     remote: bool = False
     hello: bool = False
     lost: bool = False  # remote agent declared unreachable; it may come back
+    stale: set = field(default_factory=set)  # procs failed while it was lost: kill on return
 
 
 @dataclass

@@ -41,7 +41,14 @@ class Runtime:
                  start: bool = True) -> None:
         self.proc_id = proc_id or f"ctl-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.token = token or auth.new_token()
-        self.rundir = rundir or auth.private_dir()
+        if rundir is None:  # a controller: first remove what crashed controllers left
+            from .. import rundir as rundirs
+
+            try:
+                rundirs.sweep()
+            except Exception:
+                log.exception("sweeping the runtime root failed")
+        self.rundir = rundir or auth.private_dir("run")
         self._own_rundir = rundir is None
         self.owner_address = owner_address
         self.host = hostname()
@@ -238,6 +245,20 @@ class Runtime:
             rec = self.state.proc(p)
             if rec is not None:
                 self.send_to_proc(rec.address, rec.route, Header(Kind.INTERRUPT, port=port))
+
+    def table_sizes(self) -> dict[str, int]:
+        """Entries in this runtime's tables (records, ports, health, sockets, actors in a
+        proc): what must stay flat while meshes come and go (soak tests, bench_soak)."""
+        out = self.state.sizes()
+        out["ports"] = len(self.ports)
+        out["health_meshes"] = len(self.health)
+        loop = self.loop
+        out["send_sockets"] = len(loop._out) + sum(len(s.socks) for s in list(loop._senders))
+        out["forgotten_peers"] = len(self.loop._forgotten)
+        server = getattr(self.role, "server", None)
+        if server is not None:
+            out.update(server.sizes())
+        return out
 
     def meshes(self) -> list:
         """The live ProcMesh and ActorMesh objects created in this process."""

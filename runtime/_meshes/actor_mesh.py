@@ -124,23 +124,29 @@ class ActorMesh(MeshTrait):
 
         def mark() -> set:
             rec.stopped = True
+            rt.state.retire_actor_mesh(rec.actor_id)  # stopped means gone (state.py)
             return {r for r in range(len(rec.proc_ids))
                     if rec.proc_ids[r] not in rt.state.dead_procs}
 
+        def done() -> None:  # on the I/O thread
+            if rec.health_name:
+                rt.health.remove_mesh(rec.health_name)
+            fut.set_result(None)
+
         remaining = rt.state.change(mark)
         if not remaining:
-            fut.set_result(None)
+            rt.loop.call_soon(done)
             return fut
 
         def on_stopped(h: Header, body: Any, buffers: list) -> None:
             remaining.discard(h.rank)
             if not remaining:
                 rt.close_port(port)
-                fut.set_result(None)
+                done()
 
         def on_fail(exc: BaseException, **_: Any) -> None:
             rt.close_port(port)
-            fut.set_result(None)
+            done()
 
         port = rt.open_port(on_stopped, on_fail, {rec.proc_ids[r] for r in remaining})
         for r in list(remaining):

@@ -357,6 +357,8 @@ def _fast_arity_ok(sig: inspect.Signature, args: tuple, kwargs: dict) -> bool:
         plain = all(p.kind == P.POSITIONAL_OR_KEYWORD for p in params)
         required = sum(1 for p in params if p.default is P.empty)
         info = (sig, plain, required, len(params))
+        if len(_arity_cache) >= 256:  # bounded: signatures of meshes that came and went
+            _arity_cache.clear()
         _arity_cache[id(sig)] = info
     _, plain, required, total = info
     return plain and required <= len(args) <= total

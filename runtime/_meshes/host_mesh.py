@@ -169,6 +169,7 @@ class HostMesh(MeshTrait):
                     a.popen.wait(5)
                 except subprocess.TimeoutExpired:
                     a.popen.kill()
+                rt.state.change(rt.state.drop_agent, a)  # stopped means gone
         if rt.this_host_mesh is self:
             rt.this_host_mesh = None
         return resolved(None)

@@ -211,7 +211,8 @@ class ProcMesh(MeshTrait):
         def check() -> None:
             if all(p.exited.done() for p in pending):
                 rt.output.flush()  # their aggregated output, before stop() returns
-                for m in [m for m in rt.state.actor_meshes.values() if set(m.proc_ids) <= ids]:
+                for m in [m for m in rt.state.actor_meshes.all_values()
+                          if set(m.proc_ids) <= ids]:
                     rt.health.remove_mesh(m.health_name)
                 fut.set_result(None)
                 return
@@ -294,9 +295,11 @@ class ProcMesh(MeshTrait):
 
 def _check_init_args(actor_class: type, args: tuple, kwargs: dict) -> None:
     """A TypeError at the call site when the arguments do not fit the actor's __init__."""
-    if actor_class.__init__ is object.__init__ and (args or kwargs):
-        raise TypeError(f"{actor_class.__name__}() takes no arguments (it defines no "
-                        f"__init__), got {len(args)} positional and {len(kwargs)} keyword")
+    if actor_class.__init__ is object.__init__:
+        if args or kwargs:
+            raise TypeError(f"{actor_class.__name__}() takes no arguments (it defines no "
+                            f"__init__), got {len(args)} positional and {len(kwargs)} keyword")
+        return
     try:
         inspect.signature(actor_class.__init__).bind(None, *args, **kwargs)
     except TypeError as e:

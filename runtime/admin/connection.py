@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..config import config
+from .. import rundir
 
 PREFIX = "admin-"
 SUFFIX = ".json"
@@ -36,33 +36,26 @@ class ConnectionInfo:
 
 
 def runtime_dir(create: bool = True) -> Path:
-    """The user-only directory holding connection files.
-
-    `$MONARCH_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/monarch`, else
-    `~/.local/share/monarch/runtime`; created with mode 0700."""
-    if config.runtime_dir:
-        d = Path(config.runtime_dir)
-    elif os.environ.get("XDG_RUNTIME_DIR") and Path(os.environ["XDG_RUNTIME_DIR"]).is_dir():
-        d = Path(os.environ["XDG_RUNTIME_DIR"]) / "monarch"
-    else:
-        d = Path.home() / ".local" / "share" / "monarch" / "runtime"
-    if create:
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = d.stat()
-        if st.st_uid != os.getuid():
-            raise ConnectionFileError(f"runtime dir {d} is owned by uid {st.st_uid}, not us")
-        if stat.S_IMODE(st.st_mode) != 0o700:
-            os.chmod(d, 0o700)
-    return d
+    """The user-only directory holding connection files: the per-user runtime root
+    (`runtime.rundir.root()`: `$MONARCH_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/monarch`,
+    else `<tmp>/monarch-<uid>`), created with mode 0700."""
+    if not create:
+        return rundir.root(create=False)
+    try:
+        return rundir.root()
+    except rundir.RuntimeRootError as e:
+        raise ConnectionFileError(str(e)) from None
 
 
 def write_connection_file(info: ConnectionInfo, directory: Optional[Path] = None) -> Path:
-    """Write `info` atomically to `<dir>/admin-<pid>-<port>.json` with mode 0600."""
+    """Write `info` atomically to `<dir>/admin-<pid>-<start>-<port>.json` with mode 0600
+    (named after its controller, so `runtime.rundir.sweep()` removes it once that is gone)."""
     d = Path(directory) if directory is not None else runtime_dir()
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     port = info.address.rsplit(":", 1)[-1]
-    path = d / f"{PREFIX}{info.pid}-{port}{SUFFIX}"
-    fd, tmp = tempfile.mkstemp(prefix=".admin-", dir=d)  # mkstemp creates with 0600
+    start = rundir.process_start_time(info.pid) or 0
+    path = d / f"{PREFIX}{info.pid}-{start}-{port}{SUFFIX}"
+    fd, tmp = tempfile.mkstemp(prefix=f".admin-{rundir.tag()}-", dir=d)  # 0600
     try:
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -98,16 +91,6 @@ def read_connection_file(path: str | os.PathLike[str]) -> ConnectionInfo:
         raise ConnectionFileError(f"connection file {p} is malformed: {e}") from None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def list_connection_files(directory: Optional[Path] = None) -> list[Path]:
     """Connection files of live controllers, newest first (stale ones are skipped)."""
     d = Path(directory) if directory is not None else runtime_dir(create=False)
@@ -115,12 +98,12 @@ def list_connection_files(directory: Optional[Path] = None) -> list[Path]:
         return []
     out = []
     for p in d.glob(f"{PREFIX}*{SUFFIX}"):
+        who = rundir.creator(p.name)
         try:
-            pid = int(p.name[len(PREFIX):].split("-", 1)[0])
             mtime = p.stat().st_mtime
-        except (ValueError, OSError):
+        except OSError:
             continue
-        if _alive(pid):
+        if who is not None and rundir.creator_alive(who[1], who[2]):
             out.append((mtime, p))
     return [p for _, p in sorted(out, reverse=True)]
 

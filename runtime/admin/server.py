@@ -4,6 +4,11 @@ It runs on its own daemon thread (a zmq ROUTER socket), so it answers while the
 controller's main thread is busy; handlers run on a small thread pool so a slow request
 (a stack dump) does not hold up the others. A request without the right token gets no
 reply at all, only a log line.
+
+Under resource exhaustion zmq's I/O thread retries a failed accept (EMFILE) by itself, so
+the endpoint serves again once descriptors free up; a peer must finish the ZMTP handshake
+within 5 s. zmq offers no per-peer connection limit: a local user can hold idle
+connections (each costs a descriptor) but never gets an answer without the token.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ class AdminServer:
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
+        self._sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)
         port = self._sock.bind_to_random_port("tcp://127.0.0.1")
         self.address = f"tcp://127.0.0.1:{port}"
         self._replies: queue.SimpleQueue[list[bytes]] = queue.SimpleQueue()

@@ -44,7 +44,11 @@ class Agent:
         self.args = args
         self.agent_id = args.agent_id or f"agent-{os.getpid()}"
         self.own_rundir = not args.rundir  # made here: removed when the agent ends
-        self.rundir = args.rundir or auth.private_dir("monarch-agent-")
+        if not args.rundir:
+            from .. import rundir
+
+            rundir.sweep()  # what crashed agents and controllers of this user left
+        self.rundir = args.rundir or auth.private_dir("agent")
         self.keys = auth.read_key_file(args.key_file) if args.key_file else auth.keys_from_env()
         if args.listen and self.keys is None:
             raise SystemExit("--listen needs a CurveZMQ key file (--key-file or MONARCH_KEY_FILE);"
@@ -235,6 +239,11 @@ class Agent:
             return
         pp.finish()
         self.gather.proc_exited(pp.proc_id)
+        if os.path.basename(pp.proc_id) == pp.proc_id:
+            try:  # the proc's inbox socket file: removed now, not when the run ends
+                os.unlink(os.path.join(self.rundir, pp.proc_id))
+            except OSError:
+                pass
         self._send(pp.owner, Header(Kind.PROC_EXIT, extra={
             "proc": pp.proc_id, "pid": pp.pid, "code": msg["code"], "signal": msg["signal"],
             "stderr": list(pp.stderr_tail)}))

@@ -33,17 +33,22 @@ class Lookup:
 
 
 class Registry:
-    """Buffer id -> Entry. Dropped ids stay known (as tombstones) so callers hear "dropped"."""
+    """Buffer id -> Entry. Ids are issued in increasing order, so an id up to the last one
+    issued that is not live was dropped: callers hear "dropped" without a tombstone per id."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._last = 0  # the last id issued
         self._live: dict[int, Entry] = {}
-        self._dropped: set[int] = set()
+
+    def _was_issued(self, buffer_id: int) -> bool:
+        return 0 < buffer_id <= self._last
 
     def add(self, span: Span) -> Entry:
         with self._lock:
             entry = Entry(next(self._ids), span)
+            self._last = entry.buffer_id
             self._live[entry.buffer_id] = entry
             return entry
 
@@ -52,14 +57,14 @@ class Registry:
             entry = self._live.get(buffer_id)
             if entry is not None:
                 return Lookup(entry, "ok")
-            return Lookup(None, "dropped" if buffer_id in self._dropped else "unknown")
+            return Lookup(None, "dropped" if self._was_issued(buffer_id) else "unknown")
 
     def pin(self, buffer_id: int) -> Lookup:
         """Look up and pin: a pinned entry's memory stays valid until `unpin`, even if dropped."""
         with self._lock:
             entry = self._live.get(buffer_id)
             if entry is None:
-                return Lookup(None, "dropped" if buffer_id in self._dropped else "unknown")
+                return Lookup(None, "dropped" if self._was_issued(buffer_id) else "unknown")
             entry.pins += 1
             return Lookup(entry, "ok")
 
@@ -74,8 +79,7 @@ class Registry:
         with self._lock:
             entry = self._live.pop(buffer_id, None)
             if entry is None:
-                return buffer_id in self._dropped
-            self._dropped.add(buffer_id)
+                return self._was_issued(buffer_id)
             entry.dropped = True
             if entry.pins == 0:
                 self._release(entry)

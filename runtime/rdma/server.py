@@ -10,11 +10,13 @@ import os
 import shutil
 import socket
 import struct
-import tempfile
 import threading
+import time
 from typing import Optional
 
+from .. import rundir
 from ..config import config
+from ..transport.accept import AcceptGuard
 from . import protocol as P
 from .identity import process_start_time, session_secret
 from .memory import view_of
@@ -38,7 +40,7 @@ class DataServer:
         self.pid = os.getpid()
         self.start_time = process_start_time(self.pid) or 0
         self.secret, _ = session_secret()
-        self._rundir = tempfile.mkdtemp(prefix=f"monarch-rdma-{self.pid}-")  # mode 0700
+        self._rundir = rundir.make_dir("rdma")  # mode 0700, in the per-user runtime root
         self._closed = False
         self._listeners: list[socket.socket] = []
         self._mr_lock = threading.Lock()  # one memory registration per buffer
@@ -52,14 +54,16 @@ class DataServer:
         ts.bind((host, 0))
         ts.listen(64)
         self._listeners = [us, ts]
+        self.guards = [AcceptGuard(s, f"rdma data server ({kind})", config.rdma_max_pending,
+                                   HANDSHAKE_TIMEOUT) for s, kind in ((us, "unix"), (ts, "tcp"))]
         advertise = config.rdma_advertise_host or host  # MONARCH_RDMA_ADVERTISE_HOST
         if advertise in ("0.0.0.0", "::"):
             advertise = socket.gethostbyname(socket.gethostname())
         if ":" in advertise:
             advertise = f"[{advertise}]"
         self.addresses = [f"unix:{path}", f"tcp:{advertise}:{ts.getsockname()[1]}"]
-        for sock in self._listeners:
-            threading.Thread(target=self._accept_loop, args=(sock,), daemon=True,
+        for guard in self.guards:
+            threading.Thread(target=self._accept_loop, args=(guard,), daemon=True,
                              name="rdma-data-server").start()
         atexit.register(self.close)
         log.debug("data server for pid %d on %s", self.pid, self.addresses)
@@ -69,6 +73,8 @@ class DataServer:
         if self._closed or os.getpid() != self.pid:  # a forked child must not remove our socket
             return
         self._closed = True
+        for guard in self.guards:
+            guard.close()
         for sock in self._listeners:
             try:
                 sock.close()
@@ -76,26 +82,34 @@ class DataServer:
                 pass
         shutil.rmtree(self._rundir, ignore_errors=True)
 
-    def _accept_loop(self, lsock: socket.socket) -> None:
+    def _accept_loop(self, guard: AcceptGuard) -> None:
+        """Accept until closed; errors (EMFILE...) back off instead of ending the loop."""
         while not self._closed:
-            try:
-                conn, peer = lsock.accept()
-            except OSError:
+            got = guard.accept()
+            if got is None:
                 return
-            threading.Thread(target=self._serve, args=(conn, peer), daemon=True,
-                             name="rdma-data-conn").start()
+            conn, peer = got
+            try:
+                threading.Thread(target=self._serve, args=(conn, peer, guard), daemon=True,
+                                 name="rdma-data-conn").start()
+            except RuntimeError:  # no thread left (resource exhaustion): drop this one
+                guard.done(conn)
+                conn.close()
+                time.sleep(0.05)
 
     # -- one connection --------------------------------------------------------------
-    def _serve(self, sock: socket.socket, peer: object) -> None:
-        if sock.family != socket.AF_UNIX:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def _serve(self, sock: socket.socket, peer: object, guard: AcceptGuard) -> None:
         try:
+            if sock.family != socket.AF_UNIX:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(HANDSHAKE_TIMEOUT)
             P.server_handshake(sock, self.secret)
             sock.settimeout(None)
+            if not guard.authenticated(sock):
+                raise P.ProtocolError("handshake took too long (shut down)")
         except (P.ProtocolError, OSError) as e:
-            log.warning("rdma data server: dropped connection from %s before authentication: %s",
-                        peer or "unix peer", e)
+            guard.done(sock)
+            _log_dropped(peer, e)
             sock.close()
             return
         pins: list[Entry] = []
@@ -254,6 +268,24 @@ class DataServer:
             flat[pos:pos + n].copy_(stage[:n])
             pos += n
         torch.cuda.synchronize(flat.device)
+
+
+_drop_log_at = 0.0
+_drops_unlogged = 0
+
+
+def _log_dropped(peer: object, e: BaseException) -> None:
+    """Log a connection dropped before authentication, at most once a second (a flood
+    must not flood the log)."""
+    global _drop_log_at, _drops_unlogged
+    now = time.monotonic()
+    if now - _drop_log_at < 1.0:
+        _drops_unlogged += 1
+        return
+    more = f" (and {_drops_unlogged} more since the last report)" if _drops_unlogged else ""
+    _drop_log_at, _drops_unlogged = now, 0
+    log.warning("rdma data server: dropped connection from %s before authentication: %s%s",
+                peer or "unix peer", e, more)
 
 
 _server: Optional[DataServer] = None

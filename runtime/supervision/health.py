@@ -161,6 +161,17 @@ class HealthModel:
         if state is not None:
             self._emit(HealthEvent(mesh, rank, old.state, state, time.time(), detail))
 
+    def remove_proc(self, proc_id: str) -> None:
+        """Forget a proc's resource figures (it is gone)."""
+        with self._lock:
+            if self._procs.pop(proc_id, None) is not None:
+                self.version += 1
+
+    def __len__(self) -> int:
+        """The number of meshes in the model."""
+        with self._lock:
+            return len(self._meshes)
+
     def update_proc(self, stats: ProcStats) -> None:
         with self._lock:
             self._procs[stats.proc_id] = stats

@@ -12,7 +12,6 @@ import os
 import secrets
 import stat
 import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
@@ -27,14 +26,12 @@ def new_token() -> bytes:
     return secrets.token_bytes(TOKEN_BYTES)
 
 
-def private_dir(prefix: str = "monarch-") -> str:
-    """A fresh directory of mode 0700 for this process's ipc sockets."""
-    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
-    if not os.access(base, os.W_OK):
-        base = tempfile.gettempdir()
-    d = tempfile.mkdtemp(prefix=prefix, dir=base)
-    os.chmod(d, 0o700)
-    return d
+def private_dir(kind: str = "run") -> str:
+    """A fresh directory of mode 0700 for this process's ipc sockets, in the per-user
+    runtime root (`runtime.rundir`), named after this process (swept once it is gone)."""
+    from .. import rundir
+
+    return rundir.make_dir(kind)
 
 
 @dataclass(frozen=True)

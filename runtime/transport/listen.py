@@ -15,6 +15,8 @@ import zmq
 
 from .auth import CurveKeys
 
+HANDSHAKE_MS = 5000  # unauthenticated peers are bounded in time (zmq drops them)
+
 log = logging.getLogger("runtime.transport")
 
 
@@ -56,6 +58,8 @@ class Listener:
                     "(give a key file: python -m runtime.transport.auth keygen PATH)")
         if self.max_message_bytes:
             sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + (1 << 20))
+        # a peer that does not finish the (CurveZMQ) handshake within 5 s is disconnected
+        sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
         sock.bind(addr)
         return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
 

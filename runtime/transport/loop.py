@@ -185,10 +185,9 @@ class IOLoop:
         s = self._out.pop(addr, None)
         if s is not None:
             s.close(linger=0)
-        self._forgotten[addr] = None
-        while len(self._forgotten) > 4096:
-            self._forgotten.popitem(last=False)
-        self._forget_gen += 1
+        gen = self._forget_gen + 1
+        _remember_forgotten(self._forgotten, addr, gen, self._senders)
+        self._forget_gen = gen  # published after the address is recorded
 
     def stop(self, timeout: float = 2.0) -> None:
         """Flush pending sends, stop the thread and close every socket."""
@@ -353,6 +352,20 @@ def _send_frames(s: zmq.Socket, frames: list) -> None:
         s.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
 
 
+def _remember_forgotten(forgotten: collections.OrderedDict, addr: str, gen: int,
+                        senders: "weakref.WeakSet[ThreadSenders]") -> None:
+    """Record `addr` as forgotten at generation `gen`; drop the addresses every sending
+    thread has already seen forgotten (so the table stays as small as the churn)."""
+    forgotten.pop(addr, None)
+    forgotten[addr] = gen
+    try:
+        seen = min((t.gen for t in list(senders)), default=gen)
+    except RuntimeError:  # a thread made its senders meanwhile: trim next time
+        seen = 0
+    while forgotten and (len(forgotten) > 4096 or next(iter(forgotten.values())) <= seen):
+        forgotten.popitem(last=False)
+
+
 class ThreadSenders:
     """The send sockets one thread owns, one per peer address; closed when the thread ends
     (its thread-local storage is dropped) or when the loop stops."""
@@ -367,10 +380,11 @@ class ThreadSenders:
 
     def send(self, addr: str, frames: list) -> None:
         loop = self.loop
-        if self.gen != loop._forget_gen:  # peers that died: drop their sockets
-            self.gen = loop._forget_gen
+        gen = loop._forget_gen
+        if self.gen != gen:  # peers that died: drop their sockets
             for a in [a for a in self.socks if a in loop._forgotten]:
                 self.socks.pop(a).close(linger=0)
+            self.gen = gen  # after the check: the loop then trims what every thread saw
         s = self.socks.get(addr)
         try:
             if s is None:

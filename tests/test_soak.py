@@ -1,0 +1,364 @@
+"""A kernel that lives for weeks: churn leaves nothing behind, crash leftovers are swept,
+the RDMA data server survives a descriptor flood.
+
+- churn: a few hundred cycles of each pattern of benchmarks/bench_soak.py (mesh, actor
+  mesh, RDMABuffer) in this controller; runtime tables, files under the runtime root, fds
+  and threads must not grow beyond a small constant;
+- a SIGKILLed controller's run directory, RDMA directories and admin connection file are
+  removed by the next controller of the user (and nothing of a live process, or not named
+  by the runtime, is);
+- a data server whose file limit a flood exhausts accepts again: a fresh authenticated read
+  succeeds within 2 s of the flood ending, and while a flood of idle connections holds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench_soak():
+    spec = importlib.util.spec_from_file_location("bench_soak",
+                                                  ROOT / "benchmarks" / "bench_soak.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_soak"] = mod
+    spec.loader.exec_module(mod)
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(mod)  # procs cannot import it: send the classes
+    return mod
+
+
+@pytest.mark.timeout(120)
+def test_churn_leaves_tables_files_fds_and_threads_flat():
+    bench = _bench_soak()
+    soak = bench.Soak()
+    try:
+        for pattern, cycles in (("mesh", 120), ("actor", 300), ("rdma", 300)):
+            samples = soak.run(pattern, cycles, every=cycles, warmup=10)
+            first, last = samples[0], samples[-1]
+            grown = {k: (first.tables.get(k, 0), v) for k, v in last.tables.items()
+                     if v - first.tables.get(k, 0) > 1 and k != "proc.stopped_actor_ids"}
+            assert not grown, f"{pattern}: tables grew over {cycles} cycles: {grown}"
+            # the one bounded memory: ids of stopped actors (answers late calls at once)
+            assert last.tables.get("proc.stopped_actor_ids", 0) <= 1024
+            assert last.files - first.files <= 0, f"{pattern}: files under the runtime root"
+            assert last.ctl["fds"] - first.ctl["fds"] <= 2, (pattern, first.ctl, last.ctl)
+            assert last.ctl["threads"] - first.ctl["threads"] <= 1, (pattern, first.ctl,
+                                                                      last.ctl)
+            assert last.other["fds"] - first.other["fds"] <= 2, (pattern, first.other,
+                                                                  last.other)
+            assert last.other["threads"] - first.other["threads"] <= 1, (pattern,
+                                                                          first.other,
+                                                                          last.other)
+    finally:
+        soak.close()
+
+
+def test_stopped_and_failed_meshes_leave_the_tables():
+    """Stopped: gone at once. Failed: the report stays while the user holds the mesh."""
+    import gc
+
+    import runtime
+    from runtime import this_host
+
+    bench = _bench_soak()
+    rt = runtime.get_runtime()
+    before = rt.table_sizes()
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="soak-fail")
+    am = pm.spawn("soak-echo", bench.Echo)
+    am.initialized.get(30)
+    victim = pm.procs[0].proc_id
+    rt.kill_proc(victim)
+    with pytest.raises(runtime.SupervisionError):
+        for _ in range(100):
+            am.ping.call(1).get(10)
+            time.sleep(0.05)
+    assert rt.proc_state(victim) == "failed"  # the user still holds the mesh: it answers
+    pm.stop().get(30)
+    time.sleep(0.1)
+    sizes = rt.table_sizes()
+    for k in ("procs", "actor_meshes", "dead_procs", "agent_procs", "ports", "health_meshes"):
+        assert sizes[k] <= before[k], (k, before, sizes)
+    del am, pm
+    gc.collect()
+    time.sleep(0.2)
+    assert rt.proc_state(victim) is None  # dropped with the user's objects
+    after = rt.table_sizes()
+    assert after["retired_procs"] <= before["retired_procs"], (before, after)
+    assert after["retired_meshes"] <= before["retired_meshes"], (before, after)
+    assert after["health_meshes"] <= before["health_meshes"], (before, after)
+
+
+def test_stopped_procs_remove_their_rdma_directories():
+    """A proc exits with os._exit (no atexit): it closes its data server first."""
+    from runtime import rundir, this_host
+
+    bench = _bench_soak()
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="soak-rdma")
+    probe = pm.spawn("soak-probe", bench.Probe)
+    assert list(probe.hold.call().get(30).values()) == [True, True]
+    pids = {p.pid for p in pm.procs}
+
+    def theirs() -> list[str]:
+        return [n for d in rundir.roots() if d.is_dir() for n in os.listdir(d)
+                if (rundir.creator(n) or ("", 0, 0))[1] in pids]
+
+    assert len(theirs()) == 2, theirs()  # one rdma directory per proc
+    pm.stop().get(30)
+    time.sleep(0.2)
+    assert theirs() == []
+
+
+_CRASHER = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {root!r})
+    import torch
+    from runtime import Actor, endpoint, this_host
+    from runtime.rdma import RDMABuffer
+
+    class Holder(Actor):
+        @endpoint
+        def hold(self) -> int:
+            self.buf = RDMABuffer(torch.ones(16, dtype=torch.uint8))
+            return os.getpid()
+
+    procs = this_host().spawn_procs(per_host={{"procs": 2}})
+    pids = procs.spawn("holders", Holder).hold.call().get(60).values()
+    mine = RDMABuffer(torch.ones(16, dtype=torch.uint8))
+    print("READY", *pids, flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_sigkilled_controller_leftovers_are_swept_by_the_next():
+    import shutil
+    import tempfile
+
+    from runtime import rundir
+
+    root = Path(tempfile.mkdtemp(prefix="msoak-"))  # short: ipc paths live under it
+    try:
+        _crash_and_sweep(root, rundir)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _crash_and_sweep(root: Path, rundir) -> None:
+    env = {**os.environ, "MONARCH_RUNTIME_DIR": str(root), "MONARCH_ADMIN": "1"}
+    p = subprocess.Popen([sys.executable, "-c", _CRASHER.format(root=str(ROOT))], env=env,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        assert line.startswith("READY"), line
+        proc_pids = [int(x) for x in line.split()[1:]]
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    # every process of the dead controller goes (PDEATHSIG), leaving its files behind
+    for pid in proc_pids:
+        try:
+            psutil.Process(pid).wait(10)
+        except psutil.NoSuchProcess:
+            pass
+    left = sorted(os.listdir(root))
+    kinds = {rundir.creator(n)[0] for n in left if rundir.creator(n)}
+    assert {"run", "rdma", "admin"} <= kinds, left  # the test can fail: there is litter
+    # entries the sweep must keep: a live process's, and a name not made by the runtime
+    live = root / f"rdma-{rundir.tag()}-keep"
+    live.mkdir()
+    (root / "notes.txt").write_text("mine")
+    out = subprocess.run(
+        [sys.executable, "-c", "import os, runtime; runtime.get_runtime(); "
+         "print(sorted(os.listdir(os.environ['MONARCH_RUNTIME_DIR'])))"],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    now = set(os.listdir(root))
+    assert not now & set(left), f"left by the SIGKILLed controller: {now & set(left)}"
+    assert live.name in now and "notes.txt" in now
+    live.rmdir()
+
+
+_SERVER = textwrap.dedent("""
+    import base64, logging, pickle, resource, sys, time
+    sys.path.insert(0, {root!r})
+    logging.basicConfig(level=logging.WARNING)
+    import torch
+    from runtime.rdma import RDMABuffer
+    from runtime.rdma.server import get_server
+
+    buf = RDMABuffer(torch.arange(256, dtype=torch.int32).to(torch.uint8))
+    get_server()
+    resource.setrlimit(resource.RLIMIT_NOFILE, ({nofile}, {nofile}))
+    print(base64.b64encode(pickle.dumps(buf)).decode(), flush=True)
+    sys.stdin.read()
+""")
+
+
+def _flood(addr: str, n: int) -> list[socket.socket]:
+    kind, _, rest = addr.partition(":")
+    out = []
+    for _ in range(n):
+        try:
+            if kind == "unix":
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(1.0)
+                s.connect(rest)
+            else:
+                host, _, port = rest.rpartition(":")
+                s = socket.create_connection((host.strip("[]"), int(port)), timeout=1.0)
+        except OSError:
+            continue
+        out.append(s)
+    return out
+
+
+def _fds(p: subprocess.Popen) -> int:
+    """Open descriptors of the server subprocess; a clear failure if it died."""
+    try:
+        return psutil.Process(p.pid).num_fds()
+    except psutil.NoSuchProcess:
+        p.wait(5)
+        err = p.stderr.read() if p.stderr is not None else ""
+        pytest.fail(f"the server process died (rc {p.returncode}): {err[-3000:]}")
+
+
+def _read_ok(buf, timeout: float) -> float:
+    import torch
+
+    t0 = time.monotonic()
+    dst = torch.zeros(256, dtype=torch.uint8)
+    buf.read_into(dst, timeout=timeout).get(timeout + 1)
+    assert int(dst[5]) == 5
+    return time.monotonic() - t0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["tcp", "vm"])
+def test_data_server_serves_again_after_a_descriptor_flood(transport, monkeypatch,
+                                                          record_detection):
+    import base64
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 600:
+        pytest.skip("the flood needs 600 descriptors in the test process")
+    monkeypatch.setenv("MONARCH_RDMA_TRANSPORT", transport)
+    env = {**os.environ, "MONARCH_RDMA_MAX_PENDING": "1000"}  # let the flood hit EMFILE
+    p = subprocess.Popen([sys.executable, "-c", _SERVER.format(root=str(ROOT), nofile=64)],
+                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        buf = pickle.loads(base64.b64decode(p.stdout.readline()))
+        addrs = buf._h.addresses
+        flood = []
+        for addr in addrs:
+            flood += _flood(addr, 150)
+        time.sleep(1.0)  # the server is out of descriptors now
+        assert _fds(p) >= 60
+        for s in flood:
+            s.close()
+        took = _read_ok(buf, timeout=5.0)
+        assert took < 2.0, f"the first read after the flood took {took:.2f} s"
+        record_detection(f"RDMA read after a descriptor flood ({transport})", took)
+        p.stdin.close()
+        p.wait(10)
+        err = p.stderr.read()
+        assert "accept failed" in err and "accepting again" in err, err[-2000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+@pytest.mark.timeout(120)
+def test_idle_unauthenticated_connections_cannot_lock_out_a_client():
+    import base64
+
+    env = {**os.environ, "MONARCH_RDMA_MAX_PENDING": "16", "MONARCH_RDMA_TRANSPORT": "tcp"}
+    p = subprocess.Popen([sys.executable, "-c", _SERVER.format(root=str(ROOT), nofile=256)],
+                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+    flood: list[socket.socket] = []
+    try:
+        buf = pickle.loads(base64.b64decode(p.stdout.readline()))
+        tcp = [a for a in buf._h.addresses if a.startswith("tcp:")][0]
+        flood = _flood(tcp, 400)  # held open, never authenticated
+        time.sleep(0.5)
+        assert _fds(p) < 100  # bounded: the oldest were dropped
+        old = os.environ.get("MONARCH_RDMA_TRANSPORT")
+        os.environ["MONARCH_RDMA_TRANSPORT"] = "tcp"
+        try:
+            took = _read_ok(buf, timeout=5.0)
+        finally:
+            if old is None:
+                os.environ.pop("MONARCH_RDMA_TRANSPORT")
+            else:
+                os.environ["MONARCH_RDMA_TRANSPORT"] = old
+        assert took < 2.0, f"a read while idle connections are held took {took:.2f} s"
+    finally:
+        for s in flood:
+            s.close()
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+_ADMIN = textwrap.dedent("""
+    import resource, sys
+    sys.path.insert(0, {root!r})
+    from runtime.admin.server import AdminServer
+    srv = AdminServer(None)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    print(srv.connection_file, flush=True)
+    sys.stdin.read()
+""")
+
+
+@pytest.mark.timeout(60)
+def test_admin_endpoint_answers_again_after_a_descriptor_flood(tmp_path):
+    """zmq's I/O thread retries a failed accept itself: the endpoint answers again."""
+    from runtime.admin import AdminClient, read_connection_file
+
+    env = {**os.environ, "MONARCH_RUNTIME_DIR": str(tmp_path)}
+    p = subprocess.Popen([sys.executable, "-c", _ADMIN.format(root=str(ROOT))], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    flood: list[socket.socket] = []
+    try:
+        path = p.stdout.readline().strip()
+        info = read_connection_file(path)
+        host, port = info.address.removeprefix("tcp://").rsplit(":", 1)
+        flood = _flood(f"tcp:{host}:{port}", 150)
+        time.sleep(0.5)
+        assert _fds(p) >= 60  # out of descriptors
+        for s in flood:
+            s.close()
+        t0 = time.monotonic()
+        assert AdminClient.from_connection_file(path, timeout=5).ping()["pid"] == p.pid
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        for s in flood:
+            s.close()
+        p.stdin.close()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
