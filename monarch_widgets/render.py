@@ -39,11 +39,14 @@ def render_text(snapshot: list[MeshHealth], now: Optional[float] = None, *,
         for i in range(0, len(syms), cols):
             out.append("  " + " ".join(syms[i:i + cols]))
         if m.procs:
-            out.append(f"  {'proc':<16} {'host':<14} {'pid':>7} {'cpu':>5} {'rss':>8} {'gpu':>8}")
+            engine = any(p.tensor_bytes is not None for p in m.procs)
+            out.append(f"  {'proc':<16} {'host':<14} {'pid':>7} {'cpu':>5} {'rss':>8} {'gpu':>8}"
+                       + (f" {'tensors':>8}" if engine else ""))
             for p in m.procs:
                 out.append(f"  {p.proc_id:<16} {p.host:<14} {p.pid:>7} "
                            f"{fmt_cpu(p.cpu_percent):>5} {fmt_bytes(p.rss_bytes):>8} "
-                           f"{fmt_bytes(p.gpu_mem_bytes):>8}")
+                           f"{fmt_bytes(p.gpu_mem_bytes):>8}"
+                           + (f" {fmt_bytes(p.tensor_bytes):>8}" if engine else ""))
         for a in m.actors:
             if a.state in (ActorState.FAILED, ActorState.PAUSED, ActorState.BUSY) and (
                     a.endpoint or a.last_error):
@@ -101,14 +104,18 @@ def render_html(snapshot: list[MeshHealth], now: Optional[float] = None, *,
                          f'border-radius:2px;background:{COLORS[a.state.value]}"></div>')
         parts.append("</div>")
         if m.procs:
+            engine = any(p.tensor_bytes is not None for p in m.procs)
             parts.append('<table style="border-collapse:collapse;font-size:11px">'
                          "<tr><th>proc</th><th>host</th><th>pid</th><th>CPU</th>"
-                         "<th>RSS</th><th>GPU mem</th></tr>")
+                         "<th>RSS</th><th>GPU mem</th>"
+                         + ("<th>tensors</th>" if engine else "") + "</tr>")
             for p in m.procs:
                 parts.append(f"<tr><td>{esc(p.proc_id)}</td><td>{esc(p.host)}</td>"
                              f"<td>{p.pid}</td><td>{fmt_cpu(p.cpu_percent)}</td>"
                              f"<td>{fmt_bytes(p.rss_bytes)}</td>"
-                             f"<td>{fmt_bytes(p.gpu_mem_bytes)}</td></tr>")
+                             f"<td>{fmt_bytes(p.gpu_mem_bytes)}</td>"
+                             + (f"<td>{fmt_bytes(p.tensor_bytes)}</td>" if engine else "")
+                             + "</tr>")
             parts.append("</table>")
         for a in m.actors:
             if a.state == ActorState.FAILED and a.last_error:

@@ -3,7 +3,8 @@
 Pure (no widgets, no I/O), so it is tested directly and its size measured for 1,000 actors.
 Layout of the dict (arrays, not objects, per actor, to keep it small):
   {"v": version, "t": now, "notice": str,
-   "procs": [[proc_id, host, pid, cpu_percent, rss_bytes, gpu_mem_bytes|null], ...],
+   "procs": [[proc_id, host, pid, cpu_percent, rss_bytes, gpu_mem_bytes|null
+              (, tensor_bytes: where the tensor engine runs in the proc)], ...],
    "texts": [str, ...],                     # interned error strings and tracebacks
    "meshes": [{"name", "proc_mesh", "state", "counts", "dims": [[dim, size], ...],
                "actors": [[rank, state_code, proc_index, endpoint|null, age_s,
@@ -64,6 +65,8 @@ def build_state(snapshot: list[MeshHealth], *, version: int = 0, now: float = 0.
                 if st is not None:
                     procs.append([a.proc_id, st.host or a.host, st.pid or a.pid,
                                   round(st.cpu_percent, 1), st.rss_bytes, st.gpu_mem_bytes])
+                    if st.tensor_bytes is not None:
+                        procs[-1].append(st.tensor_bytes)
                 else:
                     procs.append([a.proc_id, a.host, a.pid, None, None, None])
             actors.append([a.rank, STATE_CODES[a.state], pi, a.endpoint,

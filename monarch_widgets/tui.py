@@ -291,7 +291,9 @@ class AdminApp(App[None]):
             t = Text.assemble((f"proc {sel[1]}", "bold"), "\n")
             if st:
                 t += Text(f"host {st.host}  pid {st.pid}\nCPU {fmt_cpu(st.cpu_percent)}  "
-                          f"RSS {fmt_bytes(st.rss_bytes)}  GPU mem {fmt_bytes(st.gpu_mem_bytes)}\n")
+                          f"RSS {fmt_bytes(st.rss_bytes)}  GPU mem {fmt_bytes(st.gpu_mem_bytes)}"
+                          + (f"  tensors {fmt_bytes(st.tensor_bytes)}"
+                             if st.tensor_bytes is not None else "") + "\n")
             elif acts:
                 t += Text(f"host {acts[0].host}  pid {acts[0].pid}\n")
             t += Text("actors: " + ", ".join(f"{a.mesh}[{a.rank}] {a.state.value}"

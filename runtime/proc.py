@@ -32,6 +32,16 @@ _STOP = "stop"
 _tls = threading.local()
 
 
+_heartbeat_fields: dict[str, Any] = {}
+
+
+def add_heartbeat_field(name: str, fn: Any) -> None:
+    """Report `fn()` under `name` with each heartbeat of this proc (called on the I/O
+    thread; keep it cheap): how a part running in procs (the tensor engine's memory) reaches
+    the controller's health model."""
+    _heartbeat_fields[name] = fn
+
+
 def current_actor() -> Optional["ActorInstance"]:
     """The ActorInstance whose thread is running (None outside actor threads)."""
     return getattr(_tls, "actor", None)
@@ -438,6 +448,11 @@ class ProcServer:
                     extra["gpu"] = int(torch.cuda.memory_allocated())
             except Exception:
                 pass
+        for name, fn in list(_heartbeat_fields.items()):
+            try:
+                extra[name] = fn()
+            except Exception:  # a probe's failure must not stop heartbeats
+                log.debug("heartbeat field %s failed", name, exc_info=True)
         return extra
 
     def stop(self) -> None:

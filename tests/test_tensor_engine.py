@@ -163,6 +163,30 @@ def _mlp():
     return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 
 
+def test_engine_memory_reaches_the_dashboards_proc_stats(mesh):
+    rt = get_runtime()
+    proc = mesh.procs[0].proc_id
+
+    def held() -> int:
+        st = rt.health.proc_stats(proc)
+        return -1 if st is None or st.tensor_bytes is None else st.tensor_bytes
+
+    def wait(pred) -> int:
+        deadline = time.monotonic() + 20
+        while not pred(held()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return held()
+
+    base = wait(lambda b: b >= 0)
+    with mesh.activate():
+        big = torch.zeros(1024, 256)  # 1 MiB on each proc
+        flush()
+        assert wait(lambda b: b >= base + (1 << 20)) >= base + (1 << 20)
+        del big
+        flush()
+    assert wait(lambda b: b < base + (1 << 20)) < base + (1 << 20)
+
+
 @pytest.mark.parametrize("opt_name", ["SGD", "Adam"])
 def test_autograd_and_optimizer_match_local_torch(mesh, opt_name):
     gen = torch.Generator().manual_seed(0)

@@ -11,6 +11,7 @@ import pytest
 import monarch_widgets
 from monarch_widgets import controls
 from monarch_widgets.widget import Dashboard
+from monarch_widgets.render import render_html, render_text
 from monarch_widgets.state import STATE_NAMES, actor_at, build_state, grid_shape
 from runtime.supervision.health import ActorHealth, ActorState, HealthModel, ProcStats
 
@@ -247,3 +248,19 @@ def test_load_ipython_extension_registers_mesh_magic():
         assert "usage:" in ip.run_line_magic("mesh", "")
     finally:
         InteractiveShell.clear_instance()
+
+
+def test_tensor_engine_memory_is_a_proc_column_where_the_engine_runs():
+    model = HealthModel()
+    fill(model)
+    st = build_state(model.snapshot(), version=model.version, now=200.0)
+    assert all(len(p) == 6 for p in st["procs"])  # no engine: no column
+    assert "tensors" not in render_text(model.snapshot())
+    model.update_proc(ProcStats("trainers-p1", "host0", 4001, cpu_percent=1.0,
+                                rss_bytes=1 << 20, tensor_bytes=3 << 20))
+    st = build_state(model.snapshot(), version=model.version, now=200.0)
+    by_id = {p[0]: p for p in st["procs"]}
+    assert by_id["trainers-p1"][6] == 3 << 20 and len(by_id["trainers-p0"]) == 6
+    text = render_text(model.snapshot())
+    assert "tensors" in text and "3.0M" in text
+    assert "<th>tensors</th>" in render_html(model.snapshot())

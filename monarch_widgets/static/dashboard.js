@@ -203,7 +203,8 @@ function render({ model, el: root }) {
     procsBox.replaceChildren(el("summary", "", `${procs.length} procs`));
     const table = el("table", "mw-proc-table");
     const hr = el("tr");
-    for (const h of ["", "proc", "host", "pid", "CPU", "RSS", "GPU mem"]) hr.append(el("th", "", h));
+    const engine = procs.some((p) => p.length > 6);  // the tensor engine runs in some proc
+    for (const h of ["", "proc", "host", "pid", "CPU", "RSS", "GPU mem", ...(engine ? ["tensors"] : [])]) hr.append(el("th", "", h));
     table.append(hr);
     procs.slice(0, 64).forEach((p, i) => {
       const tr = el("tr");
@@ -214,7 +215,9 @@ function render({ model, el: root }) {
       dot.append(el("span", `mw-dot s-${st}`));
       dot.title = st;
       tr.append(dot);
-      for (const v of [p[0], p[1], p[2], p[3] === null ? "-" : `${Math.round(p[3])}%`, fmtBytes(p[4]), fmtBytes(p[5])]) {
+      const cells = [p[0], p[1], p[2], p[3] === null ? "-" : `${Math.round(p[3])}%`, fmtBytes(p[4]), fmtBytes(p[5])];
+      if (engine) cells.push(p.length > 6 ? fmtBytes(p[6]) : "-");
+      for (const v of cells) {
         tr.append(el("td", "", String(v)));
       }
       table.append(tr);

@@ -77,7 +77,7 @@ class Liveness:
         e = h.extra or {}
         if "rss" in e:
             rt.health.update_proc(ProcStats(rec.proc_id, rec.host, rec.pid, e.get("cpu", 0.0),
-                                            e.get("rss", 0), e.get("gpu")))
+                                            e.get("rss", 0), e.get("gpu"), e.get("tensor_bytes")))
         for actor_id, st in (e.get("actors") or {}).items():
             m = rt.state.actor_meshes.get(actor_id)
             if m is None or m.stopped:

@@ -32,6 +32,7 @@ class ProcStats:
     cpu_percent: float = 0.0
     rss_bytes: int = 0
     gpu_mem_bytes: Optional[int] = None
+    tensor_bytes: Optional[int] = None  # what the tensor engine's shards hold in this proc
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..actor import Actor, context, current_rank, endpoint
+from ..proc import add_heartbeat_field
 
 #: the tensor-engine worker of this proc (a proc belongs to one root mesh: one worker)
 _WORKER: "Worker | None" = None
@@ -87,6 +88,7 @@ class Worker(Actor):
         self.ran = threading.Condition()
         global _WORKER
         _WORKER = self
+        add_heartbeat_field("tensor_bytes", self.held_bytes)
         torch.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
 
     @endpoint
@@ -178,18 +180,23 @@ class Worker(Actor):
         f = self.failed.get(ref)
         return f"failed: {f.op}" if f is not None else "unknown"
 
-    @endpoint
-    def stats(self) -> dict:
-        """Live and failed shard counts, the bytes the live shards hold, ops run."""
+    def held_bytes(self) -> int:
+        """The bytes the live shards hold (storages shared by views counted once); any
+        thread: the heartbeat reports it for the dashboard's proc table."""
         seen: set = set()
         nbytes = 0
-        for t in self.refs.values():
+        for t in list(self.refs.values()):  # a copy: the worker thread may change refs
             s = t.untyped_storage()
             key = (s.data_ptr(), t.device)
             if key not in seen:
                 seen.add(key)
                 nbytes += s.nbytes()
-        return {"live": len(self.refs), "failed": len(self.failed), "bytes": nbytes,
+        return nbytes
+
+    @endpoint
+    def stats(self) -> dict:
+        """Live and failed shard counts, the bytes the live shards hold, ops run."""
+        return {"live": len(self.refs), "failed": len(self.failed), "bytes": self.held_bytes(),
                 "ops": self.ops_run, "rank": self.rank}
 
 
