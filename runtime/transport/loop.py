@@ -354,15 +354,18 @@ def _send_frames(s: zmq.Socket, frames: list) -> None:
 
 def _remember_forgotten(forgotten: collections.OrderedDict, addr: str, gen: int,
                         senders: "weakref.WeakSet[ThreadSenders]") -> None:
-    """Record `addr` as forgotten at generation `gen`; drop the addresses every sending
-    thread has already seen forgotten (so the table stays as small as the churn)."""
+    """Record `addr` as forgotten at generation `gen`, and keep only the addresses some
+    sending thread still has a socket for (that thread closes it on its next send): the
+    table stays as small as what is left to close, even when threads sit idle."""
     forgotten.pop(addr, None)
     forgotten[addr] = gen
     try:
-        seen = min((t.gen for t in list(senders)), default=gen)
+        held = [t.socks for t in list(senders)]  # dict membership reads are atomic
     except RuntimeError:  # a thread made its senders meanwhile: trim next time
-        seen = 0
-    while forgotten and (len(forgotten) > 4096 or next(iter(forgotten.values())) <= seen):
+        return
+    for a in [a for a in forgotten if not any(a in socks for socks in held)]:
+        del forgotten[a]
+    while len(forgotten) > 4096:
         forgotten.popitem(last=False)
 
 
