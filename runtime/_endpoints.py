@@ -4,7 +4,6 @@ tasks interleaved on the actor's event loop. Runs on the actor's own thread."""
 
 from __future__ import annotations
 
-import asyncio
 import queue
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -13,6 +12,8 @@ from .channel import Port
 from .errors import ActorError, SupervisionError, actor_failed_message
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .proc import ActorInstance
 
 
@@ -24,6 +25,7 @@ class Mailbox(queue.SimpleQueue):
 def loop_has_work(a: "ActorInstance") -> bool:
     """Whether the actor's event loop has tasks that are not done (concurrent endpoints, or
     tasks endpoints started with asyncio.create_task)."""
+    import asyncio  # here, not at import: most procs never need it
     if a.tasks:
         return True
     return any(not t.done() for t in asyncio.all_tasks(a._aloop))
@@ -84,6 +86,7 @@ def start_concurrent(a: "ActorInstance", ep: EndpointDef, h: Any, args: tuple,
                      kwargs: dict) -> None:
     """Start a concurrent endpoint as a task on the actor's event loop; it runs whenever
     the loop runs (between messages, and while other async endpoints await)."""
+    import asyncio  # here, not at import: most procs never need it
     loop = a.event_loop()
     coro = ep.fn(a.instance, *args, **kwargs)
     task = loop.create_task(_run(a, ep, h, coro))
@@ -109,6 +112,7 @@ async def _run(a: "ActorInstance", ep: EndpointDef, h: Any, coro: Any) -> None:
 def wait_idle(a: "ActorInstance") -> None:
     """Run the actor's event loop (its tasks) until a message arrives or no task is left:
     as in Monarch, an actor's asyncio loop keeps running between messages."""
+    import asyncio  # here, not at import: most procs never need it
     loop = a.event_loop()
     mailbox = a.mailbox
     if not a.waker:
@@ -132,6 +136,7 @@ def wait_idle(a: "ActorInstance") -> None:
 def cancel_all(a: "ActorInstance", every_task: bool = False) -> None:
     """Cancel the actor's concurrent tasks (before `__cleanup__`), or with `every_task` all
     tasks of its loop (after it), and wait for them."""
+    import asyncio  # here, not at import: most procs never need it
     if a._aloop is None:
         return
     loop = a._aloop
