@@ -26,6 +26,7 @@ def loop_has_work(a: "ActorInstance") -> bool:
     """Whether the actor's event loop has tasks that are not done (concurrent endpoints, or
     tasks endpoints started with asyncio.create_task)."""
     import asyncio  # here, not at import: most procs never need it
+
     if a.tasks:
         return True
     return any(not t.done() for t in asyncio.all_tasks(a._aloop))
@@ -86,7 +87,6 @@ def start_concurrent(a: "ActorInstance", ep: EndpointDef, h: Any, args: tuple,
                      kwargs: dict) -> None:
     """Start a concurrent endpoint as a task on the actor's event loop; it runs whenever
     the loop runs (between messages, and while other async endpoints await)."""
-    import asyncio  # here, not at import: most procs never need it
     loop = a.event_loop()
     coro = ep.fn(a.instance, *args, **kwargs)
     task = loop.create_task(_run(a, ep, h, coro))
@@ -95,6 +95,8 @@ def start_concurrent(a: "ActorInstance", ep: EndpointDef, h: Any, args: tuple,
 
 
 async def _run(a: "ActorInstance", ep: EndpointDef, h: Any, coro: Any) -> None:
+    import asyncio  # here, not at import: most procs never need it
+
     try:
         result = await coro
     except asyncio.CancelledError:
