@@ -166,7 +166,15 @@ class Job(ABC):
 
     def _prepare(self) -> None:
         if self.workdir is None:
-            self.workdir = private_dir(self._workdir_arg, f"monarch-{self.kind}-")
+            if self._workdir_arg is None and getattr(self, "tied", False):
+                # agents that end with this process: their directory is under the runtime
+                # root, named for this process, so a controller killed before cleanup()
+                # leaves nothing once the next one has swept (runtime/rundir.py)
+                from .. import rundir
+
+                self.workdir = Path(rundir.make_dir("job"))
+            else:  # a job that may outlive this process: kill() removes its directory
+                self.workdir = private_dir(self._workdir_arg, f"monarch-{self.kind}-")
         if self.key_file is None:
             self.key_file = self._key_file_arg or make_key_file(self.workdir / "cluster.key")
 

@@ -56,3 +56,19 @@ def test_alloc_spec_runs_a_local_job():
         assert len(list(w.add.call(2, 3).get(timeout=30).items())) == 4
     finally:
         job.cleanup()
+
+
+def test_a_tied_jobs_directory_is_named_for_this_process_under_the_runtime_root():
+    import os
+
+    from runtime import rundir
+
+    job = LocalJob(hosts=1, progress=False)
+    try:
+        job.state()
+        who = rundir.creator(job.workdir.name)
+        assert who is not None and who[0] == "job" and who[1] == os.getpid()
+        assert job.workdir.parent in rundir.roots()
+    finally:
+        job.cleanup()
+    assert not job.workdir.exists()
