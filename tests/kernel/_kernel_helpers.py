@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +24,7 @@ def install_kernelspec() -> str:
     global _PREFIX
     if _PREFIX is None:
         prefix = tempfile.mkdtemp(prefix="monarch-kernelspec-")
+        atexit.register(shutil.rmtree, prefix, True)  # nothing of the tests stays in /tmp
         pypath = os.pathsep.join(p for p in [ROOT, os.environ.get("PYTHONPATH", "")] if p)
         subprocess.run([sys.executable, "-m", "monarch_kernel", "install", "--prefix", prefix,
                         "--env", f"PYTHONPATH={pypath}"],

@@ -3,9 +3,11 @@ from a script: what a person at a notebook's pdb prompt would type."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
+import shutil
 import sys
 import tempfile
 import time
@@ -39,6 +41,7 @@ def kernel_module() -> str:
 def kernelspec_dir() -> str:
     """A kernelspec (ipykernel with this checkout on PYTHONPATH) in a temp JUPYTER_PATH."""
     base = tempfile.mkdtemp(prefix="monarch-dbg-kspec-")
+    atexit.register(shutil.rmtree, base, True)  # nothing of the tests stays in /tmp
     kdir = os.path.join(base, "kernels", KERNEL_NAME)
     os.makedirs(kdir)
     pypath = os.pathsep.join(p for p in [ROOT, os.environ.get("PYTHONPATH", "")] if p)

@@ -35,7 +35,7 @@ def test_ssh_job_starts_agents_on_nodes(cluster, sshd_nodes, tmp_path):
             names.append(name)
         assert sorted(names) == cluster.nodes
     finally:
-        job.kill()
+        job.cleanup()  # kill, and remove the job's directory
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         new = [p for n, ps in cluster.ns_pids().items() for p in ps if p not in before[n]]
@@ -62,7 +62,7 @@ def test_ssh_job_real_agents_end_to_end(cluster, sshd_nodes):
         w = hosts.spawn_procs(per_host={"procs": 1}).spawn("w", Where)
         assert sorted(v[0] for _, v in w.where.call().get(timeout=30).items()) == cluster.nodes
     finally:
-        job.kill()
+        job.cleanup()  # kill, and remove the job's directory
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         new = [p for n, ps in cluster.ns_pids().items() for p in ps if p not in before[n]]
