@@ -34,7 +34,9 @@ class ActorError(RuntimeErrorBase):
 
     def __str__(self) -> str:
         where = f"{self.mesh}.{self.endpoint}" if self.endpoint else self.mesh
-        head = f"{where} (rank {self.rank}) raised: {self.message}" if where else self.message
+        # Monarch's wording ("Actor call mesh.endpoint failed ...")
+        head = (f"Actor call {where} failed (rank {self.rank}): {self.message}" if where
+                else self.message)
         if self.remote_traceback:
             return f"{head}\n\nRemote traceback:\n{self.remote_traceback.rstrip()}"
         return head
