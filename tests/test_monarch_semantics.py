@@ -182,3 +182,19 @@ def test_this_proc_stop_stops_its_actors_not_the_process():
     again = this_proc().spawn("after_stop", Where)
     assert again.where.call_one().get(timeout=20)["pid"] == os.getpid()
     again.stop().get(timeout=20)
+
+
+def test_failure_report_says_why_in_monarchs_words():
+    """MeshFailure.report() carries Monarch's phrases: the actor itself failed, or its
+    process was killed (signal) or exited (code); a propagated failure says neither."""
+    own = runtime.MeshFailure(mesh="actor", ranks=[0], cause="run() raised ValueError: x")
+    assert "This occurred because the actor itself failed." in own.report()
+    killed = runtime.MeshFailure(mesh="nested", ranks=[0], cause="process killed", signal=9,
+                                 point="{'a_dim': 0/1}")
+    assert "process failure: Killed(sig=9)" in killed.report()
+    assert "nested{'a_dim': 0/1}" in killed.report()
+    assert "itself failed" not in killed.report()
+    exited = runtime.MeshFailure(mesh="n", ranks=[0], cause="process exited", exit_code=3)
+    assert "process failure: Exited(code=3)" in exited.report()
+    up = runtime.MeshFailure(mesh="top", ranks=[0], cause="unhandled failure", caused_by=own)
+    assert up.report().count("itself failed") == 1  # only in the nested cause
