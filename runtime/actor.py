@@ -233,6 +233,16 @@ class ActorContext:
             return self.rank
         return Point(view.global_ranks().index(self.rank.rank), view)
 
+    def abort(self, reason: Optional[str] = None) -> None:
+        """Monarch's `actor_instance.abort(reason)`: the actor fails once the message it is
+        handling is done (that call still answers); its owner gets a supervision event."""
+        from . import proc
+
+        inst = getattr(proc._tls, "actor", None)
+        if inst is None or inst.actor_id != self.actor_id:
+            raise RuntimeError("abort() is called from inside the actor's own endpoints")
+        inst.abort_reason = reason if reason is not None else "no reason provided"
+
     @property
     def proc_mesh(self) -> Any:
         """Monarch's `context().actor_instance.proc_mesh`: this actor's proc (`this_proc()`)."""

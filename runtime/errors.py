@@ -74,10 +74,16 @@ class SerializationError(RuntimeErrorBase, TypeError):
     """An argument or a return value could not be pickled."""
 
 
-class MeshStoppedError(RuntimeErrorBase, RuntimeError):
-    """The mesh was stopped; it accepts no more calls (a RuntimeError, as in Monarch)."""
+class MeshStoppedError(SupervisionError):
+    """The mesh was stopped; it accepts no more calls (a SupervisionError, hence a
+    RuntimeError, as in Monarch)."""
+
+    def __reduce__(self) -> Any:
+        return (MeshStoppedError, (self.args[0], self.failure))
 
 
 def actor_failed_message(cls_name: str, mesh: str, rank: int, cause: str) -> str:
     """The first line of a SupervisionError for a failed actor (Monarch's wording)."""
-    return f"Actor {cls_name} {mesh} (rank {rank}) exited because of the following reason: {cause}"
+    who = f"{cls_name} {mesh} (rank {rank})"
+    return (f"Actor {who} exited because of the following reason: The actor {who} and all "
+            f"its descendants have failed: {cause}")

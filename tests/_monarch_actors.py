@@ -176,6 +176,11 @@ class Where(Actor):
     def exit(self) -> None:
         sys.exit(3)
 
+    @endpoint
+    def abort(self, reason: object = None) -> str:
+        context().actor_instance.abort(reason)
+        return "still answered"
+
 
 class BadInit(Actor):
     def __init__(self) -> None:

@@ -5,6 +5,7 @@ procs start, and RDMA transfers with a larger local buffer or in a batch (RDMAAc
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -198,3 +199,43 @@ def test_failure_report_says_why_in_monarchs_words():
     assert "process failure: Exited(code=3)" in exited.report()
     up = runtime.MeshFailure(mesh="top", ranks=[0], cause="unhandled failure", caused_by=own)
     assert up.report().count("itself failed") == 1  # only in the nested cause
+
+
+def test_abort_fails_the_actor_after_the_call_answers(failures):
+    m = this_proc().spawn("aborter", Where)
+    assert m.abort.call_one("enough").get(timeout=20) == "still answered"
+    assert _wait_for(lambda: any(f.mesh == "aborter" for f in failures))
+    f = next(f for f in failures if f.mesh == "aborter")
+    assert "actor Where aborter aborted: enough" in f.report()
+    with pytest.raises(SupervisionError, match="and all its descendants have failed"):
+        m.where.call_one().get(timeout=20)
+    m2 = this_proc().spawn("aborter2", Where)
+    m2.abort.call_one().get(timeout=20)
+    assert _wait_for(lambda: any("no reason provided" in f.report() for f in failures))
+    with pytest.raises(RuntimeError, match="inside the actor"):
+        runtime.context().actor_instance.abort("from the controller")
+
+
+def test_stopped_meshes_raise_supervision_errors_in_monarchs_words(failures):
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="stopping")
+    a, b = pm.spawn("a_stop", Where), pm.spawn("b_stop", Where)
+    a.where.call_one().get(timeout=20)
+    a.stop().get(timeout=20)
+    with pytest.raises(SupervisionError, match="Actor Where a_stop exited because of the "
+                                               "following reason: stopped"):
+        a.where.call_one().get(timeout=20)
+    pm.stop().get(timeout=20)
+    with pytest.raises(runtime.MeshStoppedError,
+                       match="actor mesh is stopped due to proc mesh shutdown"):
+        b.where.call_one().get(timeout=20)
+    with pytest.raises(SupervisionError, match="`ProcMesh` has already been stopped"):
+        pm.spawn("late", Where)
+
+
+def test_a_call_to_a_dying_actor_fails_in_monarchs_words(failures):
+    m = this_proc().spawn("exiter2", Where)
+    with pytest.raises(SupervisionError) as ei:
+        m.exit.call_one().get(timeout=20)
+    assert re.search(r"Endpoint call exiter2\.exit\(\) failed, Actor Where exiter2 .*exited "
+                     r"because of the following reason: The actor .* and all its descendants "
+                     r"have failed", str(ei.value))
