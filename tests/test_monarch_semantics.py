@@ -197,6 +197,8 @@ def test_failure_report_says_why_in_monarchs_words():
     assert "itself failed" not in killed.report()
     exited = runtime.MeshFailure(mesh="n", ranks=[0], cause="process exited", exit_code=3)
     assert "process failure: Exited(code=3)" in exited.report()
+    assert str(own) == ("mesh 'actor' rank(s) [0] failed: run() raised ValueError: x "
+                        "(MeshFailure rank=0)")
     up = runtime.MeshFailure(mesh="top", ranks=[0], cause="unhandled failure", caused_by=own)
     assert up.report().count("itself failed") == 1  # only in the nested cause
 

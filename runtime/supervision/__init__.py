@@ -70,7 +70,9 @@ class MeshFailure:
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        return f"mesh {self.mesh!r} rank(s) {self.ranks} failed: {self.cause}"
+        ranks = ",".join(map(str, self.ranks))  # the tag: Monarch's "MeshFailure ... rank=N"
+        return (f"mesh {self.mesh!r} rank(s) {self.ranks} failed: {self.cause} "
+                f"(MeshFailure rank={ranks})")
 
 
 def is_interactive() -> bool:
