@@ -233,6 +233,21 @@ class ActorContext:
             return self.rank
         return Point(view.global_ranks().index(self.rank.rank), view)
 
+    def abort(self, reason: Optional[str] = None) -> None:
+        """Monarch's `actor_instance.abort(reason)`: the actor fails once the message it is
+        handling is done (that call still answers); its owner gets a supervision event."""
+        from . import proc
+
+        inst = getattr(proc._tls, "actor", None)
+        if inst is None or inst.actor_id != self.actor_id:
+            raise RuntimeError("abort() is called from inside the actor's own endpoints")
+        inst.abort_reason = reason if reason is not None else "no reason provided"
+
+    @property
+    def proc_mesh(self) -> Any:
+        """Monarch's `context().actor_instance.proc_mesh`: this actor's proc (`this_proc()`)."""
+        return self.proc
+
     @property
     def proc(self) -> Any:
         """This actor's proc as a one-proc ProcMesh (`this_proc()`)."""
@@ -271,8 +286,11 @@ def context() -> ActorContext:
 
 
 def current_rank() -> Point:
-    """This actor's point in its mesh."""
-    return context().rank
+    """This actor's point in the slice the current message was sent to (Monarch's
+    `current_rank()`, i.e. `context().message_rank`); its point in its whole mesh when the
+    message went to the whole mesh, and in `__init__`. The spawn rank is always
+    `context().actor_instance.rank`."""
+    return context().message_rank
 
 
 def current_actor_name() -> str:
@@ -282,5 +300,6 @@ def current_actor_name() -> str:
 
 
 def current_size() -> dict[str, int]:
-    """The sizes of this actor's mesh, by dimension."""
-    return dict(context().rank.extent)
+    """The sizes of the slice the current message was sent to, by dimension (Monarch's
+    `current_size()`); of the whole mesh outside a sliced call."""
+    return dict(context().message_rank.extent)

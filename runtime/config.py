@@ -19,7 +19,7 @@ import re
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 #: Internal hand-off of the session token from the controller to a host agent it starts;
 #: not a setting (never configured, never in to_env()): see docs/configuration.md.
@@ -251,6 +251,8 @@ UNMAPPED: dict[str, str] = {
     "remote_allocator_heartbeat_interval": "no remote allocator; see heartbeat_interval",
     "default_encoding": "messages are always msgpack header + cloudpickle body",
     "mesh_bootstrap_enable_pdeathsig": "procs and agents always die with their parent",
+    "actor_queue_dispatch": "each actor serves its messages from one queue in order "
+                            "(`@concurrent_endpoint` interleaves async endpoints)",
 }
 
 
@@ -411,6 +413,60 @@ def configured(**settings: Any) -> Iterator[dict[str, Any]]:
     finally:
         config._forget([n for n, v in saved.items() if v is _UNSET])
         config._set({n: v for n, v in saved.items() if v is not _UNSET})
+
+
+@contextlib.contextmanager
+def _quietly_configured(values: dict[str, Any]) -> Iterator[None]:
+    """`configured(**values)` without repeating the warnings already given at decoration."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cm = configured(**values)
+        cm.__enter__()
+    try:
+        yield
+    finally:
+        cm.__exit__(None, None, None)
+
+
+def parametrize_config(**settings: Any) -> Callable[[Callable], Callable]:
+    """Monarch's test decorator: run a pytest test once per combination of the given
+    settings' values (`parametrize_config(stop_timeout={1, 5})`), each under `configured`."""
+    import functools
+    import inspect
+    import itertools
+
+    import pytest
+
+    for key, values in settings.items():
+        if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+            raise TypeError(f"parametrize_config({key}=...) takes a collection of values, "
+                            f"got {values!r}")
+        with warnings.catch_warnings():  # checked here; unmapped names are simply ignored
+            warnings.simplefilter("ignore")
+            for v in values:
+                _resolve({key: v}, "parametrize_config()")
+    keys = list(settings)
+    combos = [dict(zip(keys, vals)) for vals in itertools.product(
+        *(sorted(settings[k], key=repr) for k in keys))]
+    ids = ["-".join(f"{k}={v}" for k, v in c.items()) for c in combos]
+
+    def decorate(fn: Callable) -> Callable:
+        if inspect.iscoroutinefunction(fn):
+            async def wrapper(*args: Any, _runtime_config: dict, **kwargs: Any) -> Any:
+                with _quietly_configured(_runtime_config):
+                    return await fn(*args, **kwargs)
+        else:
+            def wrapper(*args: Any, _runtime_config: dict, **kwargs: Any) -> Any:
+                with _quietly_configured(_runtime_config):
+                    return fn(*args, **kwargs)
+        functools.update_wrapper(wrapper, fn)
+        sig = inspect.signature(fn)
+        extra = inspect.Parameter("_runtime_config", inspect.Parameter.KEYWORD_ONLY)
+        wrapper.__signature__ = sig.replace(  # type: ignore[attr-defined]
+            parameters=[*sig.parameters.values(), extra])
+        return pytest.mark.parametrize("_runtime_config", combos, ids=ids)(wrapper)
+
+    return decorate
 
 
 def get_global_config() -> dict[str, Any]:

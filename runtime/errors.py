@@ -34,7 +34,9 @@ class ActorError(RuntimeErrorBase):
 
     def __str__(self) -> str:
         where = f"{self.mesh}.{self.endpoint}" if self.endpoint else self.mesh
-        head = f"{where} (rank {self.rank}) raised: {self.message}" if where else self.message
+        # Monarch's wording ("Actor call mesh.endpoint failed ...")
+        head = (f"Actor call {where} failed (rank {self.rank}): {self.message}" if where
+                else self.message)
         if self.remote_traceback:
             return f"{head}\n\nRemote traceback:\n{self.remote_traceback.rstrip()}"
         return head
@@ -72,10 +74,16 @@ class SerializationError(RuntimeErrorBase, TypeError):
     """An argument or a return value could not be pickled."""
 
 
-class MeshStoppedError(RuntimeErrorBase, RuntimeError):
-    """The mesh was stopped; it accepts no more calls (a RuntimeError, as in Monarch)."""
+class MeshStoppedError(SupervisionError):
+    """The mesh was stopped; it accepts no more calls (a SupervisionError, hence a
+    RuntimeError, as in Monarch)."""
+
+    def __reduce__(self) -> Any:
+        return (MeshStoppedError, (self.args[0], self.failure))
 
 
 def actor_failed_message(cls_name: str, mesh: str, rank: int, cause: str) -> str:
     """The first line of a SupervisionError for a failed actor (Monarch's wording)."""
-    return f"Actor {cls_name} {mesh} (rank {rank}) exited because of the following reason: {cause}"
+    who = f"{cls_name} {mesh} (rank {rank})"
+    return (f"Actor {who} exited because of the following reason: The actor {who} and all "
+            f"its descendants have failed: {cause}")

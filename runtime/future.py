@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Generator, Generic, Optional, TypeVar
+from typing import Any, Callable, Coroutine, Generator, Generic, Optional, TypeVar
 
 R = TypeVar("R")
 
@@ -78,9 +78,12 @@ class Future(Generic[R]):
     """A value that arrives later. `.get()` blocks; `await fut` suspends a coroutine."""
 
     __slots__ = ("_lock", "_event", "_value", "_exc", "_callbacks", "_on_interrupt", "_label",
-                 "_ports")
+                 "_ports", "_coro", "_had_coro", "_gathered")
 
-    def __init__(self, label: str = "") -> None:
+    def __init__(self, label: str = "", *, coro: Optional[Coroutine[Any, Any, R]] = None
+                 ) -> None:
+        """A pending future; with `coro` (Monarch's `Future(coro=...)`), one whose value is
+        that coroutine's: run by the first `.get()` (on its own event loop) or `await`."""
         self._lock = threading.Lock()
         self._event = _LazyEvent()
         self._value: Any = _PENDING
@@ -89,6 +92,9 @@ class Future(Generic[R]):
         self._on_interrupt: Optional[Callable[[], None]] = None
         self._label = label
         self._ports: tuple = ()  # reply ports of the call (the debugger matches sessions)
+        self._coro = coro  # not yet started; taken by whoever runs it
+        self._had_coro = coro is not None
+        self._gathered = False  # its coroutine was handed to Future.gather
 
     # -- resolution (runtime side) -------------------------------------------------
     def _resolve(self, value: Any = None, exc: Optional[BaseException] = None) -> bool:
@@ -180,16 +186,82 @@ class Future(Generic[R]):
             except Exception:
                 pass
 
+    # -- coroutine-backed futures (Monarch's Future(coro=...), Future.gather) ----------
+    def _take_coro(self) -> Optional[Coroutine]:
+        with self._lock:
+            if self._gathered:
+                raise ValueError(f"{self._label or 'this Future'} was consumed by "
+                                 f"Future.gather; use the gathered future's value")
+            coro, self._coro = self._coro, None
+            return coro
+
+    def _run_coro(self) -> None:
+        """Start this future's coroutine, if it has one not yet started, on its own loop."""
+        coro = self._take_coro()
+        if coro is None:
+            return
+        import asyncio
+
+        def drive() -> None:
+            try:
+                self._resolve(value=asyncio.run(coro))
+            except BaseException as e:  # noqa: BLE001 - it belongs to the future
+                self._resolve(exc=e)
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            drive()  # no loop in this thread: run it here
+            return
+        threading.Thread(target=drive, name="runtime-future-coro", daemon=True).start()
+
+    @classmethod
+    def gather(cls, *futures: "Future[Any]", return_exceptions: bool = False
+               ) -> "Future[list]":
+        """Monarch's `Future.gather`: one future of the list of the values, in order. An
+        error fails it (or, with `return_exceptions=True`, takes the value's place). A
+        coroutine-backed future is consumed: its own `.get()` then raises ValueError, and
+        one whose coroutine already ran cannot be gathered."""
+        import asyncio
+
+        for f in futures:
+            if not isinstance(f, Future):
+                raise TypeError(f"Future.gather takes Futures, got {type(f).__name__}")
+            if f._had_coro and f._coro is None:
+                raise ValueError(f"{f._label or 'a Future'} has already been consumed "
+                                 f"(its value was taken, or it was gathered before)")
+        awaitables: list = []
+        for f in futures:
+            with f._lock:
+                coro, f._coro = f._coro, None
+                f._gathered = coro is not None
+            awaitables.append(coro if coro is not None else _awaiting(f))
+
+        async def everything() -> list:
+            return list(await asyncio.gather(*awaitables, return_exceptions=return_exceptions))
+
+        return cls("Future.gather", coro=everything())
+
     def get(self, timeout: Optional[float] = None) -> R:
         """Block until resolved and return the value (or raise the error).
 
         On timeout raises TimeoutError and leaves the future usable."""
+        self._run_coro()
         self._wait(timeout)
         if self._exc is not None:
             raise self._exc
         return self._value
 
     def __await__(self) -> Generator[Any, None, R]:
+        coro = self._take_coro()
+        if coro is not None:  # Future(coro=...) not yet started: run it on this loop
+            try:
+                value = yield from coro.__await__()
+            except BaseException as e:  # noqa: BLE001 - it belongs to the future
+                self._resolve(exc=e)
+                raise
+            self._resolve(value=value)
+            return value
         if not self._event.is_set():
             import asyncio
 
@@ -226,6 +298,10 @@ class Future(Generic[R]):
         if self._event.is_set():
             state = "error" if self._exc is not None else "done"
         return f"<Future {self._label} {state}>"
+
+
+async def _awaiting(f: Future) -> Any:
+    return await f
 
 
 def resolved(value: Any) -> Future:

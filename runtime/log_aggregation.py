@@ -4,7 +4,9 @@ Pure: no I/O, no clock (callers pass `now`). Within a window, lines of one mesh 
 that are identical or near-identical (normalized edit distance at most `threshold`, as
 Monarch's aggregator) are grouped; `flush()` returns one line per group:
 
-    [16 similar lines from trainers 0-15] loss 0.13
+    [16 similar log lines] [trainers 0-15] loss 0.13
+
+(Monarch's `[16 similar log lines]` prefix, then the ranks the line came from.)
 
 A group seen from a single rank once is returned as an ordinary line of that rank.
 """
@@ -127,5 +129,5 @@ class Aggregator:
                 out.append((f"{label} {g.ranks[0]}", stream, g.text + "\n"))
             else:
                 who = f"{label} {format_ranks(g.ranks)}"
-                out.append((f"{g.count} similar lines from {who}", stream, g.text + "\n"))
+                out.append((f"{g.count} similar log lines", stream, f"[{who}] {g.text}\n"))
         return out

@@ -76,6 +76,7 @@ class ActorInstance:
         self.handled = 0
         self.errors = 0
         self.failed: Optional[str] = None
+        self.abort_reason: Optional[str] = None  # set by context().actor_instance.abort()
         self.last_exception: Optional[BaseException] = None  # kept for post-mortem debugging
         self.current_port = -1
         self.current_reply = ""  # the caller's address while a call with a reply runs
@@ -206,6 +207,8 @@ class ActorInstance:
                 self._set_state("idle")
         if ok and h.port:
             self._send_result(h, name, result)
+        if self.abort_reason is not None and self.failed is None:  # context().abort()
+            self._fail(f"actor {self.class_name} {self.name} aborted: {self.abort_reason}")
 
     def report_error(self, h: Header, ep: Any, e: BaseException) -> None:
         """An endpoint raised `e`: an ActorError to the caller, or the actor fails (no

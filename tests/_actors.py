@@ -25,8 +25,9 @@ class Echo(Actor):
     @endpoint
     def whoami(self):
         ctx = context()
-        return {"rank": current_rank().rank, "coords": dict(current_rank()),
-                "size": current_size(), "pid": os.getpid(), "name": ctx.name}
+        # the spawn rank (current_rank() is the point in the slice called, as in Monarch)
+        return {"rank": ctx.rank.rank, "coords": dict(ctx.rank),
+                "size": dict(ctx.rank.extent), "pid": os.getpid(), "name": ctx.name}
 
     @endpoint
     async def aping(self, x):
@@ -84,7 +85,7 @@ class Echo(Actor):
 
     @endpoint
     def send_to_port(self, port, value):
-        port.send((current_rank().rank, value))
+        port.send((context().rank.rank, value))
 
     @endpoint
     def call_other(self, other, x):

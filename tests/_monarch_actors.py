@@ -93,6 +93,12 @@ class Gate(Actor):
         await asyncio.sleep(0)
         raise ValueError("boom")
 
+    @concurrent_endpoint(explicit_response_port=True)
+    async def port_fail(self, port: "Port[str]", answer: bool) -> None:
+        if answer:
+            port.send("answered")
+        raise ValueError("explicit boom")
+
     @concurrent_endpoint
     async def hang(self, path: str) -> None:
         try:
@@ -169,6 +175,11 @@ class Where(Actor):
     @endpoint
     def exit(self) -> None:
         sys.exit(3)
+
+    @endpoint
+    def abort(self, reason: object = None) -> str:
+        context().actor_instance.abort(reason)
+        return "still answered"
 
 
 class BadInit(Actor):

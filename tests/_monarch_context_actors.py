@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from runtime import Actor, context, current_actor_name, current_rank, endpoint
+from runtime import Actor, context, current_actor_name, current_rank, current_size, endpoint
 
 
 class Whoami(Actor):
@@ -21,7 +21,10 @@ class Whoami(Actor):
 
     @endpoint
     async def ainfo(self) -> dict:
-        return {"message_rank": dict(context().message_rank), "rank": current_rank().rank}
+        return {"message_rank": dict(context().message_rank),
+                "rank": context().actor_instance.rank.rank,
+                "current_rank": dict(current_rank()), "current_flat": current_rank().rank,
+                "current_size": current_size()}
 
     @endpoint
     def log(self, msg: str, level: int = logging.INFO) -> dict:

@@ -204,3 +204,28 @@ def test_runtime_exports_configure():
 def test_secret_not_in_repr():
     c = Config({"MONARCH_SESSION_TOKEN": "ab" * 16})
     assert "abab" not in repr(c) and "rdma_session_token=***" in repr(c)
+
+
+_seen_by_parametrized: list = []
+
+
+@runtime.config.parametrize_config(stop_timeout={1, 5}, actor_queue_dispatch={True, False})
+def test_parametrize_config_runs_each_combination_under_configured(clean):
+    """Monarch's decorator: one run per combination, each under configured(...); Monarch
+    names with no equivalent here (actor_queue_dispatch) are accepted and ignored."""
+    _seen_by_parametrized.append(config.stop_timeout)
+    assert config.explicit() == {"stop_timeout": config.stop_timeout}
+
+
+def test_parametrize_config_made_four_runs_and_restores():
+    assert sorted(_seen_by_parametrized) == [1.0, 1.0, 5.0, 5.0]
+    assert "stop_timeout" not in config.explicit()
+
+
+def test_parametrize_config_checks_at_decoration():
+    with pytest.raises(TypeError, match="unknown setting 'stop_timout'"):
+        runtime.config.parametrize_config(stop_timout={1})
+    with pytest.raises(TypeError, match="collection of values"):
+        runtime.config.parametrize_config(stop_timeout=1)
+    with pytest.raises(ValueError):
+        runtime.config.parametrize_config(stop_timeout={-1})

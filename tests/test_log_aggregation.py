@@ -31,7 +31,7 @@ def test_lines_from_many_ranks_print_once_with_count_and_ranks():
     assert agg.due(12.9) == [] and agg.due(13.0) == [("trainers", "stdout")]
     assert sorted(agg.due(13.5)) == [("trainers", "stderr"), ("trainers", "stdout")]
     out = agg.flush(("trainers", "stdout"))
-    assert out == [("16 similar lines from trainers 0-15", "stdout", "loss 0.10\n"),
+    assert out == [("16 similar log lines", "stdout", "[trainers 0-15] loss 0.10\n"),
                    ("trainers 4", "stdout", "saving checkpoint\n")]
     assert agg.flush(("trainers", "stdout")) == []  # forgotten
     assert agg.keys() == [("trainers", "stderr")] and agg.keys("other") == []
@@ -55,4 +55,5 @@ def test_a_flood_of_distinct_lines_is_bounded():
     for i in range(10):
         agg.add("m", "stdout", i, f"unique line number {i} " + "z" * i * 7, now=0, window=1)
     out = agg.flush(("m", "stdout"))
-    assert len(out) == 3 and out[-1][0] == "8 similar lines from m 2-9"
+    assert len(out) == 3 and out[-1][:2] == ("8 similar log lines", "stdout")
+    assert out[-1][2].startswith("[m 2-9] ")

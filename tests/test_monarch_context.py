@@ -68,6 +68,14 @@ def test_message_rank_is_the_point_in_the_slice_called(who):
     a = who.slice(hosts=1).ainfo.call().get(timeout=60)  # async endpoints see it too
     assert sorted((v["rank"], tuple(v["message_rank"].items())) for v in a.values()) == [
         (2, (("gpus", 0),)), (3, (("gpus", 1),))]
+    # current_rank()/current_size() are Monarch's: the point in (and sizes of) the slice
+    assert sorted((v["rank"], v["current_flat"], tuple(v["current_rank"].items()))
+                  for v in a.values()) == [(2, 0, (("gpus", 0),)), (3, 1, (("gpus", 1),))]
+    assert [v["current_size"] for v in a.values()] == [{"gpus": 2}, {"gpus": 2}]
+    whole = sorted(who.ainfo.call().get(timeout=60).values(), key=lambda d: d["rank"])
+    assert [d["current_flat"] for d in whole] == [0, 1, 2, 3]  # whole mesh: own rank
+    assert whole[3]["current_rank"] == {"hosts": 1, "gpus": 1}
+    assert whole[3]["current_size"] == {"hosts": 2, "gpus": 2}
     # and the next message to the whole mesh is back to the actor's own rank
     again = who.slice(hosts=1, gpus=1).info.call_one().get(timeout=60)
     assert again["message_rank"] == {} and who.info.call().get(timeout=60)

@@ -149,6 +149,19 @@ def test_concurrent_endpoint_runs_interleaved(procs):
     assert ei.value.remote_traceback.splitlines()[1].strip().startswith('File "') and \
         "_endpoints.py" not in ei.value.remote_traceback
     assert g.ping.call_one().get(timeout=20) == "pong"
+    assert "Actor call gate.fail failed" in str(ei.value)  # Monarch's wording
+    g.stop().get(timeout=20)
+
+
+def test_concurrent_explicit_port_exception_is_logged_not_fatal(procs):
+    """As in Monarch: a concurrent explicit-port endpoint that raises answers nothing more
+    than its port sent, the actor lives on, and the error is logged on the proc."""
+    g = procs.slice(procs=0).spawn("gate_port_fail", Gate)
+    assert g.port_fail.call_one(True).get(timeout=20) == "answered"
+    silent = g.port_fail.call_one(False)
+    with pytest.raises(TimeoutError):
+        silent.get(timeout=0.5)
+    assert g.ping.call_one().get(timeout=20) == "pong"  # not failed
     g.stop().get(timeout=20)
 
 

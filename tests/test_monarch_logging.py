@@ -58,7 +58,7 @@ def test_similar_lines_from_many_ranks_print_once(sink):
         p.say.call("loss 0.13").get(timeout=30)
         assert sink.wait(lambda g: any("similar" in lbl for lbl, _, _ in g))
         agg = [(lbl, t) for lbl, _, t in sink.got if "loss" in t]
-        assert agg == [("4 similar lines from printer 0-3", "loss 0.13\n")]
+        assert agg == [("4 similar log lines", "[printer 0-3] loss 0.13\n")]
         # line by line again without a window; Monarch's form: asyncio.run(...) of it
         import asyncio
 
@@ -98,11 +98,11 @@ def test_held_lines_flush_on_request_and_at_stop(sink):
             time.sleep(0.02)
         assert not any("first batch" in t for _, _, t in sink.got)
         rt.flush_output()  # what the notebook kernel does when a cell ends
-        assert ("2 similar lines from held 0-1", "stdout", "first batch\n") in sink.got
+        assert ("2 similar log lines", "stdout", "[held 0-1] first batch\n") in sink.got
         p.say.call("second batch").get(timeout=30)
     finally:
         pm.stop().get(timeout=30)
-    assert ("2 similar lines from held 0-1", "stdout", "second batch\n") in sink.got
+    assert ("2 similar log lines", "stdout", "[held 0-1] second batch\n") in sink.got
 
 
 def test_level_of_actor_logger(sink):
@@ -137,4 +137,4 @@ def test_a_script_prints_the_aggregated_line():
                        text=True, timeout=100)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [ln for ln in r.stdout.splitlines() if "loss" in ln]
-    assert lines == ["[16 similar lines from trainers 0-15] loss 0.13"], r.stdout
+    assert lines == ["[16 similar log lines] [trainers 0-15] loss 0.13"], r.stdout

@@ -5,6 +5,7 @@ procs start, and RDMA transfers with a larger local buffer or in a batch (RDMAAc
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -72,8 +73,12 @@ def test_system_exit_in_an_endpoint_fails_the_actor(failures):
     assert _wait_for(lambda: any(f.mesh == "exiter" for f in failures))
 
 
-def test_proc_stop_runs_finally_del_and_atexit(tmp_path, monkeypatch):
-    monkeypatch.setattr(runtime.config.config, "stop_timeout", 4.0)
+def test_proc_stop_runs_finally_del_and_atexit(tmp_path):
+    with runtime.configured(stop_timeout=4.0):  # restores the setting (unset) after
+        _graceful_stop(tmp_path)
+
+
+def _graceful_stop(tmp_path) -> None:
     path = str(tmp_path / "log")
     pm = this_host().spawn_procs(per_host={"procs": 1}, name="graceful")
     g = pm.spawn("graceful", Graceful, path)
@@ -182,3 +187,61 @@ def test_this_proc_stop_stops_its_actors_not_the_process():
     again = this_proc().spawn("after_stop", Where)
     assert again.where.call_one().get(timeout=20)["pid"] == os.getpid()
     again.stop().get(timeout=20)
+
+
+def test_failure_report_says_why_in_monarchs_words():
+    """MeshFailure.report() carries Monarch's phrases: the actor itself failed, or its
+    process was killed (signal) or exited (code); a propagated failure says neither."""
+    own = runtime.MeshFailure(mesh="actor", ranks=[0], cause="run() raised ValueError: x")
+    assert "This occurred because the actor itself failed." in own.report()
+    killed = runtime.MeshFailure(mesh="nested", ranks=[0], cause="process killed", signal=9,
+                                 point="{'a_dim': 0/1}")
+    assert "process failure: Killed(sig=9)" in killed.report()
+    assert "nested{'a_dim': 0/1}" in killed.report()
+    assert "itself failed" not in killed.report()
+    exited = runtime.MeshFailure(mesh="n", ranks=[0], cause="process exited", exit_code=3)
+    assert "process failure: Exited(code=3)" in exited.report()
+    assert str(own) == ("mesh 'actor' rank(s) [0] failed: run() raised ValueError: x "
+                        "(MeshFailure rank=0)")
+    up = runtime.MeshFailure(mesh="top", ranks=[0], cause="unhandled failure", caused_by=own)
+    assert up.report().count("itself failed") == 1  # only in the nested cause
+
+
+def test_abort_fails_the_actor_after_the_call_answers(failures):
+    m = this_proc().spawn("aborter", Where)
+    assert m.abort.call_one("enough").get(timeout=20) == "still answered"
+    assert _wait_for(lambda: any(f.mesh == "aborter" for f in failures))
+    f = next(f for f in failures if f.mesh == "aborter")
+    assert "actor Where aborter aborted: enough" in f.report()
+    with pytest.raises(SupervisionError, match="and all its descendants have failed"):
+        m.where.call_one().get(timeout=20)
+    m2 = this_proc().spawn("aborter2", Where)
+    m2.abort.call_one().get(timeout=20)
+    assert _wait_for(lambda: any("no reason provided" in f.report() for f in failures))
+    with pytest.raises(RuntimeError, match="inside the actor"):
+        runtime.context().actor_instance.abort("from the controller")
+
+
+def test_stopped_meshes_raise_supervision_errors_in_monarchs_words(failures):
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="stopping")
+    a, b = pm.spawn("a_stop", Where), pm.spawn("b_stop", Where)
+    a.where.call_one().get(timeout=20)
+    a.stop().get(timeout=20)
+    with pytest.raises(SupervisionError, match="Actor Where a_stop exited because of the "
+                                               "following reason: stopped"):
+        a.where.call_one().get(timeout=20)
+    pm.stop().get(timeout=20)
+    with pytest.raises(runtime.MeshStoppedError,
+                       match="actor mesh is stopped due to proc mesh shutdown"):
+        b.where.call_one().get(timeout=20)
+    with pytest.raises(SupervisionError, match="`ProcMesh` has already been stopped"):
+        pm.spawn("late", Where)
+
+
+def test_a_call_to_a_dying_actor_fails_in_monarchs_words(failures):
+    m = this_proc().spawn("exiter2", Where)
+    with pytest.raises(SupervisionError) as ei:
+        m.exit.call_one().get(timeout=20)
+    assert re.search(r"Endpoint call exiter2\.exit\(\) failed, Actor Where exiter2 .*exited "
+                     r"because of the following reason: The actor .* and all its descendants "
+                     r"have failed", str(ei.value))

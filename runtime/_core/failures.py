@@ -19,6 +19,16 @@ from ..transport.framing import Header, Kind
 from ..transport.serialization import loads
 from .records import ActorMeshRecord
 
+def _point(m: ActorMeshRecord, rank: int) -> str:
+    """The actor's point in its mesh in Monarch's form ("{'gpus': 1/2}"), or "" if unknown."""
+    try:
+        from ..shapes import Point, Shape
+
+        return str(Point(rank, Shape(tuple(m.sizes), tuple(m.sizes.values()))))
+    except Exception:  # noqa: BLE001 - a report detail only
+        return ""
+
+
 if TYPE_CHECKING:
     from .runtime import Runtime
 
@@ -58,7 +68,7 @@ class Failures:
                 continue
             f = MeshFailure(mesh=m.name, ranks=[rank], cause=cause, host=rec.host, pid=rec.pid,
                             proc_id=proc_id, exit_code=code, signal=sig,
-                            stderr_tail=base.stderr_tail)
+                            stderr_tail=base.stderr_tail, point=_point(m, rank))
             m.failed[rank] = f
             if m.ready[rank] is None:
                 m.ready[rank] = cause
@@ -172,6 +182,7 @@ class Failures:
             host=rec.host if rec else "", pid=rec.pid if rec else 0,
             proc_id=rec.proc_id if rec else "", traceback=e.get("traceback", ""),
             caused_by=caused_by if isinstance(caused_by, MeshFailure) else None,
+            point=_point(m, rank),
         )
         if e.get("init"):
             m.init_failed.add(rank)

@@ -74,6 +74,7 @@ class ActorMeshRecord:
     ready: list = field(default_factory=list)  # per global rank: None, True, or error text
     failed: dict = field(default_factory=dict)  # global rank -> MeshFailure
     stopped: bool = False
+    stopped_with_procs: bool = False  # stopped because its proc mesh was
     initialized: Optional[Future] = None
     inflight: list = field(default_factory=list)  # per rank outstanding calls (for choose)
     health_name: str = ""  # the mesh's key in the health model ("" when not owned here)

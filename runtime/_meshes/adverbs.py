@@ -81,8 +81,11 @@ class EndpointRef:
 
     def _check_usable(self, ranks: list[int]) -> None:
         rec = self._mesh._rec
-        if rec.stopped:
-            raise MeshStoppedError(f"actor mesh {rec.name!r} was stopped")
+        if rec.stopped:  # in Monarch's words too
+            why = ("actor mesh is stopped due to proc mesh shutdown" if rec.stopped_with_procs
+                   else f"Actor {rec.cls_name} {rec.name} exited because of the following "
+                        f"reason: stopped")
+            raise MeshStoppedError(f"actor mesh {rec.name!r} was stopped: {why}")
         for r in ranks:
             f = rec.failed.get(r)
             if f is not None:
@@ -278,6 +281,7 @@ class _Collector:
         failed_ranks = [r for r in self.remaining if proc is None or proc_ids[r] == proc]
         if not failed_ranks:
             return
+        exc = self._monarch_wording(exc, failed_ranks[0])
         if self.mode == "stream":
             for r in failed_ranks:
                 self._finish_rank(r)
@@ -289,6 +293,17 @@ class _Collector:
             return
         self._close()
         self.futs[0].set_exception(exc)
+
+    def _monarch_wording(self, exc: BaseException, rank: int) -> BaseException:
+        """A SupervisionError for this call, with a last line in Monarch's words
+        (`Endpoint call mesh.ep() failed, Actor ... exited because of ...`)."""
+        failure = getattr(exc, "failure", None)
+        if type(exc) is not SupervisionError or failure is None:
+            return exc
+        rec = self.rec
+        line = (f"Endpoint call {rec.name}.{self.ep._name}() failed, "
+                f"{actor_failed_message(rec.cls_name, rec.name, rank, failure.cause)}")
+        return SupervisionError(f"{exc.args[0]}\n{line}", failure)
 
     def _close(self) -> None:
         if not self.done:

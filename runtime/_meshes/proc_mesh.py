@@ -114,7 +114,8 @@ class ProcMesh(MeshTrait):
         if not (isinstance(actor_class, type) and issubclass(actor_class, Actor)):
             raise TypeError(f"spawn({name!r}, ...): {actor_class!r} is not an Actor subclass")
         if self.stopped:
-            raise MeshStoppedError(f"proc mesh {self.name!r} was stopped")
+            raise MeshStoppedError(f"`ProcMesh` has already been stopped (proc mesh "
+                                   f"{self.name!r}); it cannot spawn actors")
         _check_init_args(actor_class, args, kwargs)
         try:
             body, bufs = dumps((actor_class, args, kwargs), "actor class and arguments")
@@ -191,6 +192,7 @@ class ProcMesh(MeshTrait):
             """On the I/O thread: mark the meshes stopped; the procs still to stop."""
             for m in rt.state.actor_meshes.values():
                 if ids.intersection(m.proc_ids):
+                    m.stopped_with_procs = not m.stopped
                     m.stopped = True
                     for r in range(len(m.proc_ids)):
                         rt.health.update(m.health_name, r, ActorState.STOPPED)

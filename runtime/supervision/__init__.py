@@ -35,12 +35,16 @@ class MeshFailure:
     traceback: str = ""
     time: float = field(default_factory=time.time)
     caused_by: Optional["MeshFailure"] = None
+    #: the failed actor's point in its mesh, in Monarch's form ("{'gpus': 1/2}"), if known
+    point: str = ""
     # True once a waiting future has raised SupervisionError for it (the user saw it)
     seen_by_waiter: bool = False
 
     def report(self) -> str:
         """A readable multi-line report."""
         lines = [f"MeshFailure: mesh {self.mesh!r} rank(s) {self.ranks} failed: {self.cause}"]
+        if self.point:
+            lines.append(f"  actor {self.mesh}{self.point}")
         if self.host or self.pid:
             lines.append(f"  host {self.host}, pid {self.pid}, proc {self.proc_id}")
         if self.exit_code is not None:
@@ -49,6 +53,11 @@ class MeshFailure:
             from .._process import describe_status
 
             lines.append(f"  {describe_status(None, self.signal)}")
+            lines.append(f"  process failure: Killed(sig={self.signal})")  # Monarch's words
+        elif self.exit_code is not None:
+            lines.append(f"  process failure: Exited(code={self.exit_code})")
+        elif self.caused_by is None:
+            lines.append("  This occurred because the actor itself failed.")
         if self.traceback:
             lines.append("  traceback:")
             lines.extend("    " + ln for ln in self.traceback.rstrip().splitlines())
@@ -61,7 +70,9 @@ class MeshFailure:
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        return f"mesh {self.mesh!r} rank(s) {self.ranks} failed: {self.cause}"
+        ranks = ",".join(map(str, self.ranks))  # the tag: Monarch's "MeshFailure ... rank=N"
+        return (f"mesh {self.mesh!r} rank(s) {self.ranks} failed: {self.cause} "
+                f"(MeshFailure rank={ranks})")
 
 
 def is_interactive() -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..actor import Actor, context, current_rank, endpoint
+from ..actor import Actor, context, endpoint
 from ..proc import add_heartbeat_field
 
 #: the tensor-engine worker of this proc (a proc belongs to one root mesh: one worker)
@@ -82,8 +82,8 @@ class Worker(Actor):
     def __init__(self) -> None:
         self.refs: dict[int, torch.Tensor] = {}
         self.failed: dict[int, Failure] = {}
-        self.rank = current_rank().rank
-        select_gpu(dict(current_rank()))
+        self.rank = context().actor_instance.rank.rank
+        select_gpu(dict(context().actor_instance.rank))
         self.ops_run = 0
         self.ran = threading.Condition()
         global _WORKER

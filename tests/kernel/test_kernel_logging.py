@@ -37,6 +37,6 @@ def test_aggregated_lines_print_in_the_cell(kernel):
         "loud = workers.spawn('loud', Loud)\n"
         "loud.say.call('loss 0.13').get()\n")
     assert r["error"] is None, r["error"]
-    assert r["stdout"].splitlines() == ["[4 similar lines from loud 0-3] loss 0.13"], r
+    assert r["stdout"].splitlines() == ["[4 similar log lines] [loud 0-3] loss 0.13"], r
     r = kernel.execute("loud.say.call('next cell').get()")
-    assert r["stdout"].splitlines() == ["[4 similar lines from loud 0-3] next cell"], r
+    assert r["stdout"].splitlines() == ["[4 similar log lines] [loud 0-3] next cell"], r
