@@ -2,7 +2,7 @@
 
 Pure (no widgets, no I/O), so it is tested directly and its size measured for 1,000 actors.
 Layout of the dict (arrays, not objects, per actor, to keep it small):
-  {"v": version, "t": now, "notice": str,
+  {"v": version, "t": now, "notice": str, "active": [proc mesh name, ...],  # activated
    "procs": [[proc_id, host, pid, cpu_percent, rss_bytes, gpu_mem_bytes|null
               (, tensor_bytes: where the tensor engine runs in the proc)], ...],
    "texts": [str, ...],                     # interned error strings and tracebacks
@@ -36,7 +36,7 @@ def _clip(text: str, limit: int) -> str:
 
 
 def build_state(snapshot: list[MeshHealth], *, version: int = 0, now: float = 0.0,
-                notice: str = "") -> dict[str, Any]:
+                notice: str = "", active: tuple = ()) -> dict[str, Any]:
     """The JSON-able dashboard state of `snapshot`."""
     procs: list[list[Any]] = []
     proc_index: dict[str, int] = {}
@@ -77,7 +77,8 @@ def build_state(snapshot: list[MeshHealth], *, version: int = 0, now: float = 0.
                        "counts": m.counts(), "dims": [[k, int(v)] for k, v in m.sizes.items()],
                        "actors": actors})
     # age_s: seconds in the current state at `t` (relative, so it stays short)
-    return {"v": version, "t": round(now, 2), "notice": notice, "procs": procs,
+    return {"v": version, "t": round(now, 2), "notice": notice, "active": list(active),
+            "procs": procs,
             "texts": texts, "meshes": meshes}
 
 

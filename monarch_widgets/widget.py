@@ -20,6 +20,7 @@ import traitlets
 
 from monarch_widgets import controls
 from monarch_widgets.state import build_state
+from runtime import active_mesh_names
 from runtime.supervision.health import HealthModel
 
 log = logging.getLogger("monarch_widgets")
@@ -71,7 +72,8 @@ class Dashboard(anywidget.AnyWidget):
         with self._notice_lock:
             notice = self._notice
         snap = self._health.snapshot()
-        st = build_state(snap, version=version, now=self._clock(), notice=notice)
+        st = build_state(snap, version=version, now=self._clock(), notice=notice,
+                         active=active_mesh_names())
         self.payload = json.dumps(st, separators=(",", ":")).encode()
         self.state = st
         self._seen_version = version
@@ -97,6 +99,10 @@ class Dashboard(anywidget.AnyWidget):
             last = time.monotonic()
 
     def _notice_dirty(self) -> bool:
+        """Whether the notice or the active meshes changed since the last push (neither
+        changes the health model's version; the loop checks every second)."""
+        if active_mesh_names() != self.state.get("active", []):
+            return True
         with self._notice_lock:
             return self._notice != self.state.get("notice", "")
 

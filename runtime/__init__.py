@@ -10,8 +10,8 @@ from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, Seriali
                      SupervisionError)
 from .future import Future
 from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, ProcMesh,
-                      as_endpoint, attach_to_workers, get_or_spawn_controller, send, this_host,
-                      this_proc)
+                      active_mesh_names, as_endpoint, attach_to_workers,
+                      get_or_spawn_controller, send, this_host, this_proc)
 from .shapes import Extent, Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
 from .supervision.health import ActorState
@@ -74,7 +74,7 @@ def __getattr__(name: str):
 unhandled_fault_hook = default_unhandled_fault_hook
 
 __all__ = [
-    "Actor", "ActorContext", "Context", "enable_transport", "Endpoint", "NotAnEndpoint",
+    "active_mesh_names", "Actor", "ActorContext", "Context", "enable_transport", "Endpoint", "NotAnEndpoint",
     "as_endpoint", "concurrent_endpoint", "get_or_spawn_controller", "send", "ActorError",
     "ActorMesh", "ActorState", "Accumulator", "Channel", "Extent", "Future", "HostMesh",
     "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",

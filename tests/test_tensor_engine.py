@@ -309,3 +309,29 @@ def test_cuda_tensors_on_one_gpu_per_proc():
             assert got.device.type == "cpu" and got.item() == 6.0
     finally:
         pm.stop().get(timeout=30)
+
+
+def test_active_meshes_are_named_for_views_and_shown_by_the_dashboard(mesh):
+    from monarch_widgets.widget import Dashboard
+
+    w = Dashboard(get_runtime().health, max_rate=20)
+    try:
+        assert runtime.active_mesh_names() == [] and w.state["active"] == []
+        with mesh.activate():
+            with mesh.activate():  # re-entrant: still one name
+                seen = []
+                t = threading.Thread(target=lambda: seen.append(runtime.active_mesh_names()))
+                t.start()
+                t.join()
+                assert seen == [["te"]]  # any thread's activation counts
+            deadline = time.monotonic() + 10
+            while w.state["active"] != ["te"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert w.state["active"] == ["te"]
+        assert runtime.active_mesh_names() == []
+        deadline = time.monotonic() + 10
+        while w.state["active"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert w.state["active"] == []
+    finally:
+        w.close()

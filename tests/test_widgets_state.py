@@ -264,3 +264,10 @@ def test_tensor_engine_memory_is_a_proc_column_where_the_engine_runs():
     text = render_text(model.snapshot())
     assert "tensors" in text and "3.0M" in text
     assert "<th>tensors</th>" in render_html(model.snapshot())
+
+
+def test_state_names_the_active_meshes():
+    model = HealthModel()
+    fill(model)
+    assert build_state(model.snapshot())["active"] == []
+    assert build_state(model.snapshot(), active=("procs",))["active"] == ["procs"]

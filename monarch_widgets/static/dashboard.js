@@ -184,6 +184,7 @@ function render({ model, el: root }) {
       if (!seen.has(name)) { v.box.remove(); meshViews.delete(name); }
     }
     header.replaceChildren(el("b", "", "monarch"), el("span", "", ` ${meshes.length} meshes, ${total} actors `));
+    if ((state.active || []).length) header.append(el("span", "mw-badge mw-active", `active: ${state.active.join(", ")}`));
     for (const s of STATES) {
       if (counts[s]) header.append(el("span", `mw-badge s-${s}`, `${counts[s]} ${s}`));
     }

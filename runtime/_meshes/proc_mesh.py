@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
@@ -278,7 +280,7 @@ class ProcMesh(MeshTrait):
         factories and ops then run on its procs (the tensor engine, docs/tensors.md)."""
         from ..tensor import activate
 
-        return activate(self)
+        return _counted(self.name, activate(self))
 
     def __enter__(self) -> "ProcMesh":
         return self
@@ -359,3 +361,29 @@ def _rebuild_proc_mesh(name: str, procs: list, shape: Shape, host_mesh: Any) -> 
     pm = ProcMesh(rt, name, recs, shape, host_mesh)
     pm._borrowed = True
     return pm
+
+
+_active_lock = threading.Lock()
+_active: dict[str, int] = {}  # proc mesh name -> activations open in any thread
+
+
+@contextlib.contextmanager
+def _counted(name: str, ctx: Any) -> Any:
+    """`ctx` (an activation), counted in `_active` while it is open (views show it)."""
+    with ctx as mesh:
+        with _active_lock:
+            _active[name] = _active.get(name, 0) + 1
+        try:
+            yield mesh
+        finally:
+            with _active_lock:
+                n = _active.pop(name) - 1
+                if n:
+                    _active[name] = n
+
+
+def active_mesh_names() -> list[str]:
+    """The names of the proc meshes active (`ProcMesh.activate()`, `%mesh activate`) in any
+    thread of this process, for views: the tensor engine runs torch on them."""
+    with _active_lock:
+        return sorted(_active)
