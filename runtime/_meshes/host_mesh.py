@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .._core import AgentRecord, ProcRecord, Runtime, get_runtime
 from ..config import TOKEN_ENV, config
@@ -16,6 +16,9 @@ from ..errors import MeshStoppedError
 from ..future import Future, resolved
 from ..shapes import MeshTrait, Shape
 from ..transport.framing import Header, Kind
+
+if TYPE_CHECKING:
+    from .proc_mesh import ProcMesh
 
 
 def child_env() -> dict:

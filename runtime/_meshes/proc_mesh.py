@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass

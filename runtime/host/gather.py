@@ -15,7 +15,7 @@ import itertools
 from typing import Any, Callable
 
 from ..transport import framing
-from ..transport.framing import Header, Kind
+from ..transport.framing import Header
 
 
 class _Batch:
