@@ -53,7 +53,8 @@ def current_runtime() -> "_core.Runtime | None":
 
 
 _TENSOR_NAMES = ("Tensor", "get_active_mesh", "no_mesh", "inspect", "show", "fetch_shard",
-                 "RemoteTensorError")
+                 "RemoteTensorError", "reduce", "reduce_", "to_mesh", "slice_mesh", "mesh_rank",
+                 "MeshDimError")
 
 
 def __getattr__(name: str):

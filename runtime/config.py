@@ -207,6 +207,9 @@ _SETTINGS: tuple[Setting, ...] = (
        "debug policy applies.", live=True, minimum=0, strict=True, seconds=True),
     _s("debug_stdin", "bool", False, "A script reads pdb lines from a non-terminal stdin "
        "(a pipe).", live=True),
+    _s("collective_timeout", "float", 300.0, "How long a tensor-engine collective (reduce, "
+       "to_mesh) or the creation of its process group waits for the other procs before its "
+       "outputs fail.", live=True, minimum=0, strict=True, seconds=True),
     _s("rdma_transport", "str", "auto", "Force one RDMA transport for every transfer "
        "(auto picks per owner).", live=True, choices=("auto", "vm", "tcp", "ibverbs")),
     _s("rdma_streams", "int", 4, "Parallel TCP streams per RDMA transfer.", live=True,

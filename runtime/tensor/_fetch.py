@@ -54,6 +54,10 @@ def _fetch_one(t: Tensor, coords: dict) -> Future:
 
     def finish(reply: tuple) -> torch.Tensor:
         if reply[0] == "failed":
+            if reply[1].op.startswith(("reduce", "to_mesh")):
+                comm = engine.__dict__.get("comm")
+                if comm is not None:  # the procs drop a failed group: name new ones
+                    comm.renew()
             raise RemoteTensorError(reply[1])
         return reply[1]
 

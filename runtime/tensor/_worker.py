@@ -105,8 +105,33 @@ class Worker(Actor):
                 self._fail(cmd[1], cmd[2])
             elif cmd[0] == "seed":
                 torch.manual_seed(cmd[1] + (self.rank if cmd[2] else 0))
+            elif cmd[0] == "coll":
+                self._collectives().run(cmd[1], cmd[2], cmd[3], cmd[4])
+            elif cmd[0] == "alias":
+                self._alias(cmd[1], cmd[2])
+            elif cmd[0] == "rank":
+                self.refs[cmd[1]] = torch.tensor(cmd[2][context().proc_id])
         with self.ran:
             self.ran.notify_all()
+
+    def _collectives(self) -> Any:
+        """The collective runner of this proc (its process groups), made on first use."""
+        c = self.__dict__.get("_coll")
+        if c is None:
+            from ._comm import Collectives
+
+            c = self._coll = Collectives(context().proc_id, self.rank, self.refs,
+                                         self.failed, Failure)
+        return c
+
+    def _alias(self, src: int, dst: int) -> None:
+        """`dst` names the same tensor as `src` (slice_mesh: a view of a mesh tensor)."""
+        t = self.refs.get(src)
+        if t is not None:
+            self.refs[dst] = t
+        else:
+            self.failed[dst] = self.failed.get(src) or Failure(
+                "slice_mesh", self.rank, f"input ref {src} is not on this proc", "")
 
     def shard(self, ref: int, timeout: float) -> Any:
         """This proc's tensor for `ref`, waiting for the op that makes it (another actor's

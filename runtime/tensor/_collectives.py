@@ -1,0 +1,259 @@
+"""Collectives of mesh tensors, issued from the controller: `reduce` / `reduce_` over mesh
+dimensions, `to_mesh` (copy to another mesh of the same shape, rank by rank) and
+`slice_mesh` (the tensor on a slice of its mesh). Each is one command queued in order with
+the ops; the procs run it on torch.distributed process groups (see _comm.py)."""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import shutil
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+
+from ._engine import Engine, engine_for, send_command
+from ._groups import (Dims, check_inplace, group_size, normalize_dims, reduce_groups,
+                      reduce_shape, transfer_pairs)
+from ._tensor import Tensor
+
+if TYPE_CHECKING:
+    from .._meshes import ProcMesh
+
+_seq = itertools.count(1)
+_lock = threading.Lock()
+_META = torch.device("meta")
+
+
+class _Comm:
+    """Per engine: where its procs meet to make process groups, and the id of each group
+    (a new id after a failure, so that survivors never rejoin a broken rendezvous)."""
+
+    def __init__(self, engine: Engine) -> None:
+        root = engine.root
+        rt = root._rt
+        self.gids: dict[tuple, str] = {}
+        self.token = os.urandom(4).hex()
+        self.dir: Optional[str] = None
+        self.store: Any = None
+        if all(p.host == rt.host for p in root.procs):
+            from .. import rundir
+
+            self.dir = rundir.make_dir("collectives")
+            self.rdv: tuple = ("file", self.dir)
+            weakref.finalize(engine, shutil.rmtree, self.dir, True)
+            atexit.register(shutil.rmtree, self.dir, True)
+        else:  # procs on other hosts: a TCPStore they reach, as torch.distributed uses
+            import torch.distributed as dist
+
+            host = rt.host
+            self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
+            self.rdv = ("tcp", host, self.store.port)
+
+    def gid(self, members: tuple, backend: str) -> str:
+        """The id of the group of these procs (stable until it fails)."""
+        g = self.gids.get((members, backend))
+        if g is None:
+            g = self.gids[(members, backend)] = f"{self.token}-{next(_seq)}"
+        return g
+
+    def renew(self) -> None:
+        """Name every group anew (after a collective failed: their procs forget them)."""
+        self.gids.clear()
+
+
+def _comm(engine: Engine) -> _Comm:
+    c = engine.__dict__.get("comm")
+    if c is None:
+        with _lock:
+            c = engine.__dict__.get("comm")
+            if c is None:
+                c = engine.comm = _Comm(engine)
+    return c
+
+
+def _check_tensor(t: Any, what: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{what} needs a mesh tensor (runtime.Tensor, made under "
+                        f"`with mesh.activate():`), got {type(t).__name__}")
+    if t.requires_grad:
+        raise ValueError(f"{what} does not record autograd: use a tensor that does not "
+                         "require grad (t.detach(), or the gradients of grad_generator)")
+    return t
+
+
+def _new_tensor(shape: tuple, like: Tensor, mesh: "ProcMesh") -> Tensor:
+    engine = like._engine
+    key, target = engine.target(mesh)
+    stride = torch.empty(shape, device=_META).stride()
+    return Tensor(shape, stride, 0, like.dtype, None, mesh, like.device, engine, key, target)
+
+
+def reduce(t: Tensor, dims: Dims = (), reduction: str = "sum", scatter: bool = False,
+           mesh: Optional["ProcMesh"] = None, out: Optional[Tensor] = None,
+           _inplace: bool = False) -> Tensor:
+    """Reduce `t` over the mesh dimensions `dims` (one name or several; all when empty):
+    every proc gets the reduction over the procs that differ from it only on `dims`.
+    `reduction` is sum, avg, product, min, max or stack (gather along a new leading
+    dimension); `scatter=True` is reduce-scatter (the leading dimension, of the group's
+    size, is split: each proc keeps its row). `mesh`: keep the result on that slice only."""
+    what = "reduce_" if _inplace else "reduce"
+    t = _check_tensor(t, what)
+    shape = t.mesh.shape
+    dims = normalize_dims(shape, dims, reduction, scatter)
+    if reduction == "avg" and not (t.dtype.is_floating_point or t.dtype.is_complex):
+        raise TypeError(f"{what}(reduction='avg') needs a floating-point tensor, got {t.dtype}")
+    n = group_size(shape, dims)
+    out_shape = reduce_shape(t.shape, n, reduction, scatter)
+    if _inplace:
+        if out is not None:
+            raise ValueError("reduce_() writes into its input; `out` cannot be given")
+        check_inplace(reduction, scatter)
+    if out is not None:
+        out = _check_tensor(out, f"{what}(out=...)")
+        if out._key != t._key or out._engine is not t._engine:
+            raise ValueError(f"{what}(out=...): out lives on {out.mesh!r}, the input on "
+                             f"{t.mesh!r}")
+        if tuple(out.shape) != out_shape or out.dtype != t.dtype:
+            raise ValueError(f"{what}(out=...): out has shape {list(out.shape)} and dtype "
+                             f"{out.dtype}; the result has shape {list(out_shape)} and dtype "
+                             f"{t.dtype}")
+    if mesh is not None:
+        _check_submesh(mesh, t.mesh, what)
+    engine = t._engine
+    t._engine.check(t._key)
+    procs = [p.proc_id for p in t.mesh.procs]
+    comm = _comm(engine)
+    backend = "nccl" if t.device.type == "cuda" else "gloo"
+    groups = []
+    for g in reduce_groups(shape, dims):
+        members = tuple(procs[r] for r in g)
+        groups.append((comm.gid(members, backend), members))
+    into = t.ref if _inplace else out.ref if out is not None else None
+    result = t if _inplace else out if out is not None else _new_tensor(out_shape, t, t.mesh)
+    spec = {"groups": groups, "rdv": comm.rdv, "backend": backend,
+            "reduction": reduction, "scatter": scatter, "into": into,
+            "label": f"{what}({', '.join(dims)}, reduction={reduction!r}"
+                     f"{', scatter=True' if scatter else ''})"}
+    send_command(engine, t._key, t._target, ("coll", "reduce", t.ref, result.ref, spec))
+    if mesh is not None:
+        return slice_to(result, mesh)
+    return result
+
+
+def reduce_(t: Tensor, dims: Dims = (), reduction: str = "sum", scatter: bool = False,
+            mesh: Optional["ProcMesh"] = None) -> Tensor:
+    """`reduce` in place: `t` itself holds the result (same shape: no `stack` without
+    scatter, no scatter of the other reductions)."""
+    return reduce(t, dims, reduction, scatter, mesh, None, _inplace=True)
+
+
+def _check_submesh(sub: "ProcMesh", mesh: "ProcMesh", what: str) -> None:
+    from .._meshes import ProcMesh
+
+    if not isinstance(sub, ProcMesh):
+        raise TypeError(f"{what}: mesh must be a ProcMesh, got {type(sub).__name__}")
+    ids = {p.proc_id for p in mesh.procs}
+    if sub.root is not mesh.root or not {p.proc_id for p in sub.procs} <= ids:
+        raise ValueError(f"{what}: {sub!r} is not a slice of the tensor's mesh {mesh!r}")
+
+
+def slice_to(t: Tensor, mesh: "ProcMesh") -> Tensor:
+    """`t` seen on `mesh`, a slice of its mesh: a new handle on the same shards (a view:
+    in-place changes through either show in both)."""
+    r = _new_tensor(tuple(t.shape), t, mesh)
+    if tuple(t.stride()) != tuple(r.stride()) or t.storage_offset():
+        r = Tensor(t.shape, t.stride(), t.storage_offset(), t.dtype, None, mesh, t.device,
+                   r._engine, r._key, r._target)
+    send_command(r._engine, r._key, r._target, ("alias", t.ref, r.ref))
+    return r
+
+
+def slice_mesh(t: Tensor, **coords: Any) -> Tensor:
+    """`t` restricted to the slice `t.mesh.slice(**coords)` (e.g. `slice_mesh(t, pp=0)`):
+    a mesh tensor on those procs, sharing their shards."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"slice_mesh needs a mesh tensor, got {type(t).__name__}")
+    return slice_to(t, t.mesh.slice(**coords))
+
+
+def to_mesh(t: Tensor, mesh: "ProcMesh") -> Tensor:
+    """A copy of `t` on `mesh` (another mesh of the same shape from the same proc mesh,
+    typically another slice: a pipeline stage). Ranks match by their coordinates; a
+    dimension of `mesh` that `t`'s mesh lacks gets the shard broadcast along it."""
+    from .._meshes import ProcMesh
+
+    t = _check_tensor(t, "to_mesh")
+    if not isinstance(mesh, ProcMesh):
+        raise TypeError(f"to_mesh: expected a ProcMesh, got {type(mesh).__name__}")
+    if mesh.root is not t.mesh.root:
+        raise ValueError(f"to_mesh: {mesh!r} and the tensor's mesh {t.mesh!r} come from "
+                         "different proc meshes; copy through fetch_shard instead")
+    pairs = transfer_pairs(t.mesh.shape, mesh.shape)
+    src = [p.proc_id for p in t.mesh.procs]
+    dst = [p.proc_id for p in mesh.procs]
+    engine = t._engine
+    engine.check(t._key)
+    result = _new_tensor(tuple(t.shape), t, mesh)
+    engine.check(result._key)
+    members = tuple(sorted(set(src + dst)))
+    comm = _comm(engine)
+    backend = "nccl" if t.device.type == "cuda" else "gloo"
+    spec = {"gid": comm.gid(members, backend), "members": members,
+            "rdv": comm.rdv, "backend": backend,
+            "pairs": [(src[s], dst[d]) for s, d in pairs], "seq": next(_seq),
+            "meta": (tuple(t.shape), t.dtype, t.device), "label": "to_mesh"}
+    cmd = ("coll", "p2p", t.ref, result.ref, spec)
+    send_command(engine, t._key, t._target, cmd)
+    if result._key != t._key:
+        send_command(engine, result._key, result._target, cmd)
+    return result
+
+
+def mesh_rank(dims: Dims = (), mesh: Optional["ProcMesh"] = None) -> Tensor:
+    """A 0-d int64 mesh tensor holding each proc's rank along `dims` of `mesh` (the active
+    mesh by default; row-major over several dims, all of them when empty): Monarch's
+    `mesh.rank(dims)`, the usual way to make per-rank values."""
+    from ._context import get_active_mesh
+
+    mesh = mesh if mesh is not None else get_active_mesh()
+    if mesh is None:
+        raise ValueError("mesh_rank(): no mesh given and none active (use "
+                         "`with procs.activate():` or pass mesh=)")
+    shape = mesh.shape
+    dims = normalize_dims(shape, dims, "sum", False)
+    values = {}
+    for r, p in enumerate(mesh.procs):
+        c = shape.coords_of(r)
+        v = 0
+        for d in dims:
+            v = v * shape.size(d) + c[d]
+        values[p.proc_id] = v
+    engine = engine_for(mesh)
+    key, target = engine.target(mesh)
+    engine.check(key)
+    out = Tensor((), (), 0, torch.int64, None, mesh, torch.device("cpu"), engine, key, target)
+    send_command(engine, key, target, ("rank", out.ref, values))
+    return out
+
+
+def renew_groups(mesh: "ProcMesh") -> None:
+    """Forget the process groups of `mesh`'s engine: the next collective makes new ones
+    (after a collective failed)."""
+    c = engine_for(mesh).__dict__.get("comm")
+    if c is not None:
+        c.renew()
+
+
+def _attach() -> None:
+    """Monarch's method forms: t.reduce(...), t.reduce_(...), t.to_mesh(m), t.slice_mesh()."""
+    Tensor.reduce = reduce  # type: ignore[attr-defined]
+    Tensor.reduce_ = reduce_  # type: ignore[attr-defined]
+    Tensor.to_mesh = to_mesh  # type: ignore[attr-defined]
+    Tensor.slice_mesh = slice_mesh  # type: ignore[attr-defined]
+
+
+_attach()

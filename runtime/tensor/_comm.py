@@ -1,0 +1,228 @@
+"""The worker side of the tensor engine's collectives: torch.distributed process groups
+made on first use per (group of procs, backend) and cached, and the reduce / send-receive
+steps run on them. gloo for CPU tensors, NCCL for CUDA tensors.
+
+Rendezvous: procs that all run on the controller's host meet through a `FileStore` in the
+controller's private run directory, and gloo connects over loopback, so nothing listens
+beyond 127.0.0.1. Procs on several hosts meet through a `TCPStore` the controller serves
+(like torch.distributed itself; see docs/tensors.md, "Collectives")."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..config import config
+
+_OPS = {"sum": "SUM", "avg": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX"}
+
+
+class CollectiveError(RuntimeError):
+    """A collective could not run on this proc (another member failed, or its group)."""
+
+
+def _timeout() -> datetime.timedelta:
+    return datetime.timedelta(seconds=float(config.collective_timeout))
+
+
+class Groups:
+    """This proc's process groups by group id; a group whose collective failed stays
+    failed (its id is never reused: the controller names a new one)."""
+
+    def __init__(self, proc_id: str) -> None:
+        self.proc_id = proc_id
+        self.pgs: dict[str, Any] = {}
+        self.failed: dict[str, str] = {}
+        self._tcp: dict[tuple, Any] = {}
+
+    def get(self, gid: str, members: tuple, rdv: tuple, backend: str) -> tuple[Any, int]:
+        """(process group, this proc's rank in it), made on first use."""
+        key = f"{gid}/{backend}"
+        why = self.failed.get(key)
+        if why is not None:
+            raise CollectiveError(f"process group {gid} failed earlier: {why}")
+        rank = members.index(self.proc_id)
+        pg = self.pgs.get(key)
+        if pg is None:
+            pg = self.pgs[key] = self._make(key, rank, len(members), rdv, backend)
+        return pg, rank
+
+    def _store(self, key: str, n: int, rdv: tuple) -> Any:
+        if rdv[0] == "file":
+            path = os.path.join(rdv[1], key.replace("/", "-"))
+            return dist.FileStore(path, n)
+        host, port = rdv[1], rdv[2]
+        base = self._tcp.get((host, port))
+        if base is None:
+            base = self._tcp[(host, port)] = dist.TCPStore(host, port, is_master=False,
+                                                           timeout=_timeout())
+        return dist.PrefixStore(key, base)
+
+    def _make(self, key: str, rank: int, n: int, rdv: tuple, backend: str) -> Any:
+        store = self._store(key, n, rdv)
+        if backend == "nccl":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = _timeout()
+            return dist.ProcessGroupNCCL(store, rank, n, opts)
+        opts = dist.ProcessGroupGloo._Options()
+        if rdv[0] == "file":
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        else:
+            opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+        opts._timeout = _timeout()
+        return dist.ProcessGroupGloo(store, rank, n, opts)
+
+    def fail(self, gid: str, backend: str, why: str) -> None:
+        """Forget a group whose collective failed; later uses of its id fail at once."""
+        key = f"{gid}/{backend}"
+        self.pgs.pop(key, None)
+        self.failed.setdefault(key, why)
+
+
+def backend_for(t: Optional[torch.Tensor]) -> str:
+    """NCCL for CUDA tensors, gloo for the rest."""
+    return "nccl" if t is not None and t.is_cuda else "gloo"
+
+
+def agree(pg: Any, ok: bool, device: torch.device) -> bool:
+    """True if every member's input is ready (one small all-reduce, so that a member whose
+    input failed does not leave the others waiting in the real collective)."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MIN
+    pg.allreduce([flag], opts).wait()
+    return bool(flag.item())
+
+
+def reduce(pg: Any, n: int, x: torch.Tensor, reduction: str, scatter: bool,
+           inplace: bool = False) -> torch.Tensor:
+    """This proc's result of reducing `x` over the group: a new tensor, or `x` itself when
+    `inplace` and the reduction can write into it."""
+    if inplace and not scatter and reduction != "stack" and x.is_contiguous():
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = getattr(dist.ReduceOp, _OPS[reduction])
+        pg.allreduce([x], opts).wait()
+        if reduction == "avg":
+            x.div_(n)
+        return x
+    x = x.contiguous()
+    if reduction == "stack":
+        if scatter:  # all-to-all: row i of every member's input goes to member i
+            out = torch.empty_like(x)
+            pg.alltoall_base(out, x, [], [], dist.AllToAllOptions()).wait()
+            return out
+        outs = [torch.empty_like(x) for _ in range(n)]
+        pg.allgather([outs], [x]).wait()
+        return torch.stack(outs)
+    op = getattr(dist.ReduceOp, _OPS[reduction])
+    if scatter:
+        out = torch.empty(x.shape[1:], dtype=x.dtype, device=x.device)
+        opts = dist.ReduceScatterOptions()
+        opts.reduceOp = op
+        pg.reduce_scatter([out], [list(x.unbind(0))], opts).wait()
+    else:
+        out = x.clone()
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = op
+        pg.allreduce([out], opts).wait()
+    if reduction == "avg":
+        out.div_(n)
+    return out
+
+
+def exchange(pg: Any, rank_of: dict, me: str, pairs: list, shard: Optional[torch.Tensor],
+             meta: tuple) -> Optional[torch.Tensor]:
+    """Send this proc's shard to the procs it feeds and receive the shard it gets, as the
+    (source proc, destination proc) `pairs` say; returns the received (or copied) tensor."""
+    shape, dtype, device = meta
+    works = []
+    got: Optional[torch.Tensor] = None
+    for src, dst in pairs:
+        if src == me and dst != me:
+            assert shard is not None
+            works.append(pg.send([shard.contiguous()], rank_of[dst], 0))
+    for src, dst in pairs:
+        if dst == me:
+            if src == me:
+                assert shard is not None
+                got = shard.clone()
+            else:
+                got = torch.empty(shape, dtype=dtype, device=device)
+                works.append(pg.recv([got], rank_of[src], 0))
+    for w in works:
+        w.wait()
+    return got
+
+
+class Collectives:
+    """Runs the engine's collective commands on one proc, against its shard table."""
+
+    def __init__(self, proc_id: str, rank: int, refs: dict, failed: dict,
+                 failure: Any) -> None:
+        self.groups = Groups(proc_id)
+        self.me, self.rank = proc_id, rank
+        self.refs, self.failed, self.Failure = refs, failed, failure
+        self.last_seq = 0
+
+    def run(self, kind: str, in_ref: int, out_id: int, spec: dict) -> None:
+        """("reduce" | "p2p", input ref, output ref, spec): see _collectives.py."""
+        if kind == "p2p":
+            if spec["seq"] <= self.last_seq:
+                return  # this proc is on both meshes: the command came twice
+            self.last_seq = spec["seq"]
+            gid, members = spec["gid"], spec["members"]
+        else:
+            gid, members = next(g for g in spec["groups"] if self.me in g[1])
+        label = spec["label"]
+        x = self.refs.get(in_ref)
+        mine = None if x is not None else self.failed.get(in_ref) or self.Failure(
+            label, self.rank, f"input ref {in_ref} is not on this proc", "")
+        if kind == "p2p" and not any(s == self.me for s, _ in spec["pairs"]):
+            mine = None  # a pure receiver has no input to check
+        backend = spec["backend"]
+        dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else \
+            torch.device("cpu")
+        try:
+            pg, rank = self.groups.get(gid, members, spec["rdv"], backend)
+            if not agree(pg, mine is None, dev):
+                self._fail(kind, spec, out_id, mine or self.Failure(
+                    label, self.rank, "an input of this collective failed on another proc of "
+                    "its group", ""))
+                return
+            if kind == "reduce":
+                out: Optional[torch.Tensor] = reduce(pg, len(members), x, spec["reduction"],
+                                                     spec["scatter"], spec["into"] == in_ref)
+            else:
+                rank_of = {p: i for i, p in enumerate(members)}
+                out = exchange(pg, rank_of, self.me, spec["pairs"], x, spec["meta"])
+        except Exception as e:  # the proc lives on; the outputs fail, the group is dropped
+            import traceback
+
+            self.groups.fail(gid, backend, f"{type(e).__name__}: {e}")
+            self._fail(kind, spec, out_id, self.Failure(
+                label, self.rank, f"{type(e).__name__}: {e}", traceback.format_exc()))
+            return
+        if out is None:
+            return
+        into = spec.get("into")
+        if into is not None:
+            target = self.refs.get(into)
+            if target is None:
+                self._fail(kind, spec, out_id, self.failed.get(into) or self.Failure(
+                    label, self.rank, f"out ref {into} is not on this proc", ""))
+                return
+            if out is not target:
+                target.copy_(out)
+            out = target
+        self.refs[out_id] = out
+        self.failed.pop(out_id, None)
+
+    def _fail(self, kind: str, spec: dict, out_id: int, failure: Any) -> None:
+        if kind == "p2p" and not any(d == self.me for _, d in spec["pairs"]):
+            return  # no output lives here
+        self.refs.pop(out_id, None)
+        self.failed[out_id] = failure

@@ -1,0 +1,192 @@
+"""Collectives of mesh tensors with real procs (gloo): every reduction over every dimension
+combination against the same computation done locally on the gathered shards, renamed and
+split meshes, scatter, in place, to_mesh and slice_mesh, errors at the call site, failures
+inside a collective (an input failed on one proc, a proc killed mid-reduce)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import runtime
+from runtime import SupervisionError, this_host
+from runtime.tensor import MeshDimError, RemoteTensorError, flush, manual_seed, mesh_rank
+
+pytestmark = pytest.mark.timeout(180)
+
+LOCAL = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "product": lambda s: s.prod(0),
+         "min": lambda s: s.amin(0), "max": lambda s: s.amax(0), "stack": lambda s: s}
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    pm = this_host().spawn_procs(per_host={"host": 2, "gpu": 2}, name="coll")
+    yield pm
+    pm.stop().get(timeout=30)
+
+
+def shards(t, shape):
+    """{coords tuple: local tensor} for every rank of `shape` (a dict of sizes)."""
+    out = {}
+    for c in itertools.product(*(range(n) for n in shape.values())):
+        out[c] = runtime.inspect(t, dict(zip(shape, c)), timeout=60)
+    return out
+
+
+def expected(values, sizes, dims, reduction):
+    """The reduction done locally on the gathered shards, per rank coordinate."""
+    names = list(sizes)
+    res = {}
+    for c in values:
+        fixed = {n: c[i] for i, n in enumerate(names) if n not in dims}
+        group = [v for k, v in sorted(values.items())
+                 if all(k[names.index(n)] == x for n, x in fixed.items())]
+        res[c] = LOCAL[reduction](torch.stack(group))
+    return res
+
+
+@pytest.mark.parametrize("dims", [("host",), ("gpu",), ("host", "gpu")])
+def test_every_reduction_over_every_dimension_matches_local(mesh, dims):
+    sizes = {"host": 2, "gpu": 2}
+    with mesh.activate():
+        manual_seed(7, per_rank=True)
+        x = torch.rand(3, 4) + 0.5
+        outs = {red: x.reduce(dims, red) for red in ("sum", "avg", "product", "min", "max")}
+        if len(dims) == 1:
+            outs["stack"] = runtime.reduce(x, dims, "stack")
+    values = shards(x, sizes)
+    for red, out in outs.items():
+        want = expected(values, sizes, dims, red)
+        got = shards(out, sizes)
+        for c in values:
+            torch.testing.assert_close(got[c], want[c], msg=f"{red} over {dims} at {c}")
+
+
+def test_reduce_over_renamed_and_split_meshes(mesh):
+    renamed = mesh.rename(host="dp", gpu="tp")
+    with renamed.activate():
+        r = mesh_rank()
+        s = (r.float() + 1).reduce("dp")
+    # tp coordinate 0 holds ranks 0 and 2 (values 1 and 3); tp 1 holds 2 and 4
+    assert [runtime.inspect(s, dp=d, tp=t).item() for d in range(2) for t in range(2)] == \
+        [4.0, 6.0, 4.0, 6.0]
+    flat = mesh.flatten("procs")
+    split = flat.split(procs=("dp", "pp"), pp=2)
+    assert split.sizes == {"dp": 2, "pp": 2}
+    with split.activate():
+        v = mesh_rank().float()  # 2dp + pp
+        by_dp = v.reduce("dp", "stack")
+        by_pp = v.reduce("pp", "max")
+    assert runtime.inspect(by_dp, dp=1, pp=1).tolist() == [1.0, 3.0]
+    assert [runtime.inspect(by_pp, dp=d, pp=0).item() for d in range(2)] == [1.0, 3.0]
+
+
+def test_scatter_inplace_out_and_all_to_all(mesh):
+    with mesh.activate():
+        r = mesh_rank("gpu").float()
+        rows = torch.arange(4.0).reshape(2, 2) + 10 * r  # rank g: [[0,1],[2,3]] + 10g
+        scattered = rows.reduce("gpu", scatter=True)
+        a2a = rows.reduce("gpu", "stack", scatter=True)
+        y = rows.clone()
+        same = y.reduce_("gpu", "max")
+        out = torch.zeros(2, 2)
+        into = rows.reduce("gpu", "min", out=out)
+    assert same is y and into is out
+    # sum over g of rows: [[10, 12], [14, 16]]; gpu g keeps row g
+    assert runtime.inspect(scattered, host=0, gpu=0).tolist() == [10.0, 12.0]
+    assert runtime.inspect(scattered, host=1, gpu=1).tolist() == [14.0, 16.0]
+    # all-to-all: gpu g receives row g of every member
+    assert runtime.inspect(a2a, host=0, gpu=1).tolist() == [[2.0, 3.0], [12.0, 13.0]]
+    assert runtime.inspect(y, gpu=0).tolist() == [[10.0, 11.0], [12.0, 13.0]]
+    assert runtime.inspect(out, gpu=1).tolist() == [[0.0, 1.0], [2.0, 3.0]]
+
+
+def test_errors_at_the_call_site_name_the_mesh_dims(mesh):
+    with mesh.activate():
+        x = torch.ones(3)
+        with pytest.raises(MeshDimError, match=r"no dimension 'dp'.*'host': 2, 'gpu': 2"):
+            x.reduce("dp")
+        with pytest.raises(ValueError, match="one dimension only"):
+            x.reduce(("host", "gpu"), "stack")
+        with pytest.raises(ValueError, match="outermost dimension"):
+            x.reduce("gpu", scatter=True)
+        with pytest.raises(ValueError, match="adds a dimension"):
+            x.reduce_("gpu", "stack")
+        with pytest.raises(TypeError, match="floating-point"):
+            torch.ones(3, dtype=torch.int64).reduce("gpu", "avg")
+        w = torch.ones(3, requires_grad=True)
+        with pytest.raises(ValueError, match="autograd"):
+            (w * 2).reduce("gpu")
+        with pytest.raises(ValueError, match="out has shape"):
+            x.reduce("gpu", out=torch.zeros(4))
+    with pytest.raises(TypeError, match="needs a mesh tensor"):
+        runtime.reduce(torch.ones(3), "gpu")
+    sub = mesh.slice(host=0)
+    with sub.activate():
+        other = torch.zeros(3)
+    with pytest.raises(ValueError, match="out lives on"):
+        x.reduce("gpu", out=other)
+
+
+def test_to_mesh_round_trip_broadcast_and_slice_mesh(mesh):
+    stage0, stage1 = mesh.slice(host=0), mesh.slice(host=1)
+    with mesh.activate():
+        r = mesh_rank().float()
+        a = runtime.slice_mesh(r * 10, host=0)  # on stage0: 0, 10
+        assert a.mesh.sizes == {"gpu": 2}
+        b = a.to_mesh(stage1)
+        back = (b + 1).to_mesh(stage0)
+        everywhere = a.to_mesh(mesh)  # broadcast along host
+    assert [runtime.inspect(b, gpu=g).item() for g in range(2)] == [0.0, 10.0]
+    assert b.mesh.procs[0].proc_id == stage1.procs[0].proc_id
+    assert [runtime.inspect(back, gpu=g).item() for g in range(2)] == [1.0, 11.0]
+    assert [runtime.inspect(everywhere, host=h, gpu=g).item()
+            for h in range(2) for g in range(2)] == [0.0, 10.0, 0.0, 10.0]
+    with pytest.raises(ValueError, match="size 2 on the source"):
+        a.to_mesh(mesh.slice(host=1, gpu=slice(0, 1)))
+    with mesh.activate():
+        kept = runtime.reduce(mesh_rank().float(), "host", mesh=stage0)
+    assert kept.mesh.sizes == {"gpu": 2}
+    assert [runtime.inspect(kept, gpu=g).item() for g in range(2)] == [2.0, 4.0]
+
+
+def test_an_input_failed_on_one_proc_fails_the_outputs_not_the_group(mesh):
+    with mesh.activate():
+        idx = mesh_rank() * 5  # index 0 is fine, 5 and more are out of range
+        bad = torch.arange(4.0).index_select(0, idx.reshape(1))
+        out = bad.reduce(("host", "gpu"))
+        with pytest.raises(RemoteTensorError, match="failed on another proc|index"):
+            runtime.inspect(out, host=0, gpu=0)
+        with pytest.raises(RemoteTensorError, match="index"):
+            runtime.inspect(out, host=1, gpu=1)
+        ok = torch.ones(2).reduce(("host", "gpu"))
+        assert runtime.inspect(ok, host=1, gpu=0).tolist() == [4.0, 4.0]
+
+
+def test_a_proc_killed_mid_reduce_fails_the_reduce_without_a_hang():
+    pm = this_host().spawn_procs(per_host={"procs": 3}, name="coll_doomed")
+    try:
+        with pm.activate():
+            big = torch.ones(8 << 20)
+            big.reduce_("procs")
+            assert runtime.inspect(big[:1], procs=0).item() == 3.0
+            for _ in range(30):
+                big.reduce_("procs")
+            flush()
+        os.kill(pm.procs[2].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises((RemoteTensorError, SupervisionError)) as info:
+            runtime.inspect(big[:1], procs=0, timeout=60)
+        print("killed mid-reduce:", type(info.value).__name__, str(info.value)[:300])
+        assert time.monotonic() - t0 < 20, "the reduce did not fail within the heartbeat timeout"
+        survivors = pm.slice(procs=slice(0, 2))
+        with survivors.activate():
+            fresh = torch.ones(4).reduce("procs")
+        assert runtime.inspect(fresh, procs=1, timeout=60).tolist() == [2.0] * 4
+    finally:
+        pm.stop().get(timeout=30)
