@@ -9,6 +9,10 @@
     their ratio (the mesh step ends with a fetch of the loss, so it includes the work;
     mesh and local steps alternate, so both see the same load).
 (3) memory: the engine's live shards and bytes on a proc when idle, and after the loop.
+(4) collectives (benchmarks/_bench_collectives.py): `reduce_` of 64 MiB over 4 procs against
+    raw torch.distributed all_reduce (gloo) on 4 processes torch starts in the same run;
+    `to_mesh` of 64 MiB between two procs against an RDMABuffer same-host read between two
+    procs; rounds alternate floor and ours.
 Progress goes to stderr, the table to stdout."""
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
@@ -113,6 +118,11 @@ def main() -> None:
         mesh.stop().get(timeout=30)
     progress(f"MLP step: {a.steps} steps, 1 proc vs local ...")
     remote, local = real_work(a.steps)
+    from _bench_collectives import reduce_rows, to_mesh_rows
+
+    rounds, k = (2, 3) if a.quick else (5, 4)
+    raw_red, our_red = reduce_rows(64 << 20, rounds, k, progress)
+    rdma_t, our_move = to_mesh_rows(64 << 20, rounds, k, progress)
     print("| measure | value | target |")
     print("|---|---|---|")
     print(f"| `x = x + 1` issued, 4 procs | {issued:,.0f} ops/s | |")
@@ -122,6 +132,15 @@ def main() -> None:
     print(f"| ratio mesh / local | {remote / local:.2f}x | <= 1.3x |")
     print(f"| engine on a proc, idle | {idle['live']} shards, {idle['bytes']} B; "
           f"proc RSS {rss0:.0f} MiB | |")
+    print(f"| raw torch.distributed all_reduce 64 MiB, 4 procs (gloo) | "
+          f"{raw_red * 1e3:.0f} ms | floor |")
+    print(f"| `t.reduce_(\"procs\")` 64 MiB, 4 procs | {our_red * 1e3:.0f} ms "
+          f"({our_red / raw_red:.2f}x) | <= 1.25x |")
+    gbs = (64 << 20) / 1e9
+    print(f"| RDMABuffer read 64 MiB, proc to proc, same host | {gbs / rdma_t:.2f} GB/s | "
+          "reference |")
+    print(f"| `t.to_mesh(other)` 64 MiB, proc to proc | {gbs / our_move:.2f} GB/s "
+          f"({rdma_t / our_move:.2f}x of RDMABuffer) | |")
     print(f"| after the {a.ops:,}-op loop | {after['live']} shards, {after['bytes']} B; "
           f"proc RSS {rss1:.0f} MiB | flat |")
 

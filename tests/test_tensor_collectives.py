@@ -133,9 +133,10 @@ def test_errors_at_the_call_site_name_the_mesh_dims(mesh):
         x.reduce("gpu", out=other)
 
 
-def test_to_mesh_round_trip_broadcast_and_slice_mesh(mesh):
+@pytest.mark.parametrize("path", ["auto", "tcp"])  # auto: process_vm_readv; tcp: gloo send
+def test_to_mesh_round_trip_broadcast_and_slice_mesh(mesh, path):
     stage0, stage1 = mesh.slice(host=0), mesh.slice(host=1)
-    with mesh.activate():
+    with runtime.configured(rdma_transport=path), mesh.activate():
         r = mesh_rank().float()
         a = runtime.slice_mesh(r * 10, host=0)  # on stage0: 0, 10
         assert a.mesh.sizes == {"gpu": 2}
@@ -182,7 +183,8 @@ def test_a_proc_killed_mid_reduce_fails_the_reduce_without_a_hang():
         t0 = time.monotonic()
         with pytest.raises((RemoteTensorError, SupervisionError)) as info:
             runtime.inspect(big[:1], procs=0, timeout=60)
-        print("killed mid-reduce:", type(info.value).__name__, str(info.value)[:300])
+        if isinstance(info.value, RemoteTensorError):  # gloo saw the peer go
+            assert "reduce_(procs" in str(info.value) and "Connection" in str(info.value)
         assert time.monotonic() - t0 < 20, "the reduce did not fail within the heartbeat timeout"
         survivors = pm.slice(procs=slice(0, 2))
         with survivors.activate():

@@ -206,6 +206,8 @@ def to_mesh(t: Tensor, mesh: "ProcMesh") -> Tensor:
             "rdv": comm.rdv, "backend": backend,
             "pairs": [(src[s], dst[d]) for s, d in pairs], "seq": next(_seq),
             "meta": (tuple(t.shape), t.dtype, t.device), "label": "to_mesh"}
+    if comm.rdv[0] == "file" and backend == "gloo" and _vm_ok():
+        spec["pids"] = {p.proc_id: p.pid for p in t.mesh.procs}
     cmd = ("coll", "p2p", t.ref, result.ref, spec)
     send_command(engine, t._key, t._target, cmd)
     if result._key != t._key:
@@ -238,6 +240,15 @@ def mesh_rank(dims: Dims = (), mesh: Optional["ProcMesh"] = None) -> Tensor:
     out = Tensor((), (), 0, torch.int64, None, mesh, torch.device("cpu"), engine, key, target)
     send_command(engine, key, target, ("rank", out.ref, values))
     return out
+
+
+def _vm_ok() -> bool:
+    """Same-host copies may read another proc's memory (process_vm_readv), unless the RDMA
+    transport is forced to something else."""
+    from ..config import config
+    from ..rdma import vm
+
+    return vm.available() and config.rdma_transport in ("auto", "vm")
 
 
 def renew_groups(mesh: "ProcMesh") -> None:

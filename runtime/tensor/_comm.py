@@ -135,9 +135,14 @@ def reduce(pg: Any, n: int, x: torch.Tensor, reduction: str, scatter: bool,
 
 
 def exchange(pg: Any, rank_of: dict, me: str, pairs: list, shard: Optional[torch.Tensor],
-             meta: tuple) -> Optional[torch.Tensor]:
+             meta: tuple, pids: Optional[dict] = None) -> Optional[torch.Tensor]:
     """Send this proc's shard to the procs it feeds and receive the shard it gets, as the
-    (source proc, destination proc) `pairs` say; returns the received (or copied) tensor."""
+    (source proc, destination proc) `pairs` say; returns the received (or copied) tensor.
+    With `pids` (every member on this host, CPU tensors), the receiver copies the bytes
+    straight out of the sender's memory (process_vm_readv, the RDMA same-host path) and
+    the group carries only the address and a done flag."""
+    if pids is not None:
+        return _exchange_vm(pg, rank_of, me, pairs, shard, meta, pids)
     shape, dtype, device = meta
     works = []
     got: Optional[torch.Tensor] = None
@@ -198,7 +203,8 @@ class Collectives:
                                                      spec["scatter"], spec["into"] == in_ref)
             else:
                 rank_of = {p: i for i, p in enumerate(members)}
-                out = exchange(pg, rank_of, self.me, spec["pairs"], x, spec["meta"])
+                out = exchange(pg, rank_of, self.me, spec["pairs"], x, spec["meta"],
+                               spec.get("pids"))
         except Exception as e:  # the proc lives on; the outputs fail, the group is dropped
             import traceback
 
@@ -226,3 +232,49 @@ class Collectives:
             return  # no output lives here
         self.refs.pop(out_id, None)
         self.failed[out_id] = failure
+
+
+def _exchange_vm(pg: Any, rank_of: dict, me: str, pairs: list, shard: Optional[torch.Tensor],
+                 meta: tuple, pids: dict) -> Optional[torch.Tensor]:
+    from ..rdma import vm
+    from ..rdma.client import _parallel, _split
+
+    shape, dtype, device = meta
+    src_t = shard.contiguous() if shard is not None else None
+    got: Optional[torch.Tensor] = None
+    sends = [(s, d) for s, d in pairs if s == me and d != me]
+    works = []
+    if sends:  # tell each receiver where the bytes are, then wait until it has them
+        head = torch.tensor([src_t.data_ptr(), src_t.numel() * src_t.element_size()],
+                            dtype=torch.int64)
+        works = [pg.send([head], rank_of[d], 1) for _, d in sends]
+    for s, d in pairs:
+        if d != me:
+            continue
+        if s == me:
+            got = shard.clone()
+            continue
+        head = torch.empty(2, dtype=torch.int64)
+        pg.recv([head], rank_of[s], 1).wait()
+        addr, nbytes = int(head[0]), int(head[1])
+        got = torch.empty(shape, dtype=dtype)
+        base = got.data_ptr()
+        status = torch.tensor([1], dtype=torch.int64)
+        try:
+            if nbytes:
+                _parallel(_split(nbytes, int(config.rdma_vm_threads)),
+                          lambda off, n: vm.copy(pids[s], base + off, addr + off, n,
+                                                 write=False))
+        except OSError:  # not allowed here (ptrace policy): the sender sends the bytes
+            status[0] = 0
+        pg.send([status], rank_of[s], 2).wait()
+        if not status[0]:
+            pg.recv([got], rank_of[s], 3).wait()
+    for w in works:
+        w.wait()
+    for _, d in sends:
+        status = torch.empty(1, dtype=torch.int64)
+        pg.recv([status], rank_of[d], 2).wait()
+        if not status[0]:
+            pg.send([src_t], rank_of[d], 3).wait()
+    return got
