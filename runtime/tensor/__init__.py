@@ -2,12 +2,16 @@
 controller as if they were local (`with procs.activate(): t = torch.rand(3, 4)`).
 
 Public: `Tensor`, `activate`, `get_active_mesh`, `no_mesh`, `fetch_shard`, `inspect`, `show`,
-`RemoteTensorError`, `engine_stats`, `tensor_state`, `manual_seed`, `flush`. See docs/tensors.md."""
+`RemoteTensorError`, `engine_stats`, `tensor_state`, `manual_seed`, `flush`, `remote`, `Remote`,
+`call_on_shard_and_fetch`, `grad_generator`. See docs/tensors.md."""
 
 from ._context import activate, get_active_mesh, no_mesh
 from ._fetch import (RemoteTensorError, engine_stats, fetch_shard, flush, inspect, manual_seed,
                      show, tensor_state)
+from ._grad import grad_generator
+from ._remote import Remote, call_on_shard_and_fetch, remote
 from ._tensor import Tensor
 
 __all__ = ["RemoteTensorError", "Tensor", "activate", "engine_stats", "fetch_shard", "flush",
-           "get_active_mesh", "inspect", "manual_seed", "no_mesh", "show", "tensor_state"]
+           "get_active_mesh", "inspect", "manual_seed", "no_mesh", "show", "tensor_state",
+           "Remote", "call_on_shard_and_fetch", "grad_generator", "remote"]

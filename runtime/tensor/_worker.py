@@ -105,6 +105,10 @@ class Worker(Actor):
                 self._fail(cmd[1], cmd[2])
             elif cmd[0] == "seed":
                 torch.manual_seed(cmd[1] + (self.rank if cmd[2] else 0))
+            elif cmd[0] == "call":  # a remote function (runtime.remote)
+                from ._remote import run_call
+
+                run_call(self, cmd)
         with self.ran:
             self.ran.notify_all()
 
@@ -162,6 +166,13 @@ class Worker(Actor):
             if i is not None:
                 self.refs.pop(i, None)
                 self.failed[i] = failure
+
+    @endpoint
+    def call_value(self, spec: tuple, args: Any, kwargs: Any, name: str) -> tuple:
+        """Run a remote function here: ("ok", its value) or ("failed", Failure)."""
+        from ._remote import call_value
+
+        return call_value(self, spec, args, kwargs, name)
 
     @endpoint
     def fetch(self, ref: int) -> tuple:
