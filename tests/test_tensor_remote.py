@@ -97,6 +97,9 @@ def test_remote_without_propagate_fetches_values(mesh):
     assert one.tolist() == [1.5, 1.5]
     with pytest.raises(ValueError, match="one proc"):
         scaled.call_one(x, x)
+    # broadcast: for effects only; an in-place change is seen by later ops
+    remote("torch.Tensor.mul_").broadcast(x, 5.0)
+    assert runtime.inspect(x, procs=3).tolist() == [5.0, 5.0]
     with pytest.raises(RuntimeError, match="needs an active mesh"):
         rank.call()
 
@@ -184,11 +187,34 @@ def test_grad_generator_matches_backward_on_local_tensors():
     assert list(grad_generator(loss_fn(), [params[-1], unused]))[1] is None
     with pytest.raises(ValueError, match="requires grad"):
         grad_generator(loss_fn(), [xs])
-    # stopping early ends the backward pass's thread
+    # stopping early ends the backward pass's thread (close(), or leaving a for loop)
     it = grad_generator(loss_fn(), params[::-1])
     next(it)
     it.close()
     assert not [t for t in threading.enumerate() if t.name == "grad-generator"]
+    for _ in grad_generator(loss_fn(), params[::-1]):
+        break
+    assert not [t for t in threading.enumerate() if t.name == "grad-generator"]
+
+
+class _BadBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        raise ArithmeticError("backward refuses")
+
+
+def test_grad_generator_raises_the_backward_error_in_order():
+    a = torch.ones(3, requires_grad=True)
+    b = torch.ones(3, requires_grad=True)
+    loss = _BadBackward.apply(b).sum() + (a * 2).sum()  # autograd runs a's branch first
+    it = grad_generator(loss, [a, b])
+    torch.testing.assert_close(next(it), torch.full((3,), 2.0))  # a's came before the error
+    with pytest.raises(ArithmeticError, match="backward refuses"):
+        next(it)
 
 
 def test_grad_generator_on_mesh_yields_early_and_matches_backward(mesh):

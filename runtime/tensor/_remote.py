@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ._worker import Worker
 
 Propagator = Union[None, str, Callable[..., Any]]
+log = logging.getLogger(__name__)
 
 
 def _resolve_path(path: str) -> Callable[..., Any]:
@@ -137,6 +138,14 @@ class Remote:
         return send_call(engine, key, lambda: target.call_value.call(spec, wargs, wkwargs,
                                                                      self.name),
                          f"remote({self.name}).call", _values, keepalive=found)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Run on every proc for its effects only (Monarch's `broadcast`): nothing comes
+        back; a failure goes to the proc's log (use `call` to see it here)."""
+        engine, key, target, mesh, found = _where(self.name, args, kwargs)
+        spec = _spec_of(self._fn, self.name)
+        wargs, wkwargs = _wire((args, kwargs))
+        send_command(engine, key, target, ("call", spec, wargs, wkwargs, [], None, self.name))
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future:
         """`call` on a mesh of one proc: a Future of its return value."""
@@ -311,8 +320,9 @@ def _failure(name: str, rank: int, e: BaseException) -> Failure:
 
 
 def run_call(worker: "Worker", cmd: tuple) -> None:
-    """("call", spec, args, kwargs, out_ids, expected (shape, dtype) per output, name): run
-    the function; its tensor results become the shards of out_ids (or they fail)."""
+    """("call", spec, args, kwargs, out_ids, expected (shape, dtype) per output or None
+    for a broadcast, name): run the function; its tensor results become the shards of
+    out_ids (or they fail)."""
     _, spec, args, kwargs, out_ids, expect, name = cmd
     worker.ops_run += 1
     (args, kwargs), bad = _inputs(worker, (args, kwargs), name)
@@ -321,6 +331,8 @@ def run_call(worker: "Worker", cmd: tuple) -> None:
         return
     try:
         out = _fn_of(spec)(*args, **kwargs)
+        if expect is None:  # broadcast: for its effects only
+            return
         leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
         if len(leaves) != len(out_ids):
             raise TypeError(f"it returned {len(leaves)} tensors where propagate gave "
@@ -330,6 +342,8 @@ def run_call(worker: "Worker", cmd: tuple) -> None:
                 raise TypeError(f"result {i} is {tuple(t.shape)} {t.dtype} where propagate "
                                 f"gave {shape} {dtype}")
     except Exception as e:  # the proc lives on; the outputs are failed
+        if expect is None:
+            log.exception("remote(%s).broadcast failed on rank %s", name, worker.rank)
         worker._fail(out_ids, _failure(name, worker.rank, e))
         return
     for i, t in zip(out_ids, leaves):
