@@ -118,6 +118,7 @@ def test_failures_mark_outputs_and_raise_at_fetch(mesh):
         assert _ops(mesh) == before  # a shape error in propagate sends nothing
         wrong = remote("_remote_fns.scaled_add", propagate=lambda x, y: x.sum())(x, x)
         fut = remote("_remote_fns.fail_on_rank").call(x, 2)
+        from_failed = remote("_remote_fns.scaled_add").call(y, x)  # y failed on rank 1
     assert runtime.inspect(y, procs=0).tolist() == [2.0, 2.0, 2.0]
     with pytest.raises(RemoteTensorError) as ei:
         runtime.inspect(dep, procs=1)
@@ -133,6 +134,9 @@ def test_failures_mark_outputs_and_raise_at_fetch(mesh):
     with pytest.raises(RemoteTensorError, match="rank 2 refuses") as ei:
         fut.get(timeout=30)
     assert ei.value.rank == 2
+    with pytest.raises(RemoteTensorError, match="rank 1 refuses") as ei:
+        from_failed.get(timeout=30)
+    assert ei.value.op == "remote(_remote_fns.fail_on_rank)"
 
 
 def test_unpicklable_function_fails_at_call_site(mesh):
