@@ -154,8 +154,9 @@ class Sender:
             try:
                 target.run.broadcast([cmd])
             except SerializationError as e:
-                failure = Failure(str(cmd[1]), -1, f"its arguments cannot be sent: {e}", "")
-                if cmd[0] == "op":
+                name = f"remote({cmd[6]})" if cmd[0] == "call" else str(cmd[1])
+                failure = Failure(name, -1, f"its arguments cannot be sent: {e}", "")
+                if cmd[0] in ("op", "call"):
                     target.run.broadcast([("fail", cmd[4], failure)])
             except BaseException as e:
                 engine.broken[key] = e

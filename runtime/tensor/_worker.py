@@ -111,6 +111,10 @@ class Worker(Actor):
                 self._alias(cmd[1], cmd[2])
             elif cmd[0] == "rank":
                 self.refs[cmd[1]] = torch.tensor(cmd[2][context().proc_id])
+            elif cmd[0] == "call":  # a remote function (runtime.remote)
+                from ._remote import run_call
+
+                run_call(self, cmd)
         with self.ran:
             self.ran.notify_all()
 
@@ -187,6 +191,13 @@ class Worker(Actor):
             if i is not None:
                 self.refs.pop(i, None)
                 self.failed[i] = failure
+
+    @endpoint
+    def call_value(self, spec: tuple, args: Any, kwargs: Any, name: str) -> tuple:
+        """Run a remote function here: ("ok", its value) or ("failed", Failure)."""
+        from ._remote import call_value
+
+        return call_value(self, spec, args, kwargs, name)
 
     @endpoint
     def fetch(self, ref: int) -> tuple:

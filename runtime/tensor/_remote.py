@@ -1,0 +1,366 @@
+"""`runtime.remote`: a function that runs on every proc of a mesh with the local shards of
+its mesh-tensor arguments, as Monarch's `monarch.remote`. With `propagate` (a function run
+on fake tensors, or "inspect" to run the function itself on them) a call returns mesh
+tensors at once; without it, a call returns a Future of a ValueMesh of the values."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import traceback
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..future import Future
+from ._engine import engine_for, send_call, send_command
+from ._tensor import Tensor
+from ._worker import Failure, Ref
+
+if TYPE_CHECKING:
+    from ..value_mesh import ValueMesh
+    from ._worker import Worker
+
+Propagator = Union[None, str, Callable[..., Any]]
+log = logging.getLogger(__name__)
+
+
+def _resolve_path(path: str) -> Callable[..., Any]:
+    """'pkg.mod.fn' (or 'pkg.mod:fn') -> the function: the longest importable module
+    prefix, then attributes."""
+    if ":" in path:
+        mod, _, attrs = path.partition(":")
+        obj: Any = importlib.import_module(mod)
+        for a in attrs.split("."):
+            obj = getattr(obj, a)
+        return obj
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for a in parts[i:]:
+            obj = getattr(obj, a)
+        return obj
+    raise ImportError(f"remote function {path!r}: no importable module in the path "
+                      "(use 'module.function')")
+
+
+def _name_of(fn: Any) -> str:
+    if isinstance(fn, str):
+        return fn
+    mod = getattr(fn, "__module__", None) or ""
+    qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    if qual.startswith("_VariableFunctionsClass."):  # torch.matmul and the like
+        mod, qual = "torch", qual.partition(".")[2]
+    return f"{mod}.{qual}" if mod else qual
+
+
+def _spec_of(fn: Any, name: str) -> tuple:
+    """What goes to the procs: ("path", 'mod.fn') or ("pickled", bytes). The function is
+    pickled here (by value when it lives in a notebook or is local), so a function that
+    cannot be pickled fails at the call site."""
+    if isinstance(fn, str):
+        return ("path", fn)
+    import cloudpickle
+
+    try:
+        return ("pickled", cloudpickle.dumps(fn))
+    except Exception as e:
+        from ..errors import SerializationError
+
+        raise SerializationError(f"remote({name}) cannot be sent to the procs: the function "
+                                 f"cannot be pickled: {type(e).__name__}: {e}") from e
+
+
+class Remote:
+    """A function callable on every proc of a mesh (see `remote`)."""
+
+    def __init__(self, fn: Union[str, Callable[..., Any]], propagate: Propagator) -> None:
+        if not (isinstance(fn, str) or callable(fn)):
+            raise TypeError(f"remote() takes a function or a 'module.function' path, got "
+                            f"{type(fn).__name__}")
+        if not (propagate is None or propagate == "inspect" or callable(propagate)):
+            raise ValueError(f"propagate must be None, 'inspect' or a function, got "
+                             f"{propagate!r}")
+        self._fn = fn
+        self._propagate = propagate
+        self.name = _name_of(fn)
+        if callable(fn):
+            functools.update_wrapper(self, fn)
+
+    def __repr__(self) -> str:
+        return f"runtime.remote({self.name!r}, propagate={self._propagate!r})"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """With propagate: mesh tensors (nothing waits). Without: a Future of a ValueMesh
+        of every rank's return value (as `call`)."""
+        if self._propagate is None:
+            return self.call(*args, **kwargs)
+        return self._rref(args, kwargs)
+
+    def _local_fn(self) -> Callable[..., Any]:
+        return _resolve_path(self._fn) if isinstance(self._fn, str) else self._fn
+
+    def _rref(self, args: tuple, kwargs: dict) -> Any:
+        engine, key, target, mesh, found = _where(self.name, args, kwargs)
+        prop = self._local_fn() if self._propagate == "inspect" else self._propagate
+        fake_out = _run_fake(prop, args, kwargs, self.name)
+        out_ids: list = []
+        expect: list = []
+
+        def wrap(o: Any) -> Any:
+            if isinstance(o, torch.Tensor):
+                t = Tensor(o.shape, o.stride(), 0, o.dtype, None, mesh, o.device, engine, key,
+                           target)
+                out_ids.append(t.ref)
+                expect.append((tuple(o.shape), o.dtype))
+                return t
+            return o
+
+        out = tree_map(wrap, fake_out)
+        spec = _spec_of(self._fn, self.name)
+        wargs, wkwargs = _wire((args, kwargs))
+        send_command(engine, key, target, ("call", spec, wargs, wkwargs, out_ids, expect,
+                                           self.name))
+        return out
+
+    def call(self, *args: Any, **kwargs: Any) -> Future:
+        """Run on every proc of the mesh (the mesh tensors' mesh, else the active one); a
+        Future of a ValueMesh of the return values (tensors come back as CPU tensors). A
+        rank that raised makes the Future raise RemoteTensorError."""
+        engine, key, target, mesh, found = _where(self.name, args, kwargs)
+        spec = _spec_of(self._fn, self.name)
+        wargs, wkwargs = _wire((args, kwargs))
+        return send_call(engine, key, lambda: target.call_value.call(spec, wargs, wkwargs,
+                                                                     self.name),
+                         f"remote({self.name}).call", _values, keepalive=found)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Run on every proc for its effects only (Monarch's `broadcast`): nothing comes
+        back; a failure goes to the proc's log (use `call` to see it here)."""
+        engine, key, target, mesh, found = _where(self.name, args, kwargs)
+        spec = _spec_of(self._fn, self.name)
+        wargs, wkwargs = _wire((args, kwargs))
+        send_command(engine, key, target, ("call", spec, wargs, wkwargs, [], None, self.name))
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Future:
+        """`call` on a mesh of one proc: a Future of its return value."""
+        engine, key, target, mesh, found = _where(self.name, args, kwargs)
+        if len(key) != 1:
+            raise ValueError(f"call_one() needs a mesh of one proc; {mesh.name!r} has "
+                             f"{len(key)} ({mesh.sizes}); use call() or "
+                             "call_on_shard_and_fetch")
+        return _then(self.call(*args, **kwargs), lambda vm: next(iter(vm.values())))
+
+
+def _then(fut: Future, fn: Callable[[Any], Any]) -> Future:
+    out: Future = Future(getattr(fut, "label", "remote"))
+
+    def done(f: Future) -> None:
+        e = f.exception(0)
+        if e is not None:
+            out.set_exception(e)
+            return
+        try:
+            out.set_result(fn(f.result(0)))
+        except BaseException as e2:
+            out.set_exception(e2)
+
+    fut.add_done_callback(done)
+    return out
+
+
+def _values(vm: "ValueMesh") -> "ValueMesh":
+    from ..value_mesh import ValueMesh
+    from ._fetch import RemoteTensorError
+
+    vals = list(vm._values)
+    for v in vals:
+        if v[0] == "failed":
+            raise RemoteTensorError(v[1])
+    return ValueMesh(vm._shape, [v[1] for v in vals], vm._base)
+
+
+def remote(function: Any = None, *, propagate: Propagator = None) -> Any:
+    """Monarch's `remote`: `remote(fn_or_path, propagate=...)`, or as a decorator
+    (`@remote` / `@remote(propagate=...)`); returns a `Remote`."""
+    if function is None:
+        return functools.partial(remote, propagate=propagate)
+    return Remote(function, propagate)
+
+
+def call_on_shard_and_fetch(fn: Any, *args: Any, shard: Optional[dict] = None,
+                            **kwargs: Any) -> Future:
+    """Monarch's `call_on_shard_and_fetch`: run `fn` (a `Remote`, a function or a path) on
+    the one proc at `shard`'s coordinates of the mesh (those not given are 0); a Future of
+    its return value."""
+    if not isinstance(fn, Remote):
+        fn = Remote(fn, None)
+    engine, key, _, mesh, found = _where(fn.name, args, kwargs)
+    coords = dict(shard or {})
+    unknown = set(coords) - set(mesh.sizes)
+    if unknown:
+        raise KeyError(f"{sorted(unknown)} are not dimensions of {mesh!r} "
+                       f"(its dimensions: {list(mesh.sizes)})")
+    one = engine.target(mesh.slice(**{d: coords.get(d, 0) for d in mesh.sizes}))[1]
+    spec = _spec_of(fn._fn, fn.name)
+    wargs, wkwargs = _wire((args, kwargs))
+    return send_call(engine, key, lambda: one.call_value.call(spec, wargs, wkwargs, fn.name),
+                     f"call_on_shard_and_fetch({fn.name})",
+                     lambda vm: next(iter(_values(vm).values())), keepalive=found)
+
+
+def _where(name: str, args: tuple, kwargs: dict) -> tuple:
+    """(engine, key, target, mesh, mesh tensors) of a call: the mesh of its mesh-tensor
+    arguments, else the active mesh."""
+    from ._context import get_active_mesh
+
+    found = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
+    if found:
+        first = found[0]
+        for x in found:
+            if x._key != first._key or x._engine is not first._engine:
+                raise ValueError(f"remote({name}): arguments live on different meshes "
+                                 f"({first.mesh!r} and {x.mesh!r}); move one first")
+        engine, key, target, mesh = first._engine, first._key, first._target, first.mesh
+    else:
+        mesh = get_active_mesh()
+        if mesh is None:
+            raise RuntimeError(f"remote({name}) needs an active mesh (`with mesh.activate():`) "
+                               "or mesh tensors among its arguments")
+        engine = engine_for(mesh)
+        key, target = engine.target(mesh)
+    engine.check(key)
+    return engine, key, target, mesh, found
+
+
+def _wire(tree: Any) -> Any:
+    return tree_map(lambda x: Ref(x.ref) if isinstance(x, Tensor) else x, tree)
+
+
+def _run_fake(prop: Callable[..., Any], args: tuple, kwargs: dict, name: str) -> Any:
+    """Run the propagator on fake tensors with the arguments' metadata (shape errors raise
+    here, before anything is sent)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ._context import no_mesh
+
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")  # it logs every shape error
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        with no_mesh(), mode:
+            return _call_fake(mode, prop, args, kwargs, name)
+    finally:
+        quiet.setLevel(level)
+
+
+def _call_fake(mode: Any, prop: Callable[..., Any], args: tuple, kwargs: dict,
+               name: str) -> Any:
+    def fake(x: Any) -> Any:
+        if isinstance(x, Tensor):
+            return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+        if isinstance(x, torch.Tensor):
+            return mode.from_tensor(x)
+        return x
+
+    fargs, fkwargs = tree_map(fake, (args, kwargs))
+    try:
+        return prop(*fargs, **fkwargs)
+    except Exception as e:
+        e.add_note(f"(raised by remote({name})'s propagate, run on fake tensors on the "
+                   "controller; nothing was sent)")
+        raise
+
+
+# ---- on the procs: the worker's side -------------------------------------------------------
+
+_FNS: dict = {}
+
+
+def _fn_of(spec: tuple) -> Callable[..., Any]:
+    fn = _FNS.get(spec)
+    if fn is None:
+        if spec[0] == "path":
+            fn = _resolve_path(spec[1])
+        else:
+            import cloudpickle
+
+            fn = cloudpickle.loads(spec[1])
+        if len(_FNS) > 256:
+            _FNS.clear()
+        _FNS[spec] = fn
+    return fn
+
+
+def _inputs(worker: "Worker", args: Any, name: str) -> tuple:
+    """(args with this proc's shards, the failure of a failed input or None)."""
+    bad: list = []
+
+    def value(x: Any) -> Any:
+        if type(x) is Ref:
+            t = worker.refs.get(x.id)
+            if t is None:
+                bad.append(worker.failed.get(x.id) or Failure(
+                    name, worker.rank, f"input ref {x.id} is not on this proc", ""))
+            return t
+        return x
+
+    out = tree_map(value, args)
+    return out, (bad[0] if bad else None)
+
+
+def _failure(name: str, rank: int, e: BaseException) -> Failure:
+    return Failure(f"remote({name})", rank, f"{type(e).__name__}: {e}", traceback.format_exc())
+
+
+def run_call(worker: "Worker", cmd: tuple) -> None:
+    """("call", spec, args, kwargs, out_ids, expected (shape, dtype) per output or None
+    for a broadcast, name): run the function; its tensor results become the shards of
+    out_ids (or they fail)."""
+    _, spec, args, kwargs, out_ids, expect, name = cmd
+    worker.ops_run += 1
+    (args, kwargs), bad = _inputs(worker, (args, kwargs), name)
+    if bad is not None:
+        worker._fail(out_ids, bad)
+        return
+    try:
+        out = _fn_of(spec)(*args, **kwargs)
+        if expect is None:  # broadcast: for its effects only
+            return
+        leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+        if len(leaves) != len(out_ids):
+            raise TypeError(f"it returned {len(leaves)} tensors where propagate gave "
+                            f"{len(out_ids)}")
+        for i, (t, (shape, dtype)) in enumerate(zip(leaves, expect)):
+            if tuple(t.shape) != shape or t.dtype != dtype:
+                raise TypeError(f"result {i} is {tuple(t.shape)} {t.dtype} where propagate "
+                                f"gave {shape} {dtype}")
+    except Exception as e:  # the proc lives on; the outputs are failed
+        if expect is None:
+            log.exception("remote(%s).broadcast failed on rank %s", name, worker.rank)
+        worker._fail(out_ids, _failure(name, worker.rank, e))
+        return
+    for i, t in zip(out_ids, leaves):
+        worker.refs[i] = t
+        worker.failed.pop(i, None)
+
+
+def call_value(worker: "Worker", spec: tuple, args: Any, kwargs: Any, name: str) -> tuple:
+    """Run the function here; ("ok", its value with tensors as CPU copies) or ("failed",
+    Failure)."""
+    worker.ops_run += 1
+    (args, kwargs), bad = _inputs(worker, (args, kwargs), name)
+    if bad is not None:
+        return ("failed", bad)
+    try:
+        out = _fn_of(spec)(*args, **kwargs)
+    except Exception as e:
+        return ("failed", _failure(name, worker.rank, e))
+    return ("ok", tree_map(lambda x: x.detach().to("cpu", copy=True)
+                           if isinstance(x, torch.Tensor) else x, out))
