@@ -265,3 +265,22 @@ def test_grad_generator_on_mesh_yields_early_and_matches_backward(mesh):
     lloss.backward()
     for g, p in zip(grads, list(local.parameters())[::-1]):
         torch.testing.assert_close(g, p.grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (and torch with CUDA)")
+def test_remote_and_grad_generator_on_cuda():
+    pm = this_host().spawn_procs(per_host={"gpu": 1}, name="tr_cuda")
+    try:
+        with pm.activate():
+            x = torch.randn(4, 3, device="cuda")
+            y = remote("torch.nn.functional.relu", propagate="inspect")(x)
+            assert y.device.type == "cuda"
+            lin = torch.nn.Linear(3, 2, device="cuda")
+            loss = lin(y).sum()
+            grads = list(grad_generator(loss, [lin.bias, lin.weight]))
+        xv = runtime.inspect(x)
+        torch.testing.assert_close(runtime.inspect(grads[0]), torch.full((2,), 4.0))
+        torch.testing.assert_close(runtime.inspect(grads[1]),
+                                   torch.relu(xv).sum(0).expand(2, 3))
+    finally:
+        pm.stop().get(timeout=30)
