@@ -5,6 +5,7 @@ on a real mesh: values per rank against local torch, failures, and gradients aga
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -66,12 +67,18 @@ def test_notebook_style_function_and_decorator(mesh):
     def total(t):
         return float(t.sum())
 
+    cell = {"__name__": "__main__", "torch": torch}  # a function defined in a notebook cell
+    exec("def cubed(t):\n    return torch.pow(t, 3)\n", cell)
+    assert cell["cubed"].__module__ == "__main__" and cell["cubed"].__qualname__ == "cubed"
+    cubed = remote(cell["cubed"], propagate="inspect")
+
     assert repr(shifted).startswith("runtime.remote(") and cat_local.__name__ == "cat_local"
     with mesh.activate():
         x = torch.rand(4)
         a, n = shifted(x, 2.0)
         c = cat_local(a, x)
         fut = total(c)  # no propagate: a Future of every rank's value
+        k = cubed(x)
     assert a.shape == (4,) and n.shape == () and c.shape == (8,)
     vm = fut.get(timeout=30)
     assert isinstance(vm, ValueMesh) and len(vm) == 4
@@ -79,6 +86,7 @@ def test_notebook_style_function_and_decorator(mesh):
         xv = runtime.inspect(x, procs=r)
         torch.testing.assert_close(runtime.inspect(n, procs=r), (xv * 2.0).norm())
         torch.testing.assert_close(runtime.inspect(c, procs=r), torch.cat([xv + 10.0, xv]))
+        torch.testing.assert_close(runtime.inspect(k, procs=r), xv ** 3)
         assert vm.item(procs=r) == pytest.approx(float((xv + 10.0).sum() + xv.sum()), rel=1e-5)
 
 
@@ -242,6 +250,9 @@ def test_grad_generator_on_mesh_yields_early_and_matches_backward(mesh):
             assert isinstance(g, runtime.Tensor) and g.mesh is sub
             flush()
             seen_ops.append(_ops(sub))
+            time.sleep(0.2)  # the backward pass is paused while the loop body runs
+            flush()
+            assert _ops(sub) == seen_ops[-1]
             doubled.append(g * 2)  # the loop's own ops interleave with the backward pass
         flush()
         end = _ops(sub)
@@ -254,3 +265,22 @@ def test_grad_generator_on_mesh_yields_early_and_matches_backward(mesh):
     lloss.backward()
     for g, p in zip(grads, list(local.parameters())[::-1]):
         torch.testing.assert_close(g, p.grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (and torch with CUDA)")
+def test_remote_and_grad_generator_on_cuda():
+    pm = this_host().spawn_procs(per_host={"gpu": 1}, name="tr_cuda")
+    try:
+        with pm.activate():
+            x = torch.randn(4, 3, device="cuda")
+            y = remote("torch.nn.functional.relu", propagate="inspect")(x)
+            assert y.device.type == "cuda"
+            lin = torch.nn.Linear(3, 2, device="cuda")
+            loss = lin(y).sum()
+            grads = list(grad_generator(loss, [lin.bias, lin.weight]))
+        xv = runtime.inspect(x)
+        torch.testing.assert_close(runtime.inspect(grads[0]), torch.full((2,), 4.0))
+        torch.testing.assert_close(runtime.inspect(grads[1]),
+                                   torch.relu(xv).sum(0).expand(2, 3))
+    finally:
+        pm.stop().get(timeout=30)
