@@ -162,3 +162,101 @@ def to_mesh_rows(nbytes: int, rounds: int, k: int, progress) -> tuple[float, flo
     finally:
         mesh.stop().get(timeout=30)
     return statistics.median(rdma), statistics.median(ours)
+
+
+class ToyModel(torch.nn.Module):
+    """notebooks/ddp.ipynb's model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net1 = torch.nn.Linear(10, 10)
+        self.relu = torch.nn.ReLU()
+        self.net2 = torch.nn.Linear(10, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net2(self.relu(self.net1(x)))
+
+
+class DDPActor(Actor):
+    """notebooks/ddp.ipynb's actor: one DDP rank (gloo), one optimizer step per call."""
+
+    @endpoint
+    def setup(self, rank: int, world: int, init: str, batch: int) -> None:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+        torch.manual_seed(0)
+        self.target = torch.randn(10, 5, generator=torch.Generator().manual_seed(42)) / 3
+        self.model = DDP(ToyModel())
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.2)
+        self.batch = batch
+
+    @endpoint
+    def train_step(self) -> float:
+        x = torch.randn(self.batch, 10)
+        loss = torch.nn.functional.mse_loss(self.model(x), x @ self.target)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
+    @endpoint
+    def cleanup(self) -> None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+def ddp_rows(steps: int, progress, batch: int = 20) -> tuple[float, float]:
+    """Median seconds per DDP step on 2 procs, each step ending with rank 0's loss here:
+    (actor-based DDP as in notebooks/ddp.ipynb, mesh tensors with grad_generator + reduce_)."""
+    from runtime.tensor import grad_generator, manual_seed
+
+    progress("DDP: two 2-proc meshes (actor DDP, mesh-tensor DDP) ...")
+    actors_pm = this_host().spawn_procs(per_host={"procs": 2}, name="bench_ddp_actors")
+    mesh = this_host().spawn_procs(per_host={"procs": 2}, name="bench_ddp_mesh")
+    d = tempfile.mkdtemp(prefix="bench-ddp-")
+    try:
+        ddp = actors_pm.spawn("ddp", DDPActor)
+        futs = [ddp.slice(procs=r).setup.call_one(r, 2, f"file://{d}/store", batch)
+                for r in range(2)]
+        for f in futs:
+            f.get(timeout=120)
+        with mesh.activate():
+            manual_seed(0)
+            model = ToyModel()
+            target = torch.randn(10, 5) / 3
+            opt = torch.optim.SGD(model.parameters(), lr=0.2)
+            manual_seed(1, per_rank=True)
+            params = list(model.parameters())[::-1]
+
+            def mesh_step() -> float:
+                x = torch.randn(batch, 10)
+                loss = torch.nn.functional.mse_loss(model(x), x @ target)
+                for p, g in zip(params, grad_generator(loss, params)):
+                    g.reduce_("procs", "avg")
+                    p.grad = g
+                opt.step()
+                opt.zero_grad()
+                return loss.item()
+
+            actor_t, mesh_t = [], []
+            for i in range(steps + 3):
+                t0 = time.perf_counter()
+                ddp.train_step.call().get(timeout=60)
+                t1 = time.perf_counter()
+                mesh_step()
+                t2 = time.perf_counter()
+                if i >= 3:
+                    actor_t.append(t1 - t0)
+                    mesh_t.append(t2 - t1)
+        ddp.cleanup.call().get(timeout=30)
+    finally:
+        actors_pm.stop().get(timeout=30)
+        mesh.stop().get(timeout=30)
+        import shutil
+
+        shutil.rmtree(d, True)
+    return statistics.median(actor_t), statistics.median(mesh_t)

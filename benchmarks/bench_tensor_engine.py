@@ -12,7 +12,9 @@
 (4) collectives (benchmarks/_bench_collectives.py): `reduce_` of 64 MiB over 4 procs against
     raw torch.distributed all_reduce (gloo) on 4 processes torch starts in the same run;
     `to_mesh` of 64 MiB between two procs against an RDMABuffer same-host read between two
-    procs; rounds alternate floor and ours.
+    procs; rounds alternate floor and ours. DDP step time of notebooks/ddp.ipynb's actors
+    (torch DDP, gloo) against the same model and batch as mesh tensors with grad_generator
+    and reduce_, steps alternating.
 Progress goes to stderr, the table to stdout."""
 
 from __future__ import annotations
@@ -118,11 +120,12 @@ def main() -> None:
         mesh.stop().get(timeout=30)
     progress(f"MLP step: {a.steps} steps, 1 proc vs local ...")
     remote, local = real_work(a.steps)
-    from _bench_collectives import reduce_rows, to_mesh_rows
+    from _bench_collectives import ddp_rows, reduce_rows, to_mesh_rows
 
     rounds, k = (2, 3) if a.quick else (5, 4)
     raw_red, our_red = reduce_rows(64 << 20, rounds, k, progress)
     rdma_t, our_move = to_mesh_rows(64 << 20, rounds, k, progress)
+    ddp_actor, ddp_mesh = ddp_rows(a.steps * 2, progress)
     print("| measure | value | target |")
     print("|---|---|---|")
     print(f"| `x = x + 1` issued, 4 procs | {issued:,.0f} ops/s | |")
@@ -141,6 +144,10 @@ def main() -> None:
           "reference |")
     print(f"| `t.to_mesh(other)` 64 MiB, proc to proc | {gbs / our_move:.2f} GB/s "
           f"({rdma_t / our_move:.2f}x of RDMABuffer) | |")
+    print(f"| DDP step, notebooks/ddp.ipynb's actors (DDP, gloo), 2 procs | "
+          f"{ddp_actor * 1e3:.1f} ms | reference |")
+    print(f"| DDP step, mesh tensors: grad_generator + `reduce_(\"procs\", \"avg\")` | "
+          f"{ddp_mesh * 1e3:.1f} ms ({ddp_mesh / ddp_actor:.2f}x) | |")
     print(f"| after the {a.ops:,}-op loop | {after['live']} shards, {after['bytes']} B; "
           f"proc RSS {rss1:.0f} MiB | flat |")
 

@@ -192,3 +192,38 @@ def test_a_proc_killed_mid_reduce_fails_the_reduce_without_a_hang():
         assert runtime.inspect(fresh, procs=1, timeout=60).tolist() == [2.0] * 4
     finally:
         pm.stop().get(timeout=30)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@needs_cuda
+def test_cuda_reduce_with_nccl_on_one_gpu_per_proc():
+    gpus = this_host().spawn_procs(per_host={"gpus": 1}, name="coll_nccl")
+    try:
+        with gpus.activate():
+            x = torch.full((1024,), 3.0, device="cuda")
+            s = x.reduce("gpus", "sum")
+            x.reduce_("gpus", "max")
+        got = runtime.inspect(s)
+        assert got.device.type == "cpu" and got.tolist() == [3.0] * 1024
+        assert runtime.inspect(x)[:2].tolist() == [3.0, 3.0]
+    finally:
+        gpus.stop().get(timeout=30)
+
+
+@needs_cuda
+def test_cuda_tensors_on_procs_sharing_a_gpu_use_gloo():
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="coll_cuda_gloo")
+    try:
+        with pm.activate():
+            r = mesh_rank().float().cuda()
+            x = torch.ones(4, device="cuda") * (r + 1)
+            s = x.reduce("procs")
+            big = torch.ones(4 << 20, device="cuda").reduce("procs", "avg")
+            moved = runtime.slice_mesh(x, procs=0).to_mesh(pm.slice(procs=1))
+        assert runtime.inspect(s, procs=1).tolist() == [3.0] * 4
+        assert runtime.inspect(big[:2], procs=0).tolist() == [1.0, 1.0]
+        assert runtime.inspect(moved).tolist() == [1.0] * 4
+    finally:
+        pm.stop().get(timeout=30)

@@ -127,15 +127,16 @@ def reduce(t: Tensor, dims: Dims = (), reduction: str = "sum", scatter: bool = F
     t._engine.check(t._key)
     procs = [p.proc_id for p in t.mesh.procs]
     comm = _comm(engine)
-    backend = "nccl" if t.device.type == "cuda" else "gloo"
+    backend = backend_for(t)
     groups = []
     for g in reduce_groups(shape, dims):
         members = tuple(procs[r] for r in g)
         groups.append((comm.gid(members, backend), members))
     into = t.ref if _inplace else out.ref if out is not None else None
     result = t if _inplace else out if out is not None else _new_tensor(out_shape, t, t.mesh)
-    spec = {"groups": groups, "rdv": comm.rdv, "backend": backend,
+    spec = {"groups": groups, "rdv": comm.rdv, "backend": backend, "cuda": t.is_cuda,
             "reduction": reduction, "scatter": scatter, "into": into,
+            "meta": (tuple(t.shape), t.dtype),
             "label": f"{what}({', '.join(dims)}, reduction={reduction!r}"
                      f"{', scatter=True' if scatter else ''})"}
     send_command(engine, t._key, t._target, ("coll", "reduce", t.ref, result.ref, spec))
@@ -201,12 +202,12 @@ def to_mesh(t: Tensor, mesh: "ProcMesh") -> Tensor:
     engine.check(result._key)
     members = tuple(sorted(set(src + dst)))
     comm = _comm(engine)
-    backend = "nccl" if t.device.type == "cuda" else "gloo"
+    backend = backend_for(t)
     spec = {"gid": comm.gid(members, backend), "members": members,
-            "rdv": comm.rdv, "backend": backend,
+            "rdv": comm.rdv, "backend": backend, "cuda": t.is_cuda,
             "pairs": [(src[s], dst[d]) for s, d in pairs], "seq": next(_seq),
             "meta": (tuple(t.shape), t.dtype, t.device), "label": "to_mesh"}
-    if comm.rdv[0] == "file" and backend == "gloo" and _vm_ok():
+    if comm.rdv[0] == "file" and not t.is_cuda and _vm_ok():
         spec["pids"] = {p.proc_id: p.pid for p in t.mesh.procs}
     cmd = ("coll", "p2p", t.ref, result.ref, spec)
     send_command(engine, t._key, t._target, cmd)
@@ -240,6 +241,17 @@ def mesh_rank(dims: Dims = (), mesh: Optional["ProcMesh"] = None) -> Tensor:
     out = Tensor((), (), 0, torch.int64, None, mesh, torch.device("cpu"), engine, key, target)
     send_command(engine, key, target, ("rank", out.ref, values))
     return out
+
+
+GPU_DIMS = ("gpu", "gpus")
+
+
+def backend_for(t: Tensor) -> str:
+    """NCCL for CUDA tensors on procs that each have their own GPU (their proc mesh has a
+    `gpu`/`gpus` dimension); gloo otherwise, CUDA tensors included (procs sharing a GPU)."""
+    if t.is_cuda and any(d in GPU_DIMS for d in t.mesh.root.shape.labels):
+        return "nccl"
+    return "gloo"
 
 
 def _vm_ok() -> bool:

@@ -134,6 +134,57 @@ def reduce(pg: Any, n: int, x: torch.Tensor, reduction: str, scatter: bool,
     return out
 
 
+#: (flag value of a ready input, of a failed one) per reduction: the flag rides in one
+#: extra element of a small reduction, so the members agree in the same collective
+_FLAG = {"sum": (0, 1), "avg": (0, 1), "max": (0, 1), "min": (0, -1), "product": (1, 0),
+         "stack": (1, 0)}
+PACK_MAX_BYTES = 1 << 20
+
+
+def packable(meta: tuple, reduction: str, scatter: bool) -> bool:
+    """Whether a reduction is small enough to carry its readiness flag in the same message
+    (one collective instead of an agreement plus the collective)."""
+    shape, dtype = meta
+    n = 1
+    for s in shape:
+        n *= s
+    signed = dtype.is_floating_point or dtype in (torch.int8, torch.int16, torch.int32,
+                                                   torch.int64)
+    return (not scatter and signed and not dtype.is_complex
+            and n * torch.empty((), dtype=dtype).element_size() <= PACK_MAX_BYTES)
+
+
+def packed_reduce(pg: Any, n: int, x: Optional[torch.Tensor], meta: tuple, device: Any,
+                  reduction: str) -> tuple[bool, torch.Tensor]:
+    """(every member's input was ready, this proc's result) of a small reduction whose
+    buffer carries one more element: each member's readiness flag."""
+    shape, dtype = meta
+    numel = 1
+    for s in shape:
+        numel *= s
+    ok_v, bad_v = _FLAG[reduction]
+    buf = torch.empty(numel + 1, dtype=dtype, device=device)
+    if x is not None:
+        buf[:numel].copy_(x.reshape(-1))
+        buf[numel] = ok_v
+    else:
+        buf[:numel].zero_()
+        buf[numel] = bad_v
+    if reduction == "stack":
+        outs = [torch.empty_like(buf) for _ in range(n)]
+        pg.allgather([outs], [buf]).wait()
+        ok = all(o[numel].item() == ok_v for o in outs)
+        return ok, torch.stack([o[:numel].view(shape) for o in outs])
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = getattr(dist.ReduceOp, _OPS[reduction])
+    pg.allreduce([buf], opts).wait()
+    ok = buf[numel].item() == ok_v
+    out = buf[:numel].view(shape)
+    if reduction == "avg":
+        out.div_(n)
+    return ok, out
+
+
 def exchange(pg: Any, rank_of: dict, me: str, pairs: list, shard: Optional[torch.Tensor],
              meta: tuple, pids: Optional[dict] = None) -> Optional[torch.Tensor]:
     """Send this proc's shard to the procs it feeds and receive the shard it gets, as the
@@ -144,23 +195,34 @@ def exchange(pg: Any, rank_of: dict, me: str, pairs: list, shard: Optional[torch
     if pids is not None:
         return _exchange_vm(pg, rank_of, me, pairs, shard, meta, pids)
     shape, dtype, device = meta
+    # gloo moves CPU memory: CUDA shards are staged through host memory on that backend
+    staged = device.type == "cuda" and not isinstance(pg, _nccl_type())
+    here = torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" \
+        else torch.device("cpu")
     works = []
     got: Optional[torch.Tensor] = None
     for src, dst in pairs:
         if src == me and dst != me:
             assert shard is not None
-            works.append(pg.send([shard.contiguous()], rank_of[dst], 0))
+            out = shard.contiguous().cpu() if staged else shard.contiguous()
+            works.append(pg.send([out], rank_of[dst], 0))
     for src, dst in pairs:
         if dst == me:
             if src == me:
                 assert shard is not None
                 got = shard.clone()
             else:
-                got = torch.empty(shape, dtype=dtype, device=device)
+                got = torch.empty(shape, dtype=dtype, device="cpu" if staged else here)
                 works.append(pg.recv([got], rank_of[src], 0))
     for w in works:
         w.wait()
+    if staged and got is not None and not got.is_cuda:
+        got = got.to(here)
     return got
+
+
+def _nccl_type() -> type:
+    return getattr(dist, "ProcessGroupNCCL", type(None))
 
 
 class Collectives:
@@ -189,18 +251,27 @@ class Collectives:
         if kind == "p2p" and not any(s == self.me for s, _ in spec["pairs"]):
             mine = None  # a pure receiver has no input to check
         backend = spec["backend"]
-        dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else \
+        dev = torch.device("cuda", torch.cuda.current_device()) if spec["cuda"] else \
             torch.device("cpu")
+        flag_dev = dev if backend == "nccl" else torch.device("cpu")
+        out: Optional[torch.Tensor] = None
         try:
             pg, rank = self.groups.get(gid, members, spec["rdv"], backend)
-            if not agree(pg, mine is None, dev):
+            if kind == "reduce" and packable(spec["meta"], spec["reduction"], spec["scatter"]):
+                ok, out = packed_reduce(pg, len(members), x, spec["meta"], dev,
+                                        spec["reduction"])
+            else:
+                ok = agree(pg, mine is None, flag_dev)
+            if not ok:
                 self._fail(kind, spec, out_id, mine or self.Failure(
                     label, self.rank, "an input of this collective failed on another proc of "
                     "its group", ""))
                 return
-            if kind == "reduce":
-                out: Optional[torch.Tensor] = reduce(pg, len(members), x, spec["reduction"],
-                                                     spec["scatter"], spec["into"] == in_ref)
+            if out is not None:
+                pass
+            elif kind == "reduce":
+                out = reduce(pg, len(members), x, spec["reduction"], spec["scatter"],
+                             spec["into"] == in_ref)
             else:
                 rank_of = {p: i for i, p in enumerate(members)}
                 out = exchange(pg, rank_of, self.me, spec["pairs"], x, spec["meta"],
@@ -214,12 +285,15 @@ class Collectives:
             return
         if out is None:
             return
+        self._store(kind, spec, out_id, out)
+
+    def _store(self, kind: str, spec: dict, out_id: int, out: torch.Tensor) -> None:
         into = spec.get("into")
         if into is not None:
             target = self.refs.get(into)
             if target is None:
                 self._fail(kind, spec, out_id, self.failed.get(into) or self.Failure(
-                    label, self.rank, f"out ref {into} is not on this proc", ""))
+                    spec["label"], self.rank, f"out ref {into} is not on this proc", ""))
                 return
             if out is not target:
                 target.copy_(out)
