@@ -71,8 +71,9 @@ class Groups:
         opts = dist.ProcessGroupGloo._Options()
         if rdv[0] == "file":
             opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-        else:
-            opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+        else:  # this proc's address on the route to the store: what the peers reach
+            opts._devices = [dist.ProcessGroupGloo.create_device(
+                hostname=_route_ip(rdv[1], rdv[2]))]
         opts._timeout = _timeout()
         return dist.ProcessGroupGloo(store, rank, n, opts)
 
@@ -81,6 +82,17 @@ class Groups:
         key = f"{gid}/{backend}"
         self.pgs.pop(key, None)
         self.failed.setdefault(key, why)
+
+
+def _route_ip(host: str, port: int) -> str:
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((host, port))
+        return s.getsockname()[0]
+    finally:
+        s.close()
 
 
 def backend_for(t: Optional[torch.Tensor]) -> str:

@@ -283,3 +283,20 @@ def test_slurm_notebook_runs(cluster, monkeypatch):
             break
         time.sleep(0.2)
     assert not new, f"left on nodes after %mesh stop: {new}"
+
+def test_tensor_reduce_across_hosts(cluster, mesh3):
+    """The tensor engine's collectives across hosts: a TCPStore on the controller and gloo
+    between the namespaced hosts."""
+    from runtime.tensor import mesh_rank
+
+    _, procs, _ = mesh3
+    with procs.activate():
+        r = mesh_rank().float()              # 2*host + proc
+        by_host = r.reduce("hosts")          # 0+2+4 = 6 for proc 0, 1+3+5 = 9 for proc 1
+        both = (r + 1).reduce(("hosts", "procs"), "max")
+        moved = runtime.slice_mesh(r, hosts=0).to_mesh(procs.slice(hosts=2))
+    assert [runtime.inspect(by_host, hosts=h, procs=p, timeout=60).item()
+            for h in range(3) for p in range(2)] == [6.0, 9.0] * 3
+    assert runtime.inspect(both, hosts=1, procs=0, timeout=60).item() == 6.0
+    assert [runtime.inspect(moved, procs=p, timeout=60).item() for p in range(2)] == \
+        [0.0, 1.0]
