@@ -151,6 +151,13 @@ def test_to_mesh_round_trip_broadcast_and_slice_mesh(mesh, path):
     with pytest.raises(ValueError, match="size 2 on the source"):
         a.to_mesh(mesh.slice(host=1, gpu=slice(0, 1)))
     with mesh.activate():
+        tree = runtime.to_mesh(runtime.slice_mesh({"a": r, "n": 3, "l": [r + 1]}, host=1),
+                               stage0)
+    assert tree["n"] == 3 and tree["a"].mesh.sizes == {"gpu": 2}
+    assert runtime.inspect(tree["l"][0], gpu=1).item() == 4.0
+    with pytest.raises(TypeError, match="needs a mesh tensor"):
+        runtime.to_mesh([1, 2], stage0)
+    with mesh.activate():
         kept = runtime.reduce(mesh_rank().float(), "host", mesh=stage0)
     assert kept.mesh.sizes == {"gpu": 2}
     assert [runtime.inspect(kept, gpu=g).item() for g in range(2)] == [2.0, 4.0]

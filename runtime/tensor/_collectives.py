@@ -178,18 +178,35 @@ def slice_to(t: Tensor, mesh: "ProcMesh") -> Tensor:
     return r
 
 
-def slice_mesh(t: Tensor, **coords: Any) -> Tensor:
+def _tree(fn: Any, obj: Any, what: str) -> Any:
+    """`fn` applied to the mesh tensors of `obj` (a tensor or a pytree of them, as Monarch's
+    functions take)."""
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    leaves, spec = tree_flatten(obj)
+    if not any(isinstance(x, Tensor) for x in leaves):
+        raise TypeError(f"{what} needs a mesh tensor (or a structure holding some), got "
+                        f"{type(obj).__name__}")
+    return tree_unflatten([fn(x) if isinstance(x, Tensor) else x for x in leaves], spec)
+
+
+def slice_mesh(t: Any, **coords: Any) -> Any:
     """`t` restricted to the slice `t.mesh.slice(**coords)` (e.g. `slice_mesh(t, pp=0)`):
-    a mesh tensor on those procs, sharing their shards."""
-    if not isinstance(t, Tensor):
-        raise TypeError(f"slice_mesh needs a mesh tensor, got {type(t).__name__}")
-    return slice_to(t, t.mesh.slice(**coords))
+    a mesh tensor on those procs, sharing their shards. `t` may be a pytree of them."""
+    return _tree(lambda x: slice_to(x, x.mesh.slice(**coords)), t, "slice_mesh")
 
 
-def to_mesh(t: Tensor, mesh: "ProcMesh") -> Tensor:
+def to_mesh(t: Any, mesh: "ProcMesh") -> Any:
     """A copy of `t` on `mesh` (another mesh of the same shape from the same proc mesh,
     typically another slice: a pipeline stage). Ranks match by their coordinates; a
-    dimension of `mesh` that `t`'s mesh lacks gets the shard broadcast along it."""
+    dimension of `mesh` that `t`'s mesh lacks gets the shard broadcast along it. `t` may be
+    a pytree of mesh tensors."""
+    return _tree(lambda x: _to_mesh(x, mesh), t, "to_mesh")
+
+
+def _to_mesh(t: Tensor, mesh: "ProcMesh") -> Tensor:
     from .._meshes import ProcMesh
 
     t = _check_tensor(t, "to_mesh")
