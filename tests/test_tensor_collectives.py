@@ -234,3 +234,26 @@ def test_cuda_tensors_on_procs_sharing_a_gpu_use_gloo():
         assert runtime.inspect(moved).tolist() == [1.0] * 4
     finally:
         pm.stop().get(timeout=30)
+
+
+def test_a_stopped_mesh_leaves_no_rendezvous_directory():
+    from runtime import rundir
+
+    def dirs():
+        return {p.name for p in rundir.socket_root().iterdir() if p.name.startswith("collectives-")}
+
+    before = dirs()
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="coll_gone")
+    with pm.activate():
+        s = torch.ones(2).reduce("procs")
+    assert runtime.inspect(s).tolist() == [2.0, 2.0]
+    made = dirs() - before
+    assert len(made) == 1
+    pm.stop().get(timeout=30)
+    other = this_host().spawn_procs(per_host={"procs": 1}, name="coll_next")
+    try:
+        with other.activate():  # a new engine sweeps the engines of stopped meshes
+            torch.ones(1)
+        assert not made & dirs()
+    finally:
+        other.stop().get(timeout=30)

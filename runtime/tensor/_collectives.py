@@ -65,6 +65,12 @@ class _Comm:
             g = self.gids[(members, backend)] = f"{self.token}-{next(_seq)}"
         return g
 
+    def close(self) -> None:
+        """Remove the rendezvous directory / stop the store (the engine's mesh stopped)."""
+        if self.dir is not None:
+            shutil.rmtree(self.dir, True)
+        self.store = None
+
     def renew(self) -> None:
         """Name every group anew (after a collective failed: their procs forget them)."""
         self.gids.clear()

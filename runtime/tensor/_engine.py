@@ -50,6 +50,12 @@ class Engine:
             t = self.targets[key] = self.workers.restricted_to(mesh)
         return key, t
 
+    def close(self) -> None:
+        """Release what the collectives hold here (their rendezvous directory or store)."""
+        comm = self.__dict__.get("comm")
+        if comm is not None:
+            comm.close()
+
     def check(self, key: tuple) -> None:
         """Raise the error that broke sending to these procs, if any (at the call site)."""
         exc = self.broken.get(key)
@@ -69,6 +75,10 @@ def engine_for(mesh: "ProcMesh") -> Engine:
         with _engines_lock:
             e = _engines.get(id(root))
             if e is None or e.root is not root:
+                for k, old in list(_engines.items()):  # engines of stopped meshes go
+                    if old.root.stopped:
+                        old.close()
+                        del _engines[k]
                 e = _engines[id(root)] = Engine(root)
     return e
 
