@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 
 from ..actor import Actor, context, endpoint
 from ..proc import add_heartbeat_field
@@ -73,6 +73,19 @@ def select_gpu(coords: dict) -> None:
         return
     visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     os.environ["CUDA_VISIBLE_DEVICES"] = visible[idx] if idx < len(visible) else str(idx)
+
+
+_NESTED = (list, tuple)
+
+
+def _resolve(seq: Any, value: Any) -> Any:
+    """`seq` (a list or tuple of op arguments) with `value` applied to its leaves; the
+    op stream's own structures only nest lists and tuples (faster than a pytree walk)."""
+    out = []
+    for x in seq:
+        t = type(x)
+        out.append(t(_resolve(x, value)) if t is list or t is tuple else value(x))
+    return tuple(out) if type(seq) is tuple else out
 
 
 class Worker(Actor):
@@ -170,7 +183,10 @@ class Worker(Actor):
                 return t
             return x
 
-        args, kwargs = tree_map(value, (args, kwargs))
+        args = _resolve(args, value)
+        if kwargs:
+            kwargs = {k: _resolve(v, value) if type(v) in _NESTED else value(v)
+                      for k, v in kwargs.items()}
         if bad:
             self._fail(out_ids, bad[0])
             return
