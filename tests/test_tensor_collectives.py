@@ -257,3 +257,72 @@ def test_a_stopped_mesh_leaves_no_rendezvous_directory():
         assert not made & dirs()
     finally:
         other.stop().get(timeout=30)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(*[m for _ in range(3)
+                                            for m in (torch.nn.Linear(4, 4), torch.nn.ReLU())])
+
+    def forward(self, x, target):
+        return torch.nn.functional.cross_entropy(self.layers(x), target)
+
+
+def _train(model, x, target, comms=None):
+    """Monarch's DDP walkthrough: reduce each gradient as the backward pass yields it, then
+    step the parameter; with `comms`, the reduction runs on a borrowed copy on that stream."""
+    loss = model(x, target)
+    rparams = list(reversed(list(model.parameters())))
+    with torch.no_grad():
+        for param, grad in zip(rparams, runtime.grad_generator(loss, rparams)):
+            if comms is None:
+                grad.reduce_("dp", "sum")
+            else:
+                comm_grad, borrow = comms.borrow(grad, mutable=True)
+                with comms.activate():
+                    comm_grad.reduce_("dp", "sum")
+                borrow.drop()
+            param += 0.01 * grad
+
+
+def test_a_monarch_style_program_runs(mesh):
+    """The flow of Monarch's distributed-tensors walkthrough, on CPU: the mesh as a table,
+    renamed and split meshes, a pipeline of slices under no_grad, DDP with grad_generator,
+    and the same with a comms stream."""
+    table = mesh.to_table()
+    assert table.splitlines()[0].split()[:3] == ["rank", "host", "gpu"]
+    assert len(table.splitlines()) == 5
+    assert mesh.rename(host="dp", gpu="tp").sizes == {"dp": 2, "tp": 2}
+    assert mesh.split(host=("dp", "pp"), gpu=("tp",), pp=2).sizes == {"dp": 1, "pp": 2, "tp": 2}
+
+    pipeline_mesh = mesh.rename(host="pp")
+    meshes = [pipeline_mesh.slice(pp=i) for i in range(pipeline_mesh.size("pp"))]
+    stages = []
+    for stage_mesh in meshes:
+        with stage_mesh.activate():
+            stages.append(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+    with meshes[0].activate():
+        x = torch.rand(3, 4)
+    with torch.no_grad():
+        for stage_mesh, stage in zip(meshes, stages):
+            x = x.to_mesh(stage_mesh)
+            with stage_mesh.activate():
+                x = stage(x)
+    assert x.mesh is meshes[1] and runtime.inspect(x).shape == (3, 4)
+
+    dp = mesh.rename(gpu="dp")
+    assert runtime.get_active_stream().name == "main"
+    comms = runtime.Stream("comms")
+    for stream in (None, comms):
+        with dp.activate():
+            manual_seed(0)
+            model = _Net()
+            manual_seed(5, per_rank=True)
+            _train(model, torch.rand(3, 4), torch.full((3,), 1, dtype=torch.int64), stream)
+        w = [runtime.inspect(model.layers[0].weight, host=0, dp=d) for d in range(2)]
+        assert torch.equal(w[0], w[1]), "the dp replicas diverged"
+    _, b = comms.borrow(x)
+    b.drop()
+    with pytest.raises(RuntimeError, match="already dropped"):
+        b.drop()

@@ -287,6 +287,18 @@ class ProcMesh(MeshTrait):
     def __exit__(self, *exc: Any) -> None:
         self.stop().get(config.stop_timeout + 5.0)
 
+    def to_table(self) -> str:
+        """A text table of the procs: rank, coordinates, host and pid (Monarch's
+        `to_table()`, printed by its examples)."""
+        dims = list(self.sizes)
+        rows = [["rank", *dims, "host", "pid"]]
+        for r, p in enumerate(self.procs):
+            c = self.shape.coords_of(r)
+            rows.append([str(r), *(str(c[d]) for d in dims), p.host, str(p.pid)])
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in rows]
+        return "\n".join(lines)
+
     def __repr__(self) -> str:
         return f"<ProcMesh {self.name!r} {self.sizes}>"
 
