@@ -55,7 +55,7 @@ def current_runtime() -> "_core.Runtime | None":
 _TENSOR_NAMES = ("Tensor", "get_active_mesh", "no_mesh", "inspect", "show", "fetch_shard",
                  "RemoteTensorError", "reduce", "reduce_", "to_mesh", "slice_mesh", "mesh_rank",
                  "MeshDimError", "remote", "Remote", "call_on_shard_and_fetch", "grad_generator",
-                 "Stream", "get_active_stream")
+                 "Stream", "get_active_stream", "coalescing")
 
 
 def __getattr__(name: str):

@@ -326,3 +326,39 @@ def test_a_monarch_style_program_runs(mesh):
     b.drop()
     with pytest.raises(RuntimeError, match="already dropped"):
         b.drop()
+
+
+def test_coalescing_fuses_consecutive_reductions_and_keeps_order(mesh):
+    with mesh.activate():
+        r = mesh_rank().float()
+        a, b = torch.ones(3) * (r + 1), torch.ones(2, 2) * (r + 10)
+        c = torch.ones(4, dtype=torch.int64)
+        with runtime.coalescing():
+            a.reduce_(("host", "gpu"))           # these two fuse (same groups, sum, float)
+            s = b.reduce(("host", "gpu"))
+            m = b.reduce("gpu", "max")           # another group: its own command
+            d = c.reduce(("host", "gpu"))        # int64: its own command
+            used = a * 2                         # an op reading a: sends what is pending first
+            with runtime.coalescing():           # nested: joins the outer block
+                e = (r + 1).reduce(("host", "gpu"), "avg")
+    assert runtime.inspect(a, host=1, gpu=1).tolist() == [10.0] * 3
+    assert runtime.inspect(used).tolist() == [20.0] * 3
+    assert runtime.inspect(s, gpu=1).tolist() == [[46.0, 46.0]] * 2
+    assert runtime.inspect(m, host=1, gpu=0).tolist() == [[13.0, 13.0]] * 2
+    assert runtime.inspect(d).tolist() == [4] * 4
+    assert runtime.inspect(e).item() == 2.5
+    with mesh.activate():
+        x = torch.ones(2)
+        with runtime.coalescing():
+            x.reduce_("gpu")
+        bad_idx = mesh_rank() * 5
+        broken = torch.arange(4.0).index_select(0, bad_idx.reshape(1))
+        one = torch.ones(1)
+        with runtime.coalescing():  # fused: one input failed on rank 1 fails both outputs
+            f1 = broken.reduce(("host", "gpu"))
+            f2 = one.reduce(("host", "gpu"))
+    assert runtime.inspect(x).tolist() == [2.0, 2.0]
+    with pytest.raises(RemoteTensorError, match="coalesced"):
+        runtime.inspect(f2, host=0, gpu=0)
+    with pytest.raises(RemoteTensorError):
+        runtime.inspect(f1, host=1, gpu=1)

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from . import _coalescing as coalescing
 from ._engine import Engine, engine_for, send_command
 from ._groups import (Dims, check_inplace, group_size, normalize_dims, reduce_groups,
                       reduce_shape, transfer_pairs)
+from ..shapes import row_major_strides
 from ._tensor import Tensor
 
 if TYPE_CHECKING:
@@ -25,7 +27,6 @@ if TYPE_CHECKING:
 
 _seq = itertools.count(1)
 _lock = threading.Lock()
-_META = torch.device("meta")
 
 
 class _Comm:
@@ -99,7 +100,7 @@ def _check_tensor(t: Any, what: str) -> Tensor:
 def _new_tensor(shape: tuple, like: Tensor, mesh: "ProcMesh") -> Tensor:
     engine = like._engine
     key, target = engine.target(mesh)
-    stride = torch.empty(shape, device=_META).stride()
+    stride = row_major_strides(shape)  # (not torch.empty: under an active mesh it is an op)
     return Tensor(shape, stride, 0, like.dtype, None, mesh, like.device, engine, key, target)
 
 
@@ -150,7 +151,8 @@ def reduce(t: Tensor, dims: Dims = (), reduction: str = "sum", scatter: bool = F
             "meta": (tuple(t.shape), t.dtype),
             "label": f"{what}({', '.join(dims)}, reduction={reduction!r}"
                      f"{', scatter=True' if scatter else ''})"}
-    send_command(engine, t._key, t._target, ("coll", "reduce", t.ref, result.ref, spec))
+    if mesh is not None or not coalescing.defer(engine, t._key, t._target, t, result, spec):
+        send_command(engine, t._key, t._target, ("coll", "reduce", t.ref, result.ref, spec))
     if mesh is not None:
         return slice_to(result, mesh)
     return result

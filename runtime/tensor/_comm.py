@@ -297,10 +297,55 @@ class Collectives:
             return
         if out is None:
             return
-        self._store(kind, spec, out_id, out)
+        self._store(kind, spec, out_id, out, spec.get("into"))
 
-    def _store(self, kind: str, spec: dict, out_id: int, out: torch.Tensor) -> None:
-        into = spec.get("into")
+    def run_many(self, spec: dict) -> None:
+        """A coalesced run of reductions over one group (see _coalescing.py): every input
+        packed into one buffer, one collective, the results unpacked."""
+        gid, members = next(g for g in spec["groups"] if self.me in g[1])
+        items, label = spec["items"], spec["label"]
+        dtype, red = spec["meta"][1], spec["reduction"]
+        xs = [self.refs.get(it[0]) for it in items]
+        mine = next((self.failed.get(it[0]) or self.Failure(
+            label, self.rank, f"input ref {it[0]} is not on this proc", "")
+            for it, x in zip(items, xs) if x is None), None)
+        dev = torch.device("cuda", torch.cuda.current_device()) if spec["cuda"] else \
+            torch.device("cpu")
+        sizes = [int(torch.Size(it[3]).numel()) for it in items]
+        total = sum(sizes)
+        ok_v, bad_v = _FLAG[red]
+        try:
+            pg, _ = self.groups.get(gid, members, spec["rdv"], spec["backend"])
+            buf = torch.zeros(total + 1, dtype=dtype, device=dev)
+            if mine is None:
+                torch.cat([x.reshape(-1) for x in xs], out=buf[:total])
+            buf[total] = ok_v if mine is None else bad_v
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = getattr(dist.ReduceOp, _OPS[red])
+            pg.allreduce([buf], opts).wait()
+            ok = buf[total].item() == ok_v
+        except Exception as e:
+            import traceback
+
+            self.groups.fail(gid, spec["backend"], f"{type(e).__name__}: {e}")
+            mine = self.Failure(label, self.rank, f"{type(e).__name__}: {e}",
+                                traceback.format_exc())
+            ok = False
+        if not ok:
+            failure = mine or self.Failure(label, self.rank, "an input of this collective "
+                                           "failed on another proc of its group", "")
+            for it in items:
+                self._fail("reduce", spec, it[1], failure)
+            return
+        if red == "avg":
+            buf.div_(len(members))
+        off = 0
+        for it, n in zip(items, sizes):
+            self._store("reduce", spec, it[1], buf[off:off + n].view(it[3]), it[2])
+            off += n
+
+    def _store(self, kind: str, spec: dict, out_id: int, out: torch.Tensor,
+               into: Optional[int]) -> None:
         if into is not None:
             target = self.refs.get(into)
             if target is None:

@@ -11,6 +11,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from . import _coalescing
 from ..future import Future
 from ..errors import SerializationError
 from ._worker import Failure, Worker
@@ -202,6 +203,8 @@ sender = Sender()
 
 def send_command(engine: Engine, key: tuple, target: "ActorMesh", command: tuple) -> None:
     """Queue a command for the workers of `target` (sent in order, batched)."""
+    if _coalescing.active():
+        _coalescing.flush()  # reductions held for fusion go first: program order
     sender.put(("cmd", engine, key, target, command))
 
 
@@ -209,6 +212,8 @@ def send_call(engine: Engine, key: tuple, call: Callable[[], Future], label: str
               finish: Callable[[Any], Any], keepalive: Any = None) -> Future:
     """Queue `call()` (an endpoint call) after the commands before it; a Future of
     `finish(result)`."""
+    if _coalescing.active():
+        _coalescing.flush()
     out: Future = Future(label)
     sender.put(("call", engine, key, call, out, finish, keepalive))
     return out

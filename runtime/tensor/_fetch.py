@@ -169,8 +169,10 @@ def manual_seed(seed: int, per_rank: bool = False) -> None:
 
 def flush(timeout: float = 30.0) -> None:
     """Wait until every command issued so far has been sent to the procs."""
+    from . import _coalescing
     from ._engine import sender
 
+    _coalescing.flush()
     sender.flush(timeout)
 
 

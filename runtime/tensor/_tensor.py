@@ -83,8 +83,10 @@ class Tensor(torch.Tensor):
     def __reduce_ex__(self, proto: Any) -> Any:
         """Passed to an actor on the same procs, a mesh tensor arrives as that proc's shard
         (the ops issued before the call are sent first)."""
+        from . import _coalescing
         from ._engine import sender
 
+        _coalescing.flush()
         sender.flush()
         return (local_shard, (self.ref, self._key))
 

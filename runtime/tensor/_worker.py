@@ -119,7 +119,10 @@ class Worker(Actor):
             elif cmd[0] == "seed":
                 torch.manual_seed(cmd[1] + (self.rank if cmd[2] else 0))
             elif cmd[0] == "coll":
-                self._collectives().run(cmd[1], cmd[2], cmd[3], cmd[4])
+                if cmd[1] == "reduce_many":
+                    self._collectives().run_many(cmd[4])
+                else:
+                    self._collectives().run(cmd[1], cmd[2], cmd[3], cmd[4])
             elif cmd[0] == "alias":
                 self._alias(cmd[1], cmd[2])
             elif cmd[0] == "rank":
