@@ -209,10 +209,11 @@ class DDPActor(Actor):
         dist.destroy_process_group()
 
 
-def ddp_rows(steps: int, progress, batch: int = 20) -> tuple[float, float]:
+def ddp_rows(steps: int, progress, batch: int = 20) -> tuple[float, float, float]:
     """Median seconds per DDP step on 2 procs, each step ending with rank 0's loss here:
-    (actor-based DDP as in notebooks/ddp.ipynb, mesh tensors with grad_generator + reduce_)."""
-    from runtime.tensor import grad_generator, manual_seed
+    (actor-based DDP as in notebooks/ddp.ipynb, mesh tensors with grad_generator + reduce_,
+    mesh tensors with backward() + one coalesced reduce_ of all gradients)."""
+    from runtime.tensor import coalescing, grad_generator, manual_seed
 
     progress("DDP: two 2-proc meshes (actor DDP, mesh-tensor DDP) ...")
     actors_pm = this_host().spawn_procs(per_host={"procs": 2}, name="bench_ddp_actors")
@@ -242,16 +243,30 @@ def ddp_rows(steps: int, progress, batch: int = 20) -> tuple[float, float]:
                 opt.zero_grad()
                 return loss.item()
 
-            actor_t, mesh_t = [], []
+            def bucket_step() -> float:
+                x = torch.randn(batch, 10)
+                loss = torch.nn.functional.mse_loss(model(x), x @ target)
+                loss.backward()
+                with coalescing():
+                    for p in params:
+                        p.grad.reduce_("procs", "avg")
+                opt.step()
+                opt.zero_grad()
+                return loss.item()
+
+            actor_t, mesh_t, bucket_t = [], [], []
             for i in range(steps + 3):
                 t0 = time.perf_counter()
                 ddp.train_step.call().get(timeout=60)
                 t1 = time.perf_counter()
                 mesh_step()
                 t2 = time.perf_counter()
+                bucket_step()
+                t3 = time.perf_counter()
                 if i >= 3:
                     actor_t.append(t1 - t0)
                     mesh_t.append(t2 - t1)
+                    bucket_t.append(t3 - t2)
         ddp.cleanup.call().get(timeout=30)
     finally:
         actors_pm.stop().get(timeout=30)
@@ -259,4 +274,4 @@ def ddp_rows(steps: int, progress, batch: int = 20) -> tuple[float, float]:
         import shutil
 
         shutil.rmtree(d, True)
-    return statistics.median(actor_t), statistics.median(mesh_t)
+    return statistics.median(actor_t), statistics.median(mesh_t), statistics.median(bucket_t)

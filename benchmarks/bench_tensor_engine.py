@@ -14,7 +14,8 @@
     `to_mesh` of 64 MiB between two procs against an RDMABuffer same-host read between two
     procs; rounds alternate floor and ours. DDP step time of notebooks/ddp.ipynb's actors
     (torch DDP, gloo) against the same model and batch as mesh tensors with grad_generator
-    and reduce_, steps alternating.
+    and reduce_, and with backward() and one coalesced reduce_ of all gradients, steps
+    alternating.
 Progress goes to stderr, the table to stdout."""
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def main() -> None:
     rounds, k = (2, 3) if a.quick else (5, 4)
     raw_red, our_red = reduce_rows(64 << 20, rounds, k, progress)
     rdma_t, our_move = to_mesh_rows(64 << 20, rounds, k, progress)
-    ddp_actor, ddp_mesh = ddp_rows(a.steps * 2, progress)
+    ddp_actor, ddp_mesh, ddp_bucket = ddp_rows(a.steps * 2, progress)
     print("| measure | value | target |")
     print("|---|---|---|")
     print(f"| `x = x + 1` issued, 4 procs | {issued:,.0f} ops/s | |")
@@ -148,6 +149,8 @@ def main() -> None:
           f"{ddp_actor * 1e3:.1f} ms | reference |")
     print(f"| DDP step, mesh tensors: grad_generator + `reduce_(\"procs\", \"avg\")` | "
           f"{ddp_mesh * 1e3:.1f} ms ({ddp_mesh / ddp_actor:.2f}x) | |")
+    print(f"| DDP step, mesh tensors: backward() + coalesced `reduce_` | "
+          f"{ddp_bucket * 1e3:.1f} ms ({ddp_bucket / ddp_actor:.2f}x) | |")
     print(f"| after the {a.ops:,}-op loop | {after['live']} shards, {after['bytes']} B; "
           f"proc RSS {rss1:.0f} MiB | flat |")
 
