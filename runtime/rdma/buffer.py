@@ -170,6 +170,7 @@ class RDMABuffer:
             fut: Future = Future("RDMABuffer.drop")
             fut.set_result(None)
             return fut
+        client.close_ipc(h)  # our CUDA IPC mapping of it, if any, goes now
         return _submit(lambda: client.drop_remote(h, timeout), "RDMABuffer.drop")
 
     def transport(self) -> str:
