@@ -13,3 +13,35 @@ class EnvProbe(Actor):
     @endpoint
     def env(self, names: list) -> dict:
         return {n: os.environ.get(n) for n in names}
+
+
+class FakeCUDATensor:
+    """Pickles exactly as a staged CUDA tensor does (runtime/transport/cuda_tensors.py), so
+    a machine without GPUs can test what a proc without CUDA does with one."""
+
+    def __init__(self, n: int) -> None:
+        import numpy as np
+
+        self.arr = np.arange(n, dtype=np.float32).view(np.uint8)
+        self.n = n
+
+    def __reduce__(self):
+        from runtime.transport import cuda_tensors
+
+        return (cuda_tensors._rebuild_staged,
+                (self.arr, "float32", (self.n,), False, False, f"shape ({self.n},), float32, cuda:0"))
+
+
+class Taker(Actor):
+    """Receives tensors and says where they arrived."""
+
+    @endpoint
+    def take(self, weights, scale: float = 1.0) -> str:
+        return f"{weights.device} {float(weights.sum()) * scale}"
+
+    @endpoint
+    def make(self, n: int, cuda: bool = True):
+        import torch
+
+        t = torch.arange(n, dtype=torch.float32)
+        return t.cuda() if cuda else t
