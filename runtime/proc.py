@@ -469,7 +469,9 @@ class ProcServer:
         torch = sys.modules.get("torch")
         if torch is not None:
             try:
-                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                # is_initialized() first: is_available() would start the CUDA driver, which
+                # fixes CUDA_VISIBLE_DEVICES for good (runtime.spmd changes it before that)
+                if torch.cuda.is_initialized() and torch.cuda.is_available():
                     extra["gpu"] = int(torch.cuda.memory_allocated())
             except Exception:
                 pass

@@ -45,3 +45,28 @@ class Taker(Actor):
 
         t = torch.arange(n, dtype=torch.float32)
         return t.cuda() if cuda else t
+
+
+class CudaProbe(Actor):
+    """Counts calls of torch.cuda.is_available() in this proc (which would start the CUDA
+    driver and fix CUDA_VISIBLE_DEVICES)."""
+
+    @endpoint
+    def count_is_available(self, seconds: float) -> int:
+        import time
+
+        import torch
+
+        calls = [0]
+        real = torch.cuda.is_available
+
+        def counting() -> bool:
+            calls[0] += 1
+            return real()
+
+        torch.cuda.is_available = counting
+        try:
+            time.sleep(seconds)
+        finally:
+            torch.cuda.is_available = real
+        return calls[0]

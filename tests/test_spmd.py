@@ -66,3 +66,18 @@ def test_a_failing_script_fails_the_call(tmp_path):
             actors.main.call("127.0.0.1", 1, []).get(timeout=60)
     finally:
         pm.stop().get(timeout=30)
+
+
+@pytest.mark.timeout(60)
+def test_heartbeats_do_not_start_cuda_in_a_proc():
+    """A proc's heartbeat must not call torch.cuda.is_available() before CUDA is in use:
+    that starts the driver, after which SPMDActor cannot widen CUDA_VISIBLE_DEVICES."""
+    from _gpu_actors import CudaProbe
+
+    with configured(heartbeat_interval=0.1):
+        pm = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        n = pm.spawn("probe", CudaProbe).count_is_available.call_one(1.0).get(timeout=30)
+        assert n == 0
+    finally:
+        pm.stop().get(timeout=30)

@@ -23,7 +23,7 @@ def export_ipc(tensor: Any, addr: int) -> bytes:
     return json.dumps({
         "device": int(device), "handle": bytes(handle).hex(), "size": int(size),
         "offset": int(offset), "ref": bytes(ref_handle).hex(), "ref_offset": int(ref_offset),
-        "event": bytes(event_handle).hex() if event_handle else None,
+        "event": bytes(event_handle).hex() if event_handle else "",
         "buf_offset": int(addr - storage.data_ptr()),
     }).encode()
 
@@ -37,7 +37,7 @@ def decode_ipc(payload: bytes) -> dict:
         if not isinstance(d.get(k), t):
             raise ValueError(f"CUDA IPC description lacks {k!r}")
     return {**d, "handle": bytes.fromhex(d["handle"]), "ref": bytes.fromhex(d["ref"]),
-            "event": bytes.fromhex(d["event"]) if d.get("event") else None}
+            "event": bytes.fromhex(d["event"]) if d.get("event") else b""}
 
 
 # -- the reader's side: open once per buffer ------------------------------------------------
@@ -65,7 +65,7 @@ class IpcCache:
                 return self._open[key]
             storage = torch.UntypedStorage._new_shared_cuda(
                 device, d["handle"], d["size"], d["offset"], d["ref"], d["ref_offset"],
-                d["event"], False)  # the owner synchronises its device when pinned
+                d["event"], False)  # not waited on: the owner synchronises its device when pinned
             flat = torch.empty(0, dtype=torch.uint8, device=f"cuda:{device}")
             flat.set_(storage, 0, (d["size"],), (1,))
             self._open[key] = (flat, d["buf_offset"])
@@ -121,7 +121,6 @@ def device_to_host(dev: Any, consume: Callable[[int, int, int], None],
             issue(i + 1)  # its buffer's previous chunk was consumed in the last round
         events[i % 2].synchronize()
         consume(bufs[i % 2].data_ptr(), k, p)
-    dev.record_stream(stream)
 
 
 def host_to_device(dev: Any, produce: Callable[[int, int, int], None],
@@ -147,8 +146,7 @@ def host_to_device(dev: Any, produce: Callable[[int, int, int], None],
             ev = torch.cuda.Event()
             ev.record(stream)
         events[i % 2] = ev
-    stream.synchronize()
-    dev.record_stream(stream)
+    stream.synchronize()  # every copy done: `dev` and the pinned buffers are free again
 
 
 def memmove_to(dst_addr: int) -> Callable[[int, int, int], None]:
