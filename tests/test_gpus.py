@@ -75,3 +75,47 @@ def test_without_gpus_the_dimension_is_only_a_name(monkeypatch):
             assert all(v["CUDA_VISIBLE_DEVICES"] is None for v in got.values())
         finally:
             pm.stop().get(timeout=20)
+
+
+def test_a_remote_hosts_agent_places_procs_on_its_own_gpus(tmp_path, monkeypatch):
+    """An attached (listening) agent with 2 GPUs of its own (faked: MONARCH_GPU_COUNT) and
+    CUDA_VISIBLE_DEVICES=4,6 places the procs; asking for 3 fails those procs saying why."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from runtime import attach_to_workers
+    from runtime.transport import auth
+
+    key_file = str(tmp_path / "cluster.key")
+    auth.write_key_file(key_file)
+    addr_file = tmp_path / "agent.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), MONARCH_GPU_COUNT="2",
+               CUDA_VISIBLE_DEVICES="4,6")
+    agent = subprocess.Popen([sys.executable, "-m", "runtime.host", "--listen",
+                              "tcp://127.0.0.1:0", "--key-file", key_file, "--address-file",
+                              str(addr_file), "--parent-pid", str(os.getpid())], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not addr_file.exists():
+            assert agent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        hosts = attach_to_workers([json.loads(addr_file.read_text())["address"]],
+                                  key_file=key_file)
+        with configured(gpu_count=0):  # the controller's host has none: the agent decides
+            pm = hosts.spawn_procs(per_host={"gpus": 2})
+        got = pm.spawn("probe", EnvProbe).env.call(VARS).get(timeout=60)
+        assert [v["CUDA_VISIBLE_DEVICES"] for v in got.values()] == ["4", "6"]
+        pm.stop().get(timeout=20)
+        with configured(gpu_count=0):
+            bad = hosts.spawn_procs(per_host={"gpus": 3})
+        with pytest.raises(Exception, match="asks for one GPU per proc"):
+            bad.spawn("probe", EnvProbe).env.call(VARS).get(timeout=60)
+        bad.stop().get(timeout=20)
+        hosts.shutdown()
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        agent.wait(10)
