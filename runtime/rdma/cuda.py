@@ -10,6 +10,7 @@ import threading
 from typing import Any, Callable, Optional
 
 STAGE = 16 << 20  # bytes per pinned staging chunk (two in flight)
+_export_lock = threading.Lock()
 
 
 # -- the owner's side: export --------------------------------------------------------------
@@ -18,8 +19,9 @@ def export_ipc(tensor: Any, addr: int) -> bytes:
     buffer at device address `addr` starts in it. Each call adds one reference that the
     reader's open mapping releases when closed (torch's producer-side ref counter)."""
     storage = tensor.untyped_storage()
-    (device, handle, size, offset, ref_handle, ref_offset, event_handle,
-     _event_sync) = storage._share_cuda_()
+    with _export_lock:  # sharing swaps the storage's data pointer: one thread at a time
+        (device, handle, size, offset, ref_handle, ref_offset, event_handle,
+         _event_sync) = storage._share_cuda_()
     return json.dumps({
         "device": int(device), "handle": bytes(handle).hex(), "size": int(size),
         "offset": int(offset), "ref": bytes(ref_handle).hex(), "ref_offset": int(ref_offset),
