@@ -174,3 +174,49 @@ def test_same_process_cuda_buffer_is_a_local_copy(monkeypatch):
     out = torch.empty(1000, dtype=torch.float32)
     buf.read_into(out).get(timeout=30)
     assert buf.last_transport == "local" and torch.equal(out, own.cpu())
+
+
+class _FakeStream:
+    def __init__(self, device=None):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class _FakeEvent:
+    def record(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+@pytest.mark.parametrize("n,chunk", [(1, 7), (7, 7), (8, 7), (2 * 7 + 3, 7), (100, 7)])
+def test_pinned_pipelines_move_every_chunk_in_place(monkeypatch, n, chunk):
+    """The two-buffer pipelines' chunking and buffer reuse, run on CPU tensors with the CUDA
+    stream/event calls made no-ops (copies are synchronous there, so order is exercised)."""
+    import contextlib
+
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(cuda, "pinned", lambda k: torch.empty(k, dtype=torch.uint8))
+    src = pattern(n, n)
+    out = torch.zeros(n, dtype=torch.uint8)
+    seen = []
+
+    def consume(addr, k, pos):
+        seen.append((pos, k))
+        cuda.memmove_to(out.data_ptr())(addr, k, pos)
+
+    cuda.device_to_host(src, consume, chunk=chunk)
+    assert torch.equal(out, src)
+    assert seen == [(p, min(chunk, n - p)) for p in range(0, n, chunk)]
+    back = torch.zeros(n, dtype=torch.uint8)
+    cuda.host_to_device(back, cuda.memmove_from(src.data_ptr()), chunk=chunk)
+    assert torch.equal(back, src)

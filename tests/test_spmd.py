@@ -81,3 +81,25 @@ def test_heartbeats_do_not_start_cuda_in_a_proc():
         assert n == 0
     finally:
         pm.stop().get(timeout=30)
+
+
+@pytest.mark.timeout(90)
+def test_setup_env_gives_a_gpu_proc_torchruns_view_of_the_host(monkeypatch):
+    """Procs the runtime gave one GPU each (faked count: MONARCH_GPU_COUNT) see the host's
+    whole list again after setup_env, so set_device(LOCAL_RANK) picks their own GPU."""
+    from _gpu_actors import EnvProbe
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    with configured(gpu_count=2):
+        pm = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        names = ["CUDA_VISIBLE_DEVICES", "LOCAL_RANK"]
+        probe = pm.spawn("probe", EnvProbe)
+        before = probe.env.call(names).get(timeout=60)
+        assert [v["CUDA_VISIBLE_DEVICES"] for v in before.values()] == ["3", "5"]
+        pm.spawn("_SPMDActor", SPMDActor).setup_env.call("127.0.0.1", 1).get(timeout=60)
+        after = probe.env.call(names).get(timeout=60)
+        assert [(v["CUDA_VISIBLE_DEVICES"], v["LOCAL_RANK"]) for v in after.values()] == [
+            ("3,5", "0"), ("3,5", "1")]  # entry LOCAL_RANK of the list: the proc's own GPU
+    finally:
+        pm.stop().get(timeout=30)

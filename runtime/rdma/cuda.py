@@ -94,6 +94,13 @@ def _pieces(n: int, chunk: int) -> list[tuple[int, int]]:
     return [(p, min(chunk, n - p)) for p in range(0, n, chunk)]
 
 
+def pinned(nbytes: int) -> Any:
+    """A page-locked host buffer (torch's caching host allocator reuses them)."""
+    import torch
+
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
 def device_to_host(dev: Any, consume: Callable[[int, int, int], None],
                    chunk: int = STAGE) -> None:
     """Copy 1-D uint8 CUDA tensor `dev` out through two pinned buffers: consume(addr, n,
@@ -103,8 +110,7 @@ def device_to_host(dev: Any, consume: Callable[[int, int, int], None],
     pieces = _pieces(dev.numel(), chunk)
     if not pieces:
         return
-    bufs = [torch.empty(min(chunk, dev.numel()), dtype=torch.uint8, pin_memory=True)
-            for _ in range(min(2, len(pieces)))]
+    bufs = [pinned(min(chunk, dev.numel())) for _ in range(min(2, len(pieces)))]
     stream = torch.cuda.Stream(device=dev.device)
     stream.wait_stream(torch.cuda.current_stream(dev.device))
     events: list = [None, None]
@@ -134,8 +140,7 @@ def host_to_device(dev: Any, produce: Callable[[int, int, int], None],
     pieces = _pieces(dev.numel(), chunk)
     if not pieces:
         return
-    bufs = [torch.empty(min(chunk, dev.numel()), dtype=torch.uint8, pin_memory=True)
-            for _ in range(min(2, len(pieces)))]
+    bufs = [pinned(min(chunk, dev.numel())) for _ in range(min(2, len(pieces)))]
     stream = torch.cuda.Stream(device=dev.device)
     stream.wait_stream(torch.cuda.current_stream(dev.device))
     events: list = [None, None]
