@@ -482,6 +482,8 @@ def ipc_transfer(h: Handle, span: Span, offset: int, write: bool, dl: Deadline) 
             else:
                 cuda.device_to_host(remote, cuda.memmove_to(span.addr))
                 torch.cuda.synchronize(remote.device)
+            if not process_alive(h.pid, h.start_time):  # as for vm: alive throughout
+                raise _owner_gone(h, "process exited during the transfer")
             c.post(P.OP_UNPIN)
     except RDMABufferDroppedError:
         close_ipc(h)
