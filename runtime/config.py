@@ -225,6 +225,9 @@ _SETTINGS: tuple[Setting, ...] = (
     _s("rdma_ib_port", "int", 1, "ibverbs port number.", live=True, minimum=1),
     _s("rdma_ib_gid_index", "int", 0, "ibverbs GID table entry (RoCE).", live=True,
        minimum=0),
+    _s("rdma_gpudirect", "bool", False, "Register CUDA memory with the RDMA NIC itself "
+       "(GPUDirect RDMA, needs nvidia-peermem) instead of staging it through host memory.",
+       live=True),
     _s("gpu_count", "int", -1, "CUDA devices of this host as spawn_procs sees them for "
        "per_host={'gpus': N} (-1: ask NVML/nvidia-smi; 0: no GPUs).", live=True, minimum=-1),
     _s("cuda_ipc_min_bytes", "int", 1 << 20, "Smallest CUDA tensor argument sent to a "

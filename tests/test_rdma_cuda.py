@@ -32,6 +32,8 @@ def test_transport_choice_table():
     assert pick(remote_cuda=True, cuda_here=False) == "tcp"  # reader without CUDA: owner stages
     assert pick(same_host=False, ib_ok=True) == "ibverbs"
     assert pick(same_host=False, ib_ok=True, remote_cuda=True) == "tcp"  # no GPUDirect
+    assert pick(same_host=False, ib_ok=True, remote_cuda=True, gpudirect=True) == "ibverbs"
+    assert pick(mode="ibverbs", remote_cuda=True, gpudirect=True) == "ibverbs"
     assert pick(same_host=False) == "tcp"
     assert pick(mode="tcp", remote_cuda=True, cuda_here=True) == "tcp"
     assert pick(mode="vm") == "vm"
@@ -45,7 +47,7 @@ def test_forced_transports_that_cannot_work_say_why():
         pick(mode="vm", same_host=False)
     with pytest.raises(RDMAError, match="refused: Yama"):
         pick(mode="vm", vm_ok=False, vm_refused="Yama ptrace_scope is 3")
-    with pytest.raises(RDMAError, match="GPUDirect RDMA is not supported"):
+    with pytest.raises(RDMAError, match="GPUDirect RDMA is off"):
         pick(mode="ibverbs", remote_cuda=True)
 
 

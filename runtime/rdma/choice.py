@@ -14,11 +14,13 @@ TRANSPORTS = ("local", "vm", "cuda-ipc", "tcp", "ibverbs")
 
 def choose_transport(*, mode: str, same_process: bool, same_host: bool, remote_cuda: bool,
                      cuda_here: bool, vm_ok: bool, vm_refused: Optional[str] = None,
-                     ib_ok: bool = False, where: str = "the buffer") -> str:
+                     ib_ok: bool = False, gpudirect: bool = False,
+                     where: str = "the buffer") -> str:
     """The transport for one transfer; raises RDMAError when a forced one cannot work.
 
     mode: MONARCH_RDMA_TRANSPORT ("auto", "vm", "tcp", "ibverbs"); remote_cuda: the
-    owner's buffer is CUDA memory; cuda_here: this process can open CUDA IPC handles."""
+    owner's buffer is CUDA memory; cuda_here: this process can open CUDA IPC handles;
+    gpudirect: the owner registered its CUDA buffer with its NIC (GPUDirect RDMA)."""
     if mode == "vm":
         if not same_host:
             raise RDMAError("transport 'vm' requested but the buffer's owner is on another host")
@@ -32,9 +34,10 @@ def choose_transport(*, mode: str, same_process: bool, same_host: bool, remote_c
                             f"{vm_refused}")
         return "vm"
     if mode == "ibverbs":
-        if remote_cuda:
-            raise RDMAError(f"transport 'ibverbs' requested but {where} is in CUDA memory and "
-                            "GPUDirect RDMA is not supported here; use auto or tcp")
+        if remote_cuda and not gpudirect:
+            raise RDMAError(f"transport 'ibverbs' requested but {where} is in CUDA memory "
+                            "and its owner did not register it with its NIC (GPUDirect RDMA "
+                            "is off: MONARCH_RDMA_GPUDIRECT=1 there); use auto or tcp")
         return "ibverbs"
     if mode == "tcp":
         return "tcp"
@@ -46,6 +49,6 @@ def choose_transport(*, mode: str, same_process: bool, same_host: bool, remote_c
         return "cuda-ipc" if cuda_here else "tcp"
     if same_host:
         return "vm" if vm_ok else "tcp"
-    if ib_ok and not remote_cuda:
+    if ib_ok and (gpudirect or not remote_cuda):
         return "ibverbs"
     return "tcp"

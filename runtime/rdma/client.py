@@ -540,7 +540,8 @@ def choose(h: Handle, local_cuda: bool) -> str:
     same_host = h.host_id == host_id()
     remote_cuda = h.device.startswith("cuda")
     ib_ok = False
-    if not same_host and h.ib and mode == "auto" and not remote_cuda:
+    gpudirect = remote_cuda and h.ib  # the owner registered its CUDA buffer with its NIC
+    if not same_host and h.ib and mode == "auto":
         from . import ibverbs
 
         ib_ok = ibverbs.shared_context() is not None
@@ -548,7 +549,7 @@ def choose(h: Handle, local_cuda: bool) -> str:
         mode=mode, same_process=same_host and h.pid == os.getpid(), same_host=same_host,
         remote_cuda=remote_cuda,
         cuda_here=same_host and remote_cuda and (local_cuda or cuda.cuda_usable()),
-        vm_ok=vm_usable(), vm_refused=_vm_refused, ib_ok=ib_ok,
+        vm_ok=vm_usable(), vm_refused=_vm_refused, ib_ok=ib_ok, gpudirect=gpudirect,
         where=f"buffer {h.buffer_id} ({h.device} of pid {h.pid})")
 
 
@@ -587,6 +588,12 @@ def transfer(h: Handle, span: Span, offset: int, write: bool, timeout: float) ->
         return kind
     if not span.is_cuda:
         return _host_move(kind, h, span.addr, span.nbytes, offset, write, dl, same_host)
+    if kind == "ibverbs" and config.rdma_gpudirect:  # our CUDA memory straight to the NIC
+        import torch
+
+        torch.cuda.synchronize(torch.device(span.device))
+        ib_transfer(h, span.addr, span.nbytes, offset, write, dl)
+        return "ibverbs+gpudirect"
     used = [kind]
 
     def move(addr: int, n: int, pos: int) -> None:

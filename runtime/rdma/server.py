@@ -262,7 +262,16 @@ class DataServer:
         entry = self._lookup_pinned(sock, bid, off, length)
         if entry is None:
             return
+        if entry.span.is_cuda and not config.rdma_gpudirect:
+            self.registry.unpin(entry)
+            P.send_reply(sock, P.ST_ERROR, (f"buffer {bid} is in CUDA memory and GPUDirect RDMA "
+                                            "is off here (MONARCH_RDMA_GPUDIRECT)").encode())
+            return
         try:
+            if entry.span.is_cuda:  # the NIC reads device memory: the device's work is done
+                import torch
+
+                torch.cuda.synchronize(torch.device(entry.span.device))
             with self._mr_lock:
                 if entry.ib_mr is None:
                     entry.ib_mr = ctx.register(entry.span.addr, entry.span.nbytes, remote=True)
