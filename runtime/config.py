@@ -228,6 +228,14 @@ _SETTINGS: tuple[Setting, ...] = (
     _s("rdma_ib_port", "int", 1, "ibverbs port number.", live=True, minimum=1),
     _s("rdma_ib_gid_index", "int", 0, "ibverbs GID table entry (RoCE).", live=True,
        minimum=0),
+    _s("rdma_gpudirect", "bool", False, "Register CUDA memory with the RDMA NIC itself "
+       "(GPUDirect RDMA, needs nvidia-peermem) instead of staging it through host memory.",
+       live=True),
+    _s("gpu_count", "int", -1, "CUDA devices of this host as spawn_procs sees them for "
+       "per_host={'gpus': N} (-1: ask NVML/nvidia-smi; 0: no GPUs).", live=True, minimum=-1),
+    _s("cuda_ipc_min_bytes", "int", 1 << 20, "Smallest CUDA tensor argument sent to a "
+       "same-host proc by CUDA IPC (smaller ones are staged through pinned host memory).",
+       live=True, minimum=0),
     Setting("rdma_session_token", "MONARCH_SESSION_TOKEN", "str", "", "Hex secret shared by "
             "the session's RDMA data servers (default: a random one per process, carried "
             "in each buffer handle).", live=True, secret=True),

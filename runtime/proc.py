@@ -24,6 +24,7 @@ from .errors import ActorError, SupervisionError
 from .shapes import Point, Shape
 from .supervision import MeshFailure
 from .transport.framing import ERROR, OK, Header, Kind, extra_get
+from .transport import cuda_tensors
 from .transport.serialization import dumps, loads
 
 log = logging.getLogger("runtime.proc")
@@ -187,7 +188,7 @@ class ActorInstance:
         view = h.extra.get("view") if isinstance(h.extra, dict) else None
         token = _message_view.set(Shape(*view) if view else None)
         try:
-            args, kwargs = loads(body, buffers)
+            args, kwargs = self._load_arguments(body, buffers, ep)
             if ep.explicit_response_port:
                 args = (_endpoints.response_port(self, h), *args)
             if ep.concurrent:
@@ -209,6 +210,22 @@ class ActorInstance:
             self._send_result(h, name, result)
         if self.abort_reason is not None and self.failed is None:  # context().abort()
             self._fail(f"actor {self.class_name} {self.name} aborted: {self.abort_reason}")
+
+    def _load_arguments(self, body: Any, buffers: list, ep: Any) -> tuple:
+        """Unpickle a call's (args, kwargs); a CUDA tensor this proc cannot take is a clear
+        error naming the argument and this proc."""
+        try:
+            return loads(body, buffers)
+        except cuda_tensors.CUDAUnavailableError as e:
+            with cuda_tensors.lenient():
+                args, kwargs = loads(body, buffers)
+            culprit = cuda_tensors.name_argument(ep.fn, args, kwargs)
+            what = f"argument {culprit[0]}" if culprit else "an argument"
+            raise cuda_tensors.CUDAUnavailableError(
+                f"{what} of {ep.name}() is a CUDA tensor ({culprit[1] if culprit else e.desc})"
+                f" but proc {self.rt.proc_id} (rank {self.rank} of {self.name} on "
+                f"{self.rt.host}) has no CUDA device; send .cpu() or use procs with GPUs",
+                e.desc) from None
 
     def report_error(self, h: Header, ep: Any, e: BaseException) -> None:
         """An endpoint raised `e`: an ActorError to the caller, or the actor fails (no
@@ -233,9 +250,13 @@ class ActorInstance:
 
     def _send_result(self, h: Header, name: str, result: Any) -> None:
         """Reply with an endpoint's return value (or why it cannot travel)."""
+        caller = h.reply if h.extra is None else extra_get(h, "caller", h.reply)
+        keep: Optional[list] = [] if str(caller).startswith("ipc://") else None  # same host
         try:
-            data, bufs = dumps(result, f"the return value of {name}()")
+            with cuda_tensors.sending(keep, release_on_pull=True):  # one receiver: it drops
+                data, bufs = dumps(result, f"the return value of {name}()")
         except Exception as e:
+            cuda_tensors.release(keep or [])
             self.errors += 1
             self._reply_error(h, ActorError(
                 f"endpoint {name}() returned a value that cannot be pickled: {e}",
@@ -243,6 +264,7 @@ class ActorInstance:
             return
         total = len(data) + sum(memoryview(b).nbytes for b in bufs)
         if total > config.max_message_bytes:
+            cuda_tensors.release(keep or [])
             self._reply_error(h, ActorError(
                 f"endpoint {name}() returned {total} bytes, over the message limit of "
                 f"{config.max_message_bytes}", mesh=self.name, rank=self.rank, endpoint=name))
@@ -447,7 +469,9 @@ class ProcServer:
         torch = sys.modules.get("torch")
         if torch is not None:
             try:
-                if torch.cuda.is_available() and torch.cuda.is_initialized():
+                # is_initialized() first: is_available() would start the CUDA driver, which
+                # fixes CUDA_VISIBLE_DEVICES for good (runtime.spmd changes it before that)
+                if torch.cuda.is_initialized() and torch.cuda.is_available():
                     extra["gpu"] = int(torch.cuda.memory_allocated())
             except Exception:
                 pass

@@ -355,6 +355,11 @@ class MeshTrait:
     def extent(self) -> Extent:
         return self._shape.extent
 
+    @property
+    def _labels(self) -> tuple[str, ...]:
+        """The dimension names, in order (Monarch's `mesh._labels`, read by its examples)."""
+        return tuple(self._shape.labels)
+
     def size(self, dim: str | None = None) -> int:
         return self._shape.size(dim)
 

@@ -9,6 +9,7 @@ into futures.
 from __future__ import annotations
 
 import inspect
+import threading
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ..config import config
@@ -17,6 +18,7 @@ from ..errors import ActorError, MeshStoppedError, MessageTooLargeError, Seriali
 from ..future import Future
 from ..shapes import Shape
 from ..transport.framing import ERROR, Header, Kind
+from ..transport import cuda_tensors
 from ..transport.serialization import dumps, loads
 from ..value_mesh import ValueMesh
 
@@ -45,7 +47,24 @@ class EndpointRef:
     def _qualname(self) -> str:
         return f"{self._mesh._rec.cls_name}.{self._name}"
 
-    def _encode(self, args: tuple, kwargs: dict) -> tuple[bytes, list]:
+    def _ipc_keep(self, ranks: list[int]) -> Optional[list]:
+        """A list for CUDA IPC snapshots when every target proc shares this host (ipc://
+        addresses), else None: CUDA tensors are then staged through pinned host memory."""
+        rec = self._mesh._rec
+        if all(str(rec.target(r)[0]).startswith("ipc://") for r in ranks):
+            return []
+        return None
+
+    def _encode(self, args: tuple, kwargs: dict, keep: Optional[list] = None) -> tuple[bytes, list]:
+        try:
+            with cuda_tensors.sending(keep):
+                return self._encode_now(args, kwargs)
+        except BaseException:
+            if keep:
+                cuda_tensors.release(keep)
+            raise
+
+    def _encode_now(self, args: tuple, kwargs: dict) -> tuple[bytes, list]:
         bound = None
         if self._sig is not None and not _fast_arity_ok(self._sig, args, kwargs):
             try:
@@ -100,7 +119,8 @@ class EndpointRef:
         """Call every actor of the mesh; a Future of a ValueMesh of their results."""
         ranks = self._ranks()
         self._check_usable(ranks)
-        return self._start(ranks, "call", *self._encode(args, kwargs))
+        keep = self._ipc_keep(ranks)
+        return _releasing(self._start(ranks, "call", *self._encode(args, kwargs, keep)), keep)
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call the mesh's only actor (ValueError if it has several)."""
@@ -111,7 +131,9 @@ class EndpointRef:
                 f"{len(ranks)} ({self._mesh.sizes}); slice it first, e.g. .slice(...)"
             )
         self._check_usable(ranks)
-        return self._start(ranks, "one", *self._encode(args, kwargs), "call_one")
+        keep = self._ipc_keep(ranks)
+        return _releasing(self._start(ranks, "one", *self._encode(args, kwargs, keep),
+                                      "call_one"), keep)
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call one actor of the mesh: the least loaded of those not failed."""
@@ -119,10 +141,11 @@ class EndpointRef:
         ranks = [r for r in self._ranks() if r not in rec.failed]
         if not ranks:
             self._check_usable(self._ranks())
-        body, bufs = self._encode(args, kwargs)
         best = min(ranks, key=lambda r: (rec.inflight[r], (r - rec.rr) % len(rec.inflight)))
+        keep = self._ipc_keep([best])
+        body, bufs = self._encode(args, kwargs, keep)
         rec.rr = best + 1
-        return self._start([best], "one", body, bufs, "choose")
+        return _releasing(self._start([best], "one", body, bufs, "choose"), keep)
 
     def _start(self, ranks: list[int], mode: str, body: bytes, bufs: list,
                adverb: str = "call") -> Future:
@@ -173,10 +196,32 @@ class EndpointRef:
         """Call every actor; yields one future per actor, in the order replies arrive."""
         ranks = self._ranks()
         self._check_usable(ranks)
-        body, bufs = self._encode(args, kwargs)
+        keep = self._ipc_keep(ranks)
+        body, bufs = self._encode(args, kwargs, keep)
         futs = [Future(f"{self._qualname()}.stream[{i}]") for i in range(len(ranks))]
         _Collector(self, ranks, body, bufs, "stream", futs).start()
+        _releasing(futs, keep)
         return iter(futs)
+
+
+def _releasing(futs: Any, keep: Optional[list]) -> Any:
+    """Drop the CUDA IPC snapshots of a call once all its futures resolved (every receiver
+    copied them before its handler ran, or failed); returns `futs` as given."""
+    if keep:
+        many = futs if isinstance(futs, list) else [futs]
+        left = [len(many)]
+        lock = threading.Lock()
+
+        def one_done(_: Future) -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                cuda_tensors.release(keep)
+
+        for f in many:
+            f.add_done_callback(one_done)
+    return futs
 
 
 class _Collector:

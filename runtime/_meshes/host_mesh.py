@@ -120,6 +120,8 @@ class HostMesh(MeshTrait):
         procs: list[ProcRecord] = []
         by_agent: dict[str, tuple[AgentRecord, list]] = {}
         n_inner = len(inner)
+        any_local = any(not self._agents[hr].remote for hr in self._shape.global_ranks())
+        gpu_env = _gpu_env_for(per_host, inner, env or {}, any_local)
         for hi, hr in enumerate(self._shape.global_ranks()):
             agent = self._agents[hr]
             if agent.remote and not agent.alive:
@@ -129,9 +131,13 @@ class HostMesh(MeshTrait):
                 proc_id = f"{name}-{rank}-{os.urandom(3).hex()}"
                 addr = f"ipc://{rt.rundir}/{proc_id}" if not agent.remote else ""
                 procs.append(ProcRecord(proc_id, rank, name, agent, addr, host=agent.host))
-                by_agent.setdefault(agent.agent_id, (agent, []))[1].append(
-                    {"proc_id": proc_id, "rank": rank, "mesh": name,
-                     "env": {**config.to_env(), **(env or {})}})
+                spec = {"proc_id": proc_id, "rank": rank, "mesh": name,
+                        "env": {**config.to_env(), **(env or {})}}
+                if gpu_env is not None:  # one GPU per proc: decided here for this host
+                    spec["env"].update(gpu_env(j) if not agent.remote else {})
+                    if agent.remote:  # ... and by the remote host's agent for its GPUs
+                        spec["gpu"] = {"per_host": per_host, "coords": inner.coords_of(j)}
+                by_agent.setdefault(agent.agent_id, (agent, []))[1].append(spec)
         rt.state.change(rt.state.add_procs, procs)
         from .local import root_controller_env
 
@@ -184,6 +190,21 @@ class HostMesh(MeshTrait):
 
     def __repr__(self) -> str:
         return f"<HostMesh {self.sizes or ''} hosts={self.hosts}>"
+
+
+def _gpu_env_for(per_host: dict[str, int], inner: Shape, env: dict[str, str],
+                 local: bool):
+    """None without a GPU dimension; else j -> the env giving inner proc j its own GPU on
+    this host (checked now, so too many GPU procs fail at the spawn call)."""
+    from .. import gpus
+
+    if gpus.gpu_dim(per_host) is None:
+        return None
+    count, visible = gpus.device_count(), gpus.parent_visible()
+    table = [gpus.proc_gpu_env(per_host, inner.coords_of(j), user_env=env,
+                               parent_visible=visible, device_count=count)
+             for j in range(len(inner))] if count > 0 and local else None
+    return lambda j: table[j] if table is not None else {}
 
 
 def _rebuild_host_mesh(agents: list, shape: Shape) -> HostMesh:

@@ -13,7 +13,7 @@ import os
 import signal
 import socket
 import time
-from typing import Any
+from typing import Any, Optional
 
 from .. import _process
 from ..transport import framing
@@ -201,6 +201,8 @@ class Agent:
             }
             self.pending_spawn[p["proc_id"]] = {"mesh": p["mesh"], "owner": owner}
             msg = {"op": "spawn", "cfg": cfg, "env": p.get("env") or {}, "cwd": e.get("cwd")}
+            if p.get("gpu"):  # one GPU per proc, chosen from this host's devices
+                msg["env"], msg["error"] = _with_gpu(p["gpu"], msg["env"])
             self.zsock.setblocking(True)
             try:
                 self.zsock.send(json.dumps(msg).encode())
@@ -299,3 +301,16 @@ def _alive(pid: int) -> bool:
         return state not in ("Z", "X")
     except (FileNotFoundError, IndexError, ProcessLookupError):
         return False
+
+
+def _with_gpu(gpu: dict, env: dict) -> tuple[dict, Optional[str]]:
+    """env plus this host's choice of GPU for the proc, or the reason it cannot have one."""
+    from .. import gpus
+
+    try:
+        extra = gpus.proc_gpu_env(gpu["per_host"], gpu["coords"], user_env=env,
+                                  parent_visible=gpus.parent_visible(),
+                                  device_count=gpus.device_count())
+    except gpus.GPUSpawnError as err:
+        return env, f"on host {socket.gethostname()}: {err}"
+    return {**env, **extra}, None

@@ -101,6 +101,8 @@ def fork_proc(sock: socket.socket, rfd: int, wfd: int, msg: dict) -> tuple[int, 
             os.close(err_w)
             _process.die_with_parent(zygote_pid)
             _process.set_process_name("monarch-proc")
+            if msg.get("error"):  # the agent could not prepare this proc: fail it loudly
+                raise RuntimeError(msg["error"])
             os.environ.update(msg.get("env") or {})
             from ..config import config
 

@@ -85,7 +85,8 @@ class RDMABuffer:
         entry = server.registry.add(span)
         secret, from_env = session_secret()
         ib = False
-        if span.device == "cpu" and _transport_or_none() in ("auto", "ibverbs"):
+        if (span.device == "cpu" or config.rdma_gpudirect) and \
+                _transport_or_none() in ("auto", "ibverbs"):
             ib = server.ib_context() is not None
         self._h = Handle(
             pid=os.getpid(), start_time=process_start_time(os.getpid()) or 0, host_id=host_id(),
@@ -170,6 +171,7 @@ class RDMABuffer:
             fut: Future = Future("RDMABuffer.drop")
             fut.set_result(None)
             return fut
+        client.close_ipc(h)  # our CUDA IPC mapping of it, if any, goes now
         return _submit(lambda: client.drop_remote(h, timeout), "RDMABuffer.drop")
 
     def transport(self) -> str:

@@ -13,16 +13,18 @@ import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from ..config import config
+from . import cuda
 from . import protocol as P
 from . import vm
+from .choice import choose_transport
 from .errors import (RDMAAuthError, RDMABufferDroppedError, RDMAError, RDMAOwnerDiedError,
                      RDMASizeError, RDMATimeoutError, RDMATransportError)
 from .handle import Handle
 from .identity import host_id, process_alive, session_secret
-from .memory import Span
+from .memory import Span, view_of
 from .server import INFO_REPLY, MR_REPLY, PIN_REPLY, current_server
 
 log = logging.getLogger("runtime.rdma")
@@ -428,72 +430,177 @@ def owner_info(h: Handle, timeout: float = 5.0) -> tuple[int, int]:
         return INFO_REPLY.unpack(c.call(P.OP_INFO))
 
 
+# -- CUDA memory ------------------------------------------------------------------------
+def _ipc_key(h: Handle) -> tuple:
+    return (h.host_id, h.pid, h.start_time, h.buffer_id)
+
+
+def close_ipc(h: Handle, whole_owner: bool = False) -> int:
+    """Close our CUDA IPC mapping of this buffer (or of all the owner's buffers)."""
+    key = _ipc_key(h)
+    if whole_owner:
+        return cuda.ipc_cache.close(lambda k: k[:3] == key[:3])
+    return cuda.ipc_cache.close(lambda k: k == key)
+
+
+def ipc_transfer(h: Handle, span: Span, offset: int, write: bool, dl: Deadline) -> None:
+    """Same host, owner's buffer in CUDA memory: map it once through its CUDA IPC handle,
+    then copy device to device (or through pinned chunks for host memory on our side)."""
+    import torch
+
+    if not process_alive(h.pid, h.start_time):
+        close_ipc(h, whole_owner=True)
+        raise _owner_gone(h, "no such process (or its pid now belongs to another process)")
+    device = (torch.device(span.device).index or 0) if span.is_cuda else torch.cuda.current_device()
+    try:
+        with _Conn(h, _pick_address(h, True), dl) as c:
+            opened = cuda.ipc_cache.get(_ipc_key(h))
+            if opened is None:
+                payload = c.call(P.OP_CUDA_IPC)
+                try:
+                    opened = cuda.ipc_cache.open(_ipc_key(h), payload, device)
+                except (RuntimeError, ValueError) as e:
+                    raise RDMATransportError(
+                        f"cannot open the CUDA IPC handle of buffer {h.buffer_id} "
+                        f"({h.device} of pid {h.pid}) on cuda:{device}: {e} (the GPUs may "
+                        "lack peer access; MONARCH_RDMA_TRANSPORT=tcp stages through host "
+                        "memory)") from None
+            c.call(P.OP_CUDA_PIN, offset, span.nbytes)  # pinned, its device idle
+            flat, base = opened
+            remote = flat[base + offset:base + offset + span.nbytes]
+            if span.is_cuda:
+                local = cuda.flat_u8(span.keepalive)[:span.nbytes]
+                if write:
+                    remote.copy_(local)
+                else:
+                    local.copy_(remote)
+                torch.cuda.synchronize(remote.device)
+                if local.device != remote.device:
+                    torch.cuda.synchronize(local.device)
+            elif write:
+                cuda.host_to_device(remote, cuda.memmove_from(span.addr))
+            else:
+                cuda.device_to_host(remote, cuda.memmove_to(span.addr))
+                torch.cuda.synchronize(remote.device)
+            if not process_alive(h.pid, h.start_time):  # as for vm: alive throughout
+                raise _owner_gone(h, "process exited during the transfer")
+            c.post(P.OP_UNPIN)
+    except RDMABufferDroppedError:
+        close_ipc(h)
+        raise
+    except RDMAOwnerDiedError:
+        close_ipc(h, whole_owner=True)
+        raise
+
+
+def _staged(span: Span, write: bool, move: Callable[[int, int, int], None]) -> None:
+    """Our memory is CUDA memory, the transport moves host bytes: pipeline through pinned
+    chunks. move(pinned_addr, n, pos) moves one chunk to/from the remote buffer."""
+    dev = cuda.flat_u8(span.keepalive)[:span.nbytes]
+    if write:
+        cuda.device_to_host(dev, move)
+    else:
+        cuda.host_to_device(dev, move)
+
+
+def local_cuda_transfer(h: Handle, span: Span, offset: int, write: bool) -> None:
+    """Owner and caller are one process and one side is CUDA memory: a torch copy."""
+    import torch
+
+    server = current_server()
+    lk = server.registry.pin(h.buffer_id) if server is not None else None
+    if lk is None or lk.entry is None:
+        status = P.ST_DROPPED if lk is not None and lk.status == "dropped" else P.ST_UNKNOWN
+        raise _status_error(status, b"", h)
+    try:
+        own = lk.entry.span
+        if offset + span.nbytes > own.nbytes:
+            raise RDMASizeError(f"range [{offset}, {offset + span.nbytes}) outside buffer of "
+                                f"{own.nbytes} bytes")
+
+        def as_u8(s: Span) -> Any:
+            if isinstance(s.keepalive, torch.Tensor):
+                return cuda.flat_u8(s.keepalive)
+            return torch.frombuffer(view_of(s.addr, s.nbytes), dtype=torch.uint8)
+
+        remote = as_u8(own)[offset:offset + span.nbytes]
+        local = as_u8(span)[:span.nbytes]
+        (remote if write else local).copy_(local if write else remote)
+        for t in (remote, local):
+            if t.is_cuda:
+                torch.cuda.synchronize(t.device)
+    finally:
+        server.registry.unpin(lk.entry)  # type: ignore[union-attr]
+
+
 # -- choosing ---------------------------------------------------------------------------
 def choose(h: Handle, local_cuda: bool) -> str:
-    """The transport to use for this owner: local, vm, ibverbs or tcp."""
+    """The transport to use for this owner: local, vm, cuda-ipc, ibverbs or tcp."""
     mode = transport_mode()
     same_host = h.host_id == host_id()
-    if same_host and h.pid == os.getpid() and mode == "auto" and h.device == "cpu":
-        return "local"
-    if mode == "vm":
-        if not same_host:
-            raise RDMAError("transport 'vm' requested but the buffer's owner is on another host")
-        if not vm_usable():
-            raise RDMAError(f"transport 'vm' requested but process_vm_readv is refused: {_vm_refused}")
-        return "vm"
-    if mode == "ibverbs":
-        return "ibverbs"
-    if mode == "tcp":
-        return "tcp"
-    if same_host and h.device == "cpu" and vm_usable():
-        return "vm"
-    if not same_host and h.ib:
+    remote_cuda = h.device.startswith("cuda")
+    ib_ok = False
+    gpudirect = remote_cuda and h.ib  # the owner registered its CUDA buffer with its NIC
+    if not same_host and h.ib and mode == "auto":
         from . import ibverbs
 
-        if ibverbs.shared_context() is not None:
-            return "ibverbs"
-    return "tcp"
+        ib_ok = ibverbs.shared_context() is not None
+    return choose_transport(
+        mode=mode, same_process=same_host and h.pid == os.getpid(), same_host=same_host,
+        remote_cuda=remote_cuda,
+        cuda_here=same_host and remote_cuda and (local_cuda or cuda.cuda_usable()),
+        vm_ok=vm_usable(), vm_refused=_vm_refused, ib_ok=ib_ok, gpudirect=gpudirect,
+        where=f"buffer {h.buffer_id} ({h.device} of pid {h.pid})")
+
+
+def _host_move(kind: str, h: Handle, addr: int, nbytes: int, offset: int, write: bool,
+               dl: Deadline, same_host: bool) -> str:
+    """Move host bytes at `addr` by `kind` (vm falls back to tcp when refused); the kind used."""
+    if kind == "vm":
+        try:
+            vm_transfer(h, addr, nbytes, offset, write, dl)
+            return "vm"
+        except _VMRefused as e:
+            log.warning("rdma: process_vm_readv/writev refused (%s; ptrace_scope=%s); "
+                        "falling back to data sockets for same-host transfers", e, vm.ptrace_scope())
+            kind = "tcp"
+    if kind == "ibverbs":
+        ib_transfer(h, addr, nbytes, offset, write, dl)
+    else:
+        tcp_transfer(h, addr, nbytes, offset, write, dl, same_host)
+    return kind
 
 
 def transfer(h: Handle, span: Span, offset: int, write: bool, timeout: float) -> str:
     """Move span.nbytes between the local span and the remote [offset, ...); returns the transport."""
     what = f"RDMABuffer.{'write_from' if write else 'read_into'} ({span.nbytes} bytes, buffer {h.buffer_id})"
     dl = Deadline(timeout, what)
-    if span.is_cuda:
-        return _staged(h, span, offset, write, timeout)
-    kind = choose(h, local_cuda=False)
+    kind = choose(h, local_cuda=span.is_cuda)
     same_host = h.host_id == host_id()
     if kind == "local":
-        local_transfer(h, span.addr, span.nbytes, offset, write)
-    elif kind == "vm":
-        try:
-            vm_transfer(h, span.addr, span.nbytes, offset, write, dl)
-        except _VMRefused as e:
-            log.warning("rdma: process_vm_readv/writev refused (%s; ptrace_scope=%s); "
-                        "falling back to data sockets for same-host transfers", e, vm.ptrace_scope())
-            kind = "tcp"
-            tcp_transfer(h, span.addr, span.nbytes, offset, write, dl, same_host)
-    elif kind == "ibverbs":
+        if span.is_cuda or h.device != "cpu":
+            local_cuda_transfer(h, span, offset, write)
+        else:
+            local_transfer(h, span.addr, span.nbytes, offset, write)
+        return kind
+    if kind == "cuda-ipc":
+        ipc_transfer(h, span, offset, write, dl)
+        return kind
+    if not span.is_cuda:
+        return _host_move(kind, h, span.addr, span.nbytes, offset, write, dl, same_host)
+    if kind == "ibverbs" and config.rdma_gpudirect:  # our CUDA memory straight to the NIC
+        import torch
+
+        torch.cuda.synchronize(torch.device(span.device))
         ib_transfer(h, span.addr, span.nbytes, offset, write, dl)
-    else:
-        tcp_transfer(h, span.addr, span.nbytes, offset, write, dl, same_host)
-    return kind
+        return "ibverbs+gpudirect"
+    used = [kind]
 
+    def move(addr: int, n: int, pos: int) -> None:
+        used[0] = _host_move(kind, h, addr, n, offset + pos, write, dl, same_host)
 
-def _staged(h: Handle, span: Span, offset: int, write: bool, timeout: float) -> str:
-    """A CUDA tensor on our side: move through a host copy (no GPUDirect here)."""
-    import torch
-
-    dev = span.keepalive
-    host = torch.empty(span.nbytes, dtype=torch.uint8)
-    hs = Span(host.data_ptr(), span.nbytes, host, None, "cpu")
-    if write:
-        host.copy_(dev.view(torch.uint8))
-        return transfer(h, hs, offset, True, timeout) + "+cuda-staged"
-    kind = transfer(h, hs, offset, False, timeout)
-    dev.view(torch.uint8).copy_(host)
-    torch.cuda.synchronize(dev.device)
-    return kind + "+cuda-staged"
+    _staged(span, write, move)
+    return used[0] + "+cuda-staged"
 
 
 def _after_fork() -> None:

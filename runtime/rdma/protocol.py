@@ -24,6 +24,8 @@ OP_DROP = 5  # drop a buffer for good
 OP_INFO = 6  # reply with the server's pid and start time
 OP_IB_CONNECT = 7  # exchange RC queue-pair info (payload: client's, reply: server's)
 OP_IB_MR = 8  # register the buffer with the NIC (if needed); reply addr + rkey
+OP_CUDA_IPC = 9  # same host, CUDA buffer: reply its CUDA IPC handle (JSON, never pickled)
+OP_CUDA_PIN = 10  # same host, CUDA buffer: pin it and finish its device's work (OP_UNPIN ends)
 
 # Reply statuses.
 ST_OK = 0

@@ -25,7 +25,6 @@ from .registry import Entry, Registry
 log = logging.getLogger("runtime.rdma")
 
 HANDSHAKE_TIMEOUT = 5.0
-CUDA_STAGE = 16 << 20  # bytes staged through host memory per step for CUDA buffers
 
 PIN_REPLY = struct.Struct("!QQ")  # address, size
 INFO_REPLY = struct.Struct("!qq")  # pid, start time
@@ -184,10 +183,14 @@ class DataServer:
                 return
             if entry.span.is_cuda:
                 self.registry.unpin(entry)
-                P.send_reply(sock, P.ST_ERROR, b"buffer is in CUDA memory: not readable by process_vm")
+                P.send_reply(sock, P.ST_ERROR, (
+                    f"buffer {bid} is in CUDA memory ({entry.span.device}): process_vm cannot "
+                    "read it; use transport auto (CUDA IPC) or tcp").encode())
                 return
             pins.append(entry)
             P.send_reply(sock, P.ST_OK, PIN_REPLY.pack(entry.span.addr + off, length))
+        elif op in (P.OP_CUDA_IPC, P.OP_CUDA_PIN):
+            self._handle_cuda(sock, op, bid, off, length, pins)
         elif op == P.OP_UNPIN:
             for i, entry in enumerate(pins):
                 if entry.buffer_id == bid:
@@ -220,6 +223,37 @@ class DataServer:
         else:
             P.send_reply(sock, P.ST_ERROR, f"unknown op {op}".encode())
 
+    def _handle_cuda(self, sock: socket.socket, op: int, bid: int, off: int, length: int,
+                     pins: list[Entry]) -> None:
+        """OP_CUDA_IPC: the buffer's IPC handle; OP_CUDA_PIN: pin it once its device is idle."""
+        entry = self._lookup_pinned(sock, bid, off, max(length, 1))
+        if entry is None:
+            return
+        if not entry.span.is_cuda:
+            self.registry.unpin(entry)
+            P.send_reply(sock, P.ST_ERROR, f"buffer {bid} is not in CUDA memory".encode())
+            return
+        try:
+            import torch
+
+            # work queued on the owner's device before the transfer is done before it
+            torch.cuda.synchronize(torch.device(entry.span.device))
+            if op == P.OP_CUDA_IPC:
+                from .cuda import export_ipc
+
+                reply = export_ipc(entry.span.keepalive, entry.span.addr)
+            else:
+                pins.append(entry)
+                entry = None  # stays pinned until OP_UNPIN or the connection closes
+                reply = b""
+        except Exception as e:  # noqa: BLE001 - e.g. an allocation torch cannot share
+            P.send_reply(sock, P.ST_ERROR, f"CUDA IPC export failed: {e}".encode())
+            return
+        finally:
+            if entry is not None:
+                self.registry.unpin(entry)
+        P.send_reply(sock, P.ST_OK, reply)
+
     def _handle_ib_mr(self, sock: socket.socket, bid: int, off: int, length: int) -> None:
         ctx = self.ib_context()
         if ctx is None:
@@ -228,7 +262,16 @@ class DataServer:
         entry = self._lookup_pinned(sock, bid, off, length)
         if entry is None:
             return
+        if entry.span.is_cuda and not config.rdma_gpudirect:
+            self.registry.unpin(entry)
+            P.send_reply(sock, P.ST_ERROR, (f"buffer {bid} is in CUDA memory and GPUDirect RDMA "
+                                            "is off here (MONARCH_RDMA_GPUDIRECT)").encode())
+            return
         try:
+            if entry.span.is_cuda:  # the NIC reads device memory: the device's work is done
+                import torch
+
+                torch.cuda.synchronize(torch.device(entry.span.device))
             with self._mr_lock:
                 if entry.ib_mr is None:
                     entry.ib_mr = ctx.register(entry.span.addr, entry.span.nbytes, remote=True)
@@ -244,30 +287,18 @@ class DataServer:
 
         return ibverbs.shared_context()
 
-    # -- CUDA buffers: staged through host memory in the server thread -----------------
+    # -- CUDA buffers over sockets: pinned chunks, device copies overlapping the socket ------
     def _send_cuda(self, sock: socket.socket, entry: Entry, off: int, length: int) -> None:
-        import torch
+        from .cuda import device_to_host, flat_u8
 
-        flat = entry.span.keepalive.view(torch.uint8)
-        pos = off
-        while pos < off + length:
-            n = min(CUDA_STAGE, off + length - pos)
-            host = flat[pos:pos + n].cpu()
-            sock.sendall(memoryview(host.numpy()))
-            pos += n
+        dev = flat_u8(entry.span.keepalive)[off:off + length]
+        device_to_host(dev, lambda addr, n, pos: sock.sendall(view_of(addr, n)))
 
     def _recv_cuda(self, sock: socket.socket, entry: Entry, off: int, length: int) -> None:
-        import torch
+        from .cuda import flat_u8, host_to_device
 
-        flat = entry.span.keepalive.view(torch.uint8)
-        stage = torch.empty(min(CUDA_STAGE, length), dtype=torch.uint8)
-        pos = off
-        while pos < off + length:
-            n = min(CUDA_STAGE, off + length - pos)
-            P.recv_into_exact(sock, memoryview(stage.numpy())[:n])
-            flat[pos:pos + n].copy_(stage[:n])
-            pos += n
-        torch.cuda.synchronize(flat.device)
+        dev = flat_u8(entry.span.keepalive)[off:off + length]
+        host_to_device(dev, lambda addr, n, pos: P.recv_into_exact(sock, view_of(addr, n)))
 
 
 _drop_log_at = 0.0

@@ -2,8 +2,8 @@
 
 Classes and functions from `__main__` or a notebook cell travel by value (cloudpickle).
 numpy arrays and CPU torch tensors travel as pickle-protocol-5 buffers: separate zmq frames,
-sent without copies. torch is never imported here: tensors are recognised only when the
-process has already imported torch.
+sent without copies; CUDA tensors as runtime/transport/cuda_tensors.py says. torch is never
+imported here: tensors are recognised only when the process has already imported torch.
 """
 
 from __future__ import annotations
@@ -86,7 +86,12 @@ class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor):
-            r = _reduce_tensor(obj)
+            if obj.device.type == "cuda":  # never torch's default pickling
+                from .cuda_tensors import reduce_cuda
+
+                r = reduce_cuda(obj)
+            else:
+                r = _reduce_tensor(obj)
             if r is not NotImplemented:
                 return r
         return super().reducer_override(obj)
