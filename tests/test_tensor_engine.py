@@ -280,10 +280,12 @@ def test_mesh_tensor_arrives_as_local_shard_in_an_actor(mesh):
 
 
 def test_each_proc_of_a_gpu_dimension_is_given_its_own_gpu():
-    """On CPU this checks the selection (CUDA_VISIBLE_DEVICES per proc), not a GPU."""
+    """On CPU this checks the selection (CUDA_VISIBLE_DEVICES per proc, made at spawn; the
+    device count is faked), not a GPU."""
     from _actors import ShardUser
 
-    pm = this_host().spawn_procs(per_host={"gpu": 2}, name="te_gpus")
+    with runtime.configured(gpu_count=2):
+        pm = this_host().spawn_procs(per_host={"gpu": 2}, name="te_gpus")
     try:
         with pm.activate():
             t = torch.ones(1)

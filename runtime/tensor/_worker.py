@@ -57,24 +57,6 @@ def resolve_op(name: str) -> Any:
     return op
 
 
-GPU_DIMS = ("gpu", "gpus")
-
-
-def select_gpu(coords: dict) -> None:
-    """One GPU per proc along a dimension named 'gpu' or 'gpus': CUDA_VISIBLE_DEVICES names
-    the proc's own GPU when CUDA has not started in the proc yet, else the worker thread's
-    current device is set."""
-    dim = next((d for d in GPU_DIMS if d in coords), None)
-    if dim is None:
-        return
-    idx = int(coords[dim])
-    if torch.cuda.is_initialized():
-        torch.cuda.set_device(idx)
-        return
-    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    os.environ["CUDA_VISIBLE_DEVICES"] = visible[idx] if idx < len(visible) else str(idx)
-
-
 _NESTED = (list, tuple)
 
 
@@ -96,7 +78,6 @@ class Worker(Actor):
         self.refs: dict[int, torch.Tensor] = {}
         self.failed: dict[int, Failure] = {}
         self.rank = context().actor_instance.rank.rank
-        select_gpu(dict(context().actor_instance.rank))
         self.ops_run = 0
         self.ran = threading.Condition()
         global _WORKER
