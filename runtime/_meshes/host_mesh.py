@@ -100,6 +100,7 @@ class HostMesh(MeshTrait):
     def spawn_procs(self, per_host: Optional[dict[str, int]] = None, name: Optional[str] = None,
                     env: Optional[dict[str, str]] = None) -> "ProcMesh":
         """Start procs on every host: the mesh's dims are the host dims plus `per_host`'s."""
+        from ..host.zygote import PROCS_PER_HOST
         from .proc_mesh import ProcMesh
 
         per_host = dict(per_host or {})
@@ -133,6 +134,8 @@ class HostMesh(MeshTrait):
                 procs.append(ProcRecord(proc_id, rank, name, agent, addr, host=agent.host))
                 spec = {"proc_id": proc_id, "rank": rank, "mesh": name,
                         "env": {**config.to_env(), **(env or {})}}
+                if n_inner > 1:  # the proc's host picks its intra-op threads from this
+                    spec["env"][PROCS_PER_HOST] = str(n_inner)
                 if gpu_env is not None:  # one GPU per proc: decided here for this host
                     spec["env"].update(gpu_env(j) if not agent.remote else {})
                     if agent.remote:  # ... and by the remote host's agent for its GPUs

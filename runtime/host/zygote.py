@@ -16,6 +16,30 @@ import socket
 from .. import _process
 
 
+#: set by spawn_procs in the env of procs: how many procs of the mesh share this host
+PROCS_PER_HOST = "RUNTIME_PROCS_PER_HOST"
+
+
+def threads_for(cpus: int, procs_per_host: int) -> int:
+    """Intra-op threads per proc when `procs_per_host` procs share `cpus` CPUs (as torchrun:
+    no oversubscription, at least one)."""
+    return max(1, cpus // max(1, procs_per_host))
+
+
+def _default_threads() -> None:
+    """OMP_NUM_THREADS for a proc that shares its host with other procs of its mesh, unless
+    the user's environment sets it: torch's default (every core in every proc) makes small
+    ops spin on each other's cores."""
+    n = os.environ.get(PROCS_PER_HOST)
+    if not n or "OMP_NUM_THREADS" in os.environ:
+        return
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(threads_for(cpus, int(n)))
+
+
 def zygote_main(sock: socket.socket) -> None:
     """Serve spawn requests from the agent on `sock` until it closes (then kill children)."""
     _process.set_process_name("monarch-zygote")
@@ -104,6 +128,7 @@ def fork_proc(sock: socket.socket, rfd: int, wfd: int, msg: dict) -> tuple[int, 
             if msg.get("error"):  # the agent could not prepare this proc: fail it loudly
                 raise RuntimeError(msg["error"])
             os.environ.update(msg.get("env") or {})
+            _default_threads()
             from ..config import config
 
             config.reload()  # settings the spawn request carries (configure() in the owner)

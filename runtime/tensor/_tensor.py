@@ -154,8 +154,9 @@ def _run_meta(func: Any, args: tuple, kwargs: dict, by_meta: dict) -> Any:
                                   f"(shape) implementation on the controller: {e}") from None
 
 
-# Output metadata of functional ops (no mutation, no aliasing) by input metadata: running
-# an op on meta tensors costs ~100-300 us in Python decompositions; a hit costs a few.
+# Output metadata of functional and view ops by input metadata, and in-place ops that
+# worked on the same metadata before: running an op on meta tensors costs ~100-300 us in
+# Python decompositions; a hit costs a few.
 _meta_cache: dict = {}
 _functional: dict = {}
 _CACHE_MAX = 4096
@@ -173,14 +174,33 @@ def _key_of(x: Any) -> Any:
     raise TypeError
 
 
+def _kind(func: Any) -> Optional[str]:
+    """'f': functional (new tensors), 'v': views (outputs alias inputs, nothing written),
+    'i': in place on its first argument (returns it); None: not cacheable."""
+    sch = func._schema
+    rets = sch.returns
+    if not rets or not all("Tensor" in str(r.type) for r in rets):
+        return None
+    if not sch.is_mutable:
+        if all(r.alias_info is None for r in rets):
+            return "f"
+        if all(r.alias_info is not None and not r.alias_info.is_write for r in rets):
+            return "v"
+        return None
+    first = sch.arguments[0].alias_info if sch.arguments else None
+    if (len(rets) == 1 and rets[0].alias_info is not None and rets[0].alias_info.is_write
+            and first is not None and first.is_write
+            and all(a.alias_info is None or not a.alias_info.is_write
+                    for a in sch.arguments[1:])):
+        return "i"
+    return None
+
+
 def _cache_key(func: Any, args: tuple, kwargs: dict) -> Any:
-    f = _functional.get(func)
-    if f is None:
-        sch = func._schema
-        f = _functional[func] = (not sch.is_mutable and
-                                 all(r.alias_info is None for r in sch.returns) and
-                                 all("Tensor" in str(r.type) for r in sch.returns))
-    if not f:
+    f = _functional.get(func, 0)
+    if f == 0:
+        f = _functional[func] = _kind(func)
+    if f is None or (f == "i" and not (args and isinstance(args[0], Tensor))):
         return None
     try:
         return (func, _key_of(args), tuple((k, _key_of(v)) for k, v in kwargs.items()))
@@ -231,7 +251,10 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: Optional["ProcMesh"])
     ckey = _cache_key(func, args, kwargs)
     cached = _meta_cache.get(ckey) if ckey is not None else None
     out_ids: list = []
-    if cached is not None:
+    if cached is not None and cached[1] == "inplace":  # the same metadata worked before
+        out = args[0]
+        out_ids = [out.ref]
+    elif cached is not None:
         desc, many = cached
         results = [Tensor(d[0], d[1], 0, d[2], None, mesh, device, engine, key, target)
                    for d in desc]
@@ -240,8 +263,15 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: Optional["ProcMesh"])
                     else results[0])
     else:
         by_meta: dict = {}
+        inplace = ckey is not None and _functional[func] == "i"
+        before = _key_of(args[0]._meta) if inplace else None
         out_meta = _run_meta(func, args, kwargs, by_meta)
-        if ckey is not None:
+        if inplace:  # cache only if it returned its input with the same metadata
+            if by_meta.get(id(out_meta)) is args[0] and _key_of(out_meta) == before:
+                if len(_meta_cache) >= _CACHE_MAX:
+                    _meta_cache.clear()
+                _meta_cache[ckey] = ((), "inplace")
+        elif ckey is not None:
             _remember(ckey, out_meta)
         out = _wrap(out_meta, by_meta, out_ids, mesh, device, engine, key, target)
     send_command(engine, key, target, ("op", func.name(), wire_args, wire_kwargs, out_ids))
