@@ -185,20 +185,29 @@ class Sender:
             out.set_exception(e)
             return
 
-        def done(f: Future) -> None:
-            e = f.exception(0)
-            if e is not None:
-                out.set_exception(e)
-                return
-            try:
-                out.set_result(finish(f.result(0)))
-            except BaseException as e2:
-                out.set_exception(e2)
-
-        inner.add_done_callback(done)
+        then(inner, finish, out)
 
 
 sender = Sender()
+
+
+def then(fut: Future, fn: Callable[[Any], Any], out: Optional[Future] = None) -> Future:
+    """A Future (`out`, or a new one) of `fn(fut's result)`, failing as `fut` or `fn` does."""
+    if out is None:
+        out = Future(getattr(fut, "label", "then"))
+
+    def done(f: Future) -> None:
+        e = f.exception(0)
+        if e is not None:
+            out.set_exception(e)
+            return
+        try:
+            out.set_result(fn(f.result(0)))
+        except BaseException as e2:
+            out.set_exception(e2)
+
+    fut.add_done_callback(done)
+    return out
 
 
 def send_command(engine: Engine, key: tuple, target: "ActorMesh", command: tuple) -> None:

@@ -15,8 +15,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..future import Future
-from ._engine import engine_for, send_call, send_command
-from ._tensor import Tensor
+from ._engine import engine_for, send_call, send_command, then
+from ._tensor import Tensor, same_mesh
 from ._worker import Failure, Ref
 
 if TYPE_CHECKING:
@@ -157,21 +157,7 @@ class Remote:
         return _then(self.call(*args, **kwargs), lambda vm: next(iter(vm.values())))
 
 
-def _then(fut: Future, fn: Callable[[Any], Any]) -> Future:
-    out: Future = Future(getattr(fut, "label", "remote"))
-
-    def done(f: Future) -> None:
-        e = f.exception(0)
-        if e is not None:
-            out.set_exception(e)
-            return
-        try:
-            out.set_result(fn(f.result(0)))
-        except BaseException as e2:
-            out.set_exception(e2)
-
-    fut.add_done_callback(done)
-    return out
+_then = then
 
 
 def _values(vm: "ValueMesh") -> "ValueMesh":
@@ -221,11 +207,7 @@ def _where(name: str, args: tuple, kwargs: dict) -> tuple:
 
     found = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
     if found:
-        first = found[0]
-        for x in found:
-            if x._key != first._key or x._engine is not first._engine:
-                raise ValueError(f"remote({name}): arguments live on different meshes "
-                                 f"({first.mesh!r} and {x.mesh!r}); move one first")
+        first = same_mesh(found, f"remote({name}): arguments")
         engine, key, target, mesh = first._engine, first._key, first._target, first.mesh
     else:
         mesh = get_active_mesh()

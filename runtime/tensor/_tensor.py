@@ -221,6 +221,16 @@ def _remember(key: Any, out_meta: Any) -> None:
     _meta_cache[key] = (desc, many)
 
 
+def same_mesh(found: list, what: str) -> "Tensor":
+    """The first of `found` (mesh tensors), after checking they all live on one mesh."""
+    first = found[0]
+    for x in found:
+        if x._key != first._key or x._engine is not first._engine:
+            raise ValueError(f"{what} live on different meshes ({first.mesh!r} and "
+                             f"{x.mesh!r}); move one first")
+    return first
+
+
 def dispatch(func: Any, args: tuple, kwargs: dict, active: Optional["ProcMesh"]) -> Any:
     """Work out `func`'s outputs' metadata on meta tensors (cached for functional ops),
     queue it for the procs of its inputs' mesh (or `active` for a factory), and return mesh
@@ -230,11 +240,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: Optional["ProcMesh"])
     wire_args = _wire(args, found, local)
     wire_kwargs = {k: _wire(v, found, local) for k, v in kwargs.items()} if kwargs else {}
     if found:
-        first = found[0]
-        for x in found:
-            if x._key != first._key or x._engine is not first._engine:
-                raise ValueError(f"{func}: inputs live on different meshes ({first.mesh!r} "
-                                 f"and {x.mesh!r}); move one first")
+        first = same_mesh(found, f"{func}: inputs")
         engine, key, target, mesh = first._engine, first._key, first._target, first.mesh
     elif active is not None:
         engine = engine_for(active)
