@@ -170,6 +170,12 @@ class ActorInstance:
             if h.port:
                 self._reply_error(h, _endpoints.failed_reply(self, self.failed))
             return
+        if self.instance is None and self._spawn is None:  # dropped: the proc is exiting
+            if h.port:
+                self._reply_error(h, ActorError(
+                    f"actor {self.class_name} {self.name} is gone: its proc is exiting",
+                    mesh=self.name, rank=self.rank, endpoint=h.method))
+            return
         name = h.method
         ep = self.endpoints.get(name)
         if ep is None and h.extra is not None:
