@@ -210,6 +210,11 @@ _SETTINGS: tuple[Setting, ...] = (
     _s("collective_timeout", "float", 300.0, "How long a tensor-engine collective (reduce, "
        "to_mesh) or the creation of its process group waits for the other procs before its "
        "outputs fail.", live=True, minimum=0, strict=True, seconds=True),
+    _s("collectives_across_hosts", "bool", False, "Let tensor-engine collectives (reduce, "
+       "to_mesh) join procs on different hosts. torch.distributed's TCPStore and gloo/NCCL "
+       "then listen on the cluster network without authentication (as torch.distributed "
+       "does), so it is off unless the network is trusted; procs of one host always "
+       "meet over loopback and a private directory.", live=True),
     _s("rdma_transport", "str", "auto", "Force one RDMA transport for every transfer "
        "(auto picks per owner).", live=True, choices=("auto", "vm", "tcp", "ibverbs")),
     _s("rdma_streams", "int", 4, "Parallel TCP streams per RDMA transfer.", live=True,

@@ -48,6 +48,15 @@ class _Comm:
             weakref.finalize(engine, shutil.rmtree, self.dir, True)
             atexit.register(shutil.rmtree, self.dir, True)
         else:  # procs on other hosts: a TCPStore they reach, as torch.distributed uses
+            from ..config import config
+
+            if not config.collectives_across_hosts:
+                raise RuntimeError(
+                    f"{root!r} has procs on other hosts: collectives between them use "
+                    "torch.distributed's TCPStore and gloo/NCCL, which listen on the cluster "
+                    "network without authentication. On a trusted network, allow it with "
+                    "runtime.configure(collectives_across_hosts=True) (or "
+                    "MONARCH_COLLECTIVES_ACROSS_HOSTS=1); see docs/tensors.md")
             import torch.distributed as dist
             from urllib.parse import urlparse
 

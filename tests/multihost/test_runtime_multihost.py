@@ -285,12 +285,15 @@ def test_slurm_notebook_runs(cluster, monkeypatch):
     assert not new, f"left on nodes after %mesh stop: {new}"
 
 def test_tensor_reduce_across_hosts(cluster, mesh3):
-    """The tensor engine's collectives across hosts: a TCPStore on the controller and gloo
-    between the namespaced hosts."""
+    """The tensor engine's collectives across hosts: refused unless allowed (torch's sockets
+    are unauthenticated), then a TCPStore on the controller and gloo between the hosts."""
     from runtime.tensor import mesh_rank
 
     _, procs, _ = mesh3
     with procs.activate():
+        with pytest.raises(RuntimeError, match="collectives_across_hosts=True"):
+            mesh_rank().float().reduce("hosts")  # off by default: torch's sockets
+    with runtime.configured(collectives_across_hosts=True), procs.activate():
         r = mesh_rank().float()              # 2*host + proc
         by_host = r.reduce("hosts")          # 0+2+4 = 6 for proc 0, 1+3+5 = 9 for proc 1
         both = (r + 1).reduce(("hosts", "procs"), "max")
