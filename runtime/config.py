@@ -172,7 +172,8 @@ _SETTINGS: tuple[Setting, ...] = (
     _s("heartbeat_timeout", "float", 5.0, "Silence after which a proc (or a remote host) is "
        "declared hung and failed.", minimum=0, strict=True, seconds=True),
     _s("max_message_bytes", "int", 2 << 30, "Largest message (pickle plus buffers) that may "
-       "be sent; larger ones raise MessageTooLargeError before sending.", minimum=1,
+       "be sent: larger call arguments and endpoint results leave their arrays and tensors "
+       "on the data plane (RDMABuffer), anything else raises MessageTooLargeError.", minimum=1,
        monarch="codec_max_frame_length"),
     _s("stderr_tail_lines", "int", 20, "Lines of a proc's stderr kept for failure reports.",
        minimum=0, monarch="tail_log_lines"),

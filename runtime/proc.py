@@ -24,7 +24,7 @@ from .errors import ActorError, SupervisionError
 from .shapes import Point, Shape
 from .supervision import MeshFailure
 from .transport.framing import ERROR, OK, Header, Kind, extra_get
-from .transport import cuda_tensors
+from .transport import bulk, cuda_tensors
 from .transport.serialization import dumps, loads
 
 log = logging.getLogger("runtime.proc")
@@ -269,12 +269,17 @@ class ActorInstance:
                 mesh=self.name, rank=self.rank, endpoint=name))
             return
         total = len(data) + sum(memoryview(b).nbytes for b in bufs)
-        if total > config.max_message_bytes:
-            cuda_tensors.release(keep or [])
-            self._reply_error(h, ActorError(
-                f"endpoint {name}() returned {total} bytes, over the message limit of "
-                f"{config.max_message_bytes}", mesh=self.name, rank=self.rank, endpoint=name))
-            return
+        if total > config.max_message_bytes:  # the large buffers stay here for the caller
+            moved = bulk.offload(data, bufs, config.max_message_bytes, drop_on_read=True)
+            if moved is None:
+                cuda_tensors.release(keep or [])
+                self._reply_error(h, ActorError(
+                    f"endpoint {name}() returned {total} bytes, over the message limit of "
+                    f"{config.max_message_bytes}, and its pickled part alone is too large "
+                    "to leave its arrays on the data plane", mesh=self.name, rank=self.rank,
+                    endpoint=name))
+                return
+            data, bufs, _ = moved  # the caller drops each buffer once it has read it
         self._reply(h, OK, data, tuple(bufs))
 
     def _fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None) -> None:

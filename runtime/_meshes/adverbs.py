@@ -18,7 +18,7 @@ from ..errors import ActorError, MeshStoppedError, MessageTooLargeError, Seriali
 from ..future import Future
 from ..shapes import Shape
 from ..transport.framing import ERROR, Header, Kind
-from ..transport import cuda_tensors
+from ..transport import bulk, cuda_tensors
 from ..transport.serialization import dumps, loads
 from ..value_mesh import ValueMesh
 
@@ -55,16 +55,21 @@ class EndpointRef:
             return []
         return None
 
-    def _encode(self, args: tuple, kwargs: dict, keep: Optional[list] = None) -> tuple[bytes, list]:
+    def _encode(self, args: tuple, kwargs: dict, keep: Optional[list] = None,
+                held: Optional[list] = None) -> tuple[bytes, list]:
+        """(body, buffers) of a call's arguments. With `held` (a call that gets replies),
+        arguments over the message limit leave their large buffers on the data plane, and
+        `held` gets what to release once every receiver answered."""
         try:
             with cuda_tensors.sending(keep):
-                return self._encode_now(args, kwargs)
+                return self._encode_now(args, kwargs, held)
         except BaseException:
             if keep:
                 cuda_tensors.release(keep)
             raise
 
-    def _encode_now(self, args: tuple, kwargs: dict) -> tuple[bytes, list]:
+    def _encode_now(self, args: tuple, kwargs: dict,
+                    held: Optional[list] = None) -> tuple[bytes, list]:
         bound = None
         if self._sig is not None and not _fast_arity_ok(self._sig, args, kwargs):
             try:
@@ -81,10 +86,20 @@ class EndpointRef:
                 f"argument {culprit} of {self._qualname()}() cannot be pickled{reason}") from None
         total = len(body) + sum(memoryview(b).nbytes for b in bufs)
         if total > config.max_message_bytes:
-            raise MessageTooLargeError(
-                f"arguments of {self._qualname()}() are {total} bytes, over the message "
-                f"limit of {config.max_message_bytes} bytes (MONARCH_MAX_MESSAGE_BYTES); "
-                "send bulk data with RDMABuffer")
+            moved = None
+            if held is not None:
+                moved = bulk.offload(body, bufs, config.max_message_bytes, drop_on_read=False)
+            if moved is None:
+                how = ("its pickled part alone is too large: pass the bulk as arrays or "
+                       "tensors, or through RDMABuffer" if held is not None else
+                       "broadcast and send cannot move it over the data plane (no reply "
+                       "says when the receivers have it): use call(), or RDMABuffer")
+                raise MessageTooLargeError(
+                    f"arguments of {self._qualname()}() are {total} bytes, over the message "
+                    f"limit of {config.max_message_bytes} bytes (MONARCH_MAX_MESSAGE_BYTES); "
+                    f"{how}")
+            body, bufs, mine = moved
+            held.extend(mine)
         return body, bufs
 
     def _ranks(self) -> list[int]:
@@ -119,8 +134,9 @@ class EndpointRef:
         """Call every actor of the mesh; a Future of a ValueMesh of their results."""
         ranks = self._ranks()
         self._check_usable(ranks)
-        keep = self._ipc_keep(ranks)
-        return _releasing(self._start(ranks, "call", *self._encode(args, kwargs, keep)), keep)
+        keep, held = self._ipc_keep(ranks), []
+        fut = self._start(ranks, "call", *self._encode(args, kwargs, keep, held))
+        return _releasing(_releasing(fut, keep), held)
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call the mesh's only actor (ValueError if it has several)."""
@@ -131,9 +147,9 @@ class EndpointRef:
                 f"{len(ranks)} ({self._mesh.sizes}); slice it first, e.g. .slice(...)"
             )
         self._check_usable(ranks)
-        keep = self._ipc_keep(ranks)
-        return _releasing(self._start(ranks, "one", *self._encode(args, kwargs, keep),
-                                      "call_one"), keep)
+        keep, held = self._ipc_keep(ranks), []
+        fut = self._start(ranks, "one", *self._encode(args, kwargs, keep, held), "call_one")
+        return _releasing(_releasing(fut, keep), held)
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call one actor of the mesh: the least loaded of those not failed."""
@@ -142,10 +158,11 @@ class EndpointRef:
         if not ranks:
             self._check_usable(self._ranks())
         best = min(ranks, key=lambda r: (rec.inflight[r], (r - rec.rr) % len(rec.inflight)))
-        keep = self._ipc_keep([best])
-        body, bufs = self._encode(args, kwargs, keep)
+        keep, held = self._ipc_keep([best]), []
+        body, bufs = self._encode(args, kwargs, keep, held)
         rec.rr = best + 1
-        return _releasing(self._start([best], "one", body, bufs, "choose"), keep)
+        return _releasing(_releasing(self._start([best], "one", body, bufs, "choose"), keep),
+                          held)
 
     def _start(self, ranks: list[int], mode: str, body: bytes, bufs: list,
                adverb: str = "call") -> Future:
@@ -196,17 +213,19 @@ class EndpointRef:
         """Call every actor; yields one future per actor, in the order replies arrive."""
         ranks = self._ranks()
         self._check_usable(ranks)
-        keep = self._ipc_keep(ranks)
-        body, bufs = self._encode(args, kwargs, keep)
+        keep, held = self._ipc_keep(ranks), []
+        body, bufs = self._encode(args, kwargs, keep, held)
         futs = [Future(f"{self._qualname()}.stream[{i}]") for i in range(len(ranks))]
         _Collector(self, ranks, body, bufs, "stream", futs).start()
         _releasing(futs, keep)
+        _releasing(futs, held)
         return iter(futs)
 
 
 def _releasing(futs: Any, keep: Optional[list]) -> Any:
-    """Drop the CUDA IPC snapshots of a call once all its futures resolved (every receiver
-    copied them before its handler ran, or failed); returns `futs` as given."""
+    """Drop what a call exported for its receivers (CUDA IPC snapshots, arguments left on
+    the data plane) once all its futures resolved (every receiver copied them before its
+    handler ran, or failed); returns `futs` as given."""
     if keep:
         many = futs if isinstance(futs, list) else [futs]
         left = [len(many)]
@@ -286,14 +305,32 @@ class _Collector:
         r = h.rank
         if r not in self.remaining:
             return
+        if bulk.is_bulk(body):  # a large result left on the data plane: read it off the I/O
+            def read() -> None:  # thread, then deliver on it (unless the call ended since)
+                value = self._decode(h, r, body, buffers)
+                self.rt.loop.call_soon(self._deliver_read, h, r, value)
+
+            bulk.submit(read)
+            return
         self._finish_rank(r)
+        self._deliver(h, r, self._decode(h, r, body, buffers))
+
+    def _deliver_read(self, h: Header, r: int, value: Any) -> None:
+        if self.done or r not in self.remaining:
+            return
+        self._finish_rank(r)
+        self._deliver(h, r, value)
+
+    def _decode(self, h: Header, r: int, body: Any, buffers: list) -> Any:
         try:
-            value = loads(body, buffers)
+            return loads(body, buffers)
         except Exception as e:
             h.status = ERROR
-            value = ActorError(f"cannot unpickle the reply of {self.ep._qualname()}(): "
-                               f"{type(e).__name__}: {e}", mesh=self.rec.name, rank=r,
-                               endpoint=self.ep._name)
+            return ActorError(f"cannot unpickle the reply of {self.ep._qualname()}(): "
+                              f"{type(e).__name__}: {e}", mesh=self.rec.name, rank=r,
+                              endpoint=self.ep._name)
+
+    def _deliver(self, h: Header, r: int, value: Any) -> None:
         if h.status == ERROR and not isinstance(value, BaseException):
             value = ActorError(str(value), mesh=self.rec.name, rank=r, endpoint=self.ep._name)
         if self.mode == "stream":

@@ -113,7 +113,18 @@ def dumps(obj: Any, what: str = "value") -> tuple[bytes, list[pickle.PickleBuffe
 
 
 def loads(data: Any, buffers: Sequence[Any] = ()) -> Any:
-    """Unpickle a body produced by `dumps`."""
+    """Unpickle a body produced by `dumps` (after reading the buffers a message over the
+    size limit left on the data plane: runtime/transport/bulk.py)."""
+    if type(data) is bytes:
+        first = data[:1]
+    else:
+        mv = memoryview(data)
+        first = bytes(mv[:1]) if mv.nbytes else b""
+    if first == b"\x00":
+        from . import bulk
+
+        if bulk.is_bulk(data):
+            data, buffers = bulk.materialize(data, buffers)
     return pickle.loads(data, buffers=buffers)
 
 
