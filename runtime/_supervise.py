@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .proc import ActorInstance, ProcServer
 
 #: how long failures of one actor's meshes are collected before they are handed over
-BATCH_WINDOW_S = 0.25
+BATCH_WINDOW_S = 0.05
 
 
 class SuperviseInbox:

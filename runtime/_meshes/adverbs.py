@@ -179,6 +179,10 @@ class EndpointRef:
         return iter(futs)
 
 
+#: how long call() waits for the other ranks after one rank's actor failed
+FAILED_RANKS_GRACE_S = 0.2
+
+
 class _Collector:
     """Gathers the replies of one call. Started (and its messages sent) in the caller's
     thread; replies and failures arrive on the I/O thread."""
@@ -270,7 +274,7 @@ class _Collector:
                 f.set_result(value)
         elif h.status == ERROR:
             if self.mode == "call" and isinstance(value, SupervisionError) and self.remaining:
-                self.error = self.error or value  # the other ranks' failures come first
+                self._wait_for_others(value)
                 return
             self._close()
             self.rt.ports.settle()
@@ -311,15 +315,31 @@ class _Collector:
             if not self.remaining:
                 self._close()
             return
-        if self.mode == "call":  # wait for the other ranks: their failures come first
+        f = getattr(exc, "failure", None)
+        if self.mode == "call" and actor is not None and f is not None and \
+                f.exit_code is None and f.signal is None:  # an actor failed, its proc lives
             for r in failed_ranks:
                 self._finish_rank(r)
-            self.error = self.error or exc
             if self.remaining:
+                self._wait_for_others(exc)
                 return
         self._close()
         self.rt.ports.settle()
         self.futs[0].set_exception(self.error or exc)
+
+    def _wait_for_others(self, exc: BaseException) -> None:
+        """A rank's actor failed: give the other ranks a moment (their actors often fail
+        together) so that every failure reaches its supervisor before the call raises, as
+        in Monarch; then raise the first (I/O thread). A dead proc fails the call at once."""
+        if self.error is None:
+            self.error = exc
+            self.rt.loop.call_later(FAILED_RANKS_GRACE_S, self._give_up)
+
+    def _give_up(self) -> None:
+        if not self.done and self.error is not None:
+            self._close()
+            self.rt.ports.settle()
+            self.futs[0].set_exception(self.error)
 
     def _monarch_wording(self, exc: BaseException, rank: int) -> BaseException:
         """A SupervisionError for this call, with a last line in Monarch's words
