@@ -1,7 +1,8 @@
 """How an actor receives supervision events (private; used by `proc`).
 
 Failures of meshes an actor owns reach its proc's I/O thread one by one (one message per
-failed rank). They are batched per actor for a short window and handed over in rank order,
+failed rank). They are batched per actor (until none has come for 0.1 s, at most 0.5 s)
+and handed over in rank order,
 and always before any reply that reached the proc after them resolves a wait: so a call
 that failed returns to its caller only after `__supervise__` has seen every failure that
 caused it. `__supervise__` runs on the actor's thread, between messages, or while an async
@@ -13,6 +14,7 @@ from __future__ import annotations
 import collections
 import inspect
 import threading
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -21,8 +23,10 @@ from .supervision import MeshFailure
 if TYPE_CHECKING:
     from .proc import ActorInstance, ProcServer
 
-#: how long failures of one actor's meshes are collected before they are handed over
-BATCH_WINDOW_S = 0.05
+#: failures of one actor's meshes are handed over once none has arrived for this long...
+BATCH_QUIET_S = 0.1
+#: ...or at the latest this long after the first of the batch
+BATCH_MAX_S = 0.5
 
 
 class SuperviseInbox:
@@ -33,6 +37,8 @@ class SuperviseInbox:
         self.lock = threading.Lock()
         self.pending: list[MeshFailure] = []
         self.ready: collections.deque = collections.deque()
+        self.first_at = 0.0  # when the first and the last pending failure arrived
+        self.last_at = 0.0
 
 
 def _order(f: MeshFailure) -> tuple:
@@ -43,11 +49,27 @@ def deliver(server: "ProcServer", a: "ActorInstance", failure: MeshFailure) -> N
     """Queue a failure for actor `a` (I/O thread); handed over after the batch window, or
     before the next reply this proc resolves."""
     box = a.supervise_inbox
+    box.last_at = now = time.monotonic()
     if not box.pending:
-        server.rt.loop.call_later(BATCH_WINDOW_S, flush, a)
+        box.first_at = now
+        server.rt.loop.call_later(BATCH_QUIET_S, _flush_when_quiet, a)
     box.pending.append(failure)
     server.supervise_waiting[a.actor_id] = a
     server.rt.ports.before_resolve = server.flush_supervision
+
+
+def _flush_when_quiet(a: "ActorInstance") -> None:
+    """Hand the batch over once no failure came for BATCH_QUIET_S (failures of ranks that
+    fail together arrive close together), or BATCH_MAX_S after its first (I/O thread)."""
+    box = a.supervise_inbox
+    if not box.pending:
+        return
+    now = time.monotonic()
+    due = min(box.last_at + BATCH_QUIET_S, box.first_at + BATCH_MAX_S)
+    if now + 0.001 >= due:
+        flush(a)
+    else:
+        a.server.rt.loop.call_later(due - now, _flush_when_quiet, a)
 
 
 def flush(a: "ActorInstance") -> None:

@@ -89,9 +89,33 @@ class HostMesh(MeshTrait):
         self._rt = rt
         self._agents = agents  # by global rank of `shape`'s base
         self._shape = shape
+        self._shut_down_flag = False
+        self._reference = False  # received in a message: only its owner shuts it down
 
     def _new_with_shape(self, shape: Shape) -> "HostMesh":
         return HostMesh(self._rt, self._agents, shape)
+
+    @property
+    def is_fake_in_process(self) -> bool:
+        """Monarch's flag for its in-process fake host; hosts here are always real."""
+        return False
+
+    def _check_not_shut_down(self) -> None:
+        if self._shut_down_flag:
+            raise RuntimeError("HostMesh has already been shut down")
+
+    def __enter__(self) -> "HostMesh":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self._shut_down_flag:
+            self.shutdown()
+
+    async def __aenter__(self) -> "HostMesh":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.__exit__(*exc)
 
     @property
     def hosts(self) -> list[str]:
@@ -112,6 +136,7 @@ class HostMesh(MeshTrait):
                                        for k, v in env.items()):
             raise TypeError("env must map str to str")
         rt = self._rt
+        self._check_not_shut_down()
         if rt._closed:
             raise MeshStoppedError("the runtime was shut down")
         name = name or rt.new_id("procs")
@@ -148,7 +173,13 @@ class HostMesh(MeshTrait):
 
     def shutdown(self) -> Future:
         """Stop the agents of this host mesh and every proc they run. Done when it returns;
-        the Future[None] it returns (as Monarch's) is resolved, for `.get()` or `await`."""
+        the Future[None] it returns (as Monarch's) is resolved, for `.get()` or `await`.
+        RuntimeError (Monarch's words) for a mesh already shut down or received by reference."""
+        self._check_not_shut_down()
+        if self._reference:
+            raise RuntimeError("cannot shut down `HostMesh` that is a reference instead of "
+                               "owned")
+        self._shut_down_flag = True
         rt = self._rt
         agents = [self._agents[r] for r in self._shape.global_ranks()]
 
@@ -195,7 +226,9 @@ def _rebuild_host_mesh(agents: list, shape: Shape) -> HostMesh:
             rec = AgentRecord(agent_id, address, host, remote=remote, hello=True)
             rt.state.change(rt.state.add_agent, rec)
         recs.append(rec)
-    return HostMesh(rt, recs, shape)
+    hm = HostMesh(rt, recs, shape)
+    hm._reference = True
+    return hm
 
 
 _this_host_lock = threading.Lock()
