@@ -1,7 +1,7 @@
 """How an actor receives supervision events (private; used by `proc`).
 
 Failures of meshes an actor owns reach its proc's I/O thread one by one (one message per
-failed rank). They are batched per actor (until none has come for 0.1 s, at most 0.5 s)
+failed rank). They are batched per actor (until none has come for 0.25 s, at most 1 s)
 and handed over in rank order,
 and always before any reply that reached the proc after them resolves a wait: so a call
 that failed returns to its caller only after `__supervise__` has seen every failure that
@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from .proc import ActorInstance, ProcServer
 
 #: failures of one actor's meshes are handed over once none has arrived for this long...
-BATCH_QUIET_S = 0.1
+BATCH_QUIET_S = 0.25
 #: ...or at the latest this long after the first of the batch
-BATCH_MAX_S = 0.5
+BATCH_MAX_S = 1.0
 
 
 class SuperviseInbox:

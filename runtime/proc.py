@@ -538,6 +538,31 @@ def _graceful_exit(server: ProcServer, timeout: float) -> None:
     t.join(timeout)
 
 
+def _cpu_list(text: str) -> set[int]:
+    """A kernel CPU list ("0-3,8") as a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _apply_proc_bind() -> None:
+    """`spawn_procs(proc_bind=...)`: pin this proc to CPUs, or to a NUMA node's CPUs."""
+    spec = os.environ.pop("MONARCH_PROC_BIND", "")
+    if not spec:
+        return
+    import json
+
+    bind = json.loads(spec)
+    cpus = _cpu_list(bind["cpus"]) if "cpus" in bind else set()
+    for node in filter(None, bind.get("cpunodebind", "").split(",")):
+        with open(f"/sys/devices/system/node/node{int(node)}/cpulist") as f:
+            cpus |= _cpu_list(f.read())
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 def main(cfg: dict) -> None:
     """Entry point of a forked proc (called by the zygote in the child)."""
     from ._core import Runtime, set_runtime
@@ -549,6 +574,7 @@ def main(cfg: dict) -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
                         format="%(levelname)s %(name)s: %(message)s")
+    _apply_proc_bind()
     keys = None
     if cfg.get("key_file"):
         keys = auth.read_key_file(cfg["key_file"])

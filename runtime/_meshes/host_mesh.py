@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
 from .._core import AgentRecord, ProcRecord, Runtime, get_runtime
@@ -91,6 +94,7 @@ class HostMesh(MeshTrait):
         self._shape = shape
         self._shut_down_flag = False
         self._reference = False  # received in a message: only its owner shuts it down
+        self._spawned: weakref.WeakSet = weakref.WeakSet()  # proc meshes spawned through it
 
     def _new_with_shape(self, shape: Shape) -> "HostMesh":
         return HostMesh(self._rt, self._agents, shape)
@@ -121,9 +125,28 @@ class HostMesh(MeshTrait):
     def hosts(self) -> list[str]:
         return [self._agents[r].host for r in self._shape.global_ranks()]
 
+    @property
+    def initialized(self) -> Future:
+        """Monarch's `HostMesh.initialized`: resolved once the hosts answer (they have by the
+        time a HostMesh is returned here)."""
+        return resolved(None)
+
+    def stop(self) -> Future:
+        """Stop the procs spawned through this HostMesh object; its hosts (agents) keep
+        running, so procs can be spawned again (Monarch's `HostMesh.stop()`)."""
+        self._check_not_shut_down()
+        for pm in list(self._spawned):
+            if not pm.stopped:
+                pm.stop().get(timeout=config.stop_timeout * 2 + 5)
+        self._spawned.clear()
+        return resolved(None)
+
     def spawn_procs(self, per_host: Optional[dict[str, int]] = None, name: Optional[str] = None,
-                    env: Optional[dict[str, str]] = None) -> "ProcMesh":
-        """Start procs on every host: the mesh's dims are the host dims plus `per_host`'s."""
+                    env: Optional[dict[str, str]] = None,
+                    proc_bind: Optional[list[dict[str, str]]] = None) -> "ProcMesh":
+        """Start procs on every host: the mesh's dims are the host dims plus `per_host`'s.
+        `proc_bind` (one dict per proc of a host) pins procs to CPUs: `{"cpus": "0-3"}` or
+        `{"cpunodebind": "0"}` (the CPUs of a NUMA node)."""
         from .proc_mesh import ProcMesh
 
         per_host = dict(per_host or {})
@@ -137,6 +160,7 @@ class HostMesh(MeshTrait):
             raise TypeError("env must map str to str")
         rt = self._rt
         self._check_not_shut_down()
+        binds = _check_proc_bind(proc_bind, math.prod(per_host.values()) if per_host else 1)
         if rt._closed:
             raise MeshStoppedError("the runtime was shut down")
         name = name or rt.new_id("procs")
@@ -156,7 +180,7 @@ class HostMesh(MeshTrait):
                 procs.append(ProcRecord(proc_id, rank, name, agent, addr, host=agent.host))
                 by_agent.setdefault(agent.agent_id, (agent, []))[1].append(
                     {"proc_id": proc_id, "rank": rank, "mesh": name,
-                     "env": {**config.to_env(), **(env or {})}})
+                     "env": {**config.to_env(), **(env or {}), **binds[j]}})
         rt.state.change(rt.state.add_procs, procs)
         from .local import root_controller_env
 
@@ -169,6 +193,7 @@ class HostMesh(MeshTrait):
                 "cwd": os.getcwd()}))
         pm = ProcMesh(rt, name, procs, full, self)
         rt.register_mesh(pm)
+        self._spawned.add(pm)
         return pm
 
     def shutdown(self) -> Future:
@@ -215,6 +240,23 @@ class HostMesh(MeshTrait):
 
     def __repr__(self) -> str:
         return f"<HostMesh {self.sizes or ''} hosts={self.hosts}>"
+
+
+def _check_proc_bind(proc_bind: Optional[list], n: int) -> list[dict[str, str]]:
+    """Per proc of a host, the env entry that pins it (applied in `runtime.proc`)."""
+    if proc_bind is None:
+        return [{} for _ in range(n)]
+    if not isinstance(proc_bind, (list, tuple)) or len(proc_bind) != n:
+        got = len(proc_bind) if isinstance(proc_bind, (list, tuple)) else proc_bind
+        raise ValueError(f"proc_bind length ({got}) must equal procs_per_host ({n})")
+    out = []
+    for b in proc_bind:
+        if not isinstance(b, dict) or not set(b) <= {"cpus", "cpunodebind"}:
+            raise ValueError(f"proc_bind entry {b!r}: supported keys are 'cpus' (a CPU list "
+                             "such as '0-3,8') and 'cpunodebind' (NUMA nodes)")
+        out.append({"MONARCH_PROC_BIND": json.dumps({k: str(v) for k, v in b.items()})}
+                   if b else {})
+    return out
 
 
 def _rebuild_host_mesh(agents: list, shape: Shape) -> HostMesh:
