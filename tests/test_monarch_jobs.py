@@ -54,7 +54,10 @@ def test_process_job_meshes_call_and_kill():
         assert dict(state.dataloaders.sizes) == {"hosts": 1}
         with pytest.raises(AttributeError, match="no mesh 'gpus'"):
             state.gpus
-        assert job.active and job.state(cached_path=None) is state
+        # as in Monarch, each state() call gives its own HostMesh objects for the same hosts
+        again = job.state(cached_path=None)
+        assert job.active and again.trainers is not state.trainers
+        assert again.trainers.hosts == state.trainers.hosts and set(again) == set(state)
         procs = state.trainers.spawn_procs(per_host={"gpus": 2})
         echo = procs.spawn("echo", Echo)
         ranks = sorted(v["rank"] for v in echo.whoami.call().get(timeout=60).values())

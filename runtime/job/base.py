@@ -260,8 +260,11 @@ class Job(ABC):
         With a `cached_path` (default: the class's `default_cached_path`), a job saved there
         that `can_run` this spec is reattached instead of starting a new one; a job started
         here is saved there (Monarch's `job.state(cached_path=...)`)."""
-        if self._state is not None:
-            return self._state
+        if self._state is not None:  # as in Monarch, each call its own HostMesh objects
+            again = JobState()     # (same hosts): stop() on one leaves the others' procs
+            for name, hm in self._state.items():
+                again[name] = hm._new_with_shape(hm._shape)
+            return again
         from . import cache
 
         path = self.default_cached_path if cached_path is ... else cached_path
