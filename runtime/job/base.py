@@ -18,6 +18,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from .trait import JobTrait
+
 ADDRESS_RE = re.compile(r"^tcp://(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -114,7 +116,7 @@ def tail(path: Path, n: int = 20) -> str:
         return ""
 
 
-class Job(ABC):
+class Job(JobTrait, ABC):
     """Start host agents through some launcher and attach to them as named HostMeshes."""
 
     kind = "job"
@@ -325,18 +327,6 @@ class Job(ABC):
             raise JobError(f"only a running job can be dumped ({self!r})")
         data = {k: v for k, v in self.__dict__.items() if k not in self._transient}
         return cloudpickle.dumps((type(self), data))
-
-    def dump(self, path: str | os.PathLike) -> Path:
-        """Save what is needed to reattach to this running job (mode 0600), e.g. after a
-        kernel restart: `Job.load(path).state()` attaches to the same agents."""
-        data = self.dumps()
-        path = Path(path)
-        if path.parent != Path(""):
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return path
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Job":
