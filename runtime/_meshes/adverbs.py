@@ -180,7 +180,7 @@ class EndpointRef:
 
 
 #: how long call() waits for the other ranks after one rank's actor failed
-FAILED_RANKS_GRACE_S = 0.2
+FAILED_RANKS_GRACE_S = 0.5
 
 
 class _Collector:
