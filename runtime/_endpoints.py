@@ -167,4 +167,6 @@ def cancel_all(a: "ActorInstance", every_task: bool = False) -> None:
 def failed_reply(a: "ActorInstance", cause: str) -> SupervisionError:
     """What a call to a failed actor raises at its caller."""
     cls_name = type(a.instance).__name__ if a.instance is not None else "actor"
-    return SupervisionError(actor_failed_message(cls_name, a.name, a.rank, cause))
+    ctx = getattr(a, "context", None)
+    return SupervisionError(actor_failed_message(cls_name, a.name, a.rank, cause,
+                                                 str(ctx) if ctx is not None else ""))

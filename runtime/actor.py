@@ -160,14 +160,28 @@ def plain_signature(fn: Callable[..., Any]) -> inspect.Signature:
 
 
 # -- the context of the running actor ---------------------------------------------------
+#: the actor id of the controller (Monarch's root client actor, printed `<root>`)
+ROOT_ID = "controller"
+
+
 def _qualified_name(ins: Any) -> str:
-    """`<Class name{'dim': i/n}>`, prefixed by its creators' names (Monarch's form)."""
+    """Monarch's actor name: `<root>.<module.Class name{'dim': i/n}>`, each creator's part
+    before its child's (the root, the controller, is `<root>`)."""
     names = []
     while ins is not None:
-        cls = f"{ins.class_name} " if ins.class_name else ""
+        if ins.actor_id == ROOT_ID:
+            break
+        cls = getattr(ins, "qualified_class", None) or ins.class_name
+        cls = f"{cls} " if cls else ""
         names.append(f"<{cls}{ins.name}{ins.rank if len(ins.rank) else ''}>")
         ins = ins.creator
+    names.append("<root>")
     return ".".join(reversed(names))
+
+
+def qualified_class(cls: type) -> str:
+    """`module.QualName` of an actor class, as Monarch names actors."""
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 @dataclass(frozen=True, repr=False)
@@ -180,9 +194,15 @@ class CreatorInstance:
     rank: Point
     actor_id: str
     creator: Optional["CreatorInstance"] = None
+    qualified_class: Optional[str] = None
 
     def __repr__(self) -> str:
         return _qualified_name(self)
+
+
+def root_creator() -> CreatorInstance:
+    """The creator of actors the controller spawned: Monarch's root client (`<root>`)."""
+    return CreatorInstance("root", None, Point(0, Shape((), ())), ROOT_ID)
 
 
 def creator_record(ins: Any) -> Optional[dict]:
@@ -191,6 +211,7 @@ def creator_record(ins: Any) -> Optional[dict]:
         return None
     ext = ins.rank.extent
     return {"name": ins.name, "cls": ins.class_name, "actor_id": ins.actor_id,
+            "qcls": getattr(ins, "qualified_class", None),
             "rank": ins.rank.rank, "labels": list(ext), "sizes": list(ext.values()),
             "creator": creator_record(ins.creator)}
 
@@ -213,6 +234,7 @@ class ActorContext:
     pid: int
     class_name: Optional[str] = None
     creator: Optional[CreatorInstance] = None
+    qualified_class: Optional[str] = None
 
     @property
     def size(self) -> dict[str, int]:

@@ -82,8 +82,10 @@ class MeshStoppedError(SupervisionError):
         return (MeshStoppedError, (self.args[0], self.failure))
 
 
-def actor_failed_message(cls_name: str, mesh: str, rank: int, cause: str) -> str:
-    """The first line of a SupervisionError for a failed actor (Monarch's wording)."""
+def actor_failed_message(cls_name: str, mesh: str, rank: int, cause: str,
+                         name: str = "") -> str:
+    """The first line of a SupervisionError for a failed actor (Monarch's wording); `name`
+    is the actor's Monarch name (`<root>.<mod.Cls mesh{..}>`, its spawners' names first)."""
     who = f"{cls_name} {mesh} (rank {rank})"
-    return (f"Actor {who} exited because of the following reason: The actor {who} and all "
-            f"its descendants have failed: {cause}")
+    return (f"Actor {who} exited because of the following reason: The actor {name or who} "
+            f"and all its descendants have failed: {cause}")

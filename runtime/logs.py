@@ -206,3 +206,30 @@ def actor_logger(name: str) -> logging.Logger:
 def set_actor_log_level(level: int) -> None:
     """The lowest level `Actor.logger` records print at in this process."""
     _actor_handler.setLevel(level)
+
+
+# -- Monarch's `[actor=NAME]` prefix on log records -----------------------------------------
+_base_factory = logging.getLogRecordFactory()
+
+
+def _actor_record_factory(*args: object, **kwargs: object) -> logging.LogRecord:
+    """Make a log record whose message starts with `[actor=<root>.<mod.Cls name{..}>] ` (the
+    running actor's Monarch name; `<root>` outside actors), as Monarch's records do. Empty
+    and non-string messages (structured logging) are left alone."""
+    record = _base_factory(*args, **kwargs)
+    msg = record.msg
+    if isinstance(msg, str) and msg and not msg.startswith("[actor="):
+        from .actor import _get_context
+
+        ctx = _get_context()
+        record.msg = f"[actor={ctx if ctx is not None else '<root>'}] {msg}"
+    return record
+
+
+def install_actor_prefix() -> None:
+    """Install the `[actor=...]` prefix for log records of this process (idempotent)."""
+    if logging.getLogRecordFactory() is not _actor_record_factory:
+        logging.setLogRecordFactory(_actor_record_factory)
+
+
+install_actor_prefix()

@@ -17,8 +17,9 @@ import time
 import traceback
 from typing import Any, Optional
 
-from . import _endpoints, logs
-from .actor import ActorContext, CreatorInstance, _message_view, _set_context, endpoints_of
+from . import _endpoints, _supervise, logs
+from .actor import (ROOT_ID, ActorContext, CreatorInstance, _message_view, _set_context,
+                    endpoints_of, root_creator)
 from .config import config
 from .errors import ActorError, SupervisionError
 from .shapes import Point, Shape
@@ -49,11 +50,14 @@ def current_actor() -> Optional["ActorInstance"]:
 
 
 def _creator(d: Any) -> Optional[CreatorInstance]:
-    """The spawner's description sent with SPAWN_ACTOR (None: the controller spawned it)."""
+    """The spawner's description sent with SPAWN_ACTOR (None: the controller spawned it,
+    Monarch's root client)."""
     if not d:
-        return None
+        return root_creator()
+    if d["actor_id"] == ROOT_ID:
+        return root_creator()
     return CreatorInstance(d["name"], d.get("cls"), Point(d["rank"], Shape(d["labels"], d["sizes"])),
-                           d["actor_id"], _creator(d.get("creator")))
+                           d["actor_id"], _creator(d.get("creator")), d.get("qcls"))
 
 
 class ActorInstance:
@@ -68,6 +72,7 @@ class ActorInstance:
         self.rank: int = e["rank"]
         self.shape = Shape(e["labels"], e["sizes"])
         self.class_name: Optional[str] = e.get("cls")
+        self.qualified_class: Optional[str] = e.get("qcls")
         self.creator = _creator(e.get("creator"))
         self.owner_addr: str = h.reply
         self.mailbox: queue.SimpleQueue = _endpoints.Mailbox()
@@ -82,9 +87,13 @@ class ActorInstance:
         self.current_port = -1
         self.current_reply = ""  # the caller's address while a call with a reply runs
         self.instance: Any = None
+        self.context: Optional[ActorContext] = None  # set when its thread starts
         self.endpoints: dict = {}
         self._aloop: Any = None
         self.tasks: set = set()  # running @concurrent_endpoint tasks
+        self.supervise_inbox = _supervise.SuperviseInbox()
+        self.in_async = False  # an async endpoint runs on the event loop (it may await)
+        self.main_task: Any = None  # that endpoint's task
         self.wake: Any = None  # set while the event loop runs tasks between messages
         self.waker = False  # whether mailbox.put wakes that loop
         self._spawn = (body, buffers)
@@ -95,7 +104,8 @@ class ActorInstance:
     def _run(self) -> None:
         ctx = ActorContext(self.actor_id, self.name, Point(self.rank, self.shape),
                            self.rt.proc_id, self.rt.host, os.getpid(), self.class_name,
-                           self.creator)
+                           self.creator, self.qualified_class)
+        self.context = ctx
         _set_context(ctx)
         _tls.actor = self
         logs.set_thread_label(self.name)
@@ -109,7 +119,7 @@ class ActorInstance:
             if what == "call":
                 self._handle_call(item[1], item[2], item[3])
             elif what == "supervise":
-                self._supervise(item[1])
+                _supervise.on_mailbox_entry(self)
             elif what == _STOP:
                 self._stop(item[1])
                 self.rt.loop.call_soon(self.server.actor_stopped, self)
@@ -153,6 +163,17 @@ class ActorInstance:
 
     def _run_coro(self, coro: Any) -> Any:
         return self.event_loop().run_until_complete(coro)
+
+    def _run_endpoint(self, coro: Any) -> Any:
+        """Run an async endpoint; supervision events are handled while it awaits."""
+        loop = self.event_loop()
+        self.main_task = task = loop.create_task(coro)
+        self.in_async = True
+        try:
+            return loop.run_until_complete(task)
+        finally:
+            self.in_async = False
+            self.main_task = None
 
     def _reply(self, h: Header, status: int, body: bytes, buffers: tuple = ()) -> None:
         self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=self.rank, status=status,
@@ -202,7 +223,7 @@ class ActorInstance:
                 return
             result = ep.fn(self.instance, *args, **kwargs)
             if inspect.iscoroutine(result):
-                result = self._run_coro(result)
+                result = self._run_endpoint(result)
             ok = not ep.explicit_response_port
         except BaseException as e:  # noqa: BLE001 - delivered to the caller
             self.report_error(h, ep, e)
@@ -213,7 +234,10 @@ class ActorInstance:
             if self.failed is None:
                 self._set_state("idle")
         if ok and h.port:
-            self._send_result(h, name, result)
+            if self.failed is not None:  # __supervise__ failed it meanwhile
+                self._reply_error(h, _endpoints.failed_reply(self, self.failed))
+            else:
+                self._send_result(h, name, result)
         if self.abort_reason is not None and self.failed is None:  # context().abort()
             self._fail(f"actor {self.class_name} {self.name} aborted: {self.abort_reason}")
 
@@ -236,13 +260,18 @@ class ActorInstance:
     def report_error(self, h: Header, ep: Any, e: BaseException) -> None:
         """An endpoint raised `e`: an ActorError to the caller, or the actor fails (no
         caller, an explicit-response-port endpoint, or a BaseException like SystemExit)."""
+        if self.failed is not None:  # it failed meanwhile (__supervise__): say so
+            if h.port:
+                self._reply_error(h, _endpoints.failed_reply(self, self.failed))
+            return
         name = ep.name
         self.errors += 1
         self.last_exception = e
         tb = _user_traceback(e)
         if _endpoints.is_fatal(ep, e):
             cause = f"{name}() raised {type(e).__name__}: {e}"
-            self._fail(cause, tb)
+            kind = "Exception" if isinstance(e, Exception) else "BaseException"
+            self._fail(cause, tb, call=f"Actor call {self.name}.{name} failed with {kind}")
             if h.port:
                 self._reply_error(h, _endpoints.failed_reply(self, cause))
             return
@@ -282,7 +311,8 @@ class ActorInstance:
             data, bufs, _ = moved  # the caller drops each buffer once it has read it
         self._reply(h, OK, data, tuple(bufs))
 
-    def _fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None) -> None:
+    def _fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None,
+              call: str = "") -> None:
         self.failed = cause
         self._set_state("failed")
         body = b""
@@ -293,29 +323,8 @@ class ActorInstance:
                 body = b""
         self.rt.send(self.owner_addr, Header(Kind.ACTOR_FAILED, actor=self.actor_id,
                                              rank=self.rank, extra={"cause": cause,
-                                                                    "traceback": tb}), body)
-
-    def _supervise(self, failure: MeshFailure) -> None:
-        handler = getattr(self.instance, "__supervise__", None)
-        if self.failed is not None:
-            return
-        if handler is None:
-            self._fail(f"unhandled failure of a mesh it owns: {failure}", caused_by=failure)
-            return
-        self._set_state("busy", "__supervise__")
-        try:
-            handled = handler(failure)
-            if inspect.iscoroutine(handled):
-                handled = self._run_coro(handled)
-        except BaseException as e:  # noqa: BLE001
-            self._fail(f"__supervise__ raised {type(e).__name__}: {e}", traceback.format_exc(),
-                       caused_by=failure)
-            return
-        finally:
-            if self.failed is None:
-                self._set_state("idle")
-        if not handled:
-            self._fail(f"failure of a mesh it owns not handled: {failure}", caused_by=failure)
+                                                                    "traceback": tb,
+                                                                    "call": call}), body)
 
     def _stop(self, h: Optional[Header]) -> None:
         _endpoints.cancel_all(self)  # concurrent endpoint tasks end before __cleanup__
@@ -365,6 +374,7 @@ class ProcServer:
         self.actors: dict[str, ActorInstance] = {}
         self.stopped_actors: collections.OrderedDict = collections.OrderedDict()
         self.early: dict[str, list] = {}  # actor id -> calls that came before its spawn
+        self.supervise_waiting: dict[str, ActorInstance] = {}  # actors with pending failures
         self.stopped = threading.Event()
         self._proc = None
         try:
@@ -403,7 +413,9 @@ class ProcServer:
     def _no_actor(self, h: Header) -> None:
         if h.port:
             why = "was stopped" if h.actor in self.stopped_actors else "does not exist"
-            self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=ERROR,
+            rank = self.stopped_actors.get(h.actor)  # a cast's header has no rank (-1)
+            self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, status=ERROR,
+                                         rank=h.rank if rank is None else rank,
                                          extra=_reply_extra(h)),
                          dumps(SupervisionError(
                              f"actor {h.actor} {why} in proc {self.rt.proc_id}"))[0])
@@ -432,7 +444,7 @@ class ProcServer:
         """An actor's thread ended: forget it, remember its id, and answer the calls that
         reached its mailbox after the stop (I/O thread)."""
         self.actors.pop(a.actor_id, None)
-        self.stopped_actors[a.actor_id] = None
+        self.stopped_actors[a.actor_id] = a.rank
         while len(self.stopped_actors) > 1024:  # a bounded memory of stopped ids
             self.stopped_actors.popitem(last=False)
         while True:
@@ -458,8 +470,14 @@ class ProcServer:
         a = self.actors.get(actor_id)
         if a is None:
             return False
-        a.mailbox.put(("supervise", failure))
+        _supervise.deliver(self, a, failure)
         return True
+
+    def flush_supervision(self) -> None:
+        """Hand every pending failure to its actor now (I/O thread; before a reply resolves)."""
+        if self.supervise_waiting:
+            for a in list(self.supervise_waiting.values()):
+                _supervise.flush(a)
 
     def sizes(self) -> dict[str, int]:
         """Entries in this proc's actor tables (soak tests)."""
@@ -555,6 +573,31 @@ def _graceful_exit(server: ProcServer, timeout: float) -> None:
     t.join(timeout)
 
 
+def _cpu_list(text: str) -> set[int]:
+    """A kernel CPU list ("0-3,8") as a set of CPU numbers."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def _apply_proc_bind() -> None:
+    """`spawn_procs(proc_bind=...)`: pin this proc to CPUs, or to a NUMA node's CPUs."""
+    spec = os.environ.pop("MONARCH_PROC_BIND", "")
+    if not spec:
+        return
+    import json
+
+    bind = json.loads(spec)
+    cpus = _cpu_list(bind["cpus"]) if "cpus" in bind else set()
+    for node in filter(None, bind.get("cpunodebind", "").split(",")):
+        with open(f"/sys/devices/system/node/node{int(node)}/cpulist") as f:
+            cpus |= _cpu_list(f.read())
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 def main(cfg: dict) -> None:
     """Entry point of a forked proc (called by the zygote in the child)."""
     from ._core import Runtime, set_runtime
@@ -566,6 +609,7 @@ def main(cfg: dict) -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
                         format="%(levelname)s %(name)s: %(message)s")
+    _apply_proc_bind()
     keys = None
     if cfg.get("key_file"):
         keys = auth.read_key_file(cfg["key_file"])

@@ -50,9 +50,11 @@ def test_actor_instance_inside_an_actor(who):
     assert [d["rank"] for d in infos] == [0, 1, 2, 3]
     d = infos[3]
     assert d["coords"] == {"hosts": 1, "gpus": 1} and d["str"] == "{'hosts': 1/2, 'gpus': 1/2}"
-    assert d["name"] == "who" and d["class_name"] == "Whoami" and d["creator"] is None
+    assert d["name"] == "who" and d["class_name"] == "Whoami" and d["creator"] == "<root>"
     assert d["current_actor_name"] == d["actor_id"] and d["actor_id"]
-    assert d["qualified"] == "<Whoami who{'hosts': 1/2, 'gpus': 1/2}>"
+    # Monarch's actor names: the root client, then `<module.Class mesh{point}>`
+    assert d["qualified"] == \
+        "<root>.<_monarch_context_actors.Whoami who{'hosts': 1/2, 'gpus': 1/2}>"
     # the whole mesh was called: the message rank is the actor's own rank
     assert d["message_rank"] == {"hosts": 1, "gpus": 1} and d["message_flat"] == 3
 
@@ -93,8 +95,9 @@ def test_creator_is_the_spawning_actor():
     with this_host().spawn_procs(per_host={"procs": 1}) as pm:
         parent = pm.spawn("parent", Parent)
         kids = parent.children_info.call_one().get(timeout=90)
-    assert kids[0]["creator"] == "<Parent parent{'procs': 0/1}>"
-    assert kids[0]["qualified"] == "<Parent parent{'procs': 0/1}>.<Whoami kids{'procs': 0/1}>"
+    parent = "<root>.<_monarch_context_actors.Parent parent{'procs': 0/1}>"
+    assert kids[0]["creator"] == parent
+    assert kids[0]["qualified"] == parent + ".<_monarch_context_actors.Whoami kids{'procs': 0/1}>"
 
 
 def test_actor_logger_records_carry_name_and_rank_and_reach_the_controller(who):
@@ -121,9 +124,11 @@ def test_actor_logger_records_carry_name_and_rank_and_reach_the_controller(who):
         rt.set_output_sink(None)
     assert r["is_logger"] and r["logger_name"] == "Whoami"
     assert r["records"] == [{"actor_name": "who", "rank": 2, "point": "{'hosts': 1/2, 'gpus': 0/2}",
-                             "msg": "hello from the logger"}]
+                             "msg": "[actor=<root>.<_monarch_context_actors.Whoami who{'hosts': "
+                                    "1/2, 'gpus': 0/2}>] hello from the logger"}]
     line = [(lbl, s, t) for lbl, s, t in got if "hello from the logger" in t][0]
-    assert line[0] == "who 2" and line[1] == "stderr" and "INFO Whoami: hello from the logger" in line[2]
+    assert line[0] == "who 2" and line[1] == "stderr"
+    assert "INFO Whoami: [actor=<root>.<_monarch_context_actors.Whoami who" in line[2]
     assert not any("quiet debug" in t for _, _, t in got)
 
 

@@ -54,7 +54,10 @@ def test_process_job_meshes_call_and_kill():
         assert dict(state.dataloaders.sizes) == {"hosts": 1}
         with pytest.raises(AttributeError, match="no mesh 'gpus'"):
             state.gpus
-        assert job.active and job.state(cached_path=None) is state
+        # as in Monarch, each state() call gives its own HostMesh objects for the same hosts
+        again = job.state(cached_path=None)
+        assert job.active and again.trainers is not state.trainers
+        assert again.trainers.hosts == state.trainers.hosts and set(again) == set(state)
         procs = state.trainers.spawn_procs(per_host={"gpus": 2})
         echo = procs.spawn("echo", Echo)
         ranks = sorted(v["rank"] for v in echo.whoami.call().get(timeout=60).values())
@@ -202,3 +205,44 @@ def test_telemetry_and_admin_are_accepted():
     job = ProcessJob({"hosts": 1})
     assert job.enable_telemetry() is job and job.enable_admin(admin_addr=None) is job
     assert JobState().admin_url is None and JobState().telemetry_url is None
+
+
+class _RecordingJob(JobTrait):
+    """A Monarch-style job of one's own: only Monarch's hooks are defined."""
+
+    def __init__(self, names=("default",), serves=True):
+        super().__init__()
+        self.names, self.serves, self.created, self.killed = list(names), serves, 0, 0
+
+    def _create(self, client_script):
+        self.created += 1
+
+    def _state(self):
+        return JobState({n: f"hosts of {n}" for n in self.names})
+
+    def _kill(self):
+        self.killed += 1
+
+    def can_run(self, spec):
+        return self.serves
+
+
+def test_a_jobtrait_subclass_with_monarchs_hooks(tmp_path):
+    job = _RecordingJob(["trainers"])
+    assert isinstance(ProcessJob({"hosts": 1}), JobTrait) and not job.active
+    job.apply()
+    job.apply()
+    assert job.created == 1 and job.active and job.state().trainers == "hosts of trainers"
+    path = tmp_path / "job.pkl"
+    job.dump(path)
+    # a new spec reuses the saved running job when it can_run the spec ...
+    fresh = _RecordingJob(["other"])
+    assert set(fresh.state(cached_path=str(path))) == {"trainers"} and fresh.created == 0
+    assert set(job_loads(job.dumps()).state()) == {"trainers"}
+    # ... and else is applied itself and saved in its place
+    _RecordingJob(["old"], serves=False).apply().dump(path)
+    new = _RecordingJob(["workers"])
+    assert set(new.state(cached_path=str(path))) == {"workers"} and new.created == 1
+    assert set(job_load(path).state(cached_path=None)) == {"workers"}
+    new.kill()
+    assert new.killed == 1 and not new.active

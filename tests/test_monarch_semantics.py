@@ -227,8 +227,8 @@ def test_stopped_meshes_raise_supervision_errors_in_monarchs_words(failures):
     a, b = pm.spawn("a_stop", Where), pm.spawn("b_stop", Where)
     a.where.call_one().get(timeout=20)
     a.stop().get(timeout=20)
-    with pytest.raises(SupervisionError, match="Actor Where a_stop exited because of the "
-                                               "following reason: stopped"):
+    with pytest.raises(SupervisionError, match=r"Actor <root>\.<_monarch_actors\.Where a_stop-\w+> "
+                                               "exited because of the following reason: stopped"):
         a.where.call_one().get(timeout=20)
     pm.stop().get(timeout=20)
     with pytest.raises(runtime.MeshStoppedError,

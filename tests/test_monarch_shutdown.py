@@ -66,3 +66,49 @@ def test_shutdown_calls_return_futures():
     r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True,
                        text=True, timeout=100)
     assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stderr[-3000:]
+
+
+LIFECYCLE = textwrap.dedent("""
+    import asyncio, sys
+    sys.path.insert(0, "tests")
+    import cloudpickle
+    import runtime
+    from runtime import Actor, endpoint
+    from runtime.job import LocalJob
+
+    class Echo(Actor):
+        @endpoint
+        def ping(self, x):
+            return x
+
+    job = LocalJob(1, progress=False)
+    hosts = job.state().hosts
+    assert hosts.is_fake_in_process is False
+    # a host mesh received by reference (pickled) cannot be shut down by its holder
+    ref = cloudpickle.loads(cloudpickle.dumps(hosts))
+    try:
+        ref.shutdown()
+        raise SystemExit("a reference was shut down")
+    except RuntimeError as e:
+        assert "reference instead of owned" in str(e), e
+
+    async def main():
+        async with hosts as hm:            # shut down when the block ends
+            pm = hm.spawn_procs(per_host={"procs": 1})
+            assert await pm.spawn("e", Echo).ping.call_one(5) == 5
+        for again in (lambda: hm.spawn_procs(per_host={"procs": 1}), hm.shutdown):
+            try:
+                again()
+                raise SystemExit("a shut-down host mesh was used")
+            except RuntimeError as e:
+                assert "HostMesh has already been shut down" in str(e), e
+    asyncio.run(main())
+    job.cleanup()
+    print("OK")
+""")
+
+
+def test_host_mesh_context_manager_and_used_after_shutdown():
+    r = subprocess.run([sys.executable, "-c", LIFECYCLE], cwd=ROOT, capture_output=True,
+                       text=True, timeout=100)
+    assert r.returncode == 0 and r.stdout.strip().endswith("OK"), r.stderr[-3000:]

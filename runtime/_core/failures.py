@@ -68,26 +68,25 @@ class Failures:
                 continue
             f = MeshFailure(mesh=m.name, ranks=[rank], cause=cause, host=rec.host, pid=rec.pid,
                             proc_id=proc_id, exit_code=code, signal=sig,
-                            stderr_tail=base.stderr_tail, point=_point(m, rank))
+                            stderr_tail=base.stderr_tail, point=_point(m, rank),
+                            actor_name=m.actor_name(rank))
             m.failed[rank] = f
             if m.ready[rank] is None:
                 m.ready[rank] = cause
                 self.check_initialized(m)
             rt.health.update(m.health_name, rank, ActorState.FAILED,
                              detail=cause, last_error=cause)
-            self.fail_ports_for_actor(m, rank, f)
-            if m.owned:
+            if m.owned:  # the supervisor hears of it before the waits on it fail
                 failures.append((m, f))
+                self.deliver(m, f)
+            self.fail_ports_for_actor(m, rank, f)
         self.mark_dead(proc_id, base)
         # tell the other procs we own, so their waits on this proc fail too
         others = [(o.address, o.route) for o in rt.state.running_procs()
                   if o.proc_id != proc_id]
         if others:
             rt.messenger.cast(others, Header(Kind.PROC_DEAD, extra={"procs": [proc_id]}))
-        if failures:
-            for m, f in failures:
-                self.deliver(m, f)
-        elif rec.agent is not None:
+        if not failures and rec.agent is not None:
             self.deliver(None, base)
         self.retire(proc_id)
 
@@ -182,7 +181,7 @@ class Failures:
             host=rec.host if rec else "", pid=rec.pid if rec else 0,
             proc_id=rec.proc_id if rec else "", traceback=e.get("traceback", ""),
             caused_by=caused_by if isinstance(caused_by, MeshFailure) else None,
-            point=_point(m, rank),
+            point=_point(m, rank), actor_name=m.actor_name(rank), call=e.get("call") or "",
         )
         if e.get("init"):
             m.init_failed.add(rank)
@@ -198,15 +197,15 @@ class Failures:
         m.failed[rank] = failure
         rt.health.update(m.health_name, rank, ActorState.FAILED, detail=failure.cause,
                          last_error=failure.cause, last_traceback=failure.traceback)
+        self.deliver(m, failure)  # the supervisor hears of it before the waits on it fail
         self.fail_ports_for_actor(m, rank, failure)
-        self.deliver(m, failure)
 
     def fail_ports_for_actor(self, m: ActorMeshRecord, rank: int,
                              failure: MeshFailure) -> None:
         proc = m.proc_ids[rank]
         ports = self.rt.ports
         msg = failure.report() + "\n" + actor_failed_message(m.cls_name, m.name, rank,
-                                                              failure.cause)
+                                                              failure.cause, m.actor_name(rank))
         for pid in ports.waiting_on(proc):
             failure.seen_by_waiter = True
             ports.fail(pid, SupervisionError(msg, failure), proc=proc, actor=m.actor_id)

@@ -29,6 +29,15 @@ class Ports:
     def __init__(self) -> None:
         self._ids = itertools.count(1)
         self._ports: dict[int, tuple[Handler, Optional[FailHandler], frozenset]] = {}
+        #: run by `settle()` (I/O thread): a proc hands the failures that reached it to
+        #: their supervising actors
+        self.before_resolve: Optional[Callable[[], None]] = None
+
+    def settle(self) -> None:
+        """Called before a call's future resolves (I/O thread): supervision events that
+        arrived before its last answer are handed over first."""
+        if self.before_resolve is not None:
+            self.before_resolve()
 
     def open(self, handler: Handler, on_fail: Optional[FailHandler] = None,
              procs: Iterable[str] = ()) -> int:

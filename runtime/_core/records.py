@@ -84,6 +84,16 @@ class ActorMeshRecord:
     init_failed: set = field(default_factory=set)  # ranks whose __init__ raised
     explicit_ports: frozenset = frozenset()  # endpoints that answer through a Port they get
     methods: dict = field(default_factory=dict)  # non-endpoint methods (as_endpoint): sigs
+    owner_name: str = "<root>"  # the spawner's Monarch name (`<root>.<mod.Cls name{..}>`)
+    qual_cls: str = ""  # `module.Class` of the actors
+
+    def actor_name(self, rank: int) -> str:
+        """Monarch's name of the actor at `rank`: its spawner's name, then `<mod.Cls name{..}>`."""
+        from ..shapes import Point, Shape
+
+        point = str(Point(rank, Shape(tuple(self.sizes), tuple(self.sizes.values())))) \
+            if self.sizes else ""
+        return f"{self.owner_name}.<{self.qual_cls or self.cls_name} {self.name}{point}>"
 
     def target(self, rank: int) -> tuple:
         return (self.addresses[rank], self.routes[rank] if self.routes else None)

@@ -117,8 +117,8 @@ class EndpointRef:
         rec = self._mesh._rec
         if rec.stopped:  # in Monarch's words too
             why = ("actor mesh is stopped due to proc mesh shutdown" if rec.stopped_with_procs
-                   else f"Actor {rec.cls_name} {rec.name} exited because of the following "
-                        f"reason: stopped")
+                   else f"Actor {rec.owner_name}.<{rec.qual_cls or rec.cls_name} "
+                        f"{rec.actor_id}> exited because of the following reason: stopped")
             raise MeshStoppedError(f"actor mesh {rec.name!r} was stopped: {why}")
         for r in ranks:
             f = rec.failed.get(r)
@@ -127,7 +127,7 @@ class EndpointRef:
                     raise SupervisionError(
                         f"actor mesh {rec.name!r} rank {r} failed in __init__:\n{rec.ready[r]}", f)
                 raise SupervisionError(actor_failed_message(
-                    rec.cls_name, rec.name, r, f.cause) + "\n" + f.report(), f)
+                    rec.cls_name, rec.name, r, f.cause, rec.actor_name(r)) + "\n" + f.report(), f)
 
     # -- adverbs -------------------------------------------------------------------------------------
     def call(self, *args: Any, **kwargs: Any) -> Future[ValueMesh]:
@@ -243,6 +243,10 @@ def _releasing(futs: Any, keep: Optional[list]) -> Any:
     return futs
 
 
+#: how long call() waits for the other ranks after one rank's actor failed
+FAILED_RANKS_GRACE_S = 0.5
+
+
 class _Collector:
     """Gathers the replies of one call. Started (and its messages sent) in the caller's
     thread; replies and failures arrive on the I/O thread."""
@@ -262,6 +266,9 @@ class _Collector:
         self.body = body
         self.bufs = bufs
         self.port = 0
+        # call(): the first failed actor's SupervisionError, raised once every rank has
+        # answered or failed (so each failure has reached its supervisor by then)
+        self.error: Optional[BaseException] = None
         self.done = False
 
     def start(self) -> None:
@@ -304,7 +311,12 @@ class _Collector:
     def on_reply(self, h: Header, body: Any, buffers: list) -> None:
         r = h.rank
         if r not in self.remaining:
-            return
+            if r == -1 and h.status == ERROR and self.remaining:  # a proc answered for an
+                r = next(iter(self.remaining))  # actor it does not know: fail the call
+                for other in list(self.remaining)[1:]:
+                    self._finish_rank(other)
+            else:
+                return
         if bulk.is_bulk(body):  # a large result left on the data plane: read it off the I/O
             def read() -> None:  # thread, then deliver on it (unless the call ended since)
                 value = self._decode(h, r, body, buffers)
@@ -337,21 +349,32 @@ class _Collector:
             f = self.futs[self.next_stream]
             self.next_stream += 1
             if h.status == ERROR:
+                self.rt.ports.settle()
                 f.set_exception(value)
             else:
+                self.rt.ports.settle()
                 f.set_result(value)
         elif h.status == ERROR:
+            if self.mode == "call" and isinstance(value, SupervisionError) and self.remaining:
+                self._wait_for_others(value)
+                return
             self._close()
-            self.futs[0].set_exception(value)
+            self.rt.ports.settle()
+            self.futs[0].set_exception(self.error or value)
             return
         else:
             self.values[self.index[r] if self.index is not None else 0] = value
         if not self.remaining:
             self._close()
-            if self.mode == "call":
+            if self.error is not None:
+                self.rt.ports.settle()
+                self.futs[0].set_exception(self.error)
+            elif self.mode == "call":
                 shape = self.ep._mesh._shape
+                self.rt.ports.settle()
                 self.futs[0].set_result(ValueMesh(Shape(shape.labels, shape.sizes_), self.values))
             elif self.mode == "one":
+                self.rt.ports.settle()
                 self.futs[0].set_result(self.values[0])
 
     def on_fail(self, exc: BaseException, proc: Optional[str] = None,
@@ -369,12 +392,36 @@ class _Collector:
                 self._finish_rank(r)
                 fut = self.futs[self.next_stream]
                 self.next_stream += 1
+                self.rt.ports.settle()
                 fut.set_exception(exc)
             if not self.remaining:
                 self._close()
             return
+        f = getattr(exc, "failure", None)
+        if self.mode == "call" and actor is not None and f is not None and \
+                f.exit_code is None and f.signal is None:  # an actor failed, its proc lives
+            for r in failed_ranks:
+                self._finish_rank(r)
+            if self.remaining:
+                self._wait_for_others(exc)
+                return
         self._close()
-        self.futs[0].set_exception(exc)
+        self.rt.ports.settle()
+        self.futs[0].set_exception(self.error or exc)
+
+    def _wait_for_others(self, exc: BaseException) -> None:
+        """A rank's actor failed: give the other ranks a moment (their actors often fail
+        together) so that every failure reaches its supervisor before the call raises, as
+        in Monarch; then raise the first (I/O thread). A dead proc fails the call at once."""
+        if self.error is None:
+            self.error = exc
+            self.rt.loop.call_later(FAILED_RANKS_GRACE_S, self._give_up)
+
+    def _give_up(self) -> None:
+        if not self.done and self.error is not None:
+            self._close()
+            self.rt.ports.settle()
+            self.futs[0].set_exception(self.error)
 
     def _monarch_wording(self, exc: BaseException, rank: int) -> BaseException:
         """A SupervisionError for this call, with a last line in Monarch's words
@@ -383,8 +430,9 @@ class _Collector:
         if type(exc) is not SupervisionError or failure is None:
             return exc
         rec = self.rec
-        line = (f"Endpoint call {rec.name}.{self.ep._name}() failed, "
-                f"{actor_failed_message(rec.cls_name, rec.name, rank, failure.cause)}")
+        why = actor_failed_message(rec.cls_name, rec.name, rank, failure.cause,
+                                   rec.actor_name(rank))
+        line = f"Endpoint call {rec.name}.{self.ep._name}() failed, {why}"
         return SupervisionError(f"{exc.args[0]}\n{line}", failure)
 
     def _close(self) -> None:

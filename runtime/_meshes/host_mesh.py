@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
 from .._core import AgentRecord, ProcRecord, Runtime, get_runtime
@@ -89,17 +92,61 @@ class HostMesh(MeshTrait):
         self._rt = rt
         self._agents = agents  # by global rank of `shape`'s base
         self._shape = shape
+        self._shut_down_flag = False
+        self._reference = False  # received in a message: only its owner shuts it down
+        self._spawned: weakref.WeakSet = weakref.WeakSet()  # proc meshes spawned through it
 
     def _new_with_shape(self, shape: Shape) -> "HostMesh":
         return HostMesh(self._rt, self._agents, shape)
 
     @property
+    def is_fake_in_process(self) -> bool:
+        """Monarch's flag for its in-process fake host; hosts here are always real."""
+        return False
+
+    def _check_not_shut_down(self) -> None:
+        if self._shut_down_flag:
+            raise RuntimeError("HostMesh has already been shut down")
+
+    def __enter__(self) -> "HostMesh":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self._shut_down_flag:
+            self.shutdown()
+
+    async def __aenter__(self) -> "HostMesh":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.__exit__(*exc)
+
+    @property
     def hosts(self) -> list[str]:
         return [self._agents[r].host for r in self._shape.global_ranks()]
 
+    @property
+    def initialized(self) -> Future:
+        """Monarch's `HostMesh.initialized`: resolved once the hosts answer (they have by the
+        time a HostMesh is returned here)."""
+        return resolved(None)
+
+    def stop(self) -> Future:
+        """Stop the procs spawned through this HostMesh object; its hosts (agents) keep
+        running, so procs can be spawned again (Monarch's `HostMesh.stop()`)."""
+        self._check_not_shut_down()
+        for pm in list(self._spawned):
+            if not pm.stopped:
+                pm.stop().get(timeout=config.stop_timeout * 2 + 5)
+        self._spawned.clear()
+        return resolved(None)
+
     def spawn_procs(self, per_host: Optional[dict[str, int]] = None, name: Optional[str] = None,
-                    env: Optional[dict[str, str]] = None) -> "ProcMesh":
-        """Start procs on every host: the mesh's dims are the host dims plus `per_host`'s."""
+                    env: Optional[dict[str, str]] = None,
+                    proc_bind: Optional[list[dict[str, str]]] = None) -> "ProcMesh":
+        """Start procs on every host: the mesh's dims are the host dims plus `per_host`'s.
+        `proc_bind` (one dict per proc of a host) pins procs to CPUs: `{"cpus": "0-3"}` or
+        `{"cpunodebind": "0"}` (the CPUs of a NUMA node)."""
         from ..host.zygote import PROCS_PER_HOST
         from .proc_mesh import ProcMesh
 
@@ -113,6 +160,8 @@ class HostMesh(MeshTrait):
                                        for k, v in env.items()):
             raise TypeError("env must map str to str")
         rt = self._rt
+        self._check_not_shut_down()
+        binds = _check_proc_bind(proc_bind, math.prod(per_host.values()) if per_host else 1)
         if rt._closed:
             raise MeshStoppedError("the runtime was shut down")
         name = name or rt.new_id("procs")
@@ -133,7 +182,7 @@ class HostMesh(MeshTrait):
                 addr = f"ipc://{rt.rundir}/{proc_id}" if not agent.remote else ""
                 procs.append(ProcRecord(proc_id, rank, name, agent, addr, host=agent.host))
                 spec = {"proc_id": proc_id, "rank": rank, "mesh": name,
-                        "env": {**config.to_env(), **(env or {})}}
+                        "env": {**config.to_env(), **(env or {}), **binds[j]}}
                 if n_inner > 1:  # the proc's host picks its intra-op threads from this
                     spec["env"][PROCS_PER_HOST] = str(n_inner)
                 if gpu_env is not None:  # one GPU per proc: decided here for this host
@@ -153,11 +202,18 @@ class HostMesh(MeshTrait):
                 "cwd": os.getcwd()}))
         pm = ProcMesh(rt, name, procs, full, self)
         rt.register_mesh(pm)
+        self._spawned.add(pm)
         return pm
 
     def shutdown(self) -> Future:
         """Stop the agents of this host mesh and every proc they run. Done when it returns;
-        the Future[None] it returns (as Monarch's) is resolved, for `.get()` or `await`."""
+        the Future[None] it returns (as Monarch's) is resolved, for `.get()` or `await`.
+        RuntimeError (Monarch's words) for a mesh already shut down or received by reference."""
+        self._check_not_shut_down()
+        if self._reference:
+            raise RuntimeError("cannot shut down `HostMesh` that is a reference instead of "
+                               "owned")
+        self._shut_down_flag = True
         rt = self._rt
         agents = [self._agents[r] for r in self._shape.global_ranks()]
 
@@ -210,6 +266,23 @@ def _gpu_env_for(per_host: dict[str, int], inner: Shape, env: dict[str, str],
     return lambda j: table[j] if table is not None else {}
 
 
+def _check_proc_bind(proc_bind: Optional[list], n: int) -> list[dict[str, str]]:
+    """Per proc of a host, the env entry that pins it (applied in `runtime.proc`)."""
+    if proc_bind is None:
+        return [{} for _ in range(n)]
+    if not isinstance(proc_bind, (list, tuple)) or len(proc_bind) != n:
+        got = len(proc_bind) if isinstance(proc_bind, (list, tuple)) else proc_bind
+        raise ValueError(f"proc_bind length ({got}) must equal procs_per_host ({n})")
+    out = []
+    for b in proc_bind:
+        if not isinstance(b, dict) or not set(b) <= {"cpus", "cpunodebind"}:
+            raise ValueError(f"proc_bind entry {b!r}: supported keys are 'cpus' (a CPU list "
+                             "such as '0-3,8') and 'cpunodebind' (NUMA nodes)")
+        out.append({"MONARCH_PROC_BIND": json.dumps({k: str(v) for k, v in b.items()})}
+                   if b else {})
+    return out
+
+
 def _rebuild_host_mesh(agents: list, shape: Shape) -> HostMesh:
     rt = get_runtime()
     recs = []
@@ -219,7 +292,9 @@ def _rebuild_host_mesh(agents: list, shape: Shape) -> HostMesh:
             rec = AgentRecord(agent_id, address, host, remote=remote, hello=True)
             rt.state.change(rt.state.add_agent, rec)
         recs.append(rec)
-    return HostMesh(rt, recs, shape)
+    hm = HostMesh(rt, recs, shape)
+    hm._reference = True
+    return hm
 
 
 _this_host_lock = threading.Lock()

@@ -13,6 +13,7 @@ from typing import Any
 
 from .._core import ProcRecord, Runtime, get_runtime
 from ..actor import Actor, _get_context, _set_context, endpoint
+from ..errors import ActorError
 from ..future import Future, resolved
 from ..shapes import Shape
 from ..transport.framing import Header, Kind
@@ -125,6 +126,11 @@ def _get_or_spawn_here(name: str, cls: type, args: tuple, kwargs: dict) -> Any:
         registry = rt.role.__dict__.setdefault("controllers", {})
         mesh = registry.get(name)
         if mesh is not None and not mesh.stopped:
+            failed = mesh._rec.failed
+            if failed:  # as in Monarch: asking for a failed singleton raises its failure
+                f = failed[min(failed)]
+                raise ActorError(f"get_or_spawn_controller({name!r}): the actor has failed: "
+                                 f"{f.call or 'Actor ' + name + ' failed'}: {f.cause}")
             return mesh
         ctx = _get_context()
         _set_context(None)  # the root owns the singletons, not the asking actor

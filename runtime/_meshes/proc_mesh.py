@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from .._core import ActorMeshRecord, ProcRecord, Runtime
 from ..actor import (Actor, _get_context, creator_record, endpoints_of, methods_of,
-                     plain_signature)
+                     plain_signature, qualified_class)
 from ..config import config
 from ..errors import MeshStoppedError, SerializationError, SupervisionError
 from ..future import Future, completed
@@ -133,6 +133,8 @@ class ProcMesh(MeshTrait):
             routes=[p.route for p in procs],
             hosts=[p.host for p in procs], sizes=dict(zip(labels, sizes)), owned=True,
             owner_actor=ctx.actor_id if ctx is not None else None,
+            owner_name=str(ctx) if ctx is not None else "<root>",
+            qual_cls=qualified_class(actor_class),
             ready=[None] * len(procs), inflight=[0] * len(procs),
             sigs=_signatures(actor_class), initialized=Future(f"{name}.initialized"),
         )
@@ -171,6 +173,7 @@ class ProcMesh(MeshTrait):
                 h = Header(Kind.SPAWN_ACTOR, actor=rec.actor_id, reply=reply, rank=i,
                            extra={"name": name, "rank": i, "labels": list(labels),
                                   "sizes": list(sizes), "cls": actor_class.__name__,
+                                  "qcls": qualified_class(actor_class),
                                   "creator": creator})
                 rt.send_to_proc(p.address, p.route, h, body, tuple(bufs))
         am = ActorMesh(rt, rec, shape, self, actor_class)

@@ -31,8 +31,8 @@ def _default_threads() -> None:
     the user's environment sets it: torch's default (every core in every proc) makes small
     ops spin on each other's cores."""
     n = os.environ.get(PROCS_PER_HOST)
-    if not n or "OMP_NUM_THREADS" in os.environ:
-        return
+    if not n or "OMP_NUM_THREADS" in os.environ or "MONARCH_PROC_BIND" in os.environ:
+        return  # set by the user, or the proc is pinned to CPUs of its own (proc_bind)
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -3,7 +3,8 @@
 `LocalJob` (agents on this machine), `SlurmJob` (one batch job, one srun per host),
 `SSHJob` (one ssh session per host), `KubernetesJob` (an indexed Job + headless Service).
 Monarch's `monarch.job` names are here too: `ProcessJob`, `LocalJob(hosts=("a", ...))`,
-`JobTrait` (= `Job`), `job_load`, `job_loads`, and Monarch's SlurmJob keywords.
+`JobTrait` (the base of `Job`, with Monarch's `_create`/`_state`/`_kill` hooks for jobs
+of your own), `job_load`, `job_loads`, and Monarch's SlurmJob keywords.
 `AllocSpec` starts a job and spawns a proc mesh on it from plain values (`%mesh alloc
 NAME --job KIND` parses its arguments in `monarch_kernel` and calls it).
 """
@@ -15,8 +16,7 @@ from .local import LocalJob
 from .process import ProcessJob
 from .slurm import SlurmJob
 from .ssh import SSHJob
-
-JobTrait = Job  # Monarch's name for the base class
+from .trait import JobTrait
 
 __all__ = ["AllocSpec", "DEFAULT_JOB_PATH", "Job", "JobError", "JobState", "JobTrait",
            "KubernetesJob", "LocalJob", "ProcessJob", "SlurmJob", "SSHJob", "job_load",

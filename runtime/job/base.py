@@ -18,6 +18,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from .trait import JobTrait
+
 ADDRESS_RE = re.compile(r"^tcp://(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -114,7 +116,7 @@ def tail(path: Path, n: int = 20) -> str:
         return ""
 
 
-class Job(ABC):
+class Job(JobTrait, ABC):
     """Start host agents through some launcher and attach to them as named HostMeshes."""
 
     kind = "job"
@@ -260,8 +262,11 @@ class Job(ABC):
         With a `cached_path` (default: the class's `default_cached_path`), a job saved there
         that `can_run` this spec is reattached instead of starting a new one; a job started
         here is saved there (Monarch's `job.state(cached_path=...)`)."""
-        if self._state is not None:
-            return self._state
+        if self._state is not None:  # as in Monarch, each call its own HostMesh objects
+            again = JobState()     # (same hosts): stop() on one leaves the others' procs
+            for name, hm in self._state.items():
+                again[name] = hm._new_with_shape(hm._shape)
+            return again
         from . import cache
 
         path = self.default_cached_path if cached_path is ... else cached_path
@@ -322,18 +327,6 @@ class Job(ABC):
             raise JobError(f"only a running job can be dumped ({self!r})")
         data = {k: v for k, v in self.__dict__.items() if k not in self._transient}
         return cloudpickle.dumps((type(self), data))
-
-    def dump(self, path: str | os.PathLike) -> Path:
-        """Save what is needed to reattach to this running job (mode 0600), e.g. after a
-        kernel restart: `Job.load(path).state()` attaches to the same agents."""
-        data = self.dumps()
-        path = Path(path)
-        if path.parent != Path(""):
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return path
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Job":

@@ -34,10 +34,10 @@ def _check_private(path: Path) -> None:
 
 def job_loads(data: bytes) -> "Job":
     """A job from the bytes of `Job.dumps()`."""
-    from .base import Job
+    from .trait import JobTrait
 
     cls, fields = pickle.loads(data)
-    if not (isinstance(cls, type) and issubclass(cls, Job)):
+    if not (isinstance(cls, type) and issubclass(cls, JobTrait)):
         raise JobError(f"not a saved job: holds {cls!r}")
     job = cls.__new__(cls)
     job.__dict__.update(fields)

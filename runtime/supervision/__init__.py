@@ -37,6 +37,11 @@ class MeshFailure:
     caused_by: Optional["MeshFailure"] = None
     #: the failed actor's point in its mesh, in Monarch's form ("{'gpus': 1/2}"), if known
     point: str = ""
+    #: the failed actor's Monarch name (`<root>.<mod.Cls mesh{'gpus': 1/2}>`), if known
+    actor_name: str = ""
+    #: for an endpoint that failed the actor, Monarch's line: `Actor call mesh.ep failed with
+    #: BaseException` (or `Exception`)
+    call: str = ""
     # True once a waiting future has raised SupervisionError for it (the user saw it)
     seen_by_waiter: bool = False
 
@@ -56,6 +61,10 @@ class MeshFailure:
             lines.append(f"  process failure: Killed(sig={self.signal})")  # Monarch's words
         elif self.exit_code is not None:
             lines.append(f"  process failure: Exited(code={self.exit_code})")
+        elif self.actor_name:  # Monarch's words
+            lines.append(f"  The actor {self.actor_name} and all its descendants have failed.")
+            failing = self.caused_by.actor_name if self.caused_by is not None else ""
+            lines.append(f"  This occurred because the actor {failing or 'itself'} failed.")
         elif self.caused_by is None:
             lines.append("  This occurred because the actor itself failed.")
         if self.traceback:
