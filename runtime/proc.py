@@ -310,6 +310,13 @@ class ActorInstance:
             _endpoints.cancel_all(self, every_task=True)
             self._aloop.close()
 
+    def stop_self(self, reason: str) -> None:
+        """context().actor_instance.stop(): queue this actor's own stop behind the message it
+        is handling; its owner learns the rank stopped (ACTOR_STOPPED), not failed."""
+        log.info("actor %s[%d] stops itself: %s", self.name, self.rank, reason)
+        self.mailbox.put((_STOP, Header(Kind.STOP_ACTOR, actor=self.actor_id, rank=self.rank,
+                                        reply=self.owner_addr)))
+
     def interrupt(self) -> None:
         """Raise KeyboardInterrupt in this actor's thread at its next Python instruction."""
         tid = self.thread.ident
@@ -370,7 +377,9 @@ class ProcServer:
     def _no_actor(self, h: Header) -> None:
         if h.port:
             why = "was stopped" if h.actor in self.stopped_actors else "does not exist"
-            self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=ERROR,
+            rank = self.stopped_actors.get(h.actor)
+            self.rt.send(h.reply, Header(Kind.REPLY, port=h.port,
+                                         rank=h.rank if rank is None else rank, status=ERROR,
                                          extra=_reply_extra(h)),
                          dumps(SupervisionError(
                              f"actor {h.actor} {why} in proc {self.rt.proc_id}"))[0])
@@ -392,14 +401,17 @@ class ProcServer:
         a = self.actors.get(h.actor)
         if a is not None:
             a.mailbox.put((_STOP, h))
-        elif h.reply:
+        elif h.reply:  # already gone (it stopped itself): answer as a stop would
             self.rt.send(h.reply, Header(Kind.ACTOR_STOPPED, actor=h.actor, rank=h.rank))
+            if h.port:
+                self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=OK,
+                                             actor=h.actor), dumps(None)[0])
 
     def actor_stopped(self, a: "ActorInstance") -> None:
         """An actor's thread ended: forget it, remember its id, and answer the calls that
         reached its mailbox after the stop (I/O thread)."""
         self.actors.pop(a.actor_id, None)
-        self.stopped_actors[a.actor_id] = None
+        self.stopped_actors[a.actor_id] = a.rank  # replies for it still name its rank
         while len(self.stopped_actors) > 1024:  # a bounded memory of stopped ids
             self.stopped_actors.popitem(last=False)
         while True:

@@ -116,8 +116,9 @@ class ActorMesh(MeshTrait):
             return resolved(None)
         return rec.initialized
 
-    def stop(self) -> Future:
-        """Stop these actors (running `__cleanup__`); their procs keep running."""
+    def stop(self, reason: str = "stopped by client") -> Future:
+        """Stop these actors (running `__cleanup__`); their procs keep running. `reason` (as
+        in Monarch) is accepted for the record only."""
         rt = self._rt
         rec = self._rec
         fut: Future = Future(f"{rec.name}.stop")

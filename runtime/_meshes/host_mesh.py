@@ -146,6 +146,13 @@ class HostMesh(MeshTrait):
         rt.register_mesh(pm)
         return pm
 
+    def _spawn_admin(self, query_engine: Any = None) -> Future:
+        """Monarch's (private) `HostMesh._spawn_admin()`, called by its examples: a Future of
+        this controller's admin endpoint address (`monarch-admin` attaches there)."""
+        from .legacy import spawn_admin
+
+        return spawn_admin(self._rt, query_engine)
+
     def shutdown(self) -> Future:
         """Stop the agents of this host mesh and every proc they run. Done when it returns;
         the Future[None] it returns (as Monarch's) is resolved, for `.get()` or `await`."""

@@ -177,8 +177,9 @@ class ProcMesh(MeshTrait):
         rt.register_mesh(am)
         return am
 
-    def stop(self) -> Future:
-        """Stop every proc of this mesh (actors run `__cleanup__` first). Returns a Future."""
+    def stop(self, reason: str = "stopped by client") -> Future:
+        """Stop every proc of this mesh (actors run `__cleanup__` first). Returns a Future.
+        `reason` (as in Monarch) is accepted for the record only."""
         rt = self._rt
         procs = self._procs
         if self._root._borrowed:

@@ -3,12 +3,12 @@
 `LocalJob` (agents on this machine), `SlurmJob` (one batch job, one srun per host),
 `SSHJob` (one ssh session per host), `KubernetesJob` (an indexed Job + headless Service).
 Monarch's `monarch.job` names are here too: `ProcessJob`, `LocalJob(hosts=("a", ...))`,
-`JobTrait` (= `Job`), `job_load`, `job_loads`, and Monarch's SlurmJob keywords.
+`JobTrait` (= `Job`), `TelemetryConfig` (accepted, no effect), `job_load`, `job_loads`, and Monarch's SlurmJob keywords.
 `AllocSpec` starts a job and spawns a proc mesh on it from plain values (`%mesh alloc
 NAME --job KIND` parses its arguments in `monarch_kernel` and calls it).
 """
 from .alloc import AllocSpec
-from .base import Job, JobError, JobState
+from .base import Job, JobError, JobState, TelemetryConfig
 from .cache import DEFAULT_JOB_PATH, job_load, job_loads
 from .kubernetes import KubernetesJob
 from .local import LocalJob
@@ -19,5 +19,5 @@ from .ssh import SSHJob
 JobTrait = Job  # Monarch's name for the base class
 
 __all__ = ["AllocSpec", "DEFAULT_JOB_PATH", "Job", "JobError", "JobState", "JobTrait",
-           "KubernetesJob", "LocalJob", "ProcessJob", "SlurmJob", "SSHJob", "job_load",
+           "KubernetesJob", "LocalJob", "ProcessJob", "SlurmJob", "SSHJob", "TelemetryConfig", "job_load",
            "job_loads"]

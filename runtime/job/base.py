@@ -356,3 +356,16 @@ class Job(ABC):
     def __repr__(self) -> str:
         state = "killed" if self._killed else "running" if self._launched else "not started"
         return f"{type(self).__name__}(meshes={self.meshes}, {state})"
+
+
+class TelemetryConfig:
+    """Monarch's `monarch.job.TelemetryConfig` (dashboard, ports, batch sizes ...), accepted by
+    `Job.enable_telemetry(config)` so Monarch programs run; there is no telemetry service
+    here, so its settings change nothing (they are kept as attributes)."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.__dict__.update(settings)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items())
+        return f"TelemetryConfig({inner})"
