@@ -10,7 +10,7 @@ import pytest
 import runtime
 from runtime import SupervisionError, context, proc_mesh, this_host
 from runtime.admin import AdminClient, read_connection_file, list_connection_files
-from runtime.job import ProcessJob, TelemetryConfig
+from runtime.job import LocalJob, ProcessJob, TelemetryConfig
 
 from _monarch_example_actors import EnvReader, Finisher
 
@@ -44,6 +44,18 @@ def test_telemetry_config_is_accepted_and_chains():
     job = ProcessJob({"hosts": 1})
     assert job.enable_telemetry(cfg) is job  # nothing started: no agents yet
     assert job.enable_admin() is job
+
+
+def test_admin_url_is_the_admin_endpoint_once_asked_for():
+    plain = LocalJob(hosts=("hosts",))
+    assert plain.state().admin_url is None and plain.state().telemetry_url is None
+    job = LocalJob(hosts=("hosts",)).enable_telemetry(TelemetryConfig(dashboard_port=0))
+    url = job.state().admin_url
+    assert url == "tcp://" + this_host()._spawn_admin().get(timeout=30)
+    late = LocalJob(hosts=("hosts",))
+    state = late.state()
+    late.enable_admin()  # after state(): the state learns it too
+    assert state.admin_url == url
 
 
 def test_spawn_admin_returns_the_admin_endpoint_address():
