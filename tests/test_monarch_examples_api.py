@@ -102,3 +102,16 @@ def test_stop_outside_the_actor_is_refused():
             ctx.actor_instance.stop("no")
     finally:
         pm.stop().get(timeout=30)
+
+
+def test_older_programs_await_meshes():
+    """spmd_ddp.py awaits proc_mesh(...) and spawn(...), as older Monarch allowed."""
+    import asyncio
+
+    async def main():
+        pm = await proc_mesh(gpus=1)
+        r = await pm.spawn("env_awaited", EnvReader)
+        assert r.where.call_one().get(timeout=60) == {"hosts": 0, "gpus": 0}
+        await pm.stop()
+
+    asyncio.run(main())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Generator, Optional
 
 from .._core import ActorMeshRecord, Runtime, get_runtime
 from ..future import Future, resolved
@@ -107,6 +107,12 @@ class ActorMesh(MeshTrait):
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self._rec.sigs))
+
+    def __await__(self) -> Generator[Any, None, "ActorMesh"]:
+        """`await mesh` (older Monarch programs await what `spawn` returns): waits for
+        `initialized` and gives back the mesh itself."""
+        yield from self.initialized.__await__()
+        return self
 
     @property
     def initialized(self) -> Future:
