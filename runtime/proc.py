@@ -532,6 +532,27 @@ def _graceful_exit(server: ProcServer, timeout: float) -> None:
     t.join(timeout)
 
 
+def _run_bootstrap(data: str) -> None:
+    """Run the `spawn_procs(bootstrap=...)` callable (base64 cloudpickle from the controller
+    that spawned this proc) before the proc says hello; if it raises, the proc exits 1."""
+    if not data:
+        return
+    import asyncio
+    import base64
+    import pickle
+
+    try:
+        fn = pickle.loads(base64.b64decode(data))
+        r = fn()
+        if inspect.iscoroutine(r):
+            asyncio.run(r)
+    except BaseException:  # noqa: BLE001 - reported, then the proc fails to start
+        print("bootstrap failed:", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
 def main(cfg: dict) -> None:
     """Entry point of a forked proc (called by the zygote in the child)."""
     from ._core import Runtime, set_runtime
@@ -543,6 +564,7 @@ def main(cfg: dict) -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
                         format="%(levelname)s %(name)s: %(message)s")
+    _run_bootstrap(os.environ.pop("MONARCH_PROC_BOOTSTRAP", ""))
     keys = None
     if cfg.get("key_file"):
         keys = auth.read_key_file(cfg["key_file"])

@@ -31,3 +31,19 @@ class EnvReader(Actor):
     @endpoint
     def where(self) -> dict:
         return dict(context().actor_instance.rank)
+
+
+def set_marker() -> None:
+    """A proc bootstrap (spawn_procs(bootstrap=...)): runs before any actor of the proc."""
+    os.environ["EXAMPLE_BOOTSTRAPPED"] = f"yes-{os.getpid()}"
+
+
+async def set_marker_async() -> None:
+    import asyncio
+
+    await asyncio.sleep(0)
+    os.environ["EXAMPLE_BOOTSTRAPPED"] = "async"
+
+
+def failing_bootstrap() -> None:
+    raise RuntimeError("bootstrap exploded")

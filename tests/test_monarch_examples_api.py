@@ -12,7 +12,8 @@ from runtime import SupervisionError, context, proc_mesh, this_host
 from runtime.admin import AdminClient, read_connection_file, list_connection_files
 from runtime.job import LocalJob, ProcessJob, TelemetryConfig
 
-from _monarch_example_actors import EnvReader, Finisher
+from _monarch_example_actors import (EnvReader, Finisher, failing_bootstrap, set_marker,
+                                     set_marker_async)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,8 +33,6 @@ def test_proc_mesh_gives_monarchs_dims_and_env():
 def test_proc_mesh_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="only hosts=1"):
         proc_mesh(gpus=1, hosts=2)
-    with pytest.raises(ValueError, match="setup"):
-        proc_mesh(gpus=1, setup=lambda: None)
     with pytest.raises(ValueError, match="positive"):
         proc_mesh(gpus=0)
 
@@ -115,3 +114,39 @@ def test_older_programs_await_meshes():
         await pm.stop()
 
     asyncio.run(main())
+
+
+def test_bootstrap_runs_in_each_proc_before_its_actors():
+    pm = this_host().spawn_procs(per_host={"replica": 2}, bootstrap=set_marker)
+    try:
+        r = pm.spawn("boot", EnvReader)
+        got = r.env.call("EXAMPLE_BOOTSTRAPPED").get(timeout=60)
+        pids = [p.pid for p in pm.procs]
+        assert sorted(got.values()) == sorted(f"yes-{pid}" for pid in pids)
+    finally:
+        pm.stop().get(timeout=30)
+    pm = proc_mesh(gpus=1, setup=set_marker_async)  # Monarch's setup= is the same hook
+    try:
+        r = pm.spawn("boot2", EnvReader)
+        assert r.env.call_one("EXAMPLE_BOOTSTRAPPED").get(timeout=60) == "async"
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_bootstrap_that_raises_fails_the_proc():
+    seen: list = []
+    old = runtime.unhandled_fault_hook
+    runtime.unhandled_fault_hook = seen.append
+    try:
+        pm = this_host().spawn_procs(per_host={"replica": 1}, bootstrap=failing_bootstrap)
+        with pytest.raises(SupervisionError, match="failed to start.*exited with code 1"):
+            pm.initialized.get(timeout=60)
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(seen) == 1 and "exited with code 1" in str(seen[0])  # a proc failure
+        pm.stop().get(timeout=30)
+        with pytest.raises(TypeError, match="callable"):
+            this_host().spawn_procs(bootstrap="not a function")
+    finally:
+        runtime.unhandled_fault_hook = old

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .._core import AgentRecord, ProcRecord, Runtime, get_runtime
 from ..config import TOKEN_ENV, config
@@ -98,9 +98,13 @@ class HostMesh(MeshTrait):
         return [self._agents[r].host for r in self._shape.global_ranks()]
 
     def spawn_procs(self, per_host: Optional[dict[str, int]] = None, name: Optional[str] = None,
-                    env: Optional[dict[str, str]] = None) -> "ProcMesh":
-        """Start procs on every host: the mesh's dims are the host dims plus `per_host`'s."""
+                    env: Optional[dict[str, str]] = None,
+                    bootstrap: Optional[Callable[[], Any]] = None) -> "ProcMesh":
+        """Start procs on every host: the mesh's dims are the host dims plus `per_host`'s.
+        `bootstrap` (Monarch's keyword) runs in each proc before any actor is spawned there
+        (awaited if it returns a coroutine); if it raises, that proc fails to start."""
         from .proc_mesh import ProcMesh
+        from .legacy import bootstrap_env
 
         per_host = dict(per_host or {})
         for k, v in per_host.items():
@@ -111,6 +115,7 @@ class HostMesh(MeshTrait):
         if env is not None and not all(isinstance(k, str) and isinstance(v, str)
                                        for k, v in env.items()):
             raise TypeError("env must map str to str")
+        env = {**(env or {}), **bootstrap_env(bootstrap)}
         rt = self._rt
         if rt._closed:
             raise MeshStoppedError("the runtime was shut down")
