@@ -150,3 +150,21 @@ def test_bootstrap_that_raises_fails_the_proc():
             this_host().spawn_procs(bootstrap="not a function")
     finally:
         runtime.unhandled_fault_hook = old
+
+
+def test_bootstrap_reaches_procs_of_a_jobs_agents(tmp_path):
+    """Through a job's agents (another path to the procs): the bootstrap writes a file. It is
+    a partial of a builtin, so it unpickles without importing this test's modules there."""
+    import functools
+
+    marker = tmp_path / "booted"
+    boot = functools.partial(
+        exec, f"open({str(marker)!r}, 'w').write(str(__import__('os').getpid()))", {})
+    job = LocalJob(1, progress=False)
+    try:
+        pm = job.state().hosts.spawn_procs(per_host={"r": 1}, bootstrap=boot)
+        pm.initialized.get(timeout=60)
+        assert marker.read_text() == str(pm.procs[0].pid)
+        pm.stop().get(timeout=30)
+    finally:
+        job.cleanup()
