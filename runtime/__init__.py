@@ -12,6 +12,7 @@ from .future import Future
 from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, ProcMesh,
                       active_mesh_names, as_endpoint, attach_to_workers,
                       get_or_spawn_controller, send, this_host, this_proc)
+from ._meshes.legacy import proc_mesh
 from .shapes import Extent, Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
 from .supervision.health import ActorState
@@ -85,5 +86,5 @@ __all__ = [
     "configure", "configured", "context", "CreatorInstance", "current_actor_name",
     "current_rank", "current_runtime", "current_size",
     "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "shutdown_context",
-    "this_host", "this_proc", "unhandled_fault_hook",
+    "proc_mesh", "this_host", "this_proc", "unhandled_fault_hook",
 ]

@@ -265,6 +265,18 @@ class ActorContext:
             raise RuntimeError("abort() is called from inside the actor's own endpoints")
         inst.abort_reason = reason if reason is not None else "no reason provided"
 
+    def stop(self, reason: Optional[str] = None) -> None:
+        """Monarch's `actor_instance.stop(reason)`: this actor stops (running `__cleanup__`)
+        once the message it is handling is done; no failure is reported, later calls to it
+        raise. Called from inside the actor's own endpoints."""
+        from . import proc
+
+        inst = getattr(proc._tls, "actor", None)
+        if inst is None or inst.actor_id != self.actor_id:
+            raise RuntimeError("stop() is called from inside the actor's own endpoints "
+                               "(to stop a mesh from outside, call mesh.stop())")
+        inst.stop_self(reason if reason is not None else "stopped by itself")
+
     @property
     def proc_mesh(self) -> Any:
         """Monarch's `context().actor_instance.proc_mesh`: this actor's proc (`this_proc()`)."""

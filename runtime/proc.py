@@ -352,6 +352,13 @@ class ActorInstance:
             _endpoints.cancel_all(self, every_task=True)
             self._aloop.close()
 
+    def stop_self(self, reason: str) -> None:
+        """context().actor_instance.stop(): queue this actor's own stop behind the message it
+        is handling; its owner learns the rank stopped (ACTOR_STOPPED), not failed."""
+        log.info("actor %s[%d] stops itself: %s", self.name, self.rank, reason)
+        self.mailbox.put((_STOP, Header(Kind.STOP_ACTOR, actor=self.actor_id, rank=self.rank,
+                                        reply=self.owner_addr)))
+
     def interrupt(self) -> None:
         """Raise KeyboardInterrupt in this actor's thread at its next Python instruction."""
         tid = self.thread.ident
@@ -437,14 +444,17 @@ class ProcServer:
         a = self.actors.get(h.actor)
         if a is not None:
             a.mailbox.put((_STOP, h))
-        elif h.reply:
+        elif h.reply:  # already gone (it stopped itself): answer as a stop would
             self.rt.send(h.reply, Header(Kind.ACTOR_STOPPED, actor=h.actor, rank=h.rank))
+            if h.port:
+                self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=OK,
+                                             actor=h.actor), dumps(None)[0])
 
     def actor_stopped(self, a: "ActorInstance") -> None:
         """An actor's thread ended: forget it, remember its id, and answer the calls that
         reached its mailbox after the stop (I/O thread)."""
         self.actors.pop(a.actor_id, None)
-        self.stopped_actors[a.actor_id] = a.rank
+        self.stopped_actors[a.actor_id] = a.rank  # replies for it still name its rank
         while len(self.stopped_actors) > 1024:  # a bounded memory of stopped ids
             self.stopped_actors.popitem(last=False)
         while True:
@@ -598,6 +608,27 @@ def _apply_proc_bind() -> None:
         os.sched_setaffinity(0, cpus)
 
 
+def _run_bootstrap(data: str) -> None:
+    """Run the `spawn_procs(bootstrap=...)` callable (base64 cloudpickle from the controller
+    that spawned this proc) before the proc says hello; if it raises, the proc exits 1."""
+    if not data:
+        return
+    import asyncio
+    import base64
+    import pickle
+
+    try:
+        fn = pickle.loads(base64.b64decode(data))
+        r = fn()
+        if inspect.iscoroutine(r):
+            asyncio.run(r)
+    except BaseException:  # noqa: BLE001 - reported, then the proc fails to start
+        print("bootstrap failed:", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
 def main(cfg: dict) -> None:
     """Entry point of a forked proc (called by the zygote in the child)."""
     from ._core import Runtime, set_runtime
@@ -610,6 +641,7 @@ def main(cfg: dict) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
                         format="%(levelname)s %(name)s: %(message)s")
     _apply_proc_bind()
+    _run_bootstrap(os.environ.pop("MONARCH_PROC_BOOTSTRAP", ""))
     keys = None
     if cfg.get("key_file"):
         keys = auth.read_key_file(cfg["key_file"])

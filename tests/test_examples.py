@@ -34,3 +34,13 @@ def test_supervision_example_recovers():
         in r.stdout
     assert "trained 300 steps, restarts 1" in r.stdout
     assert "training finished on the respawned workers" in r.stdout
+
+
+@pytest.mark.timeout(150)
+def test_philosophers_example_feeds_everyone_and_stops():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "philosophers.py"),
+                        "--seats", "3", "--seconds", "2"], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "every philosopher ate: True" in r.stdout
+    assert "Traceback" not in r.stderr

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Generator, Optional
 
 from .._core import ActorMeshRecord, Runtime, get_runtime
 from ..future import Future, resolved
@@ -108,6 +108,12 @@ class ActorMesh(MeshTrait):
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self._rec.sigs))
 
+    def __await__(self) -> Generator[Any, None, "ActorMesh"]:
+        """`await mesh` (older Monarch programs await what `spawn` returns): waits for
+        `initialized` and gives back the mesh itself."""
+        yield from self.initialized.__await__()
+        return self
+
     @property
     def initialized(self) -> Future:
         """Resolves when every actor ran `__init__`; raises if one failed there."""
@@ -116,8 +122,9 @@ class ActorMesh(MeshTrait):
             return resolved(None)
         return rec.initialized
 
-    def stop(self) -> Future:
-        """Stop these actors (running `__cleanup__`); their procs keep running."""
+    def stop(self, reason: str = "stopped by client") -> Future:
+        """Stop these actors (running `__cleanup__`); their procs keep running. `reason` (as
+        in Monarch) is accepted for the record only."""
         rt = self._rt
         rec = self._rec
         fut: Future = Future(f"{rec.name}.stop")

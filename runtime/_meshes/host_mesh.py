@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .._core import AgentRecord, ProcRecord, Runtime, get_runtime
 from ..config import TOKEN_ENV, config
@@ -143,12 +143,16 @@ class HostMesh(MeshTrait):
 
     def spawn_procs(self, per_host: Optional[dict[str, int]] = None, name: Optional[str] = None,
                     env: Optional[dict[str, str]] = None,
-                    proc_bind: Optional[list[dict[str, str]]] = None) -> "ProcMesh":
+                    proc_bind: Optional[list[dict[str, str]]] = None,
+                    bootstrap: Optional[Callable[[], Any]] = None) -> "ProcMesh":
         """Start procs on every host: the mesh's dims are the host dims plus `per_host`'s.
         `proc_bind` (one dict per proc of a host) pins procs to CPUs: `{"cpus": "0-3"}` or
-        `{"cpunodebind": "0"}` (the CPUs of a NUMA node)."""
+        `{"cpunodebind": "0"}` (the CPUs of a NUMA node). `bootstrap` (Monarch's keyword)
+        runs in each proc before any actor is spawned there (awaited if it returns a
+        coroutine); if it raises, that proc fails to start."""
         from ..host.zygote import PROCS_PER_HOST
         from .proc_mesh import ProcMesh
+        from .legacy import bootstrap_env
 
         per_host = dict(per_host or {})
         for k, v in per_host.items():
@@ -159,6 +163,7 @@ class HostMesh(MeshTrait):
         if env is not None and not all(isinstance(k, str) and isinstance(v, str)
                                        for k, v in env.items()):
             raise TypeError("env must map str to str")
+        env = {**(env or {}), **bootstrap_env(bootstrap)}
         rt = self._rt
         self._check_not_shut_down()
         binds = _check_proc_bind(proc_bind, math.prod(per_host.values()) if per_host else 1)
@@ -204,6 +209,13 @@ class HostMesh(MeshTrait):
         rt.register_mesh(pm)
         self._spawned.add(pm)
         return pm
+
+    def _spawn_admin(self, query_engine: Any = None) -> Future:
+        """Monarch's (private) `HostMesh._spawn_admin()`, called by its examples: a Future of
+        this controller's admin endpoint address (`monarch-admin` attaches there)."""
+        from .legacy import spawn_admin
+
+        return spawn_admin(self._rt, query_engine)
 
     def shutdown(self) -> Future:
         """Stop the agents of this host mesh and every proc they run. Done when it returns;

@@ -34,7 +34,7 @@ class ThisProcMesh(ProcMesh):
     """The calling process as a mesh of one proc. `stop()` stops the actors spawned on it,
     never the process itself."""
 
-    def stop(self) -> Future:
+    def stop(self, reason: str = "stopped by client") -> Future:
         futs = [m.stop() for m in self._rt.meshes()
                 if getattr(m, "_proc_mesh", None) is self and not m.stopped]
         self._stopped_flag = True

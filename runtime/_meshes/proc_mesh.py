@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Generator, Optional
 
 from .._core import ActorMeshRecord, ProcRecord, Runtime
 from ..actor import (Actor, _get_context, creator_record, endpoints_of, methods_of,
@@ -83,6 +83,12 @@ class ProcMesh(MeshTrait):
         """Where each proc of this view runs (pid 0 until the proc has said hello)."""
         return [ProcInfo(i, p.proc_id, p.host, p.pid, p.address)
                 for i, p in enumerate(self._view_procs())]
+
+    def __await__(self) -> Generator[Any, None, "ProcMesh"]:
+        """`await mesh` (older Monarch programs await what `spawn` returns): waits for
+        `initialized` and gives back the mesh itself."""
+        yield from self.initialized.__await__()
+        return self
 
     @property
     def initialized(self) -> Future:
@@ -180,8 +186,9 @@ class ProcMesh(MeshTrait):
         rt.register_mesh(am)
         return am
 
-    def stop(self) -> Future:
-        """Stop every proc of this mesh (actors run `__cleanup__` first). Returns a Future."""
+    def stop(self, reason: str = "stopped by client") -> Future:
+        """Stop every proc of this mesh (actors run `__cleanup__` first). Returns a Future.
+        `reason` (as in Monarch) is accepted for the record only."""
         rt = self._rt
         procs = self._procs
         if self._root._borrowed:

@@ -4,12 +4,13 @@
 `SSHJob` (one ssh session per host), `KubernetesJob` (an indexed Job + headless Service).
 Monarch's `monarch.job` names are here too: `ProcessJob`, `LocalJob(hosts=("a", ...))`,
 `JobTrait` (the base of `Job`, with Monarch's `_create`/`_state`/`_kill` hooks for jobs
-of your own), `job_load`, `job_loads`, and Monarch's SlurmJob keywords.
+of your own), `TelemetryConfig` (accepted, no effect), `job_load`, `job_loads`, and
+Monarch's SlurmJob keywords.
 `AllocSpec` starts a job and spawns a proc mesh on it from plain values (`%mesh alloc
 NAME --job KIND` parses its arguments in `monarch_kernel` and calls it).
 """
 from .alloc import AllocSpec
-from .base import Job, JobError, JobState
+from .base import Job, JobError, JobState, TelemetryConfig
 from .cache import DEFAULT_JOB_PATH, job_load, job_loads
 from .kubernetes import KubernetesJob
 from .local import LocalJob
@@ -19,5 +20,5 @@ from .ssh import SSHJob
 from .trait import JobTrait
 
 __all__ = ["AllocSpec", "DEFAULT_JOB_PATH", "Job", "JobError", "JobState", "JobTrait",
-           "KubernetesJob", "LocalJob", "ProcessJob", "SlurmJob", "SSHJob", "job_load",
-           "job_loads"]
+           "KubernetesJob", "LocalJob", "ProcessJob", "SlurmJob", "SSHJob", "TelemetryConfig",
+           "job_load", "job_loads"]

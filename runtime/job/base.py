@@ -30,7 +30,9 @@ class JobError(RuntimeError):
 
 class JobState(dict):
     """Mesh name -> HostMesh; also readable as attributes (`state.trainers`), as Monarch's
-    `monarch.job.JobState`. Telemetry and admin URLs are not provided here (always None)."""
+    `monarch.job.JobState`. `admin_url` is the controller's admin endpoint once the job's
+    `enable_admin()`/`enable_telemetry()` was called (else None); there is no telemetry
+    service (`telemetry_url`, `query_engine` stay None)."""
 
     query_engine = None
     telemetry_url = None
@@ -235,13 +237,24 @@ class Job(JobTrait, ABC):
 
     def enable_telemetry(self, config: Any = None, **kwargs: Any) -> "Job":
         """Accepted so Monarch programs run; there is no telemetry service here
-        (`state().telemetry_url` stays None). Returns self."""
-        return self
+        (`state().telemetry_url` stays None), and as in Monarch it enables the admin
+        endpoint (see `enable_admin`). Returns self."""
+        return self.enable_admin()
 
     def enable_admin(self, config: Any = None, **kwargs: Any) -> "Job":
-        """Accepted so Monarch programs run; the controller's loopback admin endpoint
-        (`runtime.admin`) plays that part (`state().admin_url` stays None). Returns self."""
+        """The controller's loopback admin endpoint (`runtime.admin`, where `monarch-admin`
+        attaches) plays the part of Monarch's mesh admin: `state().admin_url` is its
+        address (`tcp://127.0.0.1:PORT`). Returns self."""
+        self._admin = True
+        if self._state is not None:
+            self._state.admin_url = admin_address()
         return self
+
+    def _with_admin(self, state: JobState) -> JobState:
+        """`state` with its admin_url set when the admin endpoint was asked for."""
+        if getattr(self, "_admin", False):
+            state.admin_url = admin_address()
+        return state
 
     def _spec(self) -> dict[str, Any]:
         """What must match for a running job to serve another spec (see `can_run`)."""
@@ -289,7 +302,7 @@ class Job(JobTrait, ABC):
         except BaseException:
             self.kill()
             raise
-        self._state = state
+        self._state = self._with_admin(state)
         if path is not None and started_here:
             self.dump(path)
         return state
@@ -349,3 +362,23 @@ class Job(JobTrait, ABC):
     def __repr__(self) -> str:
         state = "killed" if self._killed else "running" if self._launched else "not started"
         return f"{type(self).__name__}(meshes={self.meshes}, {state})"
+
+
+def admin_address() -> str:
+    """The address of this controller's admin endpoint (started if it is not running)."""
+    from ..admin import serve
+
+    return serve().address
+
+
+class TelemetryConfig:
+    """Monarch's `monarch.job.TelemetryConfig` (dashboard, ports, batch sizes ...), accepted by
+    `Job.enable_telemetry(config)` so Monarch programs run; there is no telemetry service
+    here, so its settings change nothing (they are kept as attributes)."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.__dict__.update(settings)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items())
+        return f"TelemetryConfig({inner})"

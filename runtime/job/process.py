@@ -136,5 +136,6 @@ class ThisHostJob(LocalJob):
 
         self.apply()
         if self._state is None:
-            self._state = JobState({name: runtime.this_host() for name in self.meshes})
+            self._state = self._with_admin(
+                JobState({name: runtime.this_host() for name in self.meshes}))
         return self._state
