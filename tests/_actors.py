@@ -183,3 +183,26 @@ class ShardUser(Actor):
     @endpoint
     def env(self, name: str):
         return os.environ.get(name)
+
+
+class Linear(Actor):
+    """An actor with its own weights whose endpoint makes mesh tensors through `rref`."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.w = torch.eye(3) * (current_rank().rank + 1)
+        self.calls = 0
+
+    @endpoint(propagate=lambda x: x)
+    def forward(self, x):
+        self.calls += 1
+        return x @ self.w
+
+    @endpoint
+    def times_called(self) -> int:
+        return self.calls
+
+    @endpoint
+    def plain(self, x):
+        return x

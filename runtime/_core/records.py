@@ -86,6 +86,7 @@ class ActorMeshRecord:
     methods: dict = field(default_factory=dict)  # non-endpoint methods (as_endpoint): sigs
     owner_name: str = "<root>"  # the spawner's Monarch name (`<root>.<mod.Cls name{..}>`)
     qual_cls: str = ""  # `module.Class` of the actors
+    propagates: dict = field(default_factory=dict)  # endpoint -> its propagate= (rref)
 
     def actor_name(self, rank: int) -> str:
         """Monarch's name of the actor at `rank`: its spawner's name, then `<mod.Cls name{..}>`."""

@@ -9,6 +9,7 @@ into futures.
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
@@ -19,7 +20,7 @@ from ..future import Future
 from ..shapes import Shape
 from ..transport.framing import ERROR, Header, Kind
 from ..transport import bulk, cuda_tensors
-from ..transport.serialization import dumps, loads
+from ..transport.serialization import dumps, holding, loads
 from ..value_mesh import ValueMesh
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class EndpointRef:
         arguments over the message limit leave their large buffers on the data plane, and
         `held` gets what to release once every receiver answered."""
         try:
-            with cuda_tensors.sending(keep):
+            with cuda_tensors.sending(keep), holding(held):
                 return self._encode_now(args, kwargs, held)
         except BaseException:
             if keep:
@@ -183,10 +184,12 @@ class EndpointRef:
         rt.messenger.cast([rec.target(r) for r in ranks], h, body, tuple(bufs))
 
     def rref(self, *args: Any, **kwargs: Any) -> Any:
-        """Monarch's tensor-engine adverb: not provided (no tensor engine here)."""
-        raise NotImplementedError(
-            f"{self._qualname()}.rref(): rref needs Monarch's tensor engine, which this "
-            "runtime does not provide; use call()/call_one() and RDMABuffer for tensors")
+        """Monarch's tensor-engine adverb: call the endpoint on the procs of the mesh
+        tensors among the arguments, each actor with its proc's shards; its results become
+        mesh tensors, shaped by the endpoint's `propagate=` (runtime/tensor/_rref.py)."""
+        from ..tensor._rref import rref
+
+        return rref(self, args, kwargs)
 
     def _send(self, args: tuple, kwargs: dict, port: Any = None,
               selection: str = "all") -> None:
@@ -447,9 +450,13 @@ def send(endpoint: EndpointRef, args: tuple, kwargs: dict, port: Any = None,
          selection: str = "all") -> None:
     """Monarch's `send`: call `endpoint` with `args`/`kwargs` without waiting; each actor's
     answer (or exception) goes to `port` (from `Channel.open()`), none if it is None."""
+    remote = sys.modules.get("runtime.tensor._remote")
+    if remote is not None and isinstance(endpoint, remote.Remote):
+        remote.send_to_port(endpoint, tuple(args), dict(kwargs or {}), port, selection)
+        return
     if not isinstance(endpoint, EndpointRef):
-        raise TypeError(f"send() needs an endpoint of an actor mesh (mesh.method), got "
-                        f"{endpoint!r}")
+        raise TypeError(f"send() needs an endpoint of an actor mesh (mesh.method) or a "
+                        f"runtime.remote function, got {endpoint!r}")
     endpoint._send(tuple(args), dict(kwargs or {}), port, selection)
 
 

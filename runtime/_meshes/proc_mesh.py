@@ -143,6 +143,8 @@ class ProcMesh(MeshTrait):
             qual_cls=qualified_class(actor_class),
             ready=[None] * len(procs), inflight=[0] * len(procs),
             sigs=_signatures(actor_class), initialized=Future(f"{name}.initialized"),
+            propagates={n: ep.propagate for n, ep in endpoints_of(actor_class).items()
+                        if ep.propagate is not None},
         )
         rec.methods = _method_signatures(actor_class)
         rec.explicit_ports = frozenset(n for n, ep in endpoints_of(actor_class).items()

@@ -346,3 +346,26 @@ def call_value(worker: "Worker", spec: tuple, args: Any, kwargs: Any, name: str)
         return ("failed", _failure(name, worker.rank, e))
     return ("ok", tree_map(lambda x: x.detach().to("cpu", copy=True)
                            if isinstance(x, torch.Tensor) else x, out))
+
+
+def send_to_port(fn: "Remote", args: tuple, kwargs: dict, port: Any, selection: str) -> None:
+    """Monarch's `send(remote_fn, args, kwargs, port=...)`: run `fn` on every proc of the
+    mesh (or, with selection="choose", on one of them) without waiting; each proc's return
+    value (or its RemoteTensorError) goes to `port`, when given."""
+    if selection not in ("all", "choose"):
+        raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
+    if port is None:
+        fn.broadcast(*args, **kwargs)
+        return
+    fut = fn.call(*args, **kwargs)
+
+    def done(f: Future) -> None:
+        e = f.exception(0)
+        if e is not None:
+            port.exception(e)
+            return
+        values = list(f.result(0).values())
+        for v in values[:1] if selection == "choose" else values:
+            port.send(v)
+
+    fut.add_done_callback(done)

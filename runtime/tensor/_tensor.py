@@ -83,11 +83,13 @@ class Tensor(torch.Tensor):
     def __reduce_ex__(self, proto: Any) -> Any:
         """Passed to an actor on the same procs, a mesh tensor arrives as that proc's shard
         (the ops issued before the call are sent first)."""
+        from ..transport.serialization import keep_alive
         from . import _coalescing
         from ._engine import sender
 
         _coalescing.flush()
         sender.flush()
+        keep_alive(self)  # a temporary (`t[0]`) must outlive the call: its free would race
         return (local_shard, (self.ref, self._key))
 
 

@@ -8,10 +8,12 @@ imported here: tensors are recognised only when the process has already imported
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import sys
-from typing import Any, Sequence
+import threading
+from typing import Any, Iterator, Optional, Sequence
 
 import cloudpickle
 
@@ -110,6 +112,43 @@ def dumps(obj: Any, what: str = "value") -> tuple[bytes, list[pickle.PickleBuffe
     except Exception as e:
         raise SerializationError(f"cannot pickle {what}: {type(e).__name__}: {e}") from e
     return f.getvalue(), buffers
+
+
+_held = threading.local()
+
+
+class _Kept:
+    """An object kept alive for a message until `drop()` (its receivers answered)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def drop(self) -> None:
+        self.obj = None
+
+
+@contextlib.contextmanager
+def holding(held: Optional[list]) -> Iterator[None]:
+    """While pickling a call's arguments: `keep_alive(obj)` appends to `held` (released
+    when the call's futures resolve)."""
+    old = getattr(_held, "list", None)
+    _held.list = held
+    try:
+        yield
+    finally:
+        _held.list = old
+
+
+def keep_alive(obj: Any) -> bool:
+    """From a `__reduce__`: keep `obj` alive until the receivers of the message being
+    pickled have answered; False when no call is being pickled (broadcast, send)."""
+    held = getattr(_held, "list", None)
+    if held is None:
+        return False
+    held.append(_Kept(obj))
+    return True
 
 
 def loads(data: Any, buffers: Sequence[Any] = ()) -> Any:
