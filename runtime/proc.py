@@ -285,31 +285,9 @@ class ActorInstance:
 
     def _send_result(self, h: Header, name: str, result: Any) -> None:
         """Reply with an endpoint's return value (or why it cannot travel)."""
-        caller = h.reply if h.extra is None else extra_get(h, "caller", h.reply)
-        keep: Optional[list] = [] if str(caller).startswith("ipc://") else None  # same host
-        try:
-            with cuda_tensors.sending(keep, release_on_pull=True):  # one receiver: it drops
-                data, bufs = dumps(result, f"the return value of {name}()")
-        except Exception as e:
-            cuda_tensors.release(keep or [])
-            self.errors += 1
-            self._reply_error(h, ActorError(
-                f"endpoint {name}() returned a value that cannot be pickled: {e}",
-                mesh=self.name, rank=self.rank, endpoint=name))
-            return
-        total = len(data) + sum(memoryview(b).nbytes for b in bufs)
-        if total > config.max_message_bytes:  # the large buffers stay here for the caller
-            moved = bulk.offload(data, bufs, config.max_message_bytes, drop_on_read=True)
-            if moved is None:
-                cuda_tensors.release(keep or [])
-                self._reply_error(h, ActorError(
-                    f"endpoint {name}() returned {total} bytes, over the message limit of "
-                    f"{config.max_message_bytes}, and its pickled part alone is too large "
-                    "to leave its arrays on the data plane", mesh=self.name, rank=self.rank,
-                    endpoint=name))
-                return
-            data, bufs, _ = moved  # the caller drops each buffer once it has read it
-        self._reply(h, OK, data, tuple(bufs))
+        encoded = encode_result(self, h, name, result)
+        if encoded is not None:
+            self._reply(h, OK, *encoded)
 
     def _fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None,
               call: str = "") -> None:
@@ -560,6 +538,38 @@ def dump_stacks() -> str:
         out.append(f"\nThread {names.get(tid, tid)} ({tid}):")
         out.extend(ln.rstrip("\n") for ln in traceback.format_stack(frame))
     return "\n".join(out) + "\n"
+
+
+def encode_result(actor: "ActorInstance", h: Header, name: str,
+                  result: Any) -> Optional[tuple[bytes, tuple]]:
+    """(body, buffers) of an endpoint's return value for the reply to `h`, or None after
+    replying with why it cannot travel. Over the message limit, its large buffers stay on
+    this proc's data plane for the caller (runtime/transport/bulk.py)."""
+    caller = h.reply if h.extra is None else extra_get(h, "caller", h.reply)
+    keep: Optional[list] = [] if str(caller).startswith("ipc://") else None  # same host
+    try:
+        with cuda_tensors.sending(keep, release_on_pull=True):  # one receiver: it drops
+            data, bufs = dumps(result, f"the return value of {name}()")
+    except Exception as e:
+        cuda_tensors.release(keep or [])
+        actor.errors += 1
+        actor._reply_error(h, ActorError(
+            f"endpoint {name}() returned a value that cannot be pickled: {e}",
+            mesh=actor.name, rank=actor.rank, endpoint=name))
+        return None
+    total = len(data) + sum(memoryview(b).nbytes for b in bufs)
+    if total > config.max_message_bytes:
+        moved = bulk.offload(data, bufs, config.max_message_bytes, drop_on_read=True)
+        if moved is None:
+            cuda_tensors.release(keep or [])
+            actor._reply_error(h, ActorError(
+                f"endpoint {name}() returned {total} bytes, over the message limit of "
+                f"{config.max_message_bytes}, and its pickled part alone is too large to "
+                "leave its arrays on the data plane", mesh=actor.name, rank=actor.rank,
+                endpoint=name))
+            return None
+        data, bufs, _ = moved  # the caller drops each buffer once it has read it
+    return data, tuple(bufs)
 
 
 def _graceful_exit(server: ProcServer, timeout: float) -> None:

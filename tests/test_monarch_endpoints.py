@@ -100,8 +100,8 @@ def test_plain_method_is_not_an_endpoint_until_wrapped(ported):
         as_endpoint(len)
 
 
-def test_rref_says_it_needs_the_tensor_engine(ported):
-    with pytest.raises(NotImplementedError, match="tensor engine"):
+def test_rref_needs_the_endpoints_propagate(ported):
+    with pytest.raises(ValueError, match=r"rref\(\) needs the shapes.*propagate=fn"):
         ported.ping.rref(1)
 
 
