@@ -5,7 +5,6 @@ the ops; the procs run it on torch.distributed process groups (see _comm.py)."""
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import os
 import shutil
@@ -15,11 +14,12 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from ..gpus import GPU_DIMS
+from ..shapes import row_major_strides
 from . import _coalescing as coalescing
 from ._engine import Engine, engine_for, send_command
 from ._groups import (Dims, check_inplace, group_size, normalize_dims, reduce_groups,
                       reduce_shape, transfer_pairs)
-from ..shapes import row_major_strides
 from ._tensor import Tensor
 
 if TYPE_CHECKING:
@@ -45,8 +45,7 @@ class _Comm:
 
             self.dir = rundir.make_dir("collectives")
             self.rdv: tuple = ("file", self.dir)
-            weakref.finalize(engine, shutil.rmtree, self.dir, True)
-            atexit.register(shutil.rmtree, self.dir, True)
+            weakref.finalize(engine, shutil.rmtree, self.dir, True)  # also run at exit
         else:  # procs on other hosts: a TCPStore they reach, as torch.distributed uses
             from ..config import config
 
@@ -145,7 +144,7 @@ def reduce(t: Tensor, dims: Dims = (), reduction: str = "sum", scatter: bool = F
     if mesh is not None:
         _check_submesh(mesh, t.mesh, what)
     engine = t._engine
-    t._engine.check(t._key)
+    engine.check(t._key)
     procs = [p.proc_id for p in t.mesh.procs]
     comm = _comm(engine)
     backend = backend_for(t)
@@ -187,11 +186,10 @@ def _check_submesh(sub: "ProcMesh", mesh: "ProcMesh", what: str) -> None:
 def slice_to(t: Tensor, mesh: "ProcMesh") -> Tensor:
     """`t` seen on `mesh`, a slice of its mesh: a new handle on the same shards (a view:
     in-place changes through either show in both)."""
-    r = _new_tensor(tuple(t.shape), t, mesh)
-    if tuple(t.stride()) != tuple(r.stride()) or t.storage_offset():
-        r = Tensor(t.shape, t.stride(), t.storage_offset(), t.dtype, None, mesh, t.device,
-                   r._engine, r._key, r._target)
-    send_command(r._engine, r._key, r._target, ("alias", t.ref, r.ref))
+    key, target = t._engine.target(mesh)
+    r = Tensor(t.shape, t.stride(), t.storage_offset(), t.dtype, None, mesh, t.device,
+               t._engine, key, target)
+    send_command(t._engine, key, target, ("alias", t.ref, r.ref))
     return r
 
 
@@ -280,9 +278,6 @@ def mesh_rank(dims: Dims = (), mesh: Optional["ProcMesh"] = None) -> Tensor:
     out = Tensor((), (), 0, torch.int64, None, mesh, torch.device("cpu"), engine, key, target)
     send_command(engine, key, target, ("rank", out.ref, values))
     return out
-
-
-GPU_DIMS = ("gpu", "gpus")
 
 
 def backend_for(t: Tensor) -> str:

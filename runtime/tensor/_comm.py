@@ -4,8 +4,8 @@ steps run on them. gloo for CPU tensors, NCCL for CUDA tensors.
 
 Rendezvous: procs that all run on the controller's host meet through a `FileStore` in the
 controller's private run directory, and gloo connects over loopback, so nothing listens
-beyond 127.0.0.1. Procs on several hosts meet through a `TCPStore` the controller serves
-(like torch.distributed itself; see docs/tensors.md, "Collectives")."""
+beyond 127.0.0.1. Procs on several hosts (allowed by `collectives_across_hosts`) meet
+through a `TCPStore` the controller serves, as torch.distributed does (docs/tensors.md)."""
 
 from __future__ import annotations
 
@@ -72,8 +72,10 @@ class Groups:
         if rdv[0] == "file":
             opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
         else:  # this proc's address on the route to the store: what the peers reach
+            from .._meshes.host_mesh import _local_ip_for
+
             opts._devices = [dist.ProcessGroupGloo.create_device(
-                hostname=_route_ip(rdv[1], rdv[2]))]
+                hostname=_local_ip_for(rdv[1], rdv[2]))]
         opts._timeout = _timeout()
         return dist.ProcessGroupGloo(store, rank, n, opts)
 
@@ -82,22 +84,6 @@ class Groups:
         key = f"{gid}/{backend}"
         self.pgs.pop(key, None)
         self.failed.setdefault(key, why)
-
-
-def _route_ip(host: str, port: int) -> str:
-    import socket
-
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.connect((host, port))
-        return s.getsockname()[0]
-    finally:
-        s.close()
-
-
-def backend_for(t: Optional[torch.Tensor]) -> str:
-    """NCCL for CUDA tensors, gloo for the rest."""
-    return "nccl" if t is not None and t.is_cuda else "gloo"
 
 
 def agree(pg: Any, ok: bool, device: torch.device) -> bool:

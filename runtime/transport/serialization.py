@@ -154,12 +154,7 @@ def keep_alive(obj: Any) -> bool:
 def loads(data: Any, buffers: Sequence[Any] = ()) -> Any:
     """Unpickle a body produced by `dumps` (after reading the buffers a message over the
     size limit left on the data plane: runtime/transport/bulk.py)."""
-    if type(data) is bytes:
-        first = data[:1]
-    else:
-        mv = memoryview(data)
-        first = bytes(mv[:1]) if mv.nbytes else b""
-    if first == b"\x00":
+    if type(data) is not bytes or data[:1] == b"\x00":  # a pickle never starts with 0
         from . import bulk
 
         if bulk.is_bulk(data):
