@@ -137,7 +137,7 @@ class EndpointRef:
         self._check_usable(ranks)
         keep, held = self._ipc_keep(ranks), []
         fut = self._start(ranks, "call", *self._encode(args, kwargs, keep, held))
-        return _releasing(_releasing(fut, keep), held)
+        return _releasing(fut, (keep or []) + held)
 
     def call_one(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call the mesh's only actor (ValueError if it has several)."""
@@ -150,7 +150,7 @@ class EndpointRef:
         self._check_usable(ranks)
         keep, held = self._ipc_keep(ranks), []
         fut = self._start(ranks, "one", *self._encode(args, kwargs, keep, held), "call_one")
-        return _releasing(_releasing(fut, keep), held)
+        return _releasing(fut, (keep or []) + held)
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call one actor of the mesh: the least loaded of those not failed."""
@@ -162,8 +162,8 @@ class EndpointRef:
         keep, held = self._ipc_keep([best]), []
         body, bufs = self._encode(args, kwargs, keep, held)
         rec.rr = best + 1
-        return _releasing(_releasing(self._start([best], "one", body, bufs, "choose"), keep),
-                          held)
+        return _releasing(self._start([best], "one", body, bufs, "choose"),
+                          (keep or []) + held)
 
     def _start(self, ranks: list[int], mode: str, body: bytes, bufs: list,
                adverb: str = "call") -> Future:
@@ -220,8 +220,7 @@ class EndpointRef:
         body, bufs = self._encode(args, kwargs, keep, held)
         futs = [Future(f"{self._qualname()}.stream[{i}]") for i in range(len(ranks))]
         _Collector(self, ranks, body, bufs, "stream", futs).start()
-        _releasing(futs, keep)
-        _releasing(futs, held)
+        _releasing(futs, (keep or []) + held)
         return iter(futs)
 
 
