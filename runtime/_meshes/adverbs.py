@@ -20,7 +20,7 @@ from ..future import Future
 from ..shapes import Shape
 from ..transport.framing import ERROR, Header, Kind
 from ..transport import bulk, cuda_tensors
-from ..transport.serialization import dumps, holding, loads
+from ..transport.serialization import dumps, loads, swap_held
 from ..value_mesh import ValueMesh
 
 if TYPE_CHECKING:
@@ -61,13 +61,16 @@ class EndpointRef:
         """(body, buffers) of a call's arguments. With `held` (a call that gets replies),
         arguments over the message limit leave their large buffers on the data plane, and
         `held` gets what to release once every receiver answered."""
+        old_send, old_held = cuda_tensors.swap_sending(keep), swap_held(held)
         try:
-            with cuda_tensors.sending(keep), holding(held):
-                return self._encode_now(args, kwargs, held)
+            return self._encode_now(args, kwargs, held)
         except BaseException:
             if keep:
                 cuda_tensors.release(keep)
             raise
+        finally:
+            cuda_tensors.restore_sending(old_send)
+            swap_held(old_held)
 
     def _encode_now(self, args: tuple, kwargs: dict,
                     held: Optional[list] = None) -> tuple[bytes, list]:

@@ -52,6 +52,18 @@ def sending(keep: Optional[list], release_on_pull: bool = False) -> Iterator[Non
         _tls.send = old
 
 
+def swap_sending(keep: Optional[list], release_on_pull: bool = False) -> Any:
+    """`sending()` without a context manager (the call path's hot loop): returns what to
+    pass to `restore_sending`."""
+    old = getattr(_tls, "send", None)
+    _tls.send = (keep, release_on_pull) if keep is not None else None
+    return old
+
+
+def restore_sending(old: Any) -> None:
+    _tls.send = old
+
+
 def release(keep: list) -> None:
     """Drop the snapshots made for a message (each receiver has its own copy by now)."""
     while keep:

@@ -8,12 +8,11 @@ imported here: tensors are recognised only when the process has already imported
 
 from __future__ import annotations
 
-import contextlib
 import io
 import pickle
 import sys
 import threading
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import cloudpickle
 
@@ -129,16 +128,12 @@ class _Kept:
         self.obj = None
 
 
-@contextlib.contextmanager
-def holding(held: Optional[list]) -> Iterator[None]:
-    """While pickling a call's arguments: `keep_alive(obj)` appends to `held` (released
-    when the call's futures resolve)."""
+def swap_held(held: Optional[list]) -> Optional[list]:
+    """While a call's arguments are pickled: `keep_alive(obj)` appends to `held` (released
+    when the call's futures resolve); None stops that. Returns the previous list."""
     old = getattr(_held, "list", None)
     _held.list = held
-    try:
-        yield
-    finally:
-        _held.list = old
+    return old
 
 
 def keep_alive(obj: Any) -> bool:
