@@ -345,3 +345,23 @@ def completed(value: Any = None) -> Future:
 import collections.abc  # noqa: E402
 
 collections.abc.Coroutine.register(_Completed)
+
+
+def when_all(futures: "list[Future[Any]]", fn: "Callable[[], None]") -> None:
+    """Call `fn()` once every one of `futures` has resolved (at once if there are none),
+    on the thread that resolves the last one."""
+    if not futures:
+        fn()
+        return
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: "Future[Any]") -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            fn()
+
+    for f in futures:
+        f.add_done_callback(one_done)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import inspect
 import sys
-import threading
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ..config import config
 from ..errors import ActorError, MeshStoppedError, MessageTooLargeError, SerializationError, \
     SupervisionError, actor_failed_message
-from ..future import Future
+from ..future import Future, when_all
 from ..shapes import Shape
 from ..transport.framing import ERROR, Header, Kind
 from ..transport import bulk, cuda_tensors
@@ -232,19 +231,8 @@ def _releasing(futs: Any, keep: Optional[list]) -> Any:
     the data plane) once all its futures resolved (every receiver copied them before its
     handler ran, or failed); returns `futs` as given."""
     if keep:
-        many = futs if isinstance(futs, list) else [futs]
-        left = [len(many)]
-        lock = threading.Lock()
-
-        def one_done(_: Future) -> None:
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                cuda_tensors.release(keep)
-
-        for f in many:
-            f.add_done_callback(one_done)
+        when_all(futs if isinstance(futs, list) else [futs],
+                 lambda: cuda_tensors.release(keep))
     return futs
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from .._core import ProcRecord, Runtime, get_runtime
 from ..actor import Actor, _get_context, _set_context, endpoint
 from ..errors import ActorError
-from ..future import Future, resolved
+from ..future import Future, resolved, when_all
 from ..shapes import Shape
 from ..transport.framing import Header, Kind
 from ..transport.serialization import dumps
@@ -39,21 +39,7 @@ class ThisProcMesh(ProcMesh):
                 if getattr(m, "_proc_mesh", None) is self and not m.stopped]
         self._stopped_flag = True
         out: Future = Future("this_proc.stop")
-        if not futs:
-            out.set_result(None)
-            return out
-        left = [len(futs)]
-        count_lock = threading.Lock()  # not _lock: callbacks run on the I/O thread
-
-        def done(_: Future) -> None:
-            with count_lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                out.set_result(None)
-
-        for f in futs:
-            f.add_done_callback(done)
+        when_all(futs, lambda: out.set_result(None))
         return out
 
     def _stop_now(self, timeout: float = 5.0) -> None:
