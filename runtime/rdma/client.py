@@ -358,13 +358,19 @@ class _VMRefused(Exception):
     """process_vm_* is not permitted here; the caller falls back to sockets."""
 
 
-def local_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool) -> None:
-    """Owner and caller are one process: pin in the registry and memmove."""
+def _pin_own(h: Handle) -> Any:
+    """Pin a buffer of this very process in its registry, or raise why it cannot be."""
     server = current_server()
     lk = server.registry.pin(h.buffer_id) if server is not None else None
     if lk is None or lk.entry is None:
         status = P.ST_DROPPED if lk is not None and lk.status == "dropped" else P.ST_UNKNOWN
         raise _status_error(status, b"", h)
+    return lk
+
+
+def local_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool) -> None:
+    """Owner and caller are one process: pin in the registry and memmove."""
+    lk = _pin_own(h)
     try:
         size = lk.entry.span.nbytes
         if offset + nbytes > size:
@@ -375,7 +381,7 @@ def local_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: b
         else:
             ctypes.memmove(span_addr, remote, nbytes)
     finally:
-        server.registry.unpin(lk.entry)  # type: ignore[union-attr]
+        current_server().registry.unpin(lk.entry)  # type: ignore[union-attr]
 
 
 # ibverbs endpoints, one per owner address, each tied to its own data-server connection.
@@ -507,11 +513,7 @@ def local_cuda_transfer(h: Handle, span: Span, offset: int, write: bool) -> None
     """Owner and caller are one process and one side is CUDA memory: a torch copy."""
     import torch
 
-    server = current_server()
-    lk = server.registry.pin(h.buffer_id) if server is not None else None
-    if lk is None or lk.entry is None:
-        status = P.ST_DROPPED if lk is not None and lk.status == "dropped" else P.ST_UNKNOWN
-        raise _status_error(status, b"", h)
+    lk = _pin_own(h)
     try:
         own = lk.entry.span
         if offset + span.nbytes > own.nbytes:
@@ -530,7 +532,7 @@ def local_cuda_transfer(h: Handle, span: Span, offset: int, write: bool) -> None
             if t.is_cuda:
                 torch.cuda.synchronize(t.device)
     finally:
-        server.registry.unpin(lk.entry)  # type: ignore[union-attr]
+        current_server().registry.unpin(lk.entry)  # type: ignore[union-attr]
 
 
 # -- choosing ---------------------------------------------------------------------------
