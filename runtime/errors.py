@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import linecache
+import re
+from typing import Any, Callable, Optional
 
 
 class RuntimeErrorBase(Exception):
@@ -50,8 +52,36 @@ class ActorError(RuntimeErrorBase):
 
 
 def _rebuild_actor_error(message, tb, etype, mesh, rank, endpoint) -> ActorError:
-    return ActorError(message, remote_traceback=tb, exception_type=etype, mesh=mesh,
-                      rank=rank, endpoint=endpoint)
+    return ActorError(message, remote_traceback=with_source_lines(tb), exception_type=etype,
+                      mesh=mesh, rank=rank, endpoint=endpoint)
+
+
+_FRAME = re.compile(r'^( *)File "(.+)", line (\d+), in ')
+
+
+def with_source_lines(tb_text: str, getline: Callable[[str, int], str] = linecache.getline
+                      ) -> str:
+    """A formatted traceback with the source line filled in under each frame that lacks
+    one, from this process's `getline`: a proc cannot read the notebook cell (or a script
+    on another host) that its code came from, but the controller that receives the
+    traceback can."""
+    if not tb_text or "File " not in tb_text:
+        return tb_text
+    lines = tb_text.splitlines(keepends=True)
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        m = _FRAME.match(line)
+        if m is None:
+            continue
+        indent = m.group(1) + "  "
+        following = lines[i + 1] if i + 1 < len(lines) else ""
+        if following.startswith(indent) and following.strip():
+            continue  # the source line is there already
+        source = getline(m.group(2), int(m.group(3))).strip()
+        if source:
+            out.append(f"{indent}{source}\n")
+    return "".join(out)
 
 
 class SupervisionError(RuntimeErrorBase, RuntimeError):

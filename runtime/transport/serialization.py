@@ -1,6 +1,9 @@
 """Serialization of message bodies: cloudpickle with out-of-band buffers.
 
-Classes and functions from `__main__` or a notebook cell travel by value (cloudpickle).
+Classes and functions from `__main__` or a notebook cell travel by value (cloudpickle);
+their code objects travel whole (marshal), so a proc sees the real file name (the script's
+path, the kernel's cell file) whatever cloudpickle does to `co_filename` (3.1.3 writes
+`<dynamic-code>` there): remote tracebacks, remote pdb and breakpoints name the real source.
 numpy arrays and CPU torch tensors travel as pickle-protocol-5 buffers: separate zmq frames,
 sent without copies; CUDA tensors as runtime/transport/cuda_tensors.py says. torch is never
 imported here: tensors are recognised only when the process has already imported torch.
@@ -9,9 +12,11 @@ imported here: tensors are recognised only when the process has already imported
 from __future__ import annotations
 
 import io
+import marshal
 import pickle
 import sys
 import threading
+import types
 from typing import Any, Optional, Sequence
 
 import cloudpickle
@@ -83,8 +88,19 @@ def _rebuild_parameter(arr: Any, dtype_name: str, shape: tuple, requires_grad: b
     return torch.nn.Parameter(_rebuild_tensor(arr, dtype_name, shape, False), requires_grad)
 
 
+def _reduce_code(code: types.CodeType) -> Any:
+    """A code object as its marshal bytes: everything kept, its file name and line table
+    included (controller and procs run the same Python, as by-value pickling needs)."""
+    try:
+        return (marshal.loads, (marshal.dumps(code),))
+    except ValueError:  # a hand-built code object with unmarshallable constants
+        return NotImplemented
+
+
 class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType:
+            return _reduce_code(obj)
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(obj, torch.Tensor):
             if obj.device.type == "cuda":  # never torch's default pickling
