@@ -81,7 +81,7 @@ def test_dashboard_and_admin_follow_a_killed_proc():
                 assert wait_for(lambda: grid(w, "talkers")[1] == "failed"), grid(w, "talkers")
                 failed = actor_at(w.state, "talkers", 1)
                 assert failed["last_error"], failed
-                # the others live on (rank 3 turns idle at its next heartbeat after the nap)
+                # the others live on (rank 3 is idle: its nap has answered)
                 assert wait_for(lambda: grid(w, "talkers") == ["idle", "failed", "idle", "idle"])
                 snap = {m.name: m for m in client.snapshot()}
                 assert snap["talkers"].actors[1].state.value == "failed"
@@ -130,3 +130,30 @@ def test_monarch_admin_attaches_to_a_plain_script(tmp_path, monkeypatch, capsys)
     finally:
         p.kill()
         p.wait(timeout=10)
+
+
+def test_an_answered_call_shows_idle_at_once_and_stays_idle():
+    """Heartbeats sample actor states on another socket than replies: a busy sample taken
+    during a call may arrive after its reply. The model shows the actor idle once the call
+    has answered, and no late sample turns it busy again."""
+    procs = this_host().spawn_procs(per_host={"procs": 1}, name="idlecheck")
+    try:
+        talker = procs.spawn("idlers", Talker)
+        rt = runtime.get_runtime()
+
+        def state() -> str:
+            mesh = next(m for m in rt.health.snapshot() if m.name == "idlers")
+            return mesh.actors[0].state.value
+
+        talker.nap.call_one(0.01).get(timeout=30)
+        fut = talker.nap.call_one(1.2)
+        assert wait_for(lambda: state() == "busy", 10)  # a heartbeat saw the nap
+        fut.get(timeout=10)
+        assert state() == "idle"
+        seen = []
+        for _ in range(40):  # short calls, each racing a heartbeat's sample
+            talker.nap.call_one(0.04).get(timeout=10)
+            seen.append(state())
+        assert seen == ["idle"] * 40, seen
+    finally:
+        procs.stop().get(timeout=20)

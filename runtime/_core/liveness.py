@@ -24,6 +24,27 @@ log = logging.getLogger("runtime")
 
 _STATES = {s.value: s for s in ActorState}  # a dict lookup, not an Enum call per actor
 
+def stale_busy(m: Any, rank: int, since: float) -> bool:
+    """Whether a heartbeat's 'busy since `since`' is older news than a reply already here.
+
+    A proc samples its actors on its I/O thread while replies leave on the actor's own
+    socket, so a heartbeat sampled during a call can arrive after that call's reply. Such a
+    report is ignored for a few heartbeat intervals (then any busy report counts again,
+    in case a call from elsewhere began just before the reply arrived)."""
+    replied = m.replied.get(rank)
+    return replied is not None and since <= replied and \
+        time.time() - replied < 4 * config.heartbeat_interval
+
+
+def note_reply(rt: "Runtime", m: Any, rank: int) -> None:
+    """A call to `rank` of actor mesh `m` has answered (I/O thread): stamp it, and show
+    the actor idle again if a heartbeat showed it busy and no other call of ours is out."""
+    m.replied[rank] = time.time()
+    if m.shown_busy and rank in m.shown_busy and m.inflight[rank] == 0 and m.health_name:
+        m.shown_busy.discard(rank)
+        rt.health.update(m.health_name, rank, ActorState.IDLE)
+
+
 class Liveness:
     """Sends heartbeats, records them, and fails what stops answering."""
 
@@ -86,6 +107,12 @@ class Liveness:
             rank = m.rank_of(rec.proc_id)
             if rank < 0 or rank in m.failed or m.ready[rank] is None:
                 continue
+            if state == "busy":
+                if stale_busy(m, rank, since):
+                    continue
+                m.shown_busy.add(rank)
+            else:
+                m.shown_busy.discard(rank)
             rt.health.update(m.health_name, rank, _STATES.get(state), endpoint=endpoint,
                              since=since, handled=handled, errors=errors)
 

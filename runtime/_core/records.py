@@ -77,6 +77,8 @@ class ActorMeshRecord:
     stopped_with_procs: bool = False  # stopped because its proc mesh was
     initialized: Optional[Future] = None
     inflight: list = field(default_factory=list)  # per rank outstanding calls (for choose)
+    replied: dict = field(default_factory=dict)  # rank -> time.time() of its last reply here
+    shown_busy: set = field(default_factory=set)  # ranks a heartbeat last reported busy
     health_name: str = ""  # the mesh's key in the health model ("" when not owned here)
     sigs: dict = field(default_factory=dict)  # endpoint name -> inspect.Signature or None
     rr: int = 0  # round-robin start for choose()

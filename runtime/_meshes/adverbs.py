@@ -13,6 +13,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ..config import config
+from .._core.liveness import note_reply
 from ..errors import ActorError, MeshStoppedError, MessageTooLargeError, SerializationError, \
     SupervisionError, actor_failed_message
 from ..future import Future, when_all
@@ -300,6 +301,7 @@ class _Collector:
     def _finish_rank(self, r: int) -> None:
         del self.remaining[r]
         self.rec.inflight[r] -= 1
+        note_reply(self.rt, self.rec, r)
 
     def on_reply(self, h: Header, body: Any, buffers: list) -> None:
         r = h.rank
