@@ -3,6 +3,7 @@ loop and handles one message at a time; the I/O thread keeps heartbeats going me
 
 from __future__ import annotations
 
+import bdb
 import collections
 import ctypes
 import faulthandler
@@ -521,12 +522,17 @@ def _reply_extra(h: Header) -> Optional[dict]:
 
 
 def _user_traceback(e: BaseException) -> str:
-    """The traceback of `e` without the runtime's own frames at its top."""
+    """The traceback of `e` without the runtime's own frames at its top, nor a debugger's
+    frames (bdb and what it called) below the user's line where a breakpoint raised."""
     tb = e.__traceback__
     ours = (__file__, _endpoints.__file__)
     while tb is not None and tb.tb_frame.f_code.co_filename in ours:
         tb = tb.tb_next
-    return "".join(traceback.format_exception(type(e), e, tb))
+    te = traceback.TracebackException(type(e), e, tb)
+    cut = next((i for i, f in enumerate(te.stack) if f.filename == bdb.__file__), None)
+    if cut:
+        te.stack = traceback.StackSummary.from_list(te.stack[:cut])
+    return "".join(te.format())
 
 
 def dump_stacks() -> str:

@@ -4,10 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+VENV=${MONARCH_VENV:-$PWD/.venv}
 if [ "${1:-}" = "--headless" ]; then
-  exec .venv/bin/python -m monarch_kernel.run_notebook notebooks/quickstart.ipynb
+  exec "$VENV/bin/python" -m monarch_kernel.run_notebook notebooks/quickstart.ipynb
 fi
 ALLOW=()
 [ "$(id -u)" = 0 ] && ALLOW=(--allow-root)
 echo "[quickstart] JupyterLab on 127.0.0.1: open the URL printed below (kernel: Monarch (Python 3))"
-exec .venv/bin/jupyter lab --ip=127.0.0.1 --no-browser "${ALLOW[@]}" notebooks/quickstart.ipynb
+exec "$VENV/bin/jupyter" lab --ip=127.0.0.1 --no-browser "${ALLOW[@]}" notebooks/quickstart.ipynb

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Idempotent set-up: system packages, a virtual environment in .venv, torch (CPU build
-# where no GPU exists), and this project with its test extras. Safe to run repeatedly.
+# Idempotent set-up: system packages, a virtual environment in .venv (or $MONARCH_VENV),
+# torch (CPU build where no GPU exists), and this project with its test extras at the
+# versions of requirements/lock.txt. Safe to run repeatedly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -26,19 +27,39 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip
 fi
-# Re-install only when the project's dependency list changed.
-want=$(sha1sum pyproject.toml | cut -c1-40)
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
+# Install exact versions from requirements/lock.txt (regenerate it with scripts/lock.sh),
+# and re-install when the lock or pyproject.toml changes. MONARCH_SETUP=latest (used by
+# `scripts/test.sh --latest`) ignores the lock and upgrades to the newest releases instead.
+LOCK=requirements/lock.txt
+mode=${MONARCH_SETUP:-locked}
+pyver=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+constraints=()
+if [ "$mode" = locked ]; then
+  if grep -qx "# python: $pyver (setup.sh uses this lock only with this Python version)" "$LOCK"; then
+    constraints=(-c "$LOCK")
+  else
+    echo "[setup] warning: $LOCK is for another Python than $pyver; installing the newest" \
+         "releases within pyproject.toml's bounds (run scripts/lock.sh to lock for $pyver)" >&2
+  fi
+fi
+want="$mode $pyver $(cat pyproject.toml "$LOCK" | sha1sum | cut -c1-40)"
+if [ "$mode" = latest ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]; then
   if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     echo "[setup] installing torch (CPU build unless a GPU is present)"
     if command -v nvidia-smi >/dev/null 2>&1; then
-      "$VENV/bin/pip" install -q torch
+      "$VENV/bin/pip" install -q "${constraints[@]}" torch
     else
-      "$VENV/bin/pip" install -q torch==2.13.0 || "$VENV/bin/pip" install -q torch --index-url https://download.pytorch.org/whl/cpu
+      "$VENV/bin/pip" install -q "${constraints[@]}" torch==2.13.0 ||
+        "$VENV/bin/pip" install -q "${constraints[@]}" torch --index-url https://download.pytorch.org/whl/cpu
     fi
   fi
-  echo "[setup] installing monarch-notebook and its test tools"
-  "$VENV/bin/pip" install -q -e ".[test]"
+  if [ "$mode" = latest ]; then
+    echo "[setup] installing monarch-notebook with the newest releases of its dependencies"
+    "$VENV/bin/pip" install -q --upgrade --upgrade-strategy eager -e ".[test]"
+  else
+    echo "[setup] installing monarch-notebook and its test tools (versions from $LOCK)"
+    "$VENV/bin/pip" install -q "${constraints[@]}" -e ".[test]"
+  fi
   echo "$want" > "$STAMP"
 fi
 # The Jupyter kernelspec for this environment.

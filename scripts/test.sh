@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
 # Set everything up, then run the whole test suite. Extra arguments go to pytest.
+#   bash scripts/test.sh             the locked set-up (requirements/lock.txt), as CI runs it
+#   bash scripts/test.sh --latest    a separate environment (.venv-latest) with the newest
+#                                    releases of every dependency: shows drift before a
+#                                    user meets it
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--latest" ]; then
+  shift
+  export MONARCH_VENV=${MONARCH_LATEST_VENV:-$PWD/.venv-latest} MONARCH_SETUP=latest
+fi
+VENV=${MONARCH_VENV:-$PWD/.venv}
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest "$@"
+exec "$VENV/bin/python" -m pytest "$@"

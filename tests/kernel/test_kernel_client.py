@@ -154,6 +154,39 @@ def test_spawn_from_notebook_class_and_await(kernel):
     assert "workers" in table and "greeters" in table and "actors (Greeter)" in table
 
 
+def test_remote_tracebacks_of_cell_code_show_the_cell_and_its_lines(kernel):
+    """An actor defined in a cell: its remote traceback names the kernel's cell file and
+    shows the cell's lines, through a nested call and a lambda (the procs cannot read the
+    cell; the code objects keep its file name across the wire and the kernel fills in the
+    lines)."""
+    r = kernel.execute("from runtime import Actor, endpoint, this_host\n"
+                       "def twice(v):\n"
+                       "    return [v][2]\n"
+                       "class Cellular(Actor):\n"
+                       "    @endpoint\n"
+                       "    def nested(self):\n"
+                       "        return twice(1)\n"
+                       "    @endpoint\n"
+                       "    def by_lambda(self):\n"
+                       "        pick = lambda d: d['nope']\n"
+                       "        return pick({})\n")
+    assert r["error"] is None, r["error"]
+    cell_file = kernel.value("twice.__code__.co_filename")
+    r = kernel.execute("origin_procs = this_host().spawn_procs(per_host={'procs': 1}, "
+                       "name='cellorigin')\ncellular = origin_procs.spawn('cellular', Cellular)")
+    assert r["error"] is None, r["error"]
+    try:
+        text = "\n".join(kernel.execute("cellular.nested.call_one().get()")["error"]["traceback"])
+        assert f'  File "{cell_file}", line 7, in nested\n    return twice(1)\n' in text, text
+        assert f'  File "{cell_file}", line 3, in twice\n    return [v][2]\n' in text, text
+        text = "\n".join(kernel.execute("cellular.by_lambda.call_one().get()")["error"]["traceback"])
+        assert f'  File "{cell_file}", line 10, in <lambda>\n    pick = lambda d: d[\'nope\']\n' \
+            in text, text
+        assert "<dynamic-code>" not in text
+    finally:
+        assert kernel.execute("origin_procs.stop().get(timeout=30)")["error"] is None
+
+
 def test_interrupt_stops_the_wait_and_the_remote_work(kernel):
     msg_id = kernel.kc.execute("%%mesh workers\nimport time\nfor i in range(600):\n"
                                "    time.sleep(0.05)\n'finished'\n")
