@@ -13,7 +13,7 @@ import pytest
 
 import runtime
 import runtime.config
-from runtime import SupervisionError, attach_to_workers
+from runtime import Actor, SupervisionError, attach_to_workers, endpoint
 from runtime.transport import auth
 from _actors import Echo
 
@@ -110,3 +110,34 @@ def test_listen_without_keys_is_refused(tmp_path):
                        capture_output=True, text=True, timeout=30,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert r.returncode != 0 and "key file" in r.stderr
+
+
+class ShardSum(Actor):
+    @endpoint
+    def step(self, input=None) -> float:
+        return float(input.sum())
+
+
+@pytest.mark.timeout(150)
+def test_mesh_tensor_to_actors_right_after_the_engine_starts(agents):
+    """Monarch's getting_started pattern on two hosts: the first activate() spawns the
+    tensor engine's workers, and a mesh tensor passed to other actors on those procs at once
+    may reach a proc before its worker has started. The shard must arrive anyway (it failed
+    there as 'procs-... is not one of them' in about half the runs)."""
+    import torch
+
+    key_file, started = agents
+    hosts = attach_to_workers([a for _, a in started], key_file=key_file)
+    for attempt in range(4):
+        pm = hosts.spawn_procs(per_host={"gpus": 4})
+        try:
+            trainers = pm.spawn("dtrainers", ShardSum)
+            with pm.activate():
+                t = torch.ones(3, 4) * (attempt + 1)
+            runtime.fetch_shard(t, hosts=0, gpus=0).get(timeout=60)
+            with pm.activate():
+                d = t @ t.T
+            sums = trainers.step.call(d[0]).get(timeout=60)
+            assert list(sums.values()) == [12.0 * (attempt + 1) ** 2] * 8
+        finally:
+            pm.stop().get(timeout=30)

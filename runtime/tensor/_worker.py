@@ -18,6 +18,7 @@ from ..proc import add_heartbeat_field
 
 #: the tensor-engine worker of this proc (a proc belongs to one root mesh: one worker)
 _WORKER: "Worker | None" = None
+_WORKER_UP = threading.Event()  # set once _WORKER is: an actor's call may overtake its spawn
 SHARD_WAIT_S = 60.0
 
 
@@ -82,6 +83,7 @@ class Worker(Actor):
         self.ran = threading.Condition()
         global _WORKER
         _WORKER = self
+        _WORKER_UP.set()
         add_heartbeat_field("tensor_bytes", self.held_bytes)
         torch.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
 
@@ -239,10 +241,16 @@ class Worker(Actor):
 def local_shard(ref: int, proc_ids: tuple) -> Any:
     """Unpickling a mesh tensor in an actor's call: this proc's shard of it (a tensor)."""
     ctx = context()
-    if ctx is None or ctx.proc_id not in proc_ids or _WORKER is None:
+    if ctx is None or ctx.proc_id not in proc_ids:
         where = ctx.proc_id if ctx is not None else "this process"
         raise RuntimeError(f"a runtime.Tensor passed to an actor arrives as its local shard "
                            f"only on the procs of its mesh; {where} is not one of them")
+    # The engine's worker on this proc is spawned by the mesh's first activate(); a call to
+    # another actor of the proc may be handled before the worker's __init__ has run.
+    if not _WORKER_UP.wait(SHARD_WAIT_S) or _WORKER is None:
+        raise RuntimeError(f"the tensor engine's worker did not start on proc {ctx.proc_id} "
+                           f"within {SHARD_WAIT_S:g} s; the runtime.Tensor passed to this "
+                           "actor has no shard here")
     got = _WORKER.shard(ref, SHARD_WAIT_S)
     if isinstance(got, Failure):
         from ._fetch import RemoteTensorError
