@@ -120,7 +120,9 @@ def test_sigstop_is_declared_hung(mesh, failures, record_detection, monkeypatch)
             pass
     record_detection("SIGSTOP of a proc (heartbeat timeout 2 s)", dt)
     assert "unresponsive" in str(err)
-    assert 1.5 < dt < 5.0
+    # declared after the heartbeat timeout measured from the last heartbeat that arrived,
+    # which may precede the SIGSTOP by an interval (0.5 s) or more on a loaded machine
+    assert 1.0 < dt < 5.0
     # the hung proc is killed, not left behind
     if psutil.pid_exists(pid):
         assert not _wait_dead([psutil.Process(pid)], 5.0)
