@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -142,10 +143,15 @@ class Soak:
         return Sample(cycle, time.monotonic(), _usage(self.me), other, rundir.count_files(),
                       tables)
 
-    def run(self, pattern: str, cycles: int, every: int, warmup: int) -> list[Sample]:
-        """Warm up, then `cycles` cycles with a sample at the start and every `every`."""
+    def run(self, pattern: str, cycles: int, every: int,
+            warmup: int) -> tuple[Optional[Sample], list[Sample]]:
+        """Warm up (sampled before), then `cycles` cycles with a sample at the start and
+        every `every`: (the sample before the warm-up or None, the samples after it)."""
+        before = self.sample(pattern, -warmup) if warmup else None
         for i in range(warmup):
             self.cycle(pattern, i)
+            if (i + 1) % 100 == 0:
+                print(f"  {pattern}: warm-up {i + 1}/{warmup}", file=sys.stderr, flush=True)
         samples = [self.sample(pattern, 0)]
         t0 = time.monotonic()
         for i in range(1, cycles + 1):
@@ -156,7 +162,7 @@ class Soak:
                 rate = i / (time.monotonic() - t0)
                 print(f"  {pattern}: {i}/{cycles} cycles ({rate:.0f}/s)", file=sys.stderr,
                       flush=True)
-        return samples
+        return before, samples
 
     def close(self) -> None:
         self.procs.stop().get(60)
@@ -190,7 +196,7 @@ def growth(samples: list[Sample]) -> dict:
     return out
 
 
-def print_table(pattern: str, samples: list[Sample]) -> None:
+def print_table(pattern: str, samples: list[Sample], before: Optional[Sample] = None) -> None:
     other = "agent" if pattern == "mesh" else "proc"
     print(f"\n## {pattern}: {samples[-1].cycle} cycles")
     print(f"| cycles | ctl RSS MB | ctl fds | ctl thr | {other} RSS MB | {other} fds | "
@@ -204,6 +210,11 @@ def print_table(pattern: str, samples: list[Sample]) -> None:
               f"{s.ctl['threads']} | {s.other['rss'] / 2**20:.1f} | {s.other['fds']} | "
               f"{s.other['threads']} | {s.files} | {diff} |")
     g = growth(samples)
+    if before is not None:  # what the warm-up cycles added: allocator and caches filling
+        n = -before.cycle
+        print(f"\nper cycle during the {n} warm-up cycles: controller RSS "
+              f"{(samples[0].ctl['rss'] - before.ctl['rss']) / 1024 / n:+.3f} KB, {other} RSS "
+              f"{(samples[0].other['rss'] - before.other['rss']) / 1024 / n:+.3f} KB")
     print(f"\nper cycle after warm-up: controller RSS {g['ctl_rss_kb_per_cycle']:+.3f} KB, "
           f"{other} RSS {g['other_rss_kb_per_cycle']:+.3f} KB (target < 0.5 KB)")
     tables = ", ".join(f"{k} {samples[0].tables[k]}" for k in sorted(samples[0].tables))
@@ -227,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for p in patterns:
             print(f"{p}: warm-up {args.warmup} cycles", file=sys.stderr, flush=True)
-            samples = soak.run(p, args.cycles, args.every, args.warmup)
-            print_table(p, samples)
+            before, samples = soak.run(p, args.cycles, args.every, args.warmup)
+            print_table(p, samples, before)
             sys.stdout.flush()
     finally:
         soak.close()

@@ -54,8 +54,10 @@ if [ "$mode" = latest ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]
     fi
   fi
   if [ "$mode" = latest ]; then
-    echo "[setup] installing monarch-notebook with the newest releases of its dependencies"
-    "$VENV/bin/pip" install -q --upgrade --upgrade-strategy eager -e ".[test]"
+    echo "[setup] installing monarch-notebook with the newest releases of its dependencies" \
+         "(torch kept at the build installed above)"
+    "$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__)" > "$VENV/.torch-pin"
+    "$VENV/bin/pip" install -q --upgrade --upgrade-strategy eager -c "$VENV/.torch-pin" -e ".[test]"
   else
     echo "[setup] installing monarch-notebook and its test tools (versions from $LOCK)"
     "$VENV/bin/pip" install -q "${constraints[@]}" -e ".[test]"

@@ -49,7 +49,7 @@ def test_churn_leaves_tables_files_fds_and_threads_flat():
     soak = bench.Soak()
     try:
         for pattern, cycles in (("mesh", 120), ("actor", 300), ("rdma", 300)):
-            samples = soak.run(pattern, cycles, every=cycles, warmup=10)
+            _, samples = soak.run(pattern, cycles, every=cycles, warmup=10)
             first, last = samples[0], samples[-1]
             grown = {k: (first.tables.get(k, 0), v) for k, v in last.tables.items()
                      if v - first.tables.get(k, 0) > 1 and k != "proc.stopped_actor_ids"}
