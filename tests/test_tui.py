@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
+from importlib.metadata import version
 
 import pytest
 from textual.widgets import Log, Static, Tree
@@ -203,7 +205,18 @@ async def _test_disconnected_source_is_reported():
 
 
 # -- snapshot tests (pytest-textual-snapshot; SVGs under tests/__snapshots__) ----------------
+# The SVGs were recorded with the lock's textual (requirements/lock.txt); textual 6.0 and later
+# (checked to 8.2.8) draw these screens identically, older releases lay them out differently.
+# The app itself works from pyproject's lower bound (textual 0.80; the pilot tests above run
+# there), so with an older textual only the pixel comparison is skipped, naming the version. A
+# newer textual that draws differently fails them: re-record with --snapshot-update if intended.
+same_rendering = pytest.mark.skipif(
+    int(re.match(r"\d+", version("textual")).group()) < 6,
+    reason=f"snapshots are drawn as textual >= 6.0 draws them; textual {version('textual')} "
+           "lays the screen out differently")
 
+
+@same_rendering
 def test_snapshot_overview(snap_compare):
     app = make_app(FakeSource())
 
@@ -214,6 +227,7 @@ def test_snapshot_overview(snap_compare):
     assert snap_compare(app, terminal_size=(120, 36), run_before=run_before)
 
 
+@same_rendering
 def test_snapshot_failed_actor_and_stack(snap_compare):
     src = FakeSource()
     src.kill_proc("trainers-3")
@@ -229,6 +243,7 @@ def test_snapshot_failed_actor_and_stack(snap_compare):
     assert snap_compare(app, terminal_size=(120, 36), run_before=run_before)
 
 
+@same_rendering
 def test_snapshot_confirm(snap_compare):
     app = make_app(FakeSource())
 
