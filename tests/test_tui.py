@@ -207,7 +207,7 @@ async def _test_disconnected_source_is_reported():
 # -- snapshot tests (pytest-textual-snapshot; SVGs under tests/__snapshots__) ----------------
 # The SVGs were recorded with the lock's textual (requirements/lock.txt); textual 6.0 and later
 # (checked to 8.2.8) draw these screens identically, older releases lay them out differently.
-# The app itself works from pyproject's lower bound (textual 0.80; the pilot tests above run
+# The app itself works from pyproject's lower bound (textual 3.0; the pilot tests above run
 # there), so with an older textual only the pixel comparison is skipped, naming the version. A
 # newer textual that draws differently fails them: re-record with --snapshot-update if intended.
 same_rendering = pytest.mark.skipif(
