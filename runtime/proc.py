@@ -18,7 +18,7 @@ import time
 import traceback
 from typing import Any, Optional
 
-from . import _endpoints, _supervise, logs
+from . import _context, _endpoints, _supervise, _features, logs
 from .actor import (ROOT_ID, ActorContext, CreatorInstance, _message_view, _set_context,
                     endpoints_of, root_creator)
 from .config import config
@@ -32,7 +32,7 @@ from .transport.serialization import dumps, loads
 log = logging.getLogger("runtime.proc")
 
 _STOP = "stop"
-_tls = threading.local()
+_tls = _context.local  # .actor: the running ActorInstance (read by runtime.actor too)
 
 
 _heartbeat_fields: dict[str, Any] = {}
@@ -667,9 +667,7 @@ def main(cfg: dict) -> None:
                  owner_address=cfg["owner"], keys=keys, role=role, start=False)
     server.rt = rt
     set_runtime(rt)
-    from .debugging import install_in_proc
-
-    install_in_proc(rt)
+    _features.call("debugging.install_in_proc", rt)  # debugging is above this layer
     if cfg.get("listen_ip") and keys is not None:
         rt.enable_tcp(cfg["listen_ip"])
     rt.start()
