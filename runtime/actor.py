@@ -10,7 +10,6 @@ import contextvars
 import functools
 import inspect
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar, overload
 

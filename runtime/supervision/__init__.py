@@ -126,6 +126,6 @@ def default_unhandled_fault_hook(failure: MeshFailure) -> None:
     print(f"[monarch] unhandled failure, exiting (fail fast):\n{failure.report()}",
           file=sys.stderr, flush=True)
     try:
-        _features.call("runtime.shutdown", 1.0)  # the core is above supervision (failures as data)
+        _features.call("runtime.shutdown", 1.0)  # the core is above supervision
     finally:
         os._exit(1)
