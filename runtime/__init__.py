@@ -1,5 +1,9 @@
 """monarch-notebook's actor runtime: meshes of processes and actors driven from one
-controller (a script or a notebook), with Monarch's API names and semantics."""
+controller (a script or a notebook), with Monarch's API names and semantics.
+
+The root package, above every layer (docs/architecture.md): the public facade, and
+the wiring of `runtime._features`, the calls lower layers make into upper ones at run time.
+"""
 
 from .actor import (Actor, ActorContext, CreatorInstance, concurrent_endpoint, context,
                     current_actor_name, current_rank, current_size, endpoint)

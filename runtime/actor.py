@@ -2,6 +2,9 @@
 
 User code subclasses `Actor` and marks methods with `@endpoint`. Inside an actor,
 `current_rank()`, `current_size()` and `context()` describe where it runs.
+
+Layer 5 (on the core): imports `runtime._core` and the basics; `context().proc`
+reaches `this_proc()` (in `_meshes`, above) through `runtime._features`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """The proc: a process that hosts actors. Each actor has its own thread, mailbox and asyncio
-loop and handles one message at a time; the I/O thread keeps heartbeats going meanwhile."""
+loop and handles one message at a time; the I/O thread keeps heartbeats going meanwhile.
+
+Layer 6 (process roles): imports `_endpoints`, `_supervise`, actor, _core, transport
+and the basics; the debugger (above) is installed through `runtime._features`.
+"""
 
 from __future__ import annotations
 
