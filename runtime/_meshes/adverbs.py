@@ -12,6 +12,7 @@ import inspect
 import sys
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+from .. import _features
 from ..config import config
 from .._core.liveness import note_reply
 from ..errors import ActorError, MeshStoppedError, MessageTooLargeError, SerializationError, \
@@ -190,9 +191,7 @@ class EndpointRef:
         """Monarch's tensor-engine adverb: call the endpoint on the procs of the mesh
         tensors among the arguments, each actor with its proc's shards; its results become
         mesh tensors, shaped by the endpoint's `propagate=` (runtime/tensor/_rref.py)."""
-        from ..tensor._rref import rref
-
-        return rref(self, args, kwargs)
+        return _features.call("tensor.rref", self, args, kwargs)  # tensor is above _meshes
 
     def _send(self, args: tuple, kwargs: dict, port: Any = None,
               selection: str = "all") -> None:
