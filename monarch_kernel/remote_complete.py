@@ -13,6 +13,7 @@ worker thread within a budget, and keeps warming its caches when it misses it.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import warnings
@@ -29,6 +30,7 @@ _DISABLED = ["IPCompleter.magic_matcher", "IPCompleter.magic_config_matcher",
 #: Endpoint-call budget for jedi on top of the fast pass (seconds).
 JEDI_BUDGET_S = 0.06
 
+_IMPORT = re.compile(r"\s*(import|from)\s")
 _jedi_pool: Optional[ThreadPoolExecutor] = None
 _jedi_busy = threading.Lock()  # at most one jedi run in flight per proc
 _warned = False
@@ -108,25 +110,30 @@ def complete_in(ns: dict, code: str, offset: int,
     _quiet_warnings()
     snap = dict(ns)  # a running cell may add names meanwhile
     comps: list = []
-    seen: set = set()
-    try:
-        with provisionalcompleter():
-            for c in _fast_completer(snap).completions(code, offset):
-                if (c.start, c.text) not in seen:
-                    seen.add((c.start, c.text))
-                    comps.append(c)
-    except Exception:
-        pass
+    line = code[:offset].rpartition("\n")[2]
+    if not _IMPORT.match(line):  # IPython's pass offers names, not modules, after import
+        try:
+            with provisionalcompleter():
+                comps.extend(_fast_completer(snap).completions(code, offset))
+        except Exception:
+            pass
     extra, partial = _run_jedi(snap, code, offset, jedi_budget)
-    for start, text, typ, sig in extra:
-        if (start, text) not in seen:
-            seen.add((start, text))
-            comps.append(Completion(start, offset, text, type=typ, signature=sig,
-                                    _origin="jedi"))
     with provisionalcompleter():
+        comps += [Completion(start, offset, text, type=typ, signature=sig, _origin="jedi")
+                  for start, text, typ, sig in extra]
         rect = list(rectify_completions(code, comps)) if comps else []
-    items = [{"start": c.start, "end": c.end, "text": c.text, "type": c.type or "",
-              "signature": c.signature or ""} for c in rect]
+    if rect and code[rect[0].start:rect[0].start + 1] == "." \
+            and all(c.text.startswith(".") for c in rect):
+        # IPython's pass replaces from the dot; list `attr`, not `.attr`, as jedi does.
+        with provisionalcompleter():
+            rect = [Completion(c.start + 1, c.end, c.text[1:], type=c.type,
+                               signature=c.signature) for c in rect]
+    items, seen = [], set()
+    for c in rect:  # the fast pass first, then what only jedi found
+        if c.text not in seen:
+            seen.add(c.text)
+            items.append({"start": c.start, "end": c.end, "text": c.text,
+                          "type": c.type or "", "signature": c.signature or ""})
     return {"items": items, "partial": partial, "ms": (time.perf_counter() - t0) * 1e3}
 
 
@@ -212,8 +219,10 @@ class CellCompleter(Actor):
 
 
 def _warm() -> None:
+    """Import IPython's completer and run jedi once, off the request path (jedi's first
+    run parses builtins: about a second of CPU on one thread, once per proc)."""
     try:
-        import IPython.core.completer  # noqa: F401
         import IPython.core.oinspect  # noqa: F401
+        complete_in({}, "import o", 8, jedi_budget=30.0)
     except Exception:
         pass

@@ -181,6 +181,20 @@ def test_a_running_cell_does_not_hold_remote_completion_up(kernel):
     kernel.execute("running.get(timeout=10)")
 
 
+def test_imports_complete_through_jedi_on_the_proc(kernel):
+    # jedi runs beside IPython's fast pass within a budget; cold, it finishes in the
+    # background and a later Tab has its answer.
+    deadline = time.monotonic() + 20
+    while True:
+        c = complete(kernel, "%%mesh procs\nimport o")
+        assert c["metadata"]["monarch"]["source"] == "remote"
+        if "os" in c["matches"]:
+            break
+        assert time.monotonic() < deadline, c
+        time.sleep(0.3)
+    assert "object" not in c["matches"]  # names, not modules, are not offered after import
+
+
 def test_a_stopped_mesh_falls_back_to_local_without_error(kernel):
     r = kernel.execute("%mesh stop procs")
     assert r["error"] is None, r["error"]
