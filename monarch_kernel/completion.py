@@ -132,6 +132,28 @@ def _reply(items: list[dict], cursor: int, shift: int, source: dict) -> dict:
             "cursor_end": end, "metadata": {_EXPERIMENTAL: items, "monarch": source}}
 
 
+_BINDS = re.compile(r"^[ \t]*(?:(?:async[ \t]+)?def|class)[ \t]+([A-Za-z_]\w*)"
+                    r"|\b([A-Za-z_]\w*)[ \t]*(?::[^=\n]*)?=(?!=)"
+                    r"|^[ \t]*(?:from[ \t]+\S+[ \t]+)?import[ \t]+([^\n#]+)"
+                    r"|\bfor[ \t]+([A-Za-z_]\w*)[ \t]+in\b", re.M)
+
+
+def _text_names(body: str) -> dict[str, None]:
+    """The names the cell's text binds (assignments, def, class, import, for), as a
+    namespace of placeholders: the local answer's names without the controller's."""
+    names: dict[str, None] = {}
+    for m in _BINDS.finditer(body):
+        if m.group(3):
+            for part in m.group(3).split(","):
+                word = part.strip(" ()\t").split(" as ")[-1].split(".")[0].strip()
+                if word.isidentifier():
+                    names[word] = None
+        else:
+            name = m.group(1) or m.group(2) or m.group(4)
+            names[name] = None
+    return names
+
+
 async def complete_cell(shell: Any, code: str, cursor: int,
                         timeout: float = REMOTE_TIMEOUT_S) -> Optional[dict]:
     """The complete_reply for a cursor in a `%%mesh` body, else None (the caller uses the
@@ -151,8 +173,8 @@ async def complete_cell(shell: Any, code: str, cursor: int,
     if out is not None:
         source = {"source": "remote", "rank": out.get("rank"), "ms": out.get("ms"),
                   "partial": out.get("partial")}
-    else:
-        out = complete_in({}, body, off, jedi_budget=0.05)
+    else:  # no jedi here: the kernel's own completer uses it on this thread
+        out = complete_in(_text_names(body), body, off, jedi_budget=0)
         source = {"source": "local"}
     return _reply(out["items"], cursor, cell.body_start, source)
 

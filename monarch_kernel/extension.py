@@ -164,8 +164,12 @@ def unload(shell: Any) -> None:
             shell.events.unregister(name, fn)
         except ValueError:
             pass
+    from monarch_kernel.completion import mesh_matcher
     from runtime.hooks import remove_startup_hook
 
+    completer = getattr(shell, "Completer", None)
+    if completer is not None and mesh_matcher in completer.custom_matchers:
+        completer.custom_matchers.remove(mesh_matcher)
     remove_startup_hook(sess.on_runtime_start)
     sess.remove_sink()
 

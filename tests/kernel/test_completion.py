@@ -200,3 +200,8 @@ def test_a_stopped_mesh_falls_back_to_local_without_error(kernel):
     assert r["error"] is None, r["error"]
     c = complete(kernel, "%%mesh procs\npri")
     assert c["metadata"]["monarch"]["source"] == "local" and "print" in c["matches"]
+    # The local answer: builtins and what the cell's text binds, not the notebook's names.
+    c = complete(kernel, "%%mesh procs\nimport numpy as np_alias\nlocal_ = 1\nnp_a")
+    assert c["matches"] == ["np_alias"], c
+    c = complete(kernel, "%%mesh procs\nlocal_")
+    assert c["matches"] == [], c  # local_only is the controller's
