@@ -144,6 +144,10 @@ def test_actor_mesh_endpoints_adverbs_and_dimensions(kernel):
     assert c["matches"][:3] == ["call", "call_one", "choose"], c
     c = complete(kernel, "vm = actors.step.call(0.1).get()\nactors.slice(")
     assert c["matches"] == ["procs="], c
+    r = kernel.execute("vm = actors.step.call(0.1).get()")
+    assert r["error"] is None, r["error"]
+    assert complete(kernel, "vm.item(")["matches"] == ["procs="]
+    assert complete(kernel, "vm.item(procs=1, ")["matches"] != ["procs="]  # used already
     code = "actors.step"
     reply = kernel.kc.inspect(code, len(code), reply=True, timeout=10)["content"]
     text = reply["data"]["text/plain"]
