@@ -53,8 +53,16 @@ def _fast_completer(ns: dict) -> Any:
     # python_matcher asks the shell for magics only to strip them; procs have none.
     shell = SimpleNamespace(magics_manager=SimpleNamespace(
         lsmagic=lambda: {"line": {}, "cell": {}}))
+    extra: dict = {}
+    if "policy_overrides" in IPCompleter.class_traits():  # IPython >= 9.3
+        from IPython.core.guarded_eval import EVALUATION_POLICIES
+
+        # nn.Module.__getattr__ only reads its parameter, buffer and submodule dicts.
+        base = set(EVALUATION_POLICIES["limited"].allowed_getattr_external)
+        extra["policy_overrides"] = {
+            "allowed_getattr_external": base | {("torch", "nn", "Module")}}
     return IPCompleter(shell=shell, namespace=ns, global_namespace={}, use_jedi=False,
-                       disable_matchers=list(_DISABLED))
+                       disable_matchers=list(_DISABLED), **extra)
 
 
 def _jedi_items(snap: dict, code: str, offset: int) -> list[tuple[int, str, str, str]]:

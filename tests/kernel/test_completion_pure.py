@@ -69,3 +69,16 @@ def test_inspect_in_finds_signature_and_docstring_without_running_properties():
     out = inspect_in(ns, "obj.expensive", 13)
     assert out["found"] and obj.ran == 0
     assert inspect_in(ns, "nothing_here", 5)["found"] is False
+
+
+def test_torch_submodules_complete_through_module_getattr():
+    torch = __import__("pytest").importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = torch.nn.Linear(3, 3)
+
+    code = "net.encoder.weight.gr"
+    out = complete_in({"net": Net()}, code, len(code), jedi_budget=0)
+    assert "grad" in [it["text"] for it in out["items"]], out
