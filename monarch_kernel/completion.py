@@ -90,7 +90,7 @@ def _target(shell: Any, cell: MeshCell) -> Any:
 
 async def _ask(mesh: Any, method: str, *args: Any, timeout: float) -> Optional[dict]:
     """`mesh.method.call_one(*args)`'s value within `timeout`, else None; single-flight."""
-    key = mesh.name  # one completer mesh per proc mesh, whatever the slice
+    key = mesh.health_name or mesh.name  # one per completer mesh, whatever the slice
     with _inflight_lock:
         pending = _inflight.get(key)
         if pending is not None and not pending.done():
