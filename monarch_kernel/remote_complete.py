@@ -230,7 +230,8 @@ def _warm() -> None:
     """Import IPython's completer and run jedi once, off the request path (jedi's first
     run parses builtins: about a second of CPU on one thread, once per proc)."""
     try:
-        import IPython.core.oinspect  # noqa: F401
+        complete_in({"x": 1}, "x.re", 4, jedi_budget=0)
+        inspect_in({"x": len}, "x", 1)
         complete_in({}, "import o", 8, jedi_budget=30.0)
     except Exception:
         pass
