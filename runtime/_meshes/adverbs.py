@@ -45,6 +45,26 @@ class EndpointRef:
     def __repr__(self) -> str:
         return f"<endpoint {self._mesh._rec.cls_name}.{self._name} of {self._mesh!r}>"
 
+    #: The adverbs, in the order completion offers them.
+    ADVERBS = ("call", "call_one", "choose", "broadcast", "stream", "rref")
+
+    def getdoc(self) -> str:
+        """What IPython's `?` and Shift-Tab show (it calls `obj.getdoc()` first): the
+        endpoint's signature, its docstring where the class is local, and the adverbs."""
+        sig = "(...)" if self._sig is None else str(self._sig)
+        cls = self._mesh._class
+        fn = getattr(cls, self._name, None) if cls is not None else None
+        doc = inspect.getdoc(fn) if fn is not None else None
+        if fn is not None and self._sig is not None:  # the class is here: its annotations
+            try:
+                full = inspect.signature(fn)
+                sig = str(full.replace(parameters=[p for p in full.parameters.values()
+                                                   if p.name in self._sig.parameters]))
+            except (TypeError, ValueError):
+                pass
+        return (f"{self._qualname()}{sig}\n\n" + (f"{doc}\n\n" if doc else "")
+                + "Call it with an adverb: " + ", ".join(f".{a}()" for a in self.ADVERBS))
+
     # -- preparation (caller's thread) ------------------------------------------------------------
     def _qualname(self) -> str:
         return f"{self._mesh._rec.cls_name}.{self._name}"
