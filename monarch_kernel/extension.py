@@ -120,6 +120,9 @@ def load(shell: Any) -> None:
     global _session
     from monarch_kernel.magics import MeshMagics
 
+    from monarch_kernel.parso_cache import harden
+
+    harden()  # Tab completion here and on the procs shares parso's cache
     with _lock:
         if _session is not None and _session.shell is shell:
             return

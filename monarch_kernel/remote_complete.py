@@ -70,6 +70,9 @@ def _jedi_items(snap: dict, code: str, offset: int) -> list[tuple[int, str, str,
     import jedi
     from IPython.core.completer import position_to_cursor
 
+    from monarch_kernel.parso_cache import harden
+
+    harden()  # several procs of a host write jedi's parso cache at once
     jedi.settings.allow_unsafe_interpreter_executions = False  # no properties, no getitem
     line, col = position_to_cursor(code, offset)
     out = []
