@@ -2,7 +2,8 @@
 this runtime's API: actors on 5 procs share forks through a Table actor that holds a
 reference to their mesh, grants a seat both forks at once, and wakes a waiting neighbour by
 broadcasting to a one-actor slice. Runs for --seconds, prints the meals, then stops itself
-(an actor per seat stops with `context().actor_instance.stop(reason)` when told to)."""
+(an actor per seat stops with `context().actor_instance.stop(reason)` when told to; the
+table is closed first, so no meal starts while the dinner ends)."""
 
 import argparse
 import asyncio
@@ -19,12 +20,15 @@ class Table(Actor):
         self.seats = seats
         self.taken: set[int] = set()
         self.waiting: list[int] = []
+        self.closed = False
 
     def _forks(self, seat: int) -> tuple[int, int]:
         return seat, (seat + 1) % self.seats
 
     def _try(self, seat: int) -> bool:
         forks = self._forks(seat)
+        if self.closed:  # no more meals: the seat waits until its proc stops
+            return True
         if self.taken.isdisjoint(forks):
             self.taken.update(forks)
             self.philosophers.slice(seat=seat).eat.broadcast()
@@ -35,6 +39,11 @@ class Table(Actor):
     def request(self, seat: int) -> None:
         if not self._try(seat):
             self.waiting.append(seat)
+
+    @endpoint
+    def close(self) -> None:
+        """Grant no more forks; the meals under way still end with a release."""
+        self.closed = True
 
     @endpoint
     def release(self, seat: int) -> None:
@@ -84,11 +93,13 @@ def main() -> None:
     table = table_proc.spawn("table", Table, philosophers, args.seats)
     philosophers.sit.call(table).get()
     time.sleep(args.seconds)
+    table.close.call_one().get()
     meals = philosophers.count.call(leave=True).get()
     print("meals:", [meals.item(seat=i) for i in range(args.seats)])
     print("every philosopher ate:", all(m > 0 for m in meals.values()))
-    table_proc.stop("dinner over").get()
+    # the philosophers first: one still eating releases its forks to a table that is there
     procs.stop("dinner over").get()
+    table_proc.stop("dinner over").get()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ that persists across cells, and returns each cell's last value or its formatted 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from runtime import Actor, current_rank, current_size, endpoint
 
@@ -13,13 +14,23 @@ from monarch_kernel.cell_exec import CellResult, new_namespace, portable, run_ce
 #: knows every line the cell printed before it has arrived; the router removes it.
 END_MARK = "\x1b]777;mk-end:{token}\x07"
 
+#: key -> the cell namespace of this proc's CellRunner (read by the CellCompleter actor).
+_NAMESPACES: dict[str, dict[str, Any]] = {}
+
+
+def namespace_of(key: str) -> dict[str, Any]:
+    """The cell namespace registered under `key` in this proc ({} before the runner starts)."""
+    return _NAMESPACES.get(key, {})
+
 
 class CellRunner(Actor):
     """Runs cells for %%mesh; its namespace is this proc's notebook-like globals."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: str = "") -> None:
         point = current_rank()
         self.ns = new_namespace(current_rank=current_rank, current_size=current_size)
+        if key:  # the CellCompleter spawned with the same key completes against it
+            _NAMESPACES[key] = self.ns
         self.rank = point.rank
         self.coords = dict(point.items())
 

@@ -102,6 +102,15 @@ def _running_runtime() -> Any:
     return current() if current is not None else None
 
 
+def _add_matcher(shell: Any) -> None:
+    """Tab on %mesh/%%mesh lines and on actor meshes (monarch_kernel.completion)."""
+    from monarch_kernel.completion import mesh_matcher
+
+    completer = getattr(shell, "Completer", None)
+    if completer is not None and mesh_matcher not in completer.custom_matchers:
+        completer.custom_matchers.append(mesh_matcher)
+
+
 def session() -> Optional[NotebookSession]:
     return _session
 
@@ -111,6 +120,9 @@ def load(shell: Any) -> None:
     global _session
     from monarch_kernel.magics import MeshMagics
 
+    from monarch_kernel.parso_cache import harden
+
+    harden()  # Tab completion here and on the procs shares parso's cache
     with _lock:
         if _session is not None and _session.shell is shell:
             return
@@ -119,6 +131,7 @@ def load(shell: Any) -> None:
         shell.register_magics(sess.magics)
         shell.events.register("pre_run_cell", sess.pre_run_cell)
         shell.events.register("post_run_cell", sess.post_run_cell)
+        _add_matcher(shell)
         _session = sess
     from runtime.hooks import add_startup_hook
 
@@ -154,8 +167,12 @@ def unload(shell: Any) -> None:
             shell.events.unregister(name, fn)
         except ValueError:
             pass
+    from monarch_kernel.completion import mesh_matcher
     from runtime.hooks import remove_startup_hook
 
+    completer = getattr(shell, "Completer", None)
+    if completer is not None and mesh_matcher in completer.custom_matchers:
+        completer.custom_matchers.remove(mesh_matcher)
     remove_startup_hook(sess.on_runtime_start)
     sess.remove_sink()
 

@@ -54,6 +54,26 @@ class MonarchKernel(IPythonKernel):
         finally:
             signal.signal(signal.SIGINT, saved)
 
+    async def do_complete(self, code: str, cursor_pos: Any) -> Any:
+        """A %%mesh body completes against a proc's namespace; the rest as IPython does
+        (with the mesh-aware matcher the extension adds)."""
+        from monarch_kernel.completion import complete_cell
+
+        cursor = len(code) if cursor_pos is None else cursor_pos
+        reply = await complete_cell(self.shell, code, cursor)
+        return reply if reply is not None else super().do_complete(code, cursor)
+
+    async def do_inspect(self, code: str, cursor_pos: Any, detail_level: int = 0,
+                         omit_sections: Any = ()) -> Any:
+        """Shift-Tab in a %%mesh body inspects the object on a proc; elsewhere, locally."""
+        from monarch_kernel.completion import inspect_cell
+
+        cursor = len(code) if cursor_pos is None else cursor_pos
+        reply = await inspect_cell(self.shell, code, cursor, detail_level)
+        if reply is not None:
+            return reply
+        return super().do_inspect(code, cursor, detail_level, omit_sections)
+
     async def do_shutdown(self, restart: bool) -> Any:
         """Stop every mesh this notebook created before the process goes (or restarts)."""
         from monarch_kernel.extension import shutdown_all

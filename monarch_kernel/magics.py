@@ -278,7 +278,7 @@ class MeshMagics(Magics):
     # -- %mesh list / status -------------------------------------------------------------------
     def _hidden(self, obj: Any) -> bool:
         """The kernel's own cell-runner meshes (rt.meshes() lists the spawned objects)."""
-        return any(r is obj for _, r in self._runners.values())
+        return any(obj is r or obj is c for _, r, c in self._runners.values())
 
     def _vars_for(self, obj: Any) -> str:
         return ", ".join(k for k, v in self._ns.items() if v is obj and not k.startswith("_"))
@@ -428,19 +428,31 @@ class MeshMagics(Magics):
 
     # -- %%mesh ------------------------------------------------------------------------------------
     def _runner_for(self, procs: Any) -> Any:
-        """The cell-runner actor mesh on `procs` (spawned once per proc mesh)."""
+        """The cell-runner actor mesh on `procs` (spawned once per proc mesh, with the
+        CellCompleter that completes %%mesh cells against its namespaces)."""
         from monarch_kernel.cell_runner import CellRunner
+        from monarch_kernel.remote_complete import CellCompleter
 
         root = procs.root
         entry = self._runners.get(id(root))
         if entry is None or entry[0] is not root or entry[1].stopped:
-            runner = root.spawn(root.name, CellRunner)
-            entry = (root, runner)
+            key = f"{root.name}-{uuid.uuid4().hex[:8]}"
+            runner = root.spawn(root.name, CellRunner, key)
+            completer = root.spawn(f"{root.name}_completer", CellCompleter, key)
+            entry = (root, runner, completer)
             self._runners[id(root)] = entry
         runner = entry[1]
         if procs is not root:
             runner = runner.restricted_to(procs)
         return runner
+
+    def completer_for(self, procs: Any) -> Any:
+        """The CellCompleter mesh on `procs`, or None before its first %%mesh cell (a Tab
+        never spawns actors) or once stopped."""
+        entry = self._runners.get(id(procs.root))
+        if entry is None or entry[0] is not procs.root or entry[2].stopped:
+            return None
+        return entry[2] if procs is procs.root else entry[2].restricted_to(procs)
 
     def _run_cell(self, a: margs.CellArgs, code: str) -> Any:
         from runtime import ShapeError

@@ -1,6 +1,9 @@
 """How an actor runs the endpoint kinds beyond a plain call (private; used by `proc`):
 explicit response ports, `as_endpoint` calls of plain methods, and `@concurrent_endpoint`
-tasks interleaved on the actor's event loop. Runs on the actor's own thread."""
+tasks interleaved on the actor's event loop. Runs on the actor's own thread.
+
+Layer 6 (process roles, below `proc`): imports actor, channel and the basics.
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,8 @@ and always before any reply that reached the proc after them resolves a wait: so
 that failed returns to its caller only after `__supervise__` has seen every failure that
 caused it. `__supervise__` runs on the actor's thread, between messages, or while an async
 endpoint awaits (as in Monarch, where a handler can wait for its own supervision events).
+
+Layer 6 (process roles, below `proc`): imports the basics only.
 """
 
 from __future__ import annotations

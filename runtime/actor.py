@@ -2,6 +2,9 @@
 
 User code subclasses `Actor` and marks methods with `@endpoint`. Inside an actor,
 `current_rank()`, `current_size()` and `context()` describe where it runs.
+
+Layer 5 (on the core): imports `runtime._core` and the basics; `context().proc`
+reaches `this_proc()` (in `_meshes`, above) through `runtime._features`.
 """
 
 from __future__ import annotations
@@ -10,10 +13,10 @@ import contextvars
 import functools
 import inspect
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar, overload
 
+from . import _context, _features
 from .shapes import Point, Shape
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -258,9 +261,7 @@ class ActorContext:
     def abort(self, reason: Optional[str] = None) -> None:
         """Monarch's `actor_instance.abort(reason)`: the actor fails once the message it is
         handling is done (that call still answers); its owner gets a supervision event."""
-        from . import proc
-
-        inst = getattr(proc._tls, "actor", None)
+        inst = _context.current_instance()
         if inst is None or inst.actor_id != self.actor_id:
             raise RuntimeError("abort() is called from inside the actor's own endpoints")
         inst.abort_reason = reason if reason is not None else "no reason provided"
@@ -269,9 +270,7 @@ class ActorContext:
         """Monarch's `actor_instance.stop(reason)`: this actor stops (running `__cleanup__`)
         once the message it is handling is done; no failure is reported, later calls to it
         raise. Called from inside the actor's own endpoints."""
-        from . import proc
-
-        inst = getattr(proc._tls, "actor", None)
+        inst = _context.current_instance()
         if inst is None or inst.actor_id != self.actor_id:
             raise RuntimeError("stop() is called from inside the actor's own endpoints "
                                "(to stop a mesh from outside, call mesh.stop())")
@@ -285,23 +284,16 @@ class ActorContext:
     @property
     def proc(self) -> Any:
         """This actor's proc as a one-proc ProcMesh (`this_proc()`)."""
-        from ._meshes import this_proc
-
-        return this_proc()
+        return _features.call("this_proc")  # _meshes is above this layer
 
     def __str__(self) -> str:
         return _qualified_name(self)
 
 
-_local = threading.local()
-
-
-def _set_context(ctx: Optional[ActorContext]) -> None:
-    _local.ctx = ctx
-
-
-def _get_context() -> Optional[ActorContext]:
-    return getattr(_local, "ctx", None)
+# The running actor's context is a thread-local of runtime._context (the bottom layer), so
+# that logs and rdma can read it without importing this module.
+_set_context = _context.set_context
+_get_context = _context.get_context
 
 
 def context() -> ActorContext:

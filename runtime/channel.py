@@ -1,4 +1,7 @@
-"""Channels and ports: one-way message streams any actor can send into, and Accumulator."""
+"""Channels and ports: one-way message streams any actor can send into, and Accumulator.
+
+Layer 5 (on the core): imports `runtime._core`, `runtime.transport` and the basics.
+"""
 
 from __future__ import annotations
 

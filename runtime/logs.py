@@ -14,6 +14,8 @@ import sys
 import threading
 from typing import Callable, Optional
 
+from ._context import get_context
+
 TAG_START = "\x1b]777;mn:"
 TAG_END = "\x07"
 #: Lines starting with this are control marks for the output sink (e.g. the notebook's
@@ -168,9 +170,7 @@ class _ActorRecordFilter(logging.Filter):
     """Adds `actor_name` (mesh name), `rank` (int) and `point` (Monarch's str form)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from .actor import _get_context
-
-        ctx = _get_context()
+        ctx = get_context()
         record.actor_name = ctx.name if ctx is not None else "controller"
         record.rank = ctx.rank.rank if ctx is not None else 0
         record.point = str(ctx.rank) if ctx is not None else "{}"
@@ -219,9 +219,7 @@ def _actor_record_factory(*args: object, **kwargs: object) -> logging.LogRecord:
     record = _base_factory(*args, **kwargs)
     msg = record.msg
     if isinstance(msg, str) and msg and not msg.startswith("[actor="):
-        from .actor import _get_context
-
-        ctx = _get_context()
+        ctx = get_context()
         record.msg = f"[actor={ctx if ctx is not None else '<root>'}] {msg}"
     return record
 

@@ -1,5 +1,9 @@
 """The proc: a process that hosts actors. Each actor has its own thread, mailbox and asyncio
-loop and handles one message at a time; the I/O thread keeps heartbeats going meanwhile."""
+loop and handles one message at a time; the I/O thread keeps heartbeats going meanwhile.
+
+Layer 6 (process roles): imports `_endpoints`, `_supervise`, actor, _core, transport
+and the basics; the debugger (above) is installed through `runtime._features`.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import time
 import traceback
 from typing import Any, Optional
 
-from . import _endpoints, _supervise, logs
+from . import _context, _endpoints, _supervise, _features, logs
 from .actor import (ROOT_ID, ActorContext, CreatorInstance, _message_view, _set_context,
                     endpoints_of, root_creator)
 from .config import config
@@ -32,7 +36,7 @@ from .transport.serialization import dumps, loads
 log = logging.getLogger("runtime.proc")
 
 _STOP = "stop"
-_tls = threading.local()
+_tls = _context.local  # .actor: the running ActorInstance (read by runtime.actor too)
 
 
 _heartbeat_fields: dict[str, Any] = {}
@@ -667,9 +671,7 @@ def main(cfg: dict) -> None:
                  owner_address=cfg["owner"], keys=keys, role=role, start=False)
     server.rt = rt
     set_runtime(rt)
-    from .debugging import install_in_proc
-
-    install_in_proc(rt)
+    _features.call("debugging.install_in_proc", rt)  # debugging is above this layer
     if cfg.get("listen_ip") and keys is not None:
         rt.enable_tcp(cfg["listen_ip"])
     rt.start()

@@ -1,5 +1,8 @@
 """Monarch's `monarch.spmd` counterpart: run an unchanged torch.distributed script (what
-torchrun would start) in every proc of a mesh, with torchrun's environment variables."""
+torchrun would start) in every proc of a mesh, with torchrun's environment variables.
+
+Layer 8 (a feature): may import every layer below; nothing below imports it.
+"""
 
 from __future__ import annotations
 

@@ -72,6 +72,28 @@ def record_detection():
     return rec
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shuffle-files", metavar="SEED", default=None,
+                     help="run the test files in an order shuffled with SEED (each file's "
+                          "tests keep their order): finds state one file leaves to another")
+
+
+def pytest_collection_modifyitems(config, items):
+    seed = config.getoption("--shuffle-files")
+    if seed is None:
+        return
+    import random
+
+    by_file: dict = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
+    files = list(by_file)
+    random.Random(seed).shuffle(files)
+    items[:] = [item for f in files for item in by_file[f]]
+    config.pluginmanager.get_plugin("terminalreporter").write_line(
+        f"--shuffle-files {seed}: files in the order {', '.join(files[:6])}, ...")
+
+
 def pytest_terminal_summary(terminalreporter):
     if not _detections:
         return

@@ -418,3 +418,92 @@ def test_no_class_in_runtime_over_300_lines():
                 too_long.append(f"{module_name(path)}.{node.name}: "
                                 f"{node.end_lineno - node.lineno + 1} lines")
     assert not too_long, "classes over 300 lines: " + "; ".join(too_long)
+
+
+# -- runtime's layers: no cycle between its parts ---------------------------------------------
+
+def part_cycle(edges: dict[str, set[str]]) -> Optional[list[str]]:
+    """One cycle of the directed graph `edges` (a -> its targets) as [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> Optional[list[str]]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def runtime_part_edges() -> dict[str, set[str]]:
+    """Imports between runtime's top-level parts (`runtime.proc`, `runtime._core`, ... and
+    the root package `runtime`), imports inside functions included, `if TYPE_CHECKING:`
+    ones not (never executed)."""
+    grimp = pytest.importorskip("grimp", reason="grimp comes with import-linter (`test` extra)")
+    graph = grimp.build_graph("runtime", cache_dir=None, exclude_type_checking_imports=True)
+
+    def part(mod: str) -> str:
+        return ".".join(mod.split(".")[:2])
+
+    edges: dict[str, set[str]] = {}
+    for mod in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(mod):
+            if imported.split(".")[0] == "runtime" and part(imported) != part(mod):
+                edges.setdefault(part(mod), set()).add(part(imported))
+    return edges
+
+
+def test_runtime_parts_import_without_cycles():
+    """No cycle between runtime's parts: each can be read standing on the ones it imports
+    (the layers contract in pyproject.toml says which; this catches a cycle through the
+    root package too, which is outside the layers)."""
+    edges = runtime_part_edges()
+    assert "runtime._core" in edges and "runtime.transport" in edges["runtime._core"]
+    cycle = part_cycle(edges)
+    assert cycle is None, "import cycle between runtime's parts: " + " -> ".join(cycle)
+
+
+def test_part_cycle_finds_a_cycle():
+    assert part_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert part_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def _feature_names(func: str) -> dict[str, list[str]]:
+    """name -> where: every `_features.<func>("name", ...)` in runtime's code."""
+    found: dict[str, list[str]] = {}
+    for path in py_files("runtime"):
+        for node in ast.walk(parse(path)):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == func and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "_features" and node.args
+                    and isinstance(node.args[0], ast.Constant)):
+                found.setdefault(node.args[0].value, []).append(
+                    f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_every_upward_call_is_wired():
+    """Each name a lower layer calls through runtime._features is provided by the root
+    package (a missing one would fail only at run time), and nothing provided is unused."""
+    called, provided = _feature_names("call"), _feature_names("provide")
+    assert "rdma.buffer" in called and "rdma.buffer" in provided
+    missing = {n: w for n, w in called.items() if n not in provided}
+    assert not missing, f"called through runtime._features but never provided: {missing}"
+    unused = {n: w for n, w in provided.items() if n not in called}
+    assert not unused, f"provided to runtime._features but never called: {unused}"
+    elsewhere = {n: w for n, w in provided.items() if w[0].split(":")[0] != "runtime/__init__.py"}
+    assert not elsewhere, f"features are wired in runtime/__init__.py only: {elsewhere}"

@@ -1,6 +1,9 @@
 """The runtime's private core: the per-process Runtime and its parts.
 
 Nothing outside `runtime` imports this package; the facade is `runtime/__init__.py`.
+
+Layer 4 (core): imports the basics and `runtime.transport`; the debugger and the
+admin endpoint, above it, are started through `runtime._features`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:
     from ..future import Future
 
+from .. import _features
 from .records import ActorMeshRecord, AgentRecord, ProcRecord
 from .runtime import Runtime
 
@@ -32,10 +36,8 @@ def get_runtime() -> Runtime:
         if _runtime is None or _runtime._closed:
             _runtime = Runtime()
             atexit.register(_shutdown_at_exit)
-            try:
-                from ..debugging import install_in_controller
-
-                install_in_controller(_runtime)
+            try:  # debugging is a feature above the core: reached through _features
+                _features.call("debugging.install_in_controller", _runtime)
             except Exception:
                 log.exception("debugger not installed")
             from ..hooks import run_startup_hooks
@@ -87,10 +89,8 @@ def start_admin_endpoint(rt: Runtime) -> None:
 
     if not config.admin:
         return
-    from ..admin import serve
-    from ..debugging.admin import register as register_debug
-
-    register_debug(serve(rt))
+    # the admin endpoint and the debugger's requests on it are above the core: via _features
+    _features.call("admin.start", rt)
 
 
 __all__ = ["ActorMeshRecord", "AgentRecord", "ProcRecord", "Runtime", "current_runtime",

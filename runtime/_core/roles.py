@@ -11,6 +11,7 @@ import os
 import threading
 from typing import Any, Callable, Optional
 
+from .. import _features
 from ..supervision import MeshFailure
 
 log = logging.getLogger("runtime")
@@ -43,10 +44,8 @@ class ControllerRole:
             return
 
         def run_hook() -> None:
-            import runtime
-
-            try:
-                hook = getattr(runtime, "unhandled_fault_hook", None)
+            try:  # the user sets it on the root package, above every layer: via _features
+                hook = _features.call("unhandled_fault_hook")
                 if hook is not None:
                     hook(failure)
             except SystemExit:

@@ -12,6 +12,7 @@ import inspect
 import sys
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+from .. import _features
 from ..config import config
 from .._core.liveness import note_reply
 from ..errors import ActorError, MeshStoppedError, MessageTooLargeError, SerializationError, \
@@ -43,6 +44,26 @@ class EndpointRef:
 
     def __repr__(self) -> str:
         return f"<endpoint {self._mesh._rec.cls_name}.{self._name} of {self._mesh!r}>"
+
+    #: The adverbs, in the order completion offers them.
+    ADVERBS = ("call", "call_one", "choose", "broadcast", "stream", "rref")
+
+    def getdoc(self) -> str:
+        """What IPython's `?` and Shift-Tab show (it calls `obj.getdoc()` first): the
+        endpoint's signature, its docstring where the class is local, and the adverbs."""
+        sig = "(...)" if self._sig is None else str(self._sig)
+        cls = self._mesh._class
+        fn = getattr(cls, self._name, None) if cls is not None else None
+        doc = inspect.getdoc(fn) if fn is not None else None
+        if fn is not None and self._sig is not None:  # the class is here: its annotations
+            try:
+                full = inspect.signature(fn)
+                sig = str(full.replace(parameters=[p for p in full.parameters.values()
+                                                   if p.name in self._sig.parameters]))
+            except (TypeError, ValueError):
+                pass
+        return (f"{self._qualname()}{sig}\n\n" + (f"{doc}\n\n" if doc else "")
+                + "Call it with an adverb: " + ", ".join(f".{a}()" for a in self.ADVERBS))
 
     # -- preparation (caller's thread) ------------------------------------------------------------
     def _qualname(self) -> str:
@@ -190,9 +211,7 @@ class EndpointRef:
         """Monarch's tensor-engine adverb: call the endpoint on the procs of the mesh
         tensors among the arguments, each actor with its proc's shards; its results become
         mesh tensors, shaped by the endpoint's `propagate=` (runtime/tensor/_rref.py)."""
-        from ..tensor._rref import rref
-
-        return rref(self, args, kwargs)
+        return _features.call("tensor.rref", self, args, kwargs)  # tensor is above _meshes
 
     def _send(self, args: tuple, kwargs: dict, port: Any = None,
               selection: str = "all") -> None:

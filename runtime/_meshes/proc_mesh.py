@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generator, Optional
 
+from .. import _features
 from .._core import ActorMeshRecord, ProcRecord, Runtime
 from ..actor import (Actor, _get_context, creator_record, endpoints_of, methods_of,
                      plain_signature, qualified_class)
@@ -289,9 +290,8 @@ class ProcMesh(MeshTrait):
     def activate(self) -> Any:
         """A context manager making this mesh the calling thread's active mesh: torch
         factories and ops then run on its procs (the tensor engine, docs/tensors.md)."""
-        from ..tensor import activate
-
-        return _counted(self.name, activate(self))
+        # the tensor engine is a feature above the meshes: reached through _features
+        return _counted(self.name, _features.call("tensor.activate", self))
 
     def __enter__(self) -> "ProcMesh":
         return self

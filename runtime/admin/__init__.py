@@ -2,6 +2,8 @@
 
 `serve(rt)` starts it on a daemon thread and writes a 0600 connection file;
 `AdminClient.from_connection_file(path)` talks to it (the `monarch-admin` TUI does).
+
+Layer 5 (on the core, beside actor and channel): imports `runtime._core` and the basics.
 """
 
 from runtime.admin.client import AdminClient, AdminError

@@ -256,7 +256,7 @@ _servers: dict[int, AdminServer] = {}
 def serve(rt: Any = None, *, directory: Optional[Path] = None) -> AdminServer:
     """Start (once per runtime) the admin endpoint of `rt` (default: `get_runtime()`)."""
     if rt is None:
-        from runtime import get_runtime
+        from .._core import get_runtime
 
         rt = get_runtime()
     with _server_lock:

@@ -4,6 +4,9 @@ Actor side: `install_in_proc(rt)` (called in every proc) makes breakpoint() and
 pdb.set_trace() in actor threads open a `RemotePdb` whose I/O travels to the controller.
 Controller side: `install_in_controller(rt)` keeps the registry of paused actors and opens
 the prompt in the thread waiting on a call (`Future.get()`).
+
+Layer 8 (a feature): may import every layer up to `proc` (proc, admin, _core,
+transport, basics); nothing below imports it: it is installed through `runtime._features`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ imported; procs are forked from it, which makes spawning fast. The agent (`agent
 read ends of every proc's stdout/stderr pipes (`output`): it forwards output to the proc's
 owner and keeps the last lines of stderr for failure reports, and it reports every exit
 with its code or signal.
+
+Layer 6 (process roles, above `proc`): imports proc, _core, transport and the basics.
 """
 
 from __future__ import annotations

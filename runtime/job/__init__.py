@@ -8,6 +8,8 @@ of your own), `TelemetryConfig` (accepted, no effect), `job_load`, `job_loads`, 
 Monarch's SlurmJob keywords.
 `AllocSpec` starts a job and spawns a proc mesh on it from plain values (`%mesh alloc
 NAME --job KIND` parses its arguments in `monarch_kernel` and calls it).
+
+Layer 8 (a feature): may import every layer below (`_meshes` included); nothing below imports it.
 """
 from .alloc import AllocSpec
 from .base import Job, JobError, JobState, TelemetryConfig

@@ -292,13 +292,13 @@ class Job(JobTrait, ABC):
                 self._apply_for_state(cached=path is not None)
                 started_here = True
         found = self.wait_addresses(timeout)
-        import runtime
+        from .._meshes import attach_to_workers
 
         state = JobState()
         try:
             for name, n in self.meshes.items():
                 addrs = [found[(name, i)] for i in range(n)]
-                state[name] = runtime.attach_to_workers(addrs, key_file=str(self.key_file))
+                state[name] = attach_to_workers(addrs, key_file=str(self.key_file))
         except BaseException:
             self.kill()
             raise

@@ -132,10 +132,10 @@ class ThisHostJob(LocalJob):
 
     def state(self, cached_path: Any = None, timeout: float | None = None) -> JobState:
         """Every named mesh as `this_host()`; `cached_path` is ignored (nothing to cache)."""
-        import runtime
+        from .._meshes import this_host
 
         self.apply()
         if self._state is None:
             self._state = self._with_admin(
-                JobState({name: runtime.this_host() for name in self.meshes}))
+                JobState({name: this_host() for name in self.meshes}))
         return self._state

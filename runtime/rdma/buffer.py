@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from ..config import config
+from .._context import get_context
 from ..future import Future
 from . import client, ibverbs
 from .errors import RDMASizeError
@@ -59,12 +60,7 @@ class RDMAOwner:
 
 def _current_actor_name() -> Optional[str]:
     """The calling actor's name when made inside an endpoint (None in a controller)."""
-    try:
-        from ..actor import _get_context  # thread-local: set only on actor threads
-
-        ctx = _get_context()
-    except Exception:  # runtime.actor unavailable: a plain process
-        return None
+    ctx = get_context()  # set only on actor threads
     if ctx is None:
         return None
     coords = ",".join(f"{k}={v}" for k, v in dict(ctx.rank).items())

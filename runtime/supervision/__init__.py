@@ -1,5 +1,9 @@
 """Supervision: failures as data (MeshFailure), and what happens at the root when nobody
-handles one (`unhandled_fault_hook`)."""
+handles one (`unhandled_fault_hook`).
+
+Layer 1 (basics): imports only other basics (`config`, `_process`, `_features`); the
+fail-fast shutdown reaches the core through `runtime._features`.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .. import _features
 from ..config import config
 from .health import ActorHealth, ActorState, HealthEvent, HealthModel, MeshHealth, ProcStats
 
@@ -121,8 +126,6 @@ def default_unhandled_fault_hook(failure: MeshFailure) -> None:
     print(f"[monarch] unhandled failure, exiting (fail fast):\n{failure.report()}",
           file=sys.stderr, flush=True)
     try:
-        from .._core import get_runtime
-
-        get_runtime().shutdown(timeout=1.0)
+        _features.call("runtime.shutdown", 1.0)  # the core is above supervision
     finally:
         os._exit(1)

@@ -4,7 +4,11 @@ controller as if they were local (`with procs.activate(): t = torch.rand(3, 4)`)
 Public: `Tensor`, `activate`, `get_active_mesh`, `no_mesh`, `fetch_shard`, `inspect`, `show`,
 `RemoteTensorError`, `engine_stats`, `tensor_state`, `manual_seed`, `flush`; the collectives
 `reduce`, `reduce_`, `to_mesh`, `slice_mesh`, `mesh_rank`; remote functions `remote`,
-`Remote`, `call_on_shard_and_fetch`; `grad_generator`; `Stream`, `get_active_stream`, `coalescing`. See docs/tensors.md."""
+`Remote`, `call_on_shard_and_fetch`; `grad_generator`; `Stream`, `get_active_stream`, `coalescing`. See docs/tensors.md.
+
+Layer 8 (a feature): may import every layer below (`_meshes`, proc, actor, rdma,
+transport, basics); `ProcMesh.activate()` and `.rref()` reach it through `runtime._features`.
+"""
 
 from ._coalescing import coalescing
 from ._collectives import mesh_rank, reduce, reduce_, slice_mesh, to_mesh

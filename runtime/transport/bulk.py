@@ -21,6 +21,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
 
+from .. import _features
+
 MAGIC = b"\x00MNBULK1"  # no pickle starts with a zero byte
 READ_TIMEOUT = 600.0
 _pool: Optional[ThreadPoolExecutor] = None
@@ -49,8 +51,6 @@ def offload(body: bytes, bufs: Sequence[Any], limit: int,
             drop_on_read: bool) -> Optional[tuple[bytes, list, list[Held]]]:
     """(body, buffers, held) with the largest buffers exported until the message fits in
     `limit` bytes, or None if it cannot fit that way (its pickle body alone is too large)."""
-    from ..rdma import RDMABuffer
-
     total = len(body) + sum(_nbytes(b) for b in bufs)
     out = list(bufs)
     held: list[Held] = []
@@ -62,7 +62,7 @@ def offload(body: bytes, bufs: Sequence[Any], limit: int,
             view = memoryview(out[i]).cast("B")
             if view.readonly:  # the data server needs a writable span: one copy
                 view = memoryview(bytearray(view))
-            buf = RDMABuffer(view)
+            buf = _features.call("rdma.buffer", view)  # the data plane is above the transport
             held.append(Held(buf, view))
             manifest.append((i, buf))
             total -= view.nbytes

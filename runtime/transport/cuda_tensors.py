@@ -17,6 +17,7 @@ import threading
 import warnings
 from typing import Any, Iterator, Optional
 
+from .. import _features
 from ..config import config
 
 _tls = threading.local()
@@ -93,12 +94,10 @@ def reduce_cuda(t: Any) -> Any:
     nbytes = src.numel() * src.element_size()
     ctx = getattr(_tls, "send", None)
     if ctx is not None and nbytes >= max(1, config.cuda_ipc_min_bytes):
-        from ..rdma import RDMABuffer
-
         keep, release_on_pull = ctx
         snap = torch.empty_like(flat)
         snap.copy_(flat)  # the sender may change or free `t` once the call returns
-        buf = RDMABuffer(snap)
+        buf = _features.call("rdma.buffer", snap)  # the data plane is above the transport
         keep.append(buf)
         return (_rebuild_shared, (buf, release_on_pull) + meta)
     host = torch.empty(flat.numel(), dtype=flat.dtype, pin_memory=True)
@@ -157,18 +156,14 @@ def _rebuild_shared(buf: Any, release_on_pull: bool, dtype: str, shape: tuple,
         return MissingCUDA(desc)
     import torch
 
-    from ..rdma import client
-    from ..rdma.memory import span_of
-
     out = torch.empty(buf.size(), dtype=torch.uint8, device=device)
-    try:
-        client.transfer(buf._h, span_of(out, what="received CUDA tensor", need_writable=True),
-                        0, False, IPC_TIMEOUT)
+    try:  # the data plane (rdma) is above the transport: reached through runtime._features
+        _features.call("rdma.read_ipc", buf, out, IPC_TIMEOUT)
     finally:
         if release_on_pull:
             buf.drop()  # also closes our mapping
         else:
-            client.close_ipc(buf._h)  # one-shot: not kept open
+            _features.call("rdma.close_ipc", buf)  # one-shot: not kept open
     return _finish(out, dtype, shape, requires_grad, param)
 
 

@@ -202,3 +202,16 @@ def test_mesh_activate_runs_later_cells_on_the_mesh(ip):
     with pytest.raises(UsageError, match="no variable 'nope'"):
         ip.run_line_magic("mesh", "activate nope")
     ip.run_line_magic("mesh", "stop act")
+
+
+def test_magic_lines_complete_in_a_plain_ipython(ip):
+    """The mesh-aware matcher is part of the extension, not only of the kernel."""
+    from IPython.core.completer import provisionalcompleter
+
+    def texts(code: str) -> list[str]:
+        with provisionalcompleter():
+            return [c.text for c in ip.Completer.completions(code, len(code))]
+
+    assert texts("%mesh sp") == ["spawn"]
+    assert texts("%mesh interrupt re") == ["remote"]
+    assert texts("%%mesh anything --ra") == ["--ranks"]
