@@ -74,6 +74,30 @@ def _state_text(state: str) -> Text:
     return Text.assemble(("\u25cf " + state, COLORS.get(state, "white")))
 
 
+# -- indexing a snapshot (pure) ------------------------------------------------------------
+def proc_stats(snapshot: list[MeshHealth]) -> dict[str, ProcStats]:
+    """proc id -> its resource figures."""
+    return {p.proc_id: p for m in snapshot for p in m.procs}
+
+
+def layout(snapshot: list[MeshHealth]) -> dict[str, dict[str, list[ActorHealth]]]:
+    """host -> proc id -> the actors on it."""
+    hosts: dict[str, dict[str, list[ActorHealth]]] = {}
+    for a in (a for m in snapshot for a in m.actors):
+        hosts.setdefault(a.host or "?", {}).setdefault(a.proc_id or "?", []).append(a)
+    return hosts
+
+
+def find_actor(snapshot: list[MeshHealth], mesh: str, rank: int) -> Optional[ActorHealth]:
+    """The actor at `rank` of `mesh`, or None."""
+    for m in snapshot:
+        if m.name == mesh:
+            for a in m.actors:
+                if a.rank == rank:
+                    return a
+    return None
+
+
 class AdminApp(App[None]):
     """Tree of hosts/procs/actors, a detail pane, the selected proc's output and stack."""
 
@@ -163,19 +187,6 @@ class AdminApp(App[None]):
         if tail is not None and proc_id == self._selected_proc():
             self._show_output(proc_id, tail)
 
-    # -- indexing the snapshot ------------------------------------------------------------
-    def _actors(self) -> list[ActorHealth]:
-        return [a for m in self.snapshot for a in m.actors]
-
-    def _proc_stats(self) -> dict[str, ProcStats]:
-        return {p.proc_id: p for m in self.snapshot for p in m.procs}
-
-    def _layout(self) -> dict[str, dict[str, list[ActorHealth]]]:
-        hosts: dict[str, dict[str, list[ActorHealth]]] = {}
-        for a in self._actors():
-            hosts.setdefault(a.host or "?", {}).setdefault(a.proc_id or "?", []).append(a)
-        return hosts
-
     def _selected_proc(self) -> Optional[str]:
         sel = self.selected
         if sel is None:
@@ -183,24 +194,16 @@ class AdminApp(App[None]):
         if sel[0] == "proc":
             return sel[1]
         if sel[0] == "actor":
-            a = self._actor(sel[1], sel[2])
+            a = find_actor(self.snapshot, sel[1], sel[2])
             return a.proc_id if a else None
-        return None
-
-    def _actor(self, mesh: str, rank: int) -> Optional[ActorHealth]:
-        for m in self.snapshot:
-            if m.name == mesh:
-                for a in m.actors:
-                    if a.rank == rank:
-                        return a
         return None
 
     # -- tree -----------------------------------------------------------------------------
     def _labels(self) -> dict[Key, tuple[Text, Optional[Key]]]:
         """Every tree node: key -> (label, parent key), parents before children."""
-        stats = self._proc_stats()
+        stats = proc_stats(self.snapshot)
         labels: dict[Key, tuple[Text, Optional[Key]]] = {}
-        for host, procs in self._layout().items():
+        for host, procs in layout(self.snapshot).items():
             hkey = ("host", host)
             actors = [a for acts in procs.values() for a in acts]
             bad = sum(a.state.value == "failed" for a in actors)
@@ -250,7 +253,7 @@ class AdminApp(App[None]):
             tree.move_cursor(self.tree_nodes[self.selected])
 
     def _host_of_proc(self, proc_id: str) -> str:
-        for host, procs in self._layout().items():
+        for host, procs in layout(self.snapshot).items():
             if proc_id in procs:
                 return host
         return "?"
@@ -278,7 +281,7 @@ class AdminApp(App[None]):
         if sel is None:
             return Text("select a host, proc or actor")
         if sel[0] == "host":
-            procs = self._layout().get(sel[1], {})
+            procs = layout(self.snapshot).get(sel[1], {})
             acts = [a for v in procs.values() for a in v]
             counts: dict[str, int] = {}
             for a in acts:
@@ -286,8 +289,8 @@ class AdminApp(App[None]):
             return Text(f"host {sel[1]}\n{len(procs)} procs, {len(acts)} actors\n" +
                         ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
         if sel[0] == "proc":
-            st = self._proc_stats().get(sel[1])
-            acts = self._layout().get(self._host_of_proc(sel[1]), {}).get(sel[1], [])
+            st = proc_stats(self.snapshot).get(sel[1])
+            acts = layout(self.snapshot).get(self._host_of_proc(sel[1]), {}).get(sel[1], [])
             t = Text.assemble((f"proc {sel[1]}", "bold"), "\n")
             if st:
                 t += Text(f"host {st.host}  pid {st.pid}\nCPU {fmt_cpu(st.cpu_percent)}  "
@@ -299,7 +302,7 @@ class AdminApp(App[None]):
             t += Text("actors: " + ", ".join(f"{a.mesh}[{a.rank}] {a.state.value}"
                                              for a in acts))
             return t
-        a = self._actor(sel[1], sel[2])
+        a = find_actor(self.snapshot, sel[1], sel[2])
         if a is None:
             return Text(f"{sel[1]}[{sel[2]}] is gone")
         t = Text.assemble((f"{a.mesh}[{a.rank}] ", "bold"), _state_text(a.state.value))
