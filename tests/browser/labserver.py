@@ -121,6 +121,20 @@ class JupyterLab:
                                                "name": notebook, "kernel": {"name": kernel}})
         return r["kernel"]["id"]
 
+    def open_notebook(self, page: object, notebook: str) -> None:
+        """Load `notebook` in a Playwright `page` and wait until its kernel is idle (the
+        kernel was started with start_session; a kernel dialog, if any, is accepted)."""
+        page.goto(f"{self.url}/lab/tree/{notebook}?token={self.token}")
+        page.wait_for_function(
+            "() => window.jupyterapp && document.querySelector('.jp-Notebook')",
+            timeout=60_000)
+        try:  # JupyterLab may still ask which kernel to use
+            page.click(".jp-Dialog .jp-mod-accept", timeout=3_000)
+        except Exception:
+            pass
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
+                               timeout=60_000)
+
     def stop(self) -> None:
         """Shut kernels down, then stop the server and anything it left, by pid."""
         if self.proc is None:

@@ -49,16 +49,7 @@ def test_tab_in_a_mesh_cell_lists_the_procs_names(lab):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 860})
-            page.goto(f"{lab.url}/lab/tree/complete.ipynb?token={lab.token}")
-            page.wait_for_function(
-                "() => window.jupyterapp && document.querySelector('.jp-Notebook')",
-                timeout=60_000)
-            try:  # JupyterLab may still ask which kernel to use
-                page.click(".jp-Dialog .jp-mod-accept", timeout=3_000)
-            except Exception:
-                pass
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
-                                   timeout=60_000)
+            lab.open_notebook(page, "complete.ipynb")
             page.evaluate("() => { const nb = window.jupyterapp.shell.currentWidget.content;"
                           " nb.activeCellIndex = 3;"
                           " window.jupyterapp.commands.execute('notebook:run-all-above'); }")

@@ -100,16 +100,7 @@ def test_dashboard_in_jupyterlab(lab):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 860})
-            page.goto(f"{lab.url}/lab/tree/dashboard.ipynb?token={lab.token}")
-            page.wait_for_function(
-                "() => window.jupyterapp && document.querySelector('.jp-Notebook')",
-                timeout=60_000)
-            try:  # JupyterLab may still ask which kernel to use
-                page.click(".jp-Dialog .jp-mod-accept", timeout=3_000)
-            except Exception:
-                pass
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
-                                   timeout=60_000)
+            lab.open_notebook(page, "dashboard.ipynb")
             page.evaluate("() => { window.jupyterapp.commands.execute("
                           "'notebook:run-all-cells'); }")
             try:

@@ -64,16 +64,7 @@ def test_pdb_prompt_in_a_jupyterlab_cell(lab):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 900})
-            page.goto(f"{lab.url}/lab/tree/debugging.ipynb?token={lab.token}")
-            page.wait_for_function(
-                "() => window.jupyterapp && document.querySelector('.jp-Notebook')",
-                timeout=60_000)
-            try:
-                page.click(".jp-Dialog .jp-mod-accept", timeout=3_000)
-            except Exception:
-                pass
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
-                                   timeout=60_000)
+            lab.open_notebook(page, "debugging.ipynb")
             page.evaluate("() => { window.jupyterapp.commands.execute("
                           "'notebook:run-all-cells'); }")
             cell = page.locator(".jp-CodeCell").nth(1)
