@@ -86,12 +86,21 @@ def pytest_collection_modifyitems(config, items):
 
     by_file: dict = {}
     for item in items:
-        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
+        path = item.nodeid.split("::")[0]
+        # The network-namespace test cluster exists once per machine: the files that use it
+        # (and the one that tears it down last) move as one block, in their usual order.
+        unit = CLUSTER_FILES if path.startswith("tests/multihost/") or \
+            path in _OWN_CLUSTER_FILES else path
+        by_file.setdefault(unit, []).append(item)
     files = list(by_file)
     random.Random(seed).shuffle(files)
     items[:] = [item for f in files for item in by_file[f]]
     config.pluginmanager.get_plugin("terminalreporter").write_line(
         f"--shuffle-files {seed}: files in the order {', '.join(files[:6])}, ...")
+
+
+CLUSTER_FILES = "tests/multihost/* + tests/test_debugging_multihost.py"
+_OWN_CLUSTER_FILES = {"tests/test_debugging_multihost.py"}  # starts its own cluster
 
 
 def pytest_terminal_summary(terminalreporter):

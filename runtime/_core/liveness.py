@@ -24,6 +24,7 @@ log = logging.getLogger("runtime")
 
 _STATES = {s.value: s for s in ActorState}  # a dict lookup, not an Enum call per actor
 
+
 def stale_busy(m: Any, rank: int, since: float) -> bool:
     """Whether a heartbeat's 'busy since `since`' is older news than a reply already here.
 
