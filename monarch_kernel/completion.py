@@ -154,22 +154,33 @@ def _text_names(body: str) -> dict[str, None]:
     return names
 
 
-async def complete_cell(shell: Any, code: str, cursor: int,
-                        timeout: float = REMOTE_TIMEOUT_S) -> Optional[dict]:
-    """The complete_reply for a cursor in a `%%mesh` body, else None (the caller uses the
-    ordinary completion, which `mesh_matcher` extends)."""
-    from monarch_kernel.remote_complete import complete_in
-
+async def _ask_cell(shell: Any, code: str, cursor: int, op: str, *args: Any,
+                    timeout: float) -> Optional[tuple]:
+    """(cell, body, offset in body, the proc's answer or None) for a cursor in a `%%mesh`
+    body, else None. Never raises: a failed or late answer is None (answer locally)."""
     cell = split_mesh_cell(code)
     if cell is None or cursor < cell.body_start:
         return None
     body, off = code[cell.body_start:], cursor - cell.body_start
     try:
         target = _target(shell, cell)
-        out = None if target is None else await _ask(target, "complete", body, off,
+        out = None if target is None else await _ask(target, op, body, off, *args,
                                                      timeout=timeout)
-    except Exception:  # completion must never fail the kernel: answer locally
+    except Exception:  # completion must never fail the kernel
         out = None
+    return cell, body, off, out
+
+
+async def complete_cell(shell: Any, code: str, cursor: int,
+                        timeout: float = REMOTE_TIMEOUT_S) -> Optional[dict]:
+    """The complete_reply for a cursor in a `%%mesh` body, else None (the caller uses the
+    ordinary completion, which `mesh_matcher` extends)."""
+    from monarch_kernel.remote_complete import complete_in
+
+    asked = await _ask_cell(shell, code, cursor, "complete", timeout=timeout)
+    if asked is None:
+        return None
+    cell, body, off, out = asked
     if out is not None:
         source = {"source": "remote", "rank": out.get("rank"), "ms": out.get("ms"),
                   "partial": out.get("partial")}
@@ -184,16 +195,10 @@ async def inspect_cell(shell: Any, code: str, cursor: int, detail_level: int = 0
     """The inspect_reply for a cursor in a `%%mesh` body, else None."""
     from monarch_kernel.remote_complete import inspect_in
 
-    cell = split_mesh_cell(code)
-    if cell is None or cursor < cell.body_start:
+    asked = await _ask_cell(shell, code, cursor, "inspect", detail_level, timeout=timeout)
+    if asked is None:
         return None
-    body, off = code[cell.body_start:], cursor - cell.body_start
-    try:
-        target = _target(shell, cell)
-        out = None if target is None else await _ask(target, "inspect", body, off,
-                                                     detail_level, timeout=timeout)
-    except Exception:
-        out = None
+    cell, body, off, out = asked
     if out is None:
         out = inspect_in({}, body, off, detail_level)
     elif out["found"]:
