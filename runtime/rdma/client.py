@@ -122,13 +122,14 @@ def _connect(h: Handle, addr: str, dl: Deadline) -> socket.socket:
     try:
         sock.settimeout(dl.remaining())
         P.client_handshake(sock, secret)
-    except P.HandshakeRejected as e:
-        sock.close()
-        raise RDMAAuthError(f"data server at {addr} rejected us: {e}") from None
-    except P.ProtocolError as e:  # closed before its greeting: a dying owner, or not ours
+    except P.ProtocolError as e:
+        # A closed connection mid-handshake is a wrong secret, not ours, or an owner
+        # that died while we connected: on the owner's host we can tell which.
         sock.close()
         if h.host_id == host_id() and _wait_gone(h):
             raise _owner_gone(h, "process exited while we connected") from None
+        if isinstance(e, P.HandshakeRejected):
+            raise RDMAAuthError(f"data server at {addr} rejected us: {e}") from None
         raise RDMATransportError(f"data server at {addr} closed the connection: {e}") from None
     except socket.timeout:
         sock.close()
