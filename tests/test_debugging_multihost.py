@@ -41,19 +41,24 @@ def two_hosts(tmp_path_factory):
         pytest.skip(reason)
     tmp = tmp_path_factory.mktemp("dbg-mh")
     tmp.chmod(0o700)
-    key = tmp / "cluster.key"
-    subprocess.run([sys.executable, "-m", "runtime.transport.auth", "keygen", str(key)],
-                   check=True, capture_output=True)
+    key, earlier_key = tmp / "cluster.key", tmp / "earlier.key"
+    for k in (key, earlier_key):
+        subprocess.run([sys.executable, "-m", "runtime.transport.auth", "keygen", str(k)],
+                       check=True, capture_output=True)
     cluster = Cluster(n=2)
     cluster.up()
-    agents = Agents(cluster, key, tmp)
+    agents, earlier = Agents(cluster, key, tmp), Agents(cluster, earlier_key, tmp)
     try:
+        # The controller first joins another cluster (another key), as a notebook that
+        # attached twice does: its procs must still be answered with their own cluster's key.
+        runtime.attach_to_workers([earlier.start(cluster.nodes[0])], key_file=str(earlier_key))
         addrs = [agents.start(n) for n in cluster.nodes]
         hosts = runtime.attach_to_workers(addrs, key_file=str(key))
         yield cluster, hosts
         runtime.shutdown()
     finally:
         agents.stop()
+        earlier.stop()
         left = cluster.down(check=False)
         assert not left, f"cluster teardown left: {left}"
 

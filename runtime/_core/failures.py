@@ -96,6 +96,9 @@ class Failures:
         stopped, else (a failed mesh, whose report the user may still read) when the last
         user object holding the record is gone."""
         rt = self.rt
+        rec = rt.state.proc(proc_id)
+        if rec is not None and rec.tcp_address:
+            rt.messenger.forget_cluster_of(rec.tcp_address)
         rt.health.remove_proc(proc_id)
         for m in rt.state.retire_proc(proc_id):
             if m.stopped:

@@ -61,6 +61,17 @@ class Messenger:
         """Remember that the TCP peer at `addr` belongs to the cluster of `keys`."""
         self.loop.peer_keys[addr] = keys
 
+    def same_cluster_as(self, addr: str, known: str) -> None:
+        """The TCP peer at `addr` (a proc) holds the cluster key of `known` (its agent): a
+        controller attached to several clusters answers each proc with its own key."""
+        keys = self.loop.peer_keys.get(known)
+        if keys is not None:
+            self.loop.peer_keys[addr] = keys
+
+    def forget_cluster_of(self, addr: str) -> None:
+        """A proc recorded by `same_cluster_as` is gone."""
+        self.loop.peer_keys.pop(addr, None)
+
     def token_for(self, addr: str) -> bytes:
         if addr.startswith("tcp://"):
             keys = self.loop.peer_keys.get(addr, self.keys)

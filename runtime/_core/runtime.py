@@ -175,6 +175,8 @@ class Runtime:
         if e.get("address") and not (rec.agent is not None and rec.agent.remote):
             rec.address = e["address"]
         rec.tcp_address = e.get("tcp", "")
+        if rec.tcp_address and rec.agent is not None:
+            self.messenger.same_cluster_as(rec.tcp_address, rec.agent.address)
         if rec.state == "starting":
             rec.state = "running"
         rec.last_seen = time.monotonic()
