@@ -339,32 +339,38 @@ def test_reused_pid_is_not_mistaken_for_the_owner(owner):
     assert not process_alive(owner.pid, (process_start_time(owner.pid) or 0) + 1)
 
 
-_DIES_AFTER_PROOF = """
+_DIES_WHILE_WE_CONNECT = """
 import os, socket, sys
 from runtime.rdma import protocol as P
+path, stage = sys.argv[1], sys.argv[2]
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-srv.bind(sys.argv[1]); srv.listen(1)
+srv.bind(path); srv.listen(1)
 print("ready", flush=True)
 conn, _ = srv.accept()
-conn.sendall(P.MAGIC + os.urandom(P.NONCE))
-P.recv_exact(conn, P.NONCE + P.MAC)
-os._exit(0)  # dies with the client's proof unanswered, as a killed owner does
+if stage == "proof":  # reads the client's proof and dies without answering it
+    conn.sendall(P.MAGIC + os.urandom(P.NONCE))
+    P.recv_exact(conn, P.NONCE + P.MAC)
+else:  # proves itself, then dies on the client's identity check
+    P.server_handshake(conn, b"s" * 32)
+    P.recv_request(conn)
+os._exit(0)  # as a killed owner does
 """
 
 
 @pytest.mark.timeout(60)
-def test_owner_dying_during_the_handshake_is_owner_died_not_auth(owner, tmp_path, monkeypatch):
-    """An owner killed between accepting us and answering our proof is reported as gone, not as
-    a wrong session token (a race CI once hit while a test killed the owner's proc)."""
+@pytest.mark.parametrize("stage", ["proof", "identity"])
+def test_owner_dying_while_we_connect_is_owner_died(owner, tmp_path, monkeypatch, stage):
+    """An owner killed between accepting us and answering is reported as gone, not as a wrong
+    session token or a transport error (races CI hit while a test killed the owner's proc)."""
     _, buf = owner.make(4096)
     path = str(tmp_path / "data.sock")
-    dying = subprocess.Popen([sys.executable, "-c", _DIES_AFTER_PROOF, path],
+    dying = subprocess.Popen([sys.executable, "-c", _DIES_WHILE_WE_CONNECT, path, stage],
                              stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
     try:
         assert dying.stdout.readline().strip() == "ready"
         doomed = pickle.loads(pickle.dumps(buf))
         doomed._h = dataclasses.replace(buf._h, pid=dying.pid, start_time=process_start_time(dying.pid),
-                                        addresses=(f"unix:{path}",))
+                                        addresses=(f"unix:{path}",), secret=b"s" * 32)
         monkeypatch.setenv("MONARCH_RDMA_TRANSPORT", "vm")
         with pytest.raises(RDMAOwnerDiedError, match=f"pid {dying.pid}.*exited while we connected"):
             doomed.read_into(torch.empty(4096, dtype=torch.uint8)).get(timeout=10)

@@ -122,33 +122,35 @@ def _connect(h: Handle, addr: str, dl: Deadline) -> socket.socket:
     try:
         sock.settimeout(dl.remaining())
         P.client_handshake(sock, secret)
-    except P.ProtocolError as e:
-        # A closed connection mid-handshake is a wrong secret, not ours, or an owner
-        # that died while we connected: on the owner's host we can tell which.
-        sock.close()
-        if h.host_id == host_id() and _wait_gone(h):
-            raise _owner_gone(h, "process exited while we connected") from None
-        if isinstance(e, P.HandshakeRejected):
-            raise RDMAAuthError(f"data server at {addr} rejected us: {e}") from None
-        raise RDMATransportError(f"data server at {addr} closed the connection: {e}") from None
-    except socket.timeout:
-        sock.close()
-        raise RDMATimeoutError(f"authenticating with the data server at {addr} timed out") from None
-    except OSError as e:
-        sock.close()
-        raise _owner_gone(h, f"connection lost during authentication ({e})") from None
-    # The address may have been reused by a later process: make sure it is still the owner.
-    try:
+        # The address may have been reused by a later process: make sure it is still the owner.
         P.send_request(sock, P.OP_INFO)
         status, body = P.recv_reply(sock)
         pid, start = INFO_REPLY.unpack(body) if status == P.ST_OK else (-1, -1)
+    except socket.timeout:
+        sock.close()
+        raise RDMATimeoutError(f"authenticating with the data server at {addr} timed out") from None
     except (P.ProtocolError, OSError, struct.error) as e:
         sock.close()
-        raise RDMATransportError(f"data server at {addr} failed its identity check: {e}") from None
+        raise _broken_while_connecting(h, addr, e) from None
     if (pid, start) != (h.pid, h.start_time):
         sock.close()
         raise _owner_gone(h, f"its data-server address now belongs to pid {pid}")
     return sock
+
+
+def _broken_while_connecting(h: Handle, addr: str, e: Exception) -> RDMAError:
+    """The error for a connection that broke while we introduced ourselves: an owner that
+    died meanwhile (on its host we can tell; elsewhere a reset says so), a wrong secret, or a
+    peer that is not a data server of ours."""
+    if h.host_id == host_id() and _wait_gone(h):
+        return _owner_gone(h, "process exited while we connected")
+    if isinstance(e, P.HandshakeRejected):
+        return RDMAAuthError(f"data server at {addr} rejected us: {e}")
+    if isinstance(e, (P.ProtocolError, struct.error)):
+        return RDMATransportError(f"data server at {addr} broke the protocol while we connected: {e}")
+    if h.host_id != host_id():
+        return _owner_gone(h, f"connection lost while we connected ({e})")
+    return RDMATransportError(f"connection to the data server at {addr} lost while we connected: {e}")
 
 
 def _wait_gone(h: Handle, within: float = 0.5) -> bool:
