@@ -72,7 +72,8 @@ def test_script_main_tracebacks_and_breakpoints_name_the_script(tmp_path):
     script = tmp_path / "origin_script.py"
     script.write_text(SCRIPT)
     src = SCRIPT.splitlines()
-    env = dict(os.environ, PYTHONPATH=ROOT, MONARCH_DEBUG_POLICY="fail")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+               MONARCH_DEBUG_POLICY="fail")
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                        timeout=100, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL)
     out = r.stdout
