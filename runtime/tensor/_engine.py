@@ -8,7 +8,6 @@ import itertools
 import logging
 import pickle
 import threading
-import time
 import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -22,6 +21,12 @@ if TYPE_CHECKING:
     from .._meshes import ActorMesh, ProcMesh
 
 _BATCH_MAX = 1000
+#: after a wake-up the sender lets ops gather into one message this long, or this long
+#: while a burst is under way (its last pass sent _BURST entries or more); a fetch, a call
+#: or a flush ends the wait at once
+_GATHER_S = 0.0003
+_GATHER_BURST_S = 0.002
+_BURST = 64
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 
@@ -95,14 +100,18 @@ class Sender:
     def __init__(self) -> None:
         self.queue: deque = deque()
         self.wake = threading.Event()
+        self.urgent = threading.Event()  # a queued call or mark: someone waits for it
         self.thread: Optional[threading.Thread] = None
         self.lock = threading.Lock()
 
     def put(self, entry: tuple) -> None:
-        """Queue ("cmd", engine, key, target, command) or ("call", ...); never blocks."""
+        """Queue ("cmd", engine, key, target, command, plain), ("call", ...) or ("mark",
+        event); never blocks."""
         self.queue.append(entry)
         if self.thread is None:
             self._start()
+        if entry[0] != "cmd" and not self.urgent.is_set():
+            self.urgent.set()
         if not self.wake.is_set():
             self.wake.set()
 
@@ -122,10 +131,13 @@ class Sender:
 
     def _loop(self) -> None:
         q = self.queue
+        last = 0
         while True:
             self.wake.wait()
-            time.sleep(0.0003)  # let a burst of ops gather into one message
+            self.urgent.wait(_GATHER_BURST_S if last >= _BURST else _GATHER_S)
             self.wake.clear()
+            self.urgent.clear()
+            last = len(q)
             while q:
                 try:
                     self._drain(q)
