@@ -1,6 +1,7 @@
 """The tensor engine's costs, measured in one run.
 
     python benchmarks/bench_tensor_engine.py [--ops 10000] [--steps 20] [--quick]
+    python benchmarks/bench_tensor_engine.py --only dispatch [--ops 10000] [--repeat 3]
 
 (1) dispatch: `x = x + 1` on a 4x4 tensor, N times on a 4-proc mesh: ops per second issued
     by the controller, and until the last has run (a fetch of x returns N).
@@ -16,6 +17,8 @@
     (torch DDP, gloo) against the same model and batch as mesh tensors with grad_generator
     and reduce_, and with backward() and one coalesced reduce_ of all gradients, steps
     alternating.
+`--only dispatch` runs section (1) alone, `--repeat` times on one mesh, and prints the
+median and the spread (min-max) of each figure.
 Progress goes to stderr, the table to stdout."""
 
 from __future__ import annotations
@@ -104,14 +107,39 @@ def real_work(steps: int) -> tuple[float, float]:
     return statistics.median(remote), statistics.median(local)
 
 
+def dispatch_only(ops: int, repeat: int) -> None:
+    """Section (1) alone, `repeat` times on one 4-proc mesh: median and spread."""
+    mesh = this_host().spawn_procs(per_host={"procs": 4}, name="bench_te")
+    issued, e2e = [], []
+    try:
+        mesh.initialized.get(timeout=60)
+        for i in range(repeat):
+            progress(f"dispatch {i + 1}/{repeat}: {ops} ops on 4 procs ...")
+            a, b, *_ = dispatch(mesh, ops)
+            issued.append(a)
+            e2e.append(b)
+    finally:
+        mesh.stop().get(timeout=30)
+    print("| measure | median | min - max | runs, in order |")
+    print("|---|---|---|---|")
+    for name, xs in (("issued", issued), ("end to end", e2e)):
+        print(f"| `x = x + 1` {name}, 4 procs | {statistics.median(xs):,.0f} ops/s | "
+              f"{min(xs):,.0f} - {max(xs):,.0f} | {', '.join(f'{x:,.0f}' for x in xs)} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", type=int, default=10_000)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="1,000 ops, 5 steps")
+    ap.add_argument("--only", choices=["dispatch"], help="run one section alone")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of --only's section")
     a = ap.parse_args()
     if a.quick:
         a.ops, a.steps = 1000, 5
+    if a.only == "dispatch":
+        dispatch_only(a.ops, a.repeat)
+        return
     mesh = this_host().spawn_procs(per_host={"procs": 4}, name="bench_te")
     try:
         mesh.initialized.get(timeout=60)

@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._engine import engine_for
-from ._tensor import dispatch, scan
+from ._tensor import Tensor, dispatch, scan
 
 if TYPE_CHECKING:
     from .._meshes import ProcMesh
@@ -56,6 +56,8 @@ class _MeshMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: Optional[dict] = None) -> Any:
         kwargs = kwargs or {}
+        if args and type(args[0]) is Tensor:  # the common case: a method of a mesh tensor
+            return dispatch(func, args, kwargs, None)
         has = max(scan(args), scan(tuple(kwargs.values())) if kwargs else 0)
         if has == 2:
             return dispatch(func, args, kwargs, None)

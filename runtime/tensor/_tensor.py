@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from ._engine import Engine, engine_for, free_ref, new_ref, send_command
+from ._metacache import ATOMS, cache_key, key_of, lookup, make_key, op_info, remember, \
+    remember_inplace, tensor_key
 from ._worker import Ref, local_shard
 
 if TYPE_CHECKING:
@@ -19,6 +21,25 @@ if TYPE_CHECKING:
 _META = torch.device("meta")
 _SCALAR = torch.ops.aten._local_scalar_dense.default
 _CPU = torch.device("cpu")
+
+
+class _Freer(weakref.ref):
+    """A weak reference to a mesh tensor, made with `_freed` as its callback, that frees its
+    shards on its procs when the tensor dies: what a `weakref.finalize` with atexit=False
+    did, at a tenth of its cost (no Python frame to make one)."""
+
+    __slots__ = ("args",)  # (engine, key, target, ref)
+
+
+#: ref id -> its _Freer (a weak reference must outlive its referent for its callback to run)
+_live: dict = {}
+
+
+def _freed(w: _Freer) -> None:
+    """A _Freer's callback: queue the free, unless the interpreter is exiting (the at-exit
+    pass of `weakref.finalize` started; Engine makes sure it is registered)."""
+    if _live.pop(w.args[3], None) is not None and not weakref.finalize._shutdown:
+        free_ref(*w.args)
 
 
 class Tensor(torch.Tensor):
@@ -31,6 +52,8 @@ class Tensor(torch.Tensor):
     _engine: Engine
     _key: tuple
     _target: "ActorMesh"
+    #: this tensor's part of a metadata cache key (made when first needed)
+    _mkey: Optional[tuple] = None
 
     @staticmethod
     def __new__(cls, size: Any, stride: Any, offset: int, dtype: torch.dtype,
@@ -43,7 +66,8 @@ class Tensor(torch.Tensor):
         r.mesh = mesh
         r.ref = new_ref()
         r._engine, r._key, r._target = engine, key, target
-        weakref.finalize(r, free_ref, engine, key, target, r.ref).atexit = False
+        w = _live[r.ref] = _Freer(r, _freed)
+        w.args = (engine, key, target, r.ref)
         return r
 
     @property
@@ -156,73 +180,6 @@ def _run_meta(func: Any, args: tuple, kwargs: dict, by_meta: dict) -> Any:
                                   f"(shape) implementation on the controller: {e}") from None
 
 
-# Output metadata of functional and view ops by input metadata, and in-place ops that
-# worked on the same metadata before: running an op on meta tensors costs ~100-300 us in
-# Python decompositions; a hit costs a few.
-_meta_cache: dict = {}
-_functional: dict = {}
-_CACHE_MAX = 4096
-_HASHABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
-             torch.layout)
-
-
-def _key_of(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return (x.dtype, tuple(x.shape), x.stride(), x.storage_offset(), x.device.type)
-    if isinstance(x, (list, tuple)):
-        return (type(x) is list, tuple(_key_of(v) for v in x))
-    if isinstance(x, _HASHABLE):
-        return (type(x), x)
-    raise TypeError
-
-
-def _kind(func: Any) -> Optional[str]:
-    """'f': functional (new tensors), 'v': views (outputs alias inputs, nothing written),
-    'i': in place on its first argument (returns it); None: not cacheable."""
-    sch = func._schema
-    rets = sch.returns
-    if not rets or not all("Tensor" in str(r.type) for r in rets):
-        return None
-    if not sch.is_mutable:
-        if all(r.alias_info is None for r in rets):
-            return "f"
-        if all(r.alias_info is not None and not r.alias_info.is_write for r in rets):
-            return "v"
-        return None
-    first = sch.arguments[0].alias_info if sch.arguments else None
-    if (len(rets) == 1 and rets[0].alias_info is not None and rets[0].alias_info.is_write
-            and first is not None and first.is_write
-            and all(a.alias_info is None or not a.alias_info.is_write
-                    for a in sch.arguments[1:])):
-        return "i"
-    return None
-
-
-def _cache_key(func: Any, args: tuple, kwargs: dict) -> Any:
-    f = _functional.get(func, 0)
-    if f == 0:
-        f = _functional[func] = _kind(func)
-    if f is None or (f == "i" and not (args and isinstance(args[0], Tensor))):
-        return None
-    try:
-        return (func, _key_of(args), tuple((k, _key_of(v)) for k, v in kwargs.items()))
-    except TypeError:
-        return None
-
-
-def _remember(key: Any, out_meta: Any) -> None:
-    many = "tuple" if type(out_meta) is tuple else "list" if type(out_meta) is list else ""
-    outs = out_meta if many else [out_meta]
-    desc = []
-    for o in outs:
-        if not isinstance(o, torch.Tensor) or o.storage_offset() != 0:
-            return
-        desc.append((tuple(o.shape), o.stride(), o.dtype))
-    if len(_meta_cache) >= _CACHE_MAX:
-        _meta_cache.clear()
-    _meta_cache[key] = (desc, many)
-
-
 def same_mesh(found: list, what: str) -> "Tensor":
     """The first of `found` (mesh tensors), after checking they all live on one mesh."""
     first = found[0]
@@ -233,16 +190,75 @@ def same_mesh(found: list, what: str) -> "Tensor":
     return first
 
 
-def dispatch(func: Any, args: tuple, kwargs: dict, active: Optional["ProcMesh"]) -> Any:
-    """Work out `func`'s outputs' metadata on meta tensors (cached for functional ops),
-    queue it for the procs of its inputs' mesh (or `active` for a factory), and return mesh
-    tensors for its outputs."""
-    found: list = []
-    local: list = []
+def _flat(seq: Any, found: list, wire: list, parts: list) -> bool:
+    """The fast path's walk of positional arguments: append each one's wire form and cache
+    key part; False at the first that is neither a mesh tensor nor an atom (a nested list, a
+    local tensor, another object: the general path takes the call)."""
+    for x in seq:
+        t = type(x)
+        if t is Tensor:
+            found.append(x)
+            wire.append(Ref(x.ref))
+            k = x._mkey
+            if k is None:
+                k = x._mkey = tensor_key(x)
+            parts.append(k)
+        elif t in ATOMS:
+            wire.append(x)
+            parts.append((t, x))
+        else:
+            return False
+    return True
+
+
+def _flat_kwargs(kwargs: dict, found: list, wire: dict, parts: list) -> bool:
+    """`_flat` for keyword arguments: (name, key part) pairs."""
+    one: list = []
+    for name, v in kwargs.items():
+        w: list = []
+        if not _flat((v,), found, w, one):
+            return False
+        wire[name] = w[0]
+        parts.append((name, one.pop()))
+    return True
+
+
+_LATER = object()
+
+
+def _prepare(func: Any, kind: Optional[str], args: tuple, kwargs: dict) -> tuple:
+    """(wire args, wire kwargs, mesh tensors, local tensors, cache key or None or _LATER,
+    plain): plain when the command holds only refs and atoms (it pickles with the C
+    pickler); _LATER: the general path's key, worked out after the checks."""
+    if kind is not None and type(args) is tuple:
+        found: list = []
+        wire: list = []
+        parts: list = []
+        wkw: dict = {}
+        kparts: list = []
+        if (_flat(args, found, wire, parts)
+                and (not kwargs or _flat_kwargs(kwargs, found, wkw, kparts))):
+            first_is_mesh = bool(args) and type(args[0]) is Tensor
+            ckey = (None if kind == "i" and not first_is_mesh
+                    else make_key(func, tuple(parts), tuple(kparts)))
+            return tuple(wire), wkw, found, [], ckey, True
+    found, local = [], []
     wire_args = _wire(args, found, local)
     wire_kwargs = {k: _wire(v, found, local) for k, v in kwargs.items()} if kwargs else {}
+    return wire_args, wire_kwargs, found, local, _LATER, False
+
+
+def dispatch(func: Any, args: tuple, kwargs: dict, active: Optional["ProcMesh"]) -> Any:
+    """Work out `func`'s outputs' metadata on meta tensors (cached by input metadata),
+    queue it for the procs of its inputs' mesh (or `active` for a factory), and return mesh
+    tensors for its outputs."""
+    kind, name = op_info(func)
+    wire_args, wire_kwargs, found, local, ckey, plain = _prepare(func, kind, args, kwargs)
     if found:
-        first = same_mesh(found, f"{func}: inputs")
+        first = found[0]
+        for x in found:
+            if x._key != first._key or x._engine is not first._engine:
+                same_mesh(found, f"{func}: inputs")  # raises, naming both meshes
         engine, key, target, mesh = first._engine, first._key, first._target, first.mesh
     elif active is not None:
         engine = engine_for(active)
@@ -256,33 +272,36 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: Optional["ProcMesh"])
 
         return fetch_shard(found[0]).get(timeout=60).item()
     device = _device_of(kwargs, found, local)
-    ckey = _cache_key(func, args, kwargs)
-    cached = _meta_cache.get(ckey) if ckey is not None else None
+    if ckey is _LATER:
+        ckey = cache_key(func, args, kwargs, bool(args) and isinstance(args[0], Tensor))
+    cached = lookup(ckey)
     out_ids: list = []
     if cached is not None and cached[1] == "inplace":  # the same metadata worked before
         out = args[0]
         out_ids = [out.ref]
     elif cached is not None:
         desc, many = cached
-        results = [Tensor(d[0], d[1], 0, d[2], None, mesh, device, engine, key, target)
-                   for d in desc]
-        out_ids = [t.ref for t in results]
+        dtype = device.type
+        results = []
+        for d in desc:
+            r = Tensor(d[0], d[1], 0, d[2], None, mesh, device, engine, key, target)
+            r._mkey = (d[2], d[0], d[1], 0, dtype)
+            results.append(r)
+            out_ids.append(r.ref)
         out: Any = (tuple(results) if many == "tuple" else results if many == "list"
                     else results[0])
     else:
         by_meta: dict = {}
-        inplace = ckey is not None and _functional[func] == "i"
-        before = _key_of(args[0]._meta) if inplace else None
+        inplace = ckey is not None and kind == "i"
+        before = tensor_key(args[0]._meta) if inplace else None
         out_meta = _run_meta(func, args, kwargs, by_meta)
         if inplace:  # cache only if it returned its input with the same metadata
-            if by_meta.get(id(out_meta)) is args[0] and _key_of(out_meta) == before:
-                if len(_meta_cache) >= _CACHE_MAX:
-                    _meta_cache.clear()
-                _meta_cache[ckey] = ((), "inplace")
+            if by_meta.get(id(out_meta)) is args[0] and key_of(out_meta) == before:
+                remember_inplace(ckey)
         elif ckey is not None:
-            _remember(ckey, out_meta)
+            remember(ckey, out_meta)
         out = _wrap(out_meta, by_meta, out_ids, mesh, device, engine, key, target)
-    send_command(engine, key, target, ("op", func.name(), wire_args, wire_kwargs, out_ids))
+    send_command(engine, key, target, ("op", name, wire_args, wire_kwargs, out_ids), plain)
     return out
 
 

@@ -4,6 +4,7 @@ order, keeping the proc's shards in a ref -> tensor table."""
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 import time
 import traceback
@@ -48,12 +49,15 @@ _OPS: dict[str, Any] = {}
 
 
 def resolve_op(name: str) -> Any:
-    """The torch op for a name such as 'aten::add.Tensor' (cached)."""
+    """The torch op for a name such as 'aten::add.Tensor' (cached): for a plain
+    OpOverload, the builtin its `__call__` calls (one Python frame less per op)."""
     op = _OPS.get(name)
     if op is None:
         ns, _, rest = name.partition("::")
         base, _, overload = rest.partition(".")
         op = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+        if type(op) is torch._ops.OpOverload:
+            op = op._op
         _OPS[name] = op
     return op
 
@@ -69,6 +73,24 @@ def _resolve(seq: Any, value: Any) -> Any:
         t = type(x)
         out.append(t(_resolve(x, value)) if t is list or t is tuple else value(x))
     return tuple(out) if type(seq) is tuple else out
+
+
+def _flat_args(args: tuple, refs: dict) -> Any:
+    """`args` with Refs replaced by their shards when none is nested in a list or tuple and
+    every shard is here; None otherwise (the general path resolves, or fails the op)."""
+    out = []
+    for x in args:
+        t = type(x)
+        if t is Ref:
+            v = refs.get(x.id)
+            if v is None:
+                return None
+            out.append(v)
+        elif t is list or t is tuple:
+            return None
+        else:
+            out.append(x)
+    return out
 
 
 class Worker(Actor):
@@ -88,8 +110,11 @@ class Worker(Actor):
         torch.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
 
     @endpoint
-    def run(self, commands: list) -> None:
-        """Run a batch of commands: ("op", name, args, kwargs, out_ids) or ("free", ids)."""
+    def run(self, commands: Any) -> None:
+        """Run a batch of commands: ("op", name, args, kwargs, out_ids) or ("free", ids),
+        ...; a list, or its pickle (a batch of plain commands: runtime/tensor/_engine.py)."""
+        if type(commands) is bytes:
+            commands = pickle.loads(commands)
         for cmd in commands:
             if cmd[0] == "op":
                 self._op(cmd[1], cmd[2], cmd[3], cmd[4])
@@ -157,7 +182,36 @@ class Worker(Actor):
 
     def _op(self, name: str, args: tuple, kwargs: dict, out_ids: list) -> None:
         self.ops_run += 1
-        bad: list[Failure] = []
+        refs = self.refs
+        vals = None if kwargs else _flat_args(args, refs)
+        if vals is not None:  # the common case: refs to shards present, and plain values
+            args = vals
+        else:
+            bad: list[Failure] = []
+            args, kwargs = self._resolve_all(name, args, kwargs, bad)
+            if bad:
+                self._fail(out_ids, bad[0])
+                return
+        try:
+            out = resolve_op(name)(*args, **kwargs)
+        except Exception as e:  # the proc lives on; the outputs are failed
+            self._fail(out_ids, Failure(name, self.rank, f"{type(e).__name__}: {e}",
+                                        traceback.format_exc()))
+            return
+        if isinstance(out, torch.Tensor):
+            leaves = [out]
+        else:
+            leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+        failed = self.failed
+        for i, t in zip(out_ids, leaves):
+            if i is not None:
+                refs[i] = t
+                if failed:
+                    failed.pop(i, None)
+
+    def _resolve_all(self, name: str, args: tuple, kwargs: dict, bad: list) -> tuple:
+        """(args, kwargs) with Refs replaced by shards; a missing shard appends its Failure
+        to `bad` (the op's outputs then fail with it)."""
         refs, failed = self.refs, self.failed
 
         def value(x: Any) -> Any:
@@ -173,20 +227,7 @@ class Worker(Actor):
         if kwargs:
             kwargs = {k: _resolve(v, value) if type(v) in _NESTED else value(v)
                       for k, v in kwargs.items()}
-        if bad:
-            self._fail(out_ids, bad[0])
-            return
-        try:
-            out = resolve_op(name)(*args, **kwargs)
-        except Exception as e:  # the proc lives on; the outputs are failed
-            self._fail(out_ids, Failure(name, self.rank, f"{type(e).__name__}: {e}",
-                                        traceback.format_exc()))
-            return
-        leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
-        for i, t in zip(out_ids, leaves):
-            if i is not None:
-                refs[i] = t
-                failed.pop(i, None)
+        return args, kwargs
 
     def _fail(self, out_ids: list, failure: Failure) -> None:
         for i in out_ids:
