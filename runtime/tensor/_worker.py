@@ -56,8 +56,8 @@ def resolve_op(name: str) -> Any:
         ns, _, rest = name.partition("::")
         base, _, overload = rest.partition(".")
         op = getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
-        if type(op) is torch._ops.OpOverload:
-            op = op._op
+        if type(op) is getattr(torch._ops, "OpOverload", None):
+            op = getattr(op, "_op", op)  # torch's private builtin; the overload if it moves
         _OPS[name] = op
     return op
 
