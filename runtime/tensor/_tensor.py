@@ -281,11 +281,11 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: Optional["ProcMesh"])
         out_ids = [out.ref]
     elif cached is not None:
         desc, many = cached
-        dtype = device.type
+        dev_type = device.type
         results = []
         for d in desc:
             r = Tensor(d[0], d[1], 0, d[2], None, mesh, device, engine, key, target)
-            r._mkey = (d[2], d[0], d[1], 0, dtype)
+            r._mkey = (d[2], d[0], d[1], 0, dev_type)  # tensor_key of r
             results.append(r)
             out_ids.append(r.ref)
         out: Any = (tuple(results) if many == "tuple" else results if many == "list"
