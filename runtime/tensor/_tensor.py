@@ -38,7 +38,8 @@ _live: dict = {}
 def _freed(w: _Freer) -> None:
     """A _Freer's callback: queue the free, unless the interpreter is exiting (the at-exit
     pass of `weakref.finalize` started; Engine makes sure it is registered)."""
-    if _live.pop(w.args[3], None) is not None and not weakref.finalize._shutdown:
+    exiting = getattr(weakref.finalize, "_shutdown", False)  # CPython's flag, if it has one
+    if _live.pop(w.args[3], None) is not None and not exiting:
         free_ref(*w.args)
 
 
