@@ -119,6 +119,17 @@ def test_controller_exiting_while_procs_start_keeps_its_status(tmp_path, code):
         assert "Traceback" not in p.stderr, p.stderr
 
 
+def test_len_of_a_mesh_is_its_number_of_elements():
+    pm = this_host().spawn_procs(per_host={"procs": 3}, name="len_procs")
+    try:
+        actors = pm.spawn("len_actors", Where)
+        assert len(actors) == 3 and len(pm) == 3 and len(this_host()) == 1
+        assert len(actors.slice(procs=slice(1, 3))) == 2 and len(actors.slice(procs=0)) == 1
+        assert len(actors.where.call().get(timeout=20)) == 3
+    finally:
+        pm.stop().get(timeout=20)
+
+
 def test_rdma_larger_local_buffer_moves_the_remote_size():
     remote = torch.arange(10, dtype=torch.float32)
     buf = RDMABuffer(remote)
