@@ -201,9 +201,15 @@ def get_rdma_backend(buffer: Optional[RDMABuffer] = None) -> str:
     return "ibverbs" if ibverbs.shared_context() is not None else "tcp"
 
 
-def is_rdma_available() -> bool:
-    """True when an ibverbs device is usable here (the other transports always are)."""
+def is_ibverbs_available() -> bool:
+    """True when our ibverbs backend can open a device here (Monarch's name; the other
+    transports, process_vm and TCP, are always available)."""
     return ibverbs.shared_context() is not None
+
+
+def is_rdma_available() -> bool:
+    """True when an ibverbs device is usable here (= is_ibverbs_available(), Monarch's older name)."""
+    return is_ibverbs_available()
 
 
 def _after_fork() -> None:
