@@ -402,13 +402,16 @@ class ProcServer:
 
     def _no_actor(self, h: Header) -> None:
         if h.port:
-            why = "was stopped" if h.actor in self.stopped_actors else "does not exist"
+            why = (f"was stopped in proc {self.rt.proc_id}\nSupervision event: actor "
+                   f"{h.actor} has status:\n  stopped"  # Monarch's words
+                   if h.actor in self.stopped_actors
+                   else f"does not exist in proc {self.rt.proc_id}")
             rank = self.stopped_actors.get(h.actor)  # a cast's header has no rank (-1)
             self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, status=ERROR,
                                          rank=h.rank if rank is None else rank,
                                          extra=_reply_extra(h)),
                          dumps(SupervisionError(
-                             f"actor {h.actor} {why} in proc {self.rt.proc_id}"))[0])
+                             f"actor {h.actor} {why}"))[0])
 
     def _expire_early(self, actor_id: str) -> None:
         for h, _, _ in self.early.pop(actor_id, ()):

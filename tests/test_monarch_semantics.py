@@ -201,21 +201,52 @@ def test_this_proc_stop_stops_its_actors_not_the_process():
 
 
 def test_failure_report_says_why_in_monarchs_words():
-    """MeshFailure.report() carries Monarch's phrases: the actor itself failed, or its
-    process was killed (signal) or exited (code); a propagated failure says neither."""
-    own = runtime.MeshFailure(mesh="actor", ranks=[0], cause="run() raised ValueError: x")
-    assert "This occurred because the actor itself failed." in own.report()
+    """MeshFailure.report() carries Monarch's phrases: `The actor X and all its descendants
+    have failed:` then why: the actor itself failed, or its process was killed (signal) or
+    exited (code); a propagated failure names the actor that failed."""
+    own = runtime.MeshFailure(mesh="actor", ranks=[0], cause="run() raised ValueError: x",
+                              actor_name="<root>.<m.Lambda actor>")
+    assert ("The actor <root>.<m.Lambda actor> and all its descendants have failed:\n"
+            "    run() raised ValueError: x\n"
+            "  This occurred because the actor itself failed.") in own.report()
     killed = runtime.MeshFailure(mesh="nested", ranks=[0], cause="process killed", signal=9,
                                  point="{'a_dim': 0/1}")
-    assert "process failure: Killed(sig=9)" in killed.report()
-    assert "nested{'a_dim': 0/1}" in killed.report()
+    assert ("The actor nested{'a_dim': 0/1} and all its descendants have failed:\n    the "
+            "process this actor was running on failed: Killed(sig=9)") in killed.report()
+    assert "killed by SIGKILL" in killed.report()
     assert "itself failed" not in killed.report()
     exited = runtime.MeshFailure(mesh="n", ranks=[0], cause="process exited", exit_code=3)
-    assert "process failure: Exited(code=3)" in exited.report()
+    assert "the process this actor was running on exited with non-zero code 3" in \
+        exited.report()
     assert str(own) == ("mesh 'actor' rank(s) [0] failed: run() raised ValueError: x "
                         "(MeshFailure rank=0)")
     up = runtime.MeshFailure(mesh="top", ranks=[0], cause="unhandled failure", caused_by=own)
     assert up.report().count("itself failed") == 1  # only in the nested cause
+
+
+def test_live_failure_reports_carry_monarchs_phrases(failures):
+    """An endpoint that raises, and a proc killed by SIGKILL: the unhandled reports say
+    `... and all its descendants have failed:` and `the process this actor was running on
+    failed: Killed(sig=9)` under the actor's name and point, as Monarch's reports do."""
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="reports")
+    try:
+        victim = pm.spawn("victim", Where)
+        pid = victim.where.call_one().get(timeout=20)["pid"]
+        os.kill(pid, 9)
+        assert _wait_for(lambda: any(f.mesh == "victim" for f in failures))
+        report = next(f for f in failures if f.mesh == "victim").report()
+        assert re.search(r"The actor <root>\.<_monarch_actors\.Where victim\{'procs': 0/1\}> "
+                         r"and all its descendants have failed:\n    the process this actor "
+                         r"was running on failed: Killed\(sig=9\)", report), report
+    finally:
+        pm.stop().get(timeout=20)
+    m = this_proc().spawn("raises_exit", Where)
+    with pytest.raises(SupervisionError):
+        m.exit.call_one().get(timeout=20)
+    assert _wait_for(lambda: any(f.mesh == "raises_exit" for f in failures))
+    report = next(f for f in failures if f.mesh == "raises_exit").report()
+    assert re.search(r"The actor <root>\.<_monarch_actors\.Where raises_exit> and all its "
+                     r"descendants have failed:\n    .*SystemExit", report), report
 
 
 def test_abort_fails_the_actor_after_the_call_answers(failures):
@@ -241,6 +272,10 @@ def test_stopped_meshes_raise_supervision_errors_in_monarchs_words(failures):
     with pytest.raises(SupervisionError, match=r"Actor <root>\.<_monarch_actors\.Where a_stop-\w+> "
                                                "exited because of the following reason: stopped"):
         a.where.call_one().get(timeout=20)
+    # Monarch's test_actor_mesh_stop pattern
+    with pytest.raises(SupervisionError, match=r"(?s)Supervision event: actor <root>\.<\S+ "
+                                               r"a_stop-\w+> has status:\n  stopped"):
+        a.where.call().get(timeout=20)
     pm.stop().get(timeout=20)
     with pytest.raises(runtime.MeshStoppedError,
                        match="actor mesh is stopped due to proc mesh shutdown"):
@@ -253,6 +288,8 @@ def test_a_call_to_a_dying_actor_fails_in_monarchs_words(failures):
     m = this_proc().spawn("exiter2", Where)
     with pytest.raises(SupervisionError) as ei:
         m.exit.call_one().get(timeout=20)
-    assert re.search(r"Endpoint call exiter2\.exit\(\) failed, Actor Where exiter2 .*exited "
-                     r"because of the following reason: The actor .* and all its descendants "
-                     r"have failed", str(ei.value))
+    # Monarch's line (its test_process_exit_handling's pattern), and our first line
+    assert re.search(r"Endpoint call exiter2\.exit\(\) failed, The actor .*exiter2.* and all "
+                     r"its descendants have failed", str(ei.value))
+    assert re.search(r"Actor Where exiter2 .*exited because of the following reason: The actor "
+                     r".* and all its descendants have failed", str(ei.value))
