@@ -1,6 +1,6 @@
 """Monarch's semantics through the public API: __init__ failures are supervision events at
 once, a BaseException fails the actor, graceful proc stop, a clean controller exit while
-procs start, and RDMA transfers with a larger local buffer or in a batch (RDMAAction)."""
+procs start, and RDMA transfer sizes as in Monarch and batches (RDMAAction, submitted again)."""
 
 from __future__ import annotations
 
@@ -130,16 +130,41 @@ def test_len_of_a_mesh_is_its_number_of_elements():
         pm.stop().get(timeout=20)
 
 
-def test_rdma_larger_local_buffer_moves_the_remote_size():
+def test_rdma_sizes_follow_monarchs_rule():
+    """A read fills the first remote-size bytes of a larger local buffer; a write gives a
+    smaller local buffer whole, into the remote buffer's first bytes; a smaller read
+    destination or a larger write source is refused (ValueError), as in Monarch."""
     remote = torch.arange(10, dtype=torch.float32)
     buf = RDMABuffer(remote)
     dst = torch.full((16,), -1.0)
     assert buf.read_into(dst).get(timeout=20) == 40
     assert dst[:10].tolist() == list(range(10)) and dst[10:].tolist() == [-1.0] * 6
-    assert buf.write_from(torch.full((12,), 7.0)).get(timeout=20) == 40
-    assert remote.tolist() == [7.0] * 10
+    assert buf.write_from(torch.full((4,), 7.0)).get(timeout=20) == 16
+    assert remote.tolist() == [7.0] * 4 + list(range(4, 10))
     with pytest.raises(RDMASizeError, match="36 bytes, fewer than"):
-        buf.read_into(torch.empty(9))  # smaller still refused at offset 0
+        buf.read_into(torch.empty(9))
+    with pytest.raises(RDMASizeError, match="48 bytes, more than the remote buffer's 40"):
+        buf.write_from(torch.full((12,), 7.0))
+    with pytest.raises(ValueError, match="more than"):
+        RDMAAction().write_remote(buf, torch.zeros(11))
+    small = torch.full((3,), 5.0)
+    RDMAAction().write_remote(buf, small).submit(timeout=20).get(timeout=30)
+    assert remote.tolist() == [5.0] * 3 + [7.0] + list(range(4, 10))
+
+
+def test_rdma_action_submitted_twice_transfers_twice():
+    a = torch.arange(8, dtype=torch.float32)
+    b = torch.zeros(8, dtype=torch.float32)
+    ba, bb = RDMABuffer(a), RDMABuffer(b)
+    x, src = torch.zeros(8), torch.ones(8)
+    action = RDMAAction().read_remote(x, ba).write_remote(bb, src)
+    assert action.submit(timeout=20).get(timeout=30) is None
+    assert x.tolist() == a.tolist() and b.tolist() == [1.0] * 8
+    x.zero_()
+    a += 100
+    src.fill_(2.0)
+    assert action.submit(timeout=20).get(timeout=30) is None
+    assert x.tolist() == a.tolist() and b.tolist() == [2.0] * 8
 
 
 def test_rdma_action_batches_reads_and_writes():
@@ -151,7 +176,7 @@ def test_rdma_action_batches_reads_and_writes():
     assert fut.get(timeout=30) is None
     assert x.tolist() == a.tolist() and b.tolist() == [1.0] * 50
     y = torch.zeros(100)
-    RDMAAction().read_remote(y, ba).write_remote(bb, torch.full((60,), 2.0)).submit().get(30)
+    RDMAAction().read_remote(y, ba).write_remote(bb, torch.full((50,), 2.0)).submit().get(30)
     assert y.tolist() == a.tolist() and b.tolist() == [2.0] * 50
     with pytest.raises(ValueError, match="same local memory"):
         RDMAAction().read_into(ba, x).read_into(bb, x[:50])
