@@ -430,11 +430,29 @@ class ProcServer:
         a = self.actors.get(h.actor)
         if a is not None:
             a.mailbox.put((_STOP, h))
+            if h.reply:
+                self.rt.loop.call_later(config.stop_timeout + 1.0, self._stop_overdue, a, h)
         elif h.reply:  # already gone (it stopped itself): answer as a stop would
-            self.rt.send(h.reply, Header(Kind.ACTOR_STOPPED, actor=h.actor, rank=h.rank))
-            if h.port:
-                self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=OK,
-                                             actor=h.actor), dumps(None)[0])
+            self._answer_stop(h)
+
+    def _answer_stop(self, h: Header) -> None:
+        self.rt.send(h.reply, Header(Kind.ACTOR_STOPPED, actor=h.actor, rank=h.rank))
+        if h.port:
+            self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=OK,
+                                         actor=h.actor), dumps(None)[0])
+
+    def _stop_overdue(self, a: "ActorInstance", h: Header) -> None:
+        """An actor still not stopped after the stop timeout (its `__init__` or an endpoint
+        never returns) is given up: declared stopped now, so the stop completes; its thread
+        stops (running `__cleanup__`) if it ever gets free (I/O thread)."""
+        if self.actors.get(a.actor_id) is not a:
+            return
+        log.warning("actor %s[%d] did not stop within %.1f s (%s); declared stopped, its "
+                    "thread is left to end on its own", a.name, a.rank, config.stop_timeout,
+                    "still in __init__" if a.state == "starting" else f"state {a.state}")
+        self.actor_stopped(a)  # forgets it and answers the calls queued for it
+        a.mailbox.put((_STOP, None))
+        self._answer_stop(h)
 
     def actor_stopped(self, a: "ActorInstance") -> None:
         """An actor's thread ended: forget it, remember its id, and answer the calls that

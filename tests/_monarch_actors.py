@@ -182,6 +182,18 @@ class Where(Actor):
         return "still answered"
 
 
+class ForeverInInit(Actor):
+    """Spawns a Where on `procs` and sends it through `port`, then never returns."""
+
+    def __init__(self, procs: object, port: "Port[object]") -> None:
+        port.send(procs.spawn("made_in_init", Where, "from init"))  # type: ignore[attr-defined]
+        threading.Event().wait()
+
+    @endpoint
+    def unreachable(self) -> None:
+        pass
+
+
 class BadInit(Actor):
     def __init__(self) -> None:
         raise ValueError("init exploded at once")

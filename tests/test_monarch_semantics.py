@@ -17,7 +17,7 @@ import torch
 import runtime
 from runtime import SupervisionError, this_host, this_proc
 from runtime.rdma import RDMAAction, RDMABuffer, RDMASizeError
-from _monarch_actors import BadInit, Graceful, Parent, Where
+from _monarch_actors import BadInit, ForeverInInit, Graceful, Parent, Where
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,6 +60,30 @@ def test_init_failure_reaches_the_owners_supervise(failures):
         assert parent.seen.call_one().get(timeout=10) and not failures
     finally:
         pm.stop().get(timeout=20)
+
+
+def test_stop_of_an_actor_whose_init_never_returns_ends_by_the_stop_timeout(failures):
+    """Monarch's run-forever-on-init case: what `__init__` did before blocking (spawning
+    and sending a mesh) works, and stop() completes after the stop timeout instead of
+    hanging: the actor is declared stopped (no failure); its proc keeps serving others."""
+    with runtime.configured(stop_timeout=1.0):
+        pm = this_host().spawn_procs(per_host={"procs": 1}, name="forever_procs")
+    try:
+        port, recv = runtime.Channel.open()
+        forever = pm.spawn("forever", ForeverInInit, pm, port)
+        made = recv.recv().get(timeout=20)
+        assert made.where.call_one().get(timeout=20)["tag"] == "from init"
+        t0 = time.monotonic()
+        assert forever.stop().get(timeout=20) is None
+        assert time.monotonic() - t0 < 6
+        with pytest.raises(SupervisionError, match="stopped"):
+            forever.unreachable.call_one().get(timeout=20)
+        other = pm.spawn("after_forever", Where)
+        assert other.where.call_one().get(timeout=20)["pid"] == made.where.call_one().get(
+            timeout=20)["pid"]
+        assert not [f for f in failures if f.mesh == "forever"]
+    finally:
+        pm.stop().get(timeout=30)
 
 
 def test_system_exit_in_an_endpoint_fails_the_actor(failures):
