@@ -142,6 +142,10 @@ class ActorInstance:
             if inspect.iscoroutine(init):
                 self._run_coro(init)
         except BaseException as e:  # noqa: BLE001 - reported to the owner
+            if self.server.stopping and isinstance(e, KeyboardInterrupt):
+                self._set_state("stopped")  # its proc's stop interrupted it: no failure
+                self.instance = None  # half made: no __cleanup__
+                return
             tb = traceback.format_exc()
             self.failed = f"__init__ raised {type(e).__name__}: {e}"
             self._set_state("failed")
@@ -366,6 +370,7 @@ class ProcServer:
         self.early: dict[str, list] = {}  # actor id -> calls that came before its spawn
         self.supervise_waiting: dict[str, ActorInstance] = {}  # actors with pending failures
         self.stopped = threading.Event()
+        self.stopping = False  # stop() has begun interrupting the actors still busy
         self._proc = None
         try:
             import psutil
@@ -532,6 +537,7 @@ class ProcServer:
         deadline = time.monotonic() + config.stop_timeout / 2
         for a in list(self.actors.values()):
             a.thread.join(max(0.0, deadline - time.monotonic()))
+        self.stopping = True
         for a in list(self.actors.values()):
             if a.thread.is_alive():  # still busy: KeyboardInterrupt runs its `finally` blocks
                 a.interrupt()

@@ -194,6 +194,21 @@ class ForeverInInit(Actor):
         pass
 
 
+class SlowInit(Actor):
+    """An `__init__` that takes `seconds` (a slow import, say), in small sleeps."""
+
+    def __init__(self, seconds: float) -> None:
+        import time
+
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(0.02)
+
+    @endpoint
+    def ping(self) -> int:
+        return 1
+
+
 class BadInit(Actor):
     def __init__(self) -> None:
         raise ValueError("init exploded at once")

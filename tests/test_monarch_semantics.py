@@ -17,7 +17,7 @@ import torch
 import runtime
 from runtime import SupervisionError, this_host, this_proc
 from runtime.rdma import RDMAAction, RDMABuffer, RDMASizeError
-from _monarch_actors import BadInit, ForeverInInit, Graceful, Parent, Where
+from _monarch_actors import BadInit, ForeverInInit, Graceful, Parent, SlowInit, Where
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -84,6 +84,23 @@ def test_stop_of_an_actor_whose_init_never_returns_ends_by_the_stop_timeout(fail
         assert not [f for f in failures if f.mesh == "forever"]
     finally:
         pm.stop().get(timeout=30)
+
+
+def test_proc_stop_while_actors_are_still_in_init_reports_no_failure(failures):
+    """A proc mesh stopped while its actors' `__init__` still runs (12 procs importing
+    torch on a small machine, as in Monarch's test_mesh_len): the stop's interrupt ends
+    them without a failure (which would end a script through the fault hook)."""
+    with runtime.configured(stop_timeout=1.0):
+        pm = this_host().spawn_procs(per_host={"procs": 2}, name="slow_init_procs")
+    slow = pm.spawn("slow_init", SlowInit, 30.0)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    pm.stop().get(timeout=30)
+    assert time.monotonic() - t0 < 10
+    time.sleep(1.0)  # a failure report would have arrived by now
+    assert not [f for f in failures if f.mesh == "slow_init"], [f.report() for f in failures]
+    with pytest.raises(SupervisionError):
+        slow.ping.call().get(timeout=10)
 
 
 def test_system_exit_in_an_endpoint_fails_the_actor(failures):
