@@ -285,7 +285,7 @@ def test_failure_report_says_why_in_monarchs_words():
     assert "the process this actor was running on exited with non-zero code 3" in \
         exited.report()
     assert str(own) == ("mesh 'actor' rank(s) [0] failed: run() raised ValueError: x "
-                        "(MeshFailure rank=0)")
+                        "(MeshFailure rank=0, crashed_ranks=[0])")
     up = runtime.MeshFailure(mesh="top", ranks=[0], cause="unhandled failure", caused_by=own)
     assert up.report().count("itself failed") == 1  # only in the nested cause
 

@@ -39,6 +39,7 @@ def _check_in_rank_order(seen: list[str]) -> None:
     assert len(seen) == 4, seen
     for rank, text in enumerate(seen):
         assert "MeshFailure" in text and f"rank={rank}" in text and "kids" in text, text
+        assert f"crashed_ranks=[{rank}]" in text, text  # what Monarch's tests look for
 
 
 def test_every_rank_is_supervised_in_order_before_the_call_returns(two_meshes):

@@ -96,9 +96,10 @@ class MeshFailure:
         return self.cause
 
     def __str__(self) -> str:
-        ranks = ",".join(map(str, self.ranks))  # the tag: Monarch's "MeshFailure ... rank=N"
+        # the tag: Monarch's older "MeshFailure ... rank=N" and its "crashed_ranks=[N]"
+        ranks = ",".join(map(str, self.ranks))
         return (f"mesh {self.mesh!r} rank(s) {self.ranks} failed: {self.cause} "
-                f"(MeshFailure rank={ranks})")
+                f"(MeshFailure rank={ranks}, crashed_ranks={list(self.ranks)})")
 
 
 def is_interactive() -> bool:
