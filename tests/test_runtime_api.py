@@ -77,6 +77,15 @@ def test_async_endpoint_and_await_in_running_loop(echo):
     assert v == ("async", 5) and vals == [("async", 6)] * 4
 
 
+def test_one_actor_mixes_sync_and_async_endpoints(echo):
+    """A deliberate difference (docs/porting.md): Monarch refuses at spawn an actor with
+    both `def` and `async def` endpoints; here both kinds run, one message at a time."""
+    one = echo.slice(procs=1)
+    assert one.aping.call_one(1).get(timeout=10) == ("async", 1)
+    assert one.ping.call_one(2).get(timeout=10) == 2
+    assert one.aping.call_one(3).get(timeout=10) == ("async", 3)
+
+
 def test_choose_spreads_over_actors(echo):
     got = [echo.whoami.choose().get(timeout=10)["rank"] for _ in range(8)]
     assert set(got) == {0, 1, 2, 3}
