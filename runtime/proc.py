@@ -610,8 +610,10 @@ def encode_result(actor: "ActorInstance", h: Header, name: str,
 
 
 def _graceful_exit(server: ProcServer, timeout: float) -> None:
-    """Before the proc exits: drop the actors (their `__del__` runs), then run the `atexit`
-    handlers, all within `timeout` seconds (the proc exits anyway after that)."""
+    """Before the proc exits: drop the actors (their `__del__` runs), run the `atexit`
+    handlers, then drop the globals of the user's modules (`__del__` of objects they hold
+    runs, as interpreter finalization would), all within `timeout` seconds (the proc exits
+    anyway after that, with os._exit)."""
     import atexit
     import gc
 
@@ -624,10 +626,38 @@ def _graceful_exit(server: ProcServer, timeout: float) -> None:
         except BaseException:  # noqa: BLE001 - the proc is exiting anyway
             traceback.print_exc()
         gc.collect()  # what the atexit handlers held
+        try:
+            _drop_user_module_globals()
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+        gc.collect()
 
     t = threading.Thread(target=run, name="monarch-atexit", daemon=True)
     t.start()
     t.join(timeout)
+
+
+def _drop_user_module_globals() -> None:
+    """Set the globals of modules outside Python's and the installed packages' directories
+    (the user's code) to None, as finalization does, so objects they hold are collected.
+    The runtime's own modules and libraries stay intact: the I/O thread still runs."""
+    import sysconfig
+
+    dirs = [*sysconfig.get_paths().values(), sys.prefix, sys.base_prefix]
+    keep = {os.path.normpath(p) + os.sep for p in dirs}
+    keep |= {os.path.realpath(p) + os.sep for p in dirs}
+    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+    keep |= {here + pkg + os.sep for pkg in ("runtime", "monarch_kernel", "monarch_widgets")}
+    kept = tuple(keep)
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if name == "__main__" or not isinstance(f, str) or f.startswith(kept) or \
+                os.path.realpath(f).startswith(kept):
+            continue
+        d = getattr(mod, "__dict__", None)
+        for k in list(d or ()):
+            if not (k.startswith("__") and k.endswith("__")):
+                d[k] = None
 
 
 def _cpu_list(text: str) -> set[int]:
