@@ -149,6 +149,41 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+FAIL_FAST_SCRIPT = textwrap.dedent("""
+    import atexit, sys, time
+    sys.path.insert(0, {root!r})
+    sys.path.insert(0, {tests!r})
+    from runtime import this_proc
+    from _monarch_actors import Where
+
+    def note():
+        with open({path!r}, "w") as f:
+            f.write("atexit ran")
+
+    atexit.register(note)
+    m = this_proc().spawn("dies", Where)
+    m.exit.broadcast()  # nobody handles the failure: the fault hook ends the script
+    time.sleep(30)
+    print("not reached", flush=True)
+""")
+
+
+def test_fail_fast_exit_runs_atexit_handlers(tmp_path):
+    """An unhandled failure in a script exits 1 (fail fast) after running the script's
+    `atexit` handlers, as Monarch's fault hook does."""
+    path = str(tmp_path / "atexit")
+    script = tmp_path / "fail_fast.py"
+    script.write_text(FAIL_FAST_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"),
+                                              path=path))
+    env = {k: v for k, v in os.environ.items() if k != "MONARCH_FAULT_POLICY"}
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=60, cwd=str(tmp_path), env=env)
+    assert p.returncode == 1 and "exiting (fail fast)" in p.stderr, p.stderr
+    assert "not reached" not in p.stdout
+    with open(path) as f:
+        assert f.read() == "atexit ran"
+
+
 @pytest.mark.parametrize("code", [0, 3])
 def test_controller_exiting_while_procs_start_keeps_its_status(tmp_path, code):
     script = tmp_path / "early_exit.py"

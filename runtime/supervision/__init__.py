@@ -141,4 +141,22 @@ def default_unhandled_fault_hook(failure: MeshFailure) -> None:
     try:
         _features.call("runtime.shutdown", 1.0)  # the core is above supervision
     finally:
+        _run_atexit(5.0)
         os._exit(1)
+
+
+def _run_atexit(timeout: float) -> None:
+    """Run the process's `atexit` handlers before a fail-fast exit (as Monarch's does), on
+    a thread of their own, bounded by `timeout` (a handler may wait on the runtime)."""
+    import atexit
+
+    def run() -> None:
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001 - exiting anyway
+            pass
+        sys.stdout.flush()
+
+    t = threading.Thread(target=run, name="monarch-atexit", daemon=True)
+    t.start()
+    t.join(timeout)
