@@ -320,9 +320,12 @@ def current_rank() -> Point:
 
 
 def current_actor_name() -> str:
-    """The running actor's id as a string (Monarch's `current_actor_name()`); "controller"
-    outside an actor."""
-    return str(context().actor_instance.actor_id)
+    """The running actor's own name (Monarch's `current_actor_name()`): its mesh's id and
+    its rank, `mesh-1a2b3c4d[3]`, distinct for every actor; "controller" outside an actor."""
+    ins = context().actor_instance
+    if ins.actor_id == ROOT_ID:
+        return ROOT_ID
+    return f"{ins.actor_id}[{ins.rank.rank}]"
 
 
 def current_size() -> dict[str, int]:

@@ -106,7 +106,8 @@ class Channel(Generic[T]):
 
 
 class Accumulator(Generic[T]):
-    """Call an endpoint on every actor and fold the results: `combine(acc, value)`."""
+    """Fold an endpoint's results as they arrive, as Monarch: `combine(acc, value)` over
+    `endpoint.stream(...)`, starting from `identity` (the identity when nothing streams)."""
 
     def __init__(self, endpoint: Any, identity: T, combine: Callable[[T, Any], T]) -> None:
         self._endpoint = endpoint
@@ -114,22 +115,39 @@ class Accumulator(Generic[T]):
         self._combine = combine
 
     def accumulate(self, *args: Any, **kwargs: Any) -> Future[T]:
+        """Call `endpoint.stream(*args, **kwargs)` now; a Future of the fold, left to right
+        in stream (arrival) order; the first error (a rank's, or combine's) fails it."""
+        stream = iter(self._endpoint.stream(*args, **kwargs))
         out: Future = Future("Accumulator.accumulate")
-        inner = self._endpoint.call(*args, **kwargs)
 
-        def done(f: Future) -> None:
-            exc = f._exc
-            if exc is not None:
-                out.set_exception(exc)
-                return
-            acc = self._identity
+        def fold(acc: Any) -> None:
             try:
-                for v in f._value.values():
-                    acc = self._combine(acc, v)
-            except BaseException as e:  # noqa: BLE001
+                for fut in stream:
+                    if not fut.done():
+                        _start(fut)
+                    if not fut.done():
+                        fut.add_done_callback(lambda f, a=acc: resume(f, a))
+                        return
+                    acc = self._combine(acc, fut.get())
+            except BaseException as e:  # noqa: BLE001 - it belongs to the future
                 out.set_exception(e)
                 return
             out.set_result(acc)
 
-        inner.add_done_callback(done)
+        def resume(fut: Future, acc: Any) -> None:
+            try:
+                acc = self._combine(acc, fut.get())
+            except BaseException as e:  # noqa: BLE001
+                out.set_exception(e)
+                return
+            fold(acc)
+
+        fold(self._identity)
         return out
+
+
+def _start(fut: Any) -> None:
+    """Start a `Future(coro=...)` that nobody awaits yet (a stream may yield those)."""
+    run = getattr(fut, "_run_coro", None)
+    if run is not None:
+        run()

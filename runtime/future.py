@@ -216,6 +216,11 @@ class Future(Generic[R]):
         threading.Thread(target=drive, name="runtime-future-coro", daemon=True).start()
 
     @classmethod
+    def _from_coro(cls, coro: Coroutine[Any, Any, R]) -> "Future[R]":
+        """Monarch's private constructor, which its tests use: `Future(coro=coro)`."""
+        return cls("Future._from_coro", coro=coro)
+
+    @classmethod
     def gather(cls, *futures: "Future[Any]", return_exceptions: bool = False
                ) -> "Future[list]":
         """Monarch's `Future.gather`: one future of the list of the values, in order. An

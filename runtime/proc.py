@@ -142,6 +142,10 @@ class ActorInstance:
             if inspect.iscoroutine(init):
                 self._run_coro(init)
         except BaseException as e:  # noqa: BLE001 - reported to the owner
+            if self.server.stopping and isinstance(e, KeyboardInterrupt):
+                self._set_state("stopped")  # its proc's stop interrupted it: no failure
+                self.instance = None  # half made: no __cleanup__
+                return
             tb = traceback.format_exc()
             self.failed = f"__init__ raised {type(e).__name__}: {e}"
             self._set_state("failed")
@@ -366,6 +370,7 @@ class ProcServer:
         self.early: dict[str, list] = {}  # actor id -> calls that came before its spawn
         self.supervise_waiting: dict[str, ActorInstance] = {}  # actors with pending failures
         self.stopped = threading.Event()
+        self.stopping = False  # stop() has begun interrupting the actors still busy
         self._proc = None
         try:
             import psutil
@@ -402,13 +407,16 @@ class ProcServer:
 
     def _no_actor(self, h: Header) -> None:
         if h.port:
-            why = "was stopped" if h.actor in self.stopped_actors else "does not exist"
+            why = (f"was stopped in proc {self.rt.proc_id}\nSupervision event: actor "
+                   f"{h.actor} has status:\n  stopped"  # Monarch's words
+                   if h.actor in self.stopped_actors
+                   else f"does not exist in proc {self.rt.proc_id}")
             rank = self.stopped_actors.get(h.actor)  # a cast's header has no rank (-1)
             self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, status=ERROR,
                                          rank=h.rank if rank is None else rank,
                                          extra=_reply_extra(h)),
                          dumps(SupervisionError(
-                             f"actor {h.actor} {why} in proc {self.rt.proc_id}"))[0])
+                             f"actor {h.actor} {why}"))[0])
 
     def _expire_early(self, actor_id: str) -> None:
         for h, _, _ in self.early.pop(actor_id, ()):
@@ -427,11 +435,29 @@ class ProcServer:
         a = self.actors.get(h.actor)
         if a is not None:
             a.mailbox.put((_STOP, h))
+            if h.reply:
+                self.rt.loop.call_later(config.stop_timeout + 1.0, self._stop_overdue, a, h)
         elif h.reply:  # already gone (it stopped itself): answer as a stop would
-            self.rt.send(h.reply, Header(Kind.ACTOR_STOPPED, actor=h.actor, rank=h.rank))
-            if h.port:
-                self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=OK,
-                                             actor=h.actor), dumps(None)[0])
+            self._answer_stop(h)
+
+    def _answer_stop(self, h: Header) -> None:
+        self.rt.send(h.reply, Header(Kind.ACTOR_STOPPED, actor=h.actor, rank=h.rank))
+        if h.port:
+            self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=OK,
+                                         actor=h.actor), dumps(None)[0])
+
+    def _stop_overdue(self, a: "ActorInstance", h: Header) -> None:
+        """An actor still not stopped after the stop timeout (its `__init__` or an endpoint
+        never returns) is given up: declared stopped now, so the stop completes; its thread
+        stops (running `__cleanup__`) if it ever gets free (I/O thread)."""
+        if self.actors.get(a.actor_id) is not a:
+            return
+        log.warning("actor %s[%d] did not stop within %.1f s (%s); declared stopped, its "
+                    "thread is left to end on its own", a.name, a.rank, config.stop_timeout,
+                    "still in __init__" if a.state == "starting" else f"state {a.state}")
+        self.actor_stopped(a)  # forgets it and answers the calls queued for it
+        a.mailbox.put((_STOP, None))
+        self._answer_stop(h)
 
     def actor_stopped(self, a: "ActorInstance") -> None:
         """An actor's thread ended: forget it, remember its id, and answer the calls that
@@ -511,6 +537,7 @@ class ProcServer:
         deadline = time.monotonic() + config.stop_timeout / 2
         for a in list(self.actors.values()):
             a.thread.join(max(0.0, deadline - time.monotonic()))
+        self.stopping = True
         for a in list(self.actors.values()):
             if a.thread.is_alive():  # still busy: KeyboardInterrupt runs its `finally` blocks
                 a.interrupt()
@@ -583,8 +610,10 @@ def encode_result(actor: "ActorInstance", h: Header, name: str,
 
 
 def _graceful_exit(server: ProcServer, timeout: float) -> None:
-    """Before the proc exits: drop the actors (their `__del__` runs), then run the `atexit`
-    handlers, all within `timeout` seconds (the proc exits anyway after that)."""
+    """Before the proc exits: drop the actors (their `__del__` runs), run the `atexit`
+    handlers, then drop the globals of the user's modules (`__del__` of objects they hold
+    runs, as interpreter finalization would), all within `timeout` seconds (the proc exits
+    anyway after that, with os._exit)."""
     import atexit
     import gc
 
@@ -597,10 +626,38 @@ def _graceful_exit(server: ProcServer, timeout: float) -> None:
         except BaseException:  # noqa: BLE001 - the proc is exiting anyway
             traceback.print_exc()
         gc.collect()  # what the atexit handlers held
+        try:
+            _drop_user_module_globals()
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+        gc.collect()
 
     t = threading.Thread(target=run, name="monarch-atexit", daemon=True)
     t.start()
     t.join(timeout)
+
+
+def _drop_user_module_globals() -> None:
+    """Set the globals of modules outside Python's and the installed packages' directories
+    (the user's code) to None, as finalization does, so objects they hold are collected.
+    The runtime's own modules and libraries stay intact: the I/O thread still runs."""
+    import sysconfig
+
+    dirs = [*sysconfig.get_paths().values(), sys.prefix, sys.base_prefix]
+    keep = {os.path.normpath(p) + os.sep for p in dirs}
+    keep |= {os.path.realpath(p) + os.sep for p in dirs}
+    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+    keep |= {here + pkg + os.sep for pkg in ("runtime", "monarch_kernel", "monarch_widgets")}
+    kept = tuple(keep)
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if name == "__main__" or not isinstance(f, str) or f.startswith(kept) or \
+                os.path.realpath(f).startswith(kept):
+            continue
+        d = getattr(mod, "__dict__", None)
+        for k in list(d or ()):
+            if not (k.startswith("__") and k.endswith("__")):
+                d[k] = None
 
 
 def _cpu_list(text: str) -> set[int]:

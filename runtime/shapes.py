@@ -363,6 +363,10 @@ class MeshTrait:
     def size(self, dim: str | None = None) -> int:
         return self._shape.size(dim)
 
+    def __len__(self) -> int:
+        """The number of elements (actors, procs, hosts) in this mesh or slice, as Monarch."""
+        return len(self._shape)
+
     def slice(self, **selectors: Selector) -> Any:
         """A view of part of this mesh: an int drops the dimension, a slice keeps it."""
         return self._new_with_shape(self._shape.slice(**selectors))

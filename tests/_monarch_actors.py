@@ -182,6 +182,33 @@ class Where(Actor):
         return "still answered"
 
 
+class ForeverInInit(Actor):
+    """Spawns a Where on `procs` and sends it through `port`, then never returns."""
+
+    def __init__(self, procs: object, port: "Port[object]") -> None:
+        port.send(procs.spawn("made_in_init", Where, "from init"))  # type: ignore[attr-defined]
+        threading.Event().wait()
+
+    @endpoint
+    def unreachable(self) -> None:
+        pass
+
+
+class SlowInit(Actor):
+    """An `__init__` that takes `seconds` (a slow import, say), in small sleeps."""
+
+    def __init__(self, seconds: float) -> None:
+        import time
+
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(0.02)
+
+    @endpoint
+    def ping(self) -> int:
+        return 1
+
+
 class BadInit(Actor):
     def __init__(self) -> None:
         raise ValueError("init exploded at once")
@@ -208,12 +235,28 @@ class Parent(Actor):
         return self.failures
 
 
+class _NotesWhenCollected:
+    """Appends a line to a file when collected (held by a module global below)."""
+
+    def __init__(self, path: str, line: str) -> None:
+        self.path, self.line = path, line
+
+    def __del__(self) -> None:
+        with open(self.path, "a") as f:
+            f.write(self.line + "\n")
+
+
+_held_by_a_global: object = None  # set in the proc by Graceful
+
+
 class Graceful(Actor):
     def __init__(self, path: str) -> None:
         import atexit
 
+        global _held_by_a_global
         self.path = path
         atexit.register(self._note, "atexit")
+        _held_by_a_global = _NotesWhenCollected(path, "module-global")
 
     def _note(self, what: str) -> None:
         with open(self.path, "a") as f:

@@ -105,6 +105,29 @@ def test_bad_addresses_and_missing_keys(monkeypatch):
         attach_to_workers(["tcp://127.0.0.1:1"])
 
 
+def test_monarch_keywords_workers_and_ca(agents, monkeypatch):
+    """Monarch's call form: `workers=` is the address list; `ca="trust_all_connections"`
+    (unauthenticated workers) is a deliberate PermissionError naming the alternative, and
+    TLS `ca=`/`private_key=` a ValueError, both before anything is dialed."""
+    key_file, started = agents
+    monkeypatch.delenv("MONARCH_KEY_FILE", raising=False)
+    addrs = [a for _, a in started]
+    with pytest.raises(PermissionError, match=r"(?s)ca='trust_all_connections'\) is not "
+                       r"supported.*authenticates.*--key-file KEY.*attach_to_workers\(workers="):
+        attach_to_workers(ca="trust_all_connections", workers=addrs)
+    with pytest.raises(PermissionError, match="trust_all_connections"):
+        attach_to_workers(workers=addrs, key_file=key_file, ca="trust_all_connections")
+    with pytest.raises(ValueError, match="TLS certificates are not used here.*key file"):
+        attach_to_workers(workers=addrs, key_file=key_file, ca=b"-----BEGIN CERTIFICATE")
+    with pytest.raises(TypeError, match="not both"):
+        attach_to_workers(addrs, workers=addrs, key_file=key_file)
+    hosts = attach_to_workers(workers=addrs, key_file=key_file, name=None)
+    assert hosts.sizes == {"hosts": 2}
+    pm = hosts.spawn_procs(per_host={"procs": 1})
+    assert list(pm.spawn("kw", Echo).ping.call(3).get(timeout=60).values()) == [3, 3]
+    pm.stop().get(timeout=20)
+
+
 def test_listen_without_keys_is_refused(tmp_path):
     r = subprocess.run([sys.executable, "-m", "runtime.host", "--listen", "tcp://127.0.0.1:0"],
                        capture_output=True, text=True, timeout=30,

@@ -169,6 +169,37 @@ def test_monarch_names(clean):
         configure(stop_timeout=1, stop_actor_timeout="1s")
 
 
+def test_every_monarch_configure_name_is_accepted(clean):
+    """Monarch's configure() keywords (its 3fc0a66e config.pyi) are each an alias or an
+    ignored name with a warning; none raises, none changes a setting."""
+    monarch = ["default_transport", "enable_log_forwarding", "enable_file_capture",
+               "tail_log_lines", "codec_max_frame_length", "message_delivery_timeout",
+               "host_spawn_ready_timeout", "mesh_proc_spawn_max_idle", "process_exit_timeout",
+               "message_ack_time_interval", "message_ack_every_n_messages",
+               "message_ttl_default", "split_max_buffer_size", "split_max_buffer_age",
+               "stop_actor_timeout", "cleanup_timeout", "default_encoding",
+               "channel_net_rx_buffer_full_check_interval", "message_latency_sampling_rate",
+               "enable_dest_actor_reordering_buffer", "mesh_bootstrap_enable_pdeathsig",
+               "mesh_terminate_concurrency", "mesh_terminate_timeout", "small_write_threshold",
+               "max_cast_dimension_size", "remote_alloc_bind_to_inaddr_any",
+               "remote_alloc_bootstrap_addr", "remote_alloc_allowed_port_range",
+               "read_log_buffer", "force_file_log", "prefix_with_rank", "actor_spawn_max_idle",
+               "get_actor_state_max_idle", "supervision_watchdog_timeout", "proc_stop_max_idle",
+               "get_proc_state_max_idle", "mesh_admin_addr", "mesh_attach_config_timeout",
+               "mesh_orphan_timeout", "rdma_allow_tcp_fallback", "rdma_disable_ibverbs",
+               "rdma_max_chunk_size_mb", "rdma_ibverbs_target", "rdma_peer_device_affinity",
+               "rdma_runtime_worker_threads"]
+    assert not [n for n in monarch if n not in ALIASES and n not in UNMAPPED]
+    before = config.as_dict()
+    for name in ("mesh_attach_config_timeout", "mesh_orphan_timeout"):
+        with pytest.warns(UserWarning, match=f"'{name}' has no equivalent here and is ignored"):
+            with configured(**{name: "10s"}) as values:
+                assert values == before
+    with pytest.warns(UserWarning, match="rdma_disable_ibverbs.*use rdma_transport"):
+        configure(rdma_disable_ibverbs=True)
+    assert config.as_dict() == before and config.explicit() == {}
+
+
 def test_to_env_passes_what_a_child_needs():
     c = Config({})
     assert c.to_env() == {}

@@ -51,7 +51,9 @@ def test_actor_instance_inside_an_actor(who):
     d = infos[3]
     assert d["coords"] == {"hosts": 1, "gpus": 1} and d["str"] == "{'hosts': 1/2, 'gpus': 1/2}"
     assert d["name"] == "who" and d["class_name"] == "Whoami" and d["creator"] == "<root>"
-    assert d["current_actor_name"] == d["actor_id"] and d["actor_id"]
+    # one name per actor (Monarch's tests tell ranks apart by it): the mesh id and rank
+    assert d["current_actor_name"] == f"{d['actor_id']}[3]" and d["actor_id"]
+    assert len({i["current_actor_name"] for i in infos}) == 4
     # Monarch's actor names: the root client, then `<module.Class mesh{point}>`
     assert d["qualified"] == \
         "<root>.<_monarch_context_actors.Whoami who{'hosts': 1/2, 'gpus': 1/2}>"

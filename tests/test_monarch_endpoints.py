@@ -153,16 +153,18 @@ def test_concurrent_endpoint_runs_interleaved(procs):
     g.stop().get(timeout=20)
 
 
-def test_concurrent_explicit_port_exception_is_logged_not_fatal(procs):
-    """As in Monarch: a concurrent explicit-port endpoint that raises answers nothing more
-    than its port sent, the actor lives on, and the error is logged on the proc."""
+def test_concurrent_explicit_port_exception_kills_the_actor(procs, monkeypatch):
+    """As in Monarch (and as a plain explicit-port endpoint): a concurrent explicit-port
+    endpoint that raises fails the actor; its caller gets a SupervisionError, not a hang."""
+    seen: list = []
+    monkeypatch.setattr(runtime, "unhandled_fault_hook", seen.append)
     g = procs.slice(procs=0).spawn("gate_port_fail", Gate)
-    assert g.port_fail.call_one(True).get(timeout=20) == "answered"
-    silent = g.port_fail.call_one(False)
-    with pytest.raises(TimeoutError):
-        silent.get(timeout=0.5)
-    assert g.ping.call_one().get(timeout=20) == "pong"  # not failed
-    g.stop().get(timeout=20)
+    assert g.ping.call_one().get(timeout=20) == "pong"
+    with pytest.raises(SupervisionError, match="port_fail\\(\\) raised ValueError: explicit boom"):
+        g.port_fail.call_one(False).get(timeout=20)
+    with pytest.raises(SupervisionError):
+        g.ping.call_one().get(timeout=20)
+    assert any(f.mesh == "gate_port_fail" for f in seen)
 
 
 def test_inherited_concurrent_endpoints_run_interleaved(procs):

@@ -35,6 +35,13 @@ async def _await(f):
     return await f
 
 
+def test_monarchs_private_from_coro_is_future_of_coro():
+    """Monarch's tests build futures with `Future._from_coro(coro)`: the same lazy future."""
+    f = Future._from_coro(_value(5))
+    assert isinstance(f, Future) and not f.done()
+    assert f.get() == 5 and asyncio.run(_await(Future._from_coro(_value(6)))) == 6
+
+
 def test_get_from_inside_a_running_loop_runs_the_coroutine_elsewhere():
     async def main():
         return Future(coro=_value(5)).get(timeout=10)  # a blocking get inside a loop

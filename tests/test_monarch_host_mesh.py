@@ -52,3 +52,12 @@ def test_proc_bind_pins_each_proc(hosts):
     pm.spawn("d", Dies).ok.call().get(timeout=60)  # procs are up (their pids known)
     pids = [p.pid for p in pm.procs]
     assert all(p > 0 for p in pids) and [os.sched_getaffinity(p) for p in pids] == [{a}, {b}]
+
+
+def test_with_python_executable_is_refused_naming_the_alternative(hosts):
+    """Deliberate difference: procs are forked from the agent's zygote, so a per-mesh
+    interpreter is refused with the reason and the way to get one (agents started with it)."""
+    with pytest.raises(NotImplementedError, match=r"(?s)with_python_executable\('/opt/py/bin/"
+                       r"python'\) is not supported: procs are forked from a zygote.*"
+                       r"LocalJob\(hosts=N, python=PATH\)"):
+        hosts.with_python_executable("/opt/py/bin/python")

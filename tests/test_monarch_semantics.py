@@ -1,6 +1,6 @@
 """Monarch's semantics through the public API: __init__ failures are supervision events at
 once, a BaseException fails the actor, graceful proc stop, a clean controller exit while
-procs start, and RDMA transfers with a larger local buffer or in a batch (RDMAAction)."""
+procs start, and RDMA transfer sizes as in Monarch and batches (RDMAAction, submitted again)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 import runtime
 from runtime import SupervisionError, this_host, this_proc
 from runtime.rdma import RDMAAction, RDMABuffer, RDMASizeError
-from _monarch_actors import BadInit, Graceful, Parent, Where
+from _monarch_actors import BadInit, ForeverInInit, Graceful, Parent, SlowInit, Where
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,6 +62,47 @@ def test_init_failure_reaches_the_owners_supervise(failures):
         pm.stop().get(timeout=20)
 
 
+def test_stop_of_an_actor_whose_init_never_returns_ends_by_the_stop_timeout(failures):
+    """Monarch's run-forever-on-init case: what `__init__` did before blocking (spawning
+    and sending a mesh) works, and stop() completes after the stop timeout instead of
+    hanging: the actor is declared stopped (no failure); its proc keeps serving others."""
+    with runtime.configured(stop_timeout=1.0):
+        pm = this_host().spawn_procs(per_host={"procs": 1}, name="forever_procs")
+    try:
+        port, recv = runtime.Channel.open()
+        forever = pm.spawn("forever", ForeverInInit, pm, port)
+        made = recv.recv().get(timeout=20)
+        assert made.where.call_one().get(timeout=20)["tag"] == "from init"
+        t0 = time.monotonic()
+        assert forever.stop().get(timeout=20) is None
+        assert time.monotonic() - t0 < 6
+        with pytest.raises(SupervisionError, match="stopped"):
+            forever.unreachable.call_one().get(timeout=20)
+        other = pm.spawn("after_forever", Where)
+        assert other.where.call_one().get(timeout=20)["pid"] == made.where.call_one().get(
+            timeout=20)["pid"]
+        assert not [f for f in failures if f.mesh == "forever"]
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_proc_stop_while_actors_are_still_in_init_reports_no_failure(failures):
+    """A proc mesh stopped while its actors' `__init__` still runs (12 procs importing
+    torch on a small machine, as in Monarch's test_mesh_len): the stop's interrupt ends
+    them without a failure (which would end a script through the fault hook)."""
+    with runtime.configured(stop_timeout=1.0):
+        pm = this_host().spawn_procs(per_host={"procs": 2}, name="slow_init_procs")
+    slow = pm.spawn("slow_init", SlowInit, 30.0)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    pm.stop().get(timeout=30)
+    assert time.monotonic() - t0 < 10
+    time.sleep(1.0)  # a failure report would have arrived by now
+    assert not [f for f in failures if f.mesh == "slow_init"], [f.report() for f in failures]
+    with pytest.raises(SupervisionError):
+        slow.ping.call().get(timeout=10)
+
+
 def test_system_exit_in_an_endpoint_fails_the_actor(failures):
     m = this_proc().spawn("exiter", Where)
     with pytest.raises(SupervisionError, match="Actor Where exiter .*exited because of the "
@@ -90,8 +131,10 @@ def _graceful_stop(tmp_path) -> None:
     assert time.monotonic() - t0 < 10
     with open(path) as f:
         lines = f.read().split()
-    # the atexit handler holds the instance, so __del__ may come after it
-    assert lines[0] == "finally" and sorted(lines[1:]) == ["atexit", "del"], lines
+    # the atexit handler holds the instance, so __del__ may come after it; a module
+    # global's object is collected last, as interpreter finalization would (Monarch)
+    assert lines[0] == "finally" and sorted(lines[1:3]) == ["atexit", "del"], lines
+    assert lines[3:] == ["module-global"], lines
     with pytest.raises(Exception):
         busy.get(timeout=5)
 
@@ -104,6 +147,41 @@ SCRIPT = textwrap.dedent("""
     print("spawned", flush=True)
     sys.exit({code})
 """)
+
+
+FAIL_FAST_SCRIPT = textwrap.dedent("""
+    import atexit, sys, time
+    sys.path.insert(0, {root!r})
+    sys.path.insert(0, {tests!r})
+    from runtime import this_proc
+    from _monarch_actors import Where
+
+    def note():
+        with open({path!r}, "w") as f:
+            f.write("atexit ran")
+
+    atexit.register(note)
+    m = this_proc().spawn("dies", Where)
+    m.exit.broadcast()  # nobody handles the failure: the fault hook ends the script
+    time.sleep(30)
+    print("not reached", flush=True)
+""")
+
+
+def test_fail_fast_exit_runs_atexit_handlers(tmp_path):
+    """An unhandled failure in a script exits 1 (fail fast) after running the script's
+    `atexit` handlers, as Monarch's fault hook does."""
+    path = str(tmp_path / "atexit")
+    script = tmp_path / "fail_fast.py"
+    script.write_text(FAIL_FAST_SCRIPT.format(root=ROOT, tests=os.path.join(ROOT, "tests"),
+                                              path=path))
+    env = {k: v for k, v in os.environ.items() if k != "MONARCH_FAULT_POLICY"}
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=60, cwd=str(tmp_path), env=env)
+    assert p.returncode == 1 and "exiting (fail fast)" in p.stderr, p.stderr
+    assert "not reached" not in p.stdout
+    with open(path) as f:
+        assert f.read() == "atexit ran"
 
 
 @pytest.mark.parametrize("code", [0, 3])
@@ -119,16 +197,52 @@ def test_controller_exiting_while_procs_start_keeps_its_status(tmp_path, code):
         assert "Traceback" not in p.stderr, p.stderr
 
 
-def test_rdma_larger_local_buffer_moves_the_remote_size():
+def test_len_of_a_mesh_is_its_number_of_elements():
+    pm = this_host().spawn_procs(per_host={"procs": 3}, name="len_procs")
+    try:
+        actors = pm.spawn("len_actors", Where)
+        assert len(actors) == 3 and len(pm) == 3 and len(this_host()) == 1
+        assert len(actors.slice(procs=slice(1, 3))) == 2 and len(actors.slice(procs=0)) == 1
+        assert len(actors.where.call().get(timeout=20)) == 3
+    finally:
+        pm.stop().get(timeout=20)
+
+
+def test_rdma_sizes_follow_monarchs_rule():
+    """A read fills the first remote-size bytes of a larger local buffer; a write gives a
+    smaller local buffer whole, into the remote buffer's first bytes; a smaller read
+    destination or a larger write source is refused (ValueError), as in Monarch."""
     remote = torch.arange(10, dtype=torch.float32)
     buf = RDMABuffer(remote)
     dst = torch.full((16,), -1.0)
     assert buf.read_into(dst).get(timeout=20) == 40
     assert dst[:10].tolist() == list(range(10)) and dst[10:].tolist() == [-1.0] * 6
-    assert buf.write_from(torch.full((12,), 7.0)).get(timeout=20) == 40
-    assert remote.tolist() == [7.0] * 10
+    assert buf.write_from(torch.full((4,), 7.0)).get(timeout=20) == 16
+    assert remote.tolist() == [7.0] * 4 + list(range(4, 10))
     with pytest.raises(RDMASizeError, match="36 bytes, fewer than"):
-        buf.read_into(torch.empty(9))  # smaller still refused at offset 0
+        buf.read_into(torch.empty(9))
+    with pytest.raises(RDMASizeError, match="48 bytes, more than the remote buffer's 40"):
+        buf.write_from(torch.full((12,), 7.0))
+    with pytest.raises(ValueError, match="more than"):
+        RDMAAction().write_remote(buf, torch.zeros(11))
+    small = torch.full((3,), 5.0)
+    RDMAAction().write_remote(buf, small).submit(timeout=20).get(timeout=30)
+    assert remote.tolist() == [5.0] * 3 + [7.0] + list(range(4, 10))
+
+
+def test_rdma_action_submitted_twice_transfers_twice():
+    a = torch.arange(8, dtype=torch.float32)
+    b = torch.zeros(8, dtype=torch.float32)
+    ba, bb = RDMABuffer(a), RDMABuffer(b)
+    x, src = torch.zeros(8), torch.ones(8)
+    action = RDMAAction().read_remote(x, ba).write_remote(bb, src)
+    assert action.submit(timeout=20).get(timeout=30) is None
+    assert x.tolist() == a.tolist() and b.tolist() == [1.0] * 8
+    x.zero_()
+    a += 100
+    src.fill_(2.0)
+    assert action.submit(timeout=20).get(timeout=30) is None
+    assert x.tolist() == a.tolist() and b.tolist() == [2.0] * 8
 
 
 def test_rdma_action_batches_reads_and_writes():
@@ -140,7 +254,7 @@ def test_rdma_action_batches_reads_and_writes():
     assert fut.get(timeout=30) is None
     assert x.tolist() == a.tolist() and b.tolist() == [1.0] * 50
     y = torch.zeros(100)
-    RDMAAction().read_remote(y, ba).write_remote(bb, torch.full((60,), 2.0)).submit().get(30)
+    RDMAAction().read_remote(y, ba).write_remote(bb, torch.full((50,), 2.0)).submit().get(30)
     assert y.tolist() == a.tolist() and b.tolist() == [2.0] * 50
     with pytest.raises(ValueError, match="same local memory"):
         RDMAAction().read_into(ba, x).read_into(bb, x[:50])
@@ -190,21 +304,52 @@ def test_this_proc_stop_stops_its_actors_not_the_process():
 
 
 def test_failure_report_says_why_in_monarchs_words():
-    """MeshFailure.report() carries Monarch's phrases: the actor itself failed, or its
-    process was killed (signal) or exited (code); a propagated failure says neither."""
-    own = runtime.MeshFailure(mesh="actor", ranks=[0], cause="run() raised ValueError: x")
-    assert "This occurred because the actor itself failed." in own.report()
+    """MeshFailure.report() carries Monarch's phrases: `The actor X and all its descendants
+    have failed:` then why: the actor itself failed, or its process was killed (signal) or
+    exited (code); a propagated failure names the actor that failed."""
+    own = runtime.MeshFailure(mesh="actor", ranks=[0], cause="run() raised ValueError: x",
+                              actor_name="<root>.<m.Lambda actor>")
+    assert ("The actor <root>.<m.Lambda actor> and all its descendants have failed:\n"
+            "    run() raised ValueError: x\n"
+            "  This occurred because the actor itself failed.") in own.report()
     killed = runtime.MeshFailure(mesh="nested", ranks=[0], cause="process killed", signal=9,
                                  point="{'a_dim': 0/1}")
-    assert "process failure: Killed(sig=9)" in killed.report()
-    assert "nested{'a_dim': 0/1}" in killed.report()
+    assert ("The actor nested{'a_dim': 0/1} and all its descendants have failed:\n    the "
+            "process this actor was running on failed: Killed(sig=9)") in killed.report()
+    assert "killed by SIGKILL" in killed.report()
     assert "itself failed" not in killed.report()
     exited = runtime.MeshFailure(mesh="n", ranks=[0], cause="process exited", exit_code=3)
-    assert "process failure: Exited(code=3)" in exited.report()
+    assert "the process this actor was running on exited with non-zero code 3" in \
+        exited.report()
     assert str(own) == ("mesh 'actor' rank(s) [0] failed: run() raised ValueError: x "
-                        "(MeshFailure rank=0)")
+                        "(MeshFailure rank=0, crashed_ranks=[0])")
     up = runtime.MeshFailure(mesh="top", ranks=[0], cause="unhandled failure", caused_by=own)
     assert up.report().count("itself failed") == 1  # only in the nested cause
+
+
+def test_live_failure_reports_carry_monarchs_phrases(failures):
+    """An endpoint that raises, and a proc killed by SIGKILL: the unhandled reports say
+    `... and all its descendants have failed:` and `the process this actor was running on
+    failed: Killed(sig=9)` under the actor's name and point, as Monarch's reports do."""
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="reports")
+    try:
+        victim = pm.spawn("victim", Where)
+        pid = victim.where.call_one().get(timeout=20)["pid"]
+        os.kill(pid, 9)
+        assert _wait_for(lambda: any(f.mesh == "victim" for f in failures))
+        report = next(f for f in failures if f.mesh == "victim").report()
+        assert re.search(r"The actor <root>\.<_monarch_actors\.Where victim\{'procs': 0/1\}> "
+                         r"and all its descendants have failed:\n    the process this actor "
+                         r"was running on failed: Killed\(sig=9\)", report), report
+    finally:
+        pm.stop().get(timeout=20)
+    m = this_proc().spawn("raises_exit", Where)
+    with pytest.raises(SupervisionError):
+        m.exit.call_one().get(timeout=20)
+    assert _wait_for(lambda: any(f.mesh == "raises_exit" for f in failures))
+    report = next(f for f in failures if f.mesh == "raises_exit").report()
+    assert re.search(r"The actor <root>\.<_monarch_actors\.Where raises_exit> and all its "
+                     r"descendants have failed:\n    .*SystemExit", report), report
 
 
 def test_abort_fails_the_actor_after_the_call_answers(failures):
@@ -230,6 +375,10 @@ def test_stopped_meshes_raise_supervision_errors_in_monarchs_words(failures):
     with pytest.raises(SupervisionError, match=r"Actor <root>\.<_monarch_actors\.Where a_stop-\w+> "
                                                "exited because of the following reason: stopped"):
         a.where.call_one().get(timeout=20)
+    # Monarch's test_actor_mesh_stop pattern
+    with pytest.raises(SupervisionError, match=r"(?s)Supervision event: actor <root>\.<\S+ "
+                                               r"a_stop-\w+> has status:\n  stopped"):
+        a.where.call().get(timeout=20)
     pm.stop().get(timeout=20)
     with pytest.raises(runtime.MeshStoppedError,
                        match="actor mesh is stopped due to proc mesh shutdown"):
@@ -242,6 +391,8 @@ def test_a_call_to_a_dying_actor_fails_in_monarchs_words(failures):
     m = this_proc().spawn("exiter2", Where)
     with pytest.raises(SupervisionError) as ei:
         m.exit.call_one().get(timeout=20)
-    assert re.search(r"Endpoint call exiter2\.exit\(\) failed, Actor Where exiter2 .*exited "
-                     r"because of the following reason: The actor .* and all its descendants "
-                     r"have failed", str(ei.value))
+    # Monarch's line (its test_process_exit_handling's pattern), and our first line
+    assert re.search(r"Endpoint call exiter2\.exit\(\) failed, The actor .*exiter2.* and all "
+                     r"its descendants have failed", str(ei.value))
+    assert re.search(r"Actor Where exiter2 .*exited because of the following reason: The actor "
+                     r".* and all its descendants have failed", str(ei.value))

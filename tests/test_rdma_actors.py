@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from runtime import Actor, endpoint, get_runtime, this_host
-from runtime.rdma import RDMABuffer, RDMABufferDroppedError, RDMAOwnerDiedError
+from runtime.rdma import RDMAAction, RDMABuffer, RDMABufferDroppedError, RDMAOwnerDiedError
 
 
 def sha(t: torch.Tensor) -> str:
@@ -101,6 +101,29 @@ def test_controller_reads_and_writes_an_actor_tensor(procs, transport, monkeypat
     sums = list(owners.checksum.call().get(timeout=60).values())
     for rank_buf, value in zip(handles, sums):
         assert value == sha(torch.arange(N, dtype=torch.float32) * rank_buf.owner.pid)
+    owners.stop().get(timeout=30)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["vm", "tcp"])
+def test_resubmit_and_a_smaller_write_across_processes(procs, transport, monkeypatch):
+    """Monarch's semantics over each transport: an RDMAAction submitted again transfers
+    again; a write smaller than the remote buffer fills its first bytes only."""
+    monkeypatch.setenv("MONARCH_RDMA_TRANSPORT", transport)
+    owners = procs.spawn(f"sizes_{transport}", Owner, 1024)
+    buf = owners.handle.choose().get(timeout=60)
+    got = torch.zeros(4096, dtype=torch.uint8)
+    action = RDMAAction().read_remote(got, buf)
+    action.submit(timeout=20).get(timeout=30)
+    assert buf.last_transport == transport
+    ref = got.clone()
+    got.zero_()
+    action.submit(timeout=20).get(timeout=30)
+    assert torch.equal(got, ref) and ref.any()
+    assert buf.write_from(torch.full((100,), 7, dtype=torch.uint8), timeout=20) \
+        .get(timeout=30) == 100
+    action.submit(timeout=20).get(timeout=30)
+    assert (got[:100] == 7).all() and torch.equal(got[100:], ref[100:])
     owners.stop().get(timeout=30)
 
 

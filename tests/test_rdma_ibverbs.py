@@ -26,6 +26,28 @@ def test_probe_explains_why_ibverbs_is_not_used():
     assert ibverbs.open_context() is None
 
 
+def test_is_ibverbs_available_says_whether_a_device_opens(monkeypatch):
+    """Monarch's name: True only when our ibverbs backend opens a device. A fresh process
+    asked for a device that does not exist answers False (whatever this machine has)."""
+    import os
+    import subprocess
+    import sys
+
+    import runtime.rdma as rdma
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "MONARCH_RDMA_IB_DEVICE": "no_such_device_0"}
+    p = subprocess.run([sys.executable, "-c", "from runtime.rdma import is_ibverbs_available, "
+                        "is_rdma_available; print(is_ibverbs_available(), is_rdma_available())"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0 and p.stdout.split() == ["False", "False"], p.stderr
+    monkeypatch.setattr(ibverbs, "shared_context", lambda: object())
+    assert rdma.is_ibverbs_available() is True and rdma.is_rdma_available() is True
+    monkeypatch.setattr(ibverbs, "shared_context", lambda: None)
+    assert rdma.is_ibverbs_available() is False
+    assert "is_ibverbs_available" in rdma.__all__
+
+
 def _pv():
     pv = ibverbs._pyverbs()
     if pv is None:

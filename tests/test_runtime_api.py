@@ -11,7 +11,7 @@ import pytest
 
 import runtime
 from runtime import (Accumulator, ActorError, Channel, MeshStoppedError, SerializationError,
-                     ValueMesh, this_host)
+                     Future, ValueMesh, this_host)
 from _actors import Echo, FailingInit
 
 pytestmark = pytest.mark.timeout(60)
@@ -75,6 +75,15 @@ def test_async_endpoint_and_await_in_running_loop(echo):
 
     v, vals = asyncio.run(main())
     assert v == ("async", 5) and vals == [("async", 6)] * 4
+
+
+def test_one_actor_mixes_sync_and_async_endpoints(echo):
+    """A deliberate difference (docs/porting.md): Monarch refuses at spawn an actor with
+    both `def` and `async def` endpoints; here both kinds run, one message at a time."""
+    one = echo.slice(procs=1)
+    assert one.aping.call_one(1).get(timeout=10) == ("async", 1)
+    assert one.ping.call_one(2).get(timeout=10) == 2
+    assert one.aping.call_one(3).get(timeout=10) == ("async", 3)
 
 
 def test_choose_spreads_over_actors(echo):
@@ -164,6 +173,45 @@ def test_ports_and_channels(echo):
 def test_accumulator(echo):
     acc = Accumulator(echo.ping, 0, lambda a, b: a + b)
     assert acc.accumulate(5).get(timeout=10) == 20
+    assert Accumulator(echo.ping, [], lambda a, r: a + [r]).accumulate(x=7) \
+        .get(timeout=10) == [7] * 4  # one value per actor, keyword arguments too
+
+
+class _Streaming:
+    """An endpoint stand-in: `stream()` records its arguments and yields given futures."""
+
+    def __init__(self, futures):
+        self.futures, self.calls = futures, []
+
+    def stream(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        return iter(self.futures)
+
+
+def _resolved(value):
+    async def coro():
+        return value
+    return Future(coro=coro())
+
+
+def test_accumulator_folds_over_stream_in_order():
+    """As Monarch: a fold of `endpoint.stream(...)` from identity, left to right in stream
+    order, the identity when nothing streams; futures resolved later (or coroutine-backed
+    ones) are waited for; the first error fails the fold."""
+    ep = _Streaming([_resolved(1), _resolved(2), _resolved(3)])
+    assert Accumulator(ep, [], lambda a, r: a + [r]).accumulate("a", k=1).get(timeout=5) \
+        == [1, 2, 3]
+    assert ep.calls == [(("a",), {"k": 1})]
+    assert Accumulator(_Streaming([]), 42, lambda a, r: a + r).accumulate().get(5) == 42
+    late = Future("late")
+    fut = Accumulator(_Streaming([_resolved(1), late]), 0, lambda a, r: a + r).accumulate()
+    assert not fut.done()
+    late.set_result(10)
+    assert fut.get(timeout=5) == 11
+    bad = Future("bad")
+    bad.set_exception(ValueError("rank 1 failed"))
+    with pytest.raises(ValueError, match="rank 1 failed"):
+        Accumulator(_Streaming([_resolved(1), bad]), 0, lambda a, r: a + r).accumulate().get(5)
 
 
 def test_actor_to_actor_calls(procs, echo):

@@ -141,9 +141,10 @@ class EndpointRef:
     def _check_usable(self, ranks: list[int]) -> None:
         rec = self._mesh._rec
         if rec.stopped:  # in Monarch's words too
+            name = f"{rec.owner_name}.<{rec.qual_cls or rec.cls_name} {rec.actor_id}>"
             why = ("actor mesh is stopped due to proc mesh shutdown" if rec.stopped_with_procs
-                   else f"Actor {rec.owner_name}.<{rec.qual_cls or rec.cls_name} "
-                        f"{rec.actor_id}> exited because of the following reason: stopped")
+                   else f"Actor {name} exited because of the following reason: stopped\n"
+                        f"Supervision event: actor {name} has status:\n  stopped")
             raise MeshStoppedError(f"actor mesh {rec.name!r} was stopped: {why}")
         for r in ranks:
             f = rec.failed.get(r)
@@ -439,13 +440,14 @@ class _Collector:
 
     def _monarch_wording(self, exc: BaseException, rank: int) -> BaseException:
         """A SupervisionError for this call, with a last line in Monarch's words
-        (`Endpoint call mesh.ep() failed, Actor ... exited because of ...`)."""
+        (`Endpoint call mesh.ep() failed, The actor <...> and all its descendants have
+        failed: cause`; the first line keeps `Actor ... exited because of ...`)."""
         failure = getattr(exc, "failure", None)
         if type(exc) is not SupervisionError or failure is None:
             return exc
         rec = self.rec
-        why = actor_failed_message(rec.cls_name, rec.name, rank, failure.cause,
-                                   rec.actor_name(rank))
+        why = (f"The actor {rec.actor_name(rank)} and all its descendants have failed: "
+               f"{failure.cause}")
         line = f"Endpoint call {rec.name}.{self.ep._name}() failed, {why}"
         return SupervisionError(f"{exc.args[0]}\n{line}", failure)
 

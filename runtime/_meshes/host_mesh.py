@@ -210,6 +210,16 @@ class HostMesh(MeshTrait):
         self._spawned.add(pm)
         return pm
 
+    def with_python_executable(self, python_executable: str) -> "HostMesh":
+        """Monarch's per-mesh interpreter: not supported here (deliberately), says why."""
+        raise NotImplementedError(
+            f"HostMesh.with_python_executable({python_executable!r}) is not supported: procs "
+            "are forked from a zygote that the host agent has pre-imported, not exec'd, so "
+            "they run the agent's interpreter. Start the agents under the interpreter you "
+            "want instead: LocalJob(hosts=N, python=PATH) (SlurmJob and KubernetesJob take "
+            "python= too), or `PATH -m runtime.host --listen tcp://HOST:PORT --key-file KEY` "
+            "and attach_to_workers(); this_host() runs the controller's own interpreter")
+
     def _spawn_admin(self, query_engine: Any = None) -> Future:
         """Monarch's (private) `HostMesh._spawn_admin()`, called by its examples: a Future of
         this controller's admin endpoint address (`monarch-admin` attaches there)."""
@@ -343,14 +353,41 @@ def _local_ip_for(host: str, port: int) -> str:
         s.close()
 
 
-def attach_to_workers(addresses: list[str], key_file: Optional[str] = None,
-                      timeout: float = 30.0, name: str = "hosts") -> HostMesh:
+_NO_UNAUTHENTICATED = (
+    "attach_to_workers(ca='trust_all_connections') is not supported: a host agent runs "
+    "whatever code its controller sends, so every agent here authenticates its controller "
+    "with the cluster's CurveZMQ key and nothing listens off loopback without one. Start "
+    "each worker with `python -m runtime.host --listen tcp://HOST:PORT --key-file KEY` "
+    "and call attach_to_workers(workers=[...], key_file=KEY) (or set MONARCH_KEY_FILE)")
+
+
+def _check_monarch_tls(ca: Any, private_key: Any) -> None:
+    """Monarch's `ca=`/`private_key=` arguments: refused, naming what to use instead."""
+    if isinstance(ca, str) and ca == "trust_all_connections":
+        raise PermissionError(_NO_UNAUTHENTICATED)
+    if ca is not None or private_key is not None:
+        raise ValueError("attach_to_workers(ca=..., private_key=...): TLS certificates are not "
+                         "used here; agents and controllers authenticate with the cluster's "
+                         "CurveZMQ key file (key_file= or MONARCH_KEY_FILE)")
+
+
+def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[str] = None,
+                      timeout: float = 30.0, name: Optional[str] = "hosts", *,
+                      workers: Optional[list[str]] = None, ca: Any = None,
+                      private_key: Any = None) -> HostMesh:
     """Attach to host agents started with `python -m runtime.host --listen tcp://...`;
-    returns a HostMesh with dimension `hosts` (CurveZMQ-authenticated and encrypted)."""
+    returns a HostMesh with dimension `hosts` (CurveZMQ-authenticated and encrypted).
+    `workers=` is Monarch's name for `addresses`; its `ca=`/`private_key=` are refused."""
     from urllib.parse import urlparse
 
     from ..transport import auth
 
+    _check_monarch_tls(ca, private_key)
+    if workers is not None:
+        if addresses is not None:
+            raise TypeError("attach_to_workers: give addresses or workers=, not both")
+        addresses = list(workers)
+    name = name or "hosts"
     if not addresses:
         raise ValueError("attach_to_workers needs at least one agent address")
     for a in addresses:

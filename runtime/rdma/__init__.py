@@ -10,7 +10,8 @@ accept loop) only. The transport, below it, reaches it through `runtime._feature
 
 from typing import Any
 
-from .buffer import RDMAAction, RDMABuffer, RDMAOwner, get_rdma_backend, is_rdma_available
+from .buffer import (RDMAAction, RDMABuffer, RDMAOwner, get_rdma_backend, is_ibverbs_available,
+                     is_rdma_available)
 from .errors import (RDMAAuthError, RDMABufferDroppedError, RDMABufferError, RDMADTypeError,
                      RDMAError, RDMAOwnerDiedError, RDMASizeError, RDMATimeoutError,
                      RDMATransportError)
@@ -33,7 +34,8 @@ def _close_ipc(buf: RDMABuffer) -> None:
 
 
 __all__ = [
-    "RDMAAction", "RDMABuffer", "RDMAOwner", "get_rdma_backend", "is_rdma_available", "RDMAError",
+    "RDMAAction", "RDMABuffer", "RDMAOwner", "get_rdma_backend", "is_ibverbs_available",
+    "is_rdma_available", "RDMAError",
     "RDMABufferError", "RDMASizeError", "RDMADTypeError", "RDMABufferDroppedError",
     "RDMAOwnerDiedError", "RDMATimeoutError", "RDMAAuthError", "RDMATransportError",
 ]

@@ -116,20 +116,26 @@ class RDMABuffer:
                 f"owner={self.owner}, id={self._h.buffer_id})")
 
     # -- transfers -----------------------------------------------------------------------
-    def _check(self, local: Any, what: str, offset: int, need_writable: bool, timeout: float):
+    def _check(self, local: Any, what: str, offset: int, is_read: bool, timeout: float):
+        """The local span a transfer moves; at offset 0 Monarch's rule: a read fills the
+        first remote-size bytes of a local buffer at least that large, a write gives the
+        whole of a local buffer at most that large (into the remote buffer's first bytes)."""
         if not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        span = span_of(local, what=what, need_writable=need_writable)
+        span = span_of(local, what=what, need_writable=is_read)
         check_dtype(span, self._h.dtype, what)
         if not isinstance(offset, int) or offset < 0:
             raise RDMASizeError(f"offset must be a non-negative int, got {offset!r}")
-        if offset == 0 and span.nbytes > self._h.size:
-            # a larger local buffer takes (or gives) the remote buffer's bytes, as in Monarch
+        if offset == 0 and is_read and span.nbytes > self._h.size:
             span = dataclasses.replace(span, nbytes=self._h.size)
-        if offset == 0 and span.nbytes != self._h.size:
+        if offset == 0 and is_read and span.nbytes < self._h.size:
             raise RDMASizeError(
                 f"{what} has {span.nbytes} bytes, fewer than the remote buffer's "
-                f"{self._h.size}; pass offset= to move a sub-range")
+                f"{self._h.size}; pass offset= to read a sub-range")
+        if offset == 0 and not is_read and span.nbytes > self._h.size:
+            raise RDMASizeError(
+                f"{what} has {span.nbytes} bytes, more than the remote buffer's "
+                f"{self._h.size}; write a slice of it (src[:n])")
         if offset + span.nbytes > self._h.size:
             raise RDMASizeError(
                 f"{what} of {span.nbytes} bytes at offset {offset} overruns the remote buffer "
@@ -149,7 +155,7 @@ class RDMABuffer:
 
     def write_from(self, src: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT) -> Future:
         """Copy `src` into the remote bytes [offset, offset+src.nbytes); Future of the byte count.
-        A `src` larger than the remote buffer (offset 0) gives its first remote-size bytes."""
+        A `src` smaller than the remote buffer fills its first bytes; a larger one is refused."""
         span = self._check(src, "write_from source", offset, False, timeout)
 
         def run() -> int:
@@ -201,9 +207,15 @@ def get_rdma_backend(buffer: Optional[RDMABuffer] = None) -> str:
     return "ibverbs" if ibverbs.shared_context() is not None else "tcp"
 
 
-def is_rdma_available() -> bool:
-    """True when an ibverbs device is usable here (the other transports always are)."""
+def is_ibverbs_available() -> bool:
+    """True when our ibverbs backend can open a device here (Monarch's name; the other
+    transports, process_vm and TCP, are always available)."""
     return ibverbs.shared_context() is not None
+
+
+def is_rdma_available() -> bool:
+    """True when an ibverbs device is usable here (= is_ibverbs_available(), Monarch's older name)."""
+    return is_ibverbs_available()
 
 
 def _after_fork() -> None:
@@ -218,7 +230,8 @@ os.register_at_fork(after_in_child=_after_fork)
 class RDMAAction:
     """A batch of reads and writes submitted together (`submit()`): the transfers run in
     parallel on the transfer threads and one Future resolves when all are done. Each is
-    checked when queued (sizes, dtypes); a local range written by two reads is refused."""
+    checked when queued (sizes, dtypes); a local range written by two reads is refused.
+    The batch stays queued: each `submit()` runs it again (as in Monarch)."""
 
     def __init__(self) -> None:
         self._ops: list = []  # (buffer, span, is_write)
@@ -256,8 +269,9 @@ class RDMAAction:
         return self._add(dst, src, True)
 
     def submit(self, timeout: float = DEFAULT_TIMEOUT) -> Future:
-        """Run every queued transfer; a Future of None, or of the first transfer's error."""
-        ops, self._ops, self._written = self._ops, [], []
+        """Run every queued transfer (again, on a later call); a Future of None, or of the
+        first transfer's error."""
+        ops = list(self._ops)
         out: Future = Future("RDMAAction.submit")
         if not ops:
             out.set_result(None)

@@ -57,20 +57,16 @@ class MeshFailure:
             lines.append(f"  actor {self.mesh}{self.point}")
         if self.host or self.pid:
             lines.append(f"  host {self.host}, pid {self.pid}, proc {self.proc_id}")
-        if self.exit_code is not None:
-            lines.append(f"  exit code {self.exit_code}")
         if self.signal:
             from .._process import describe_status
 
             lines.append(f"  {describe_status(None, self.signal)}")
-            lines.append(f"  process failure: Killed(sig={self.signal})")  # Monarch's words
-        elif self.exit_code is not None:
-            lines.append(f"  process failure: Exited(code={self.exit_code})")
-        elif self.actor_name:  # Monarch's words
-            lines.append(f"  The actor {self.actor_name} and all its descendants have failed.")
-            failing = self.caused_by.actor_name if self.caused_by is not None else ""
-            lines.append(f"  This occurred because the actor {failing or 'itself'} failed.")
-        elif self.caused_by is None:
+        # Monarch's failure report: who failed with all its descendants, and why
+        lines.append(f"  The actor {self._name()} and all its descendants have failed:")
+        lines.append(f"    {self._monarch_reason()}")
+        if self.caused_by is not None:
+            lines.append(f"  This occurred because the actor {self.caused_by._name()} failed.")
+        elif not self.signal and self.exit_code is None:
             lines.append("  This occurred because the actor itself failed.")
         if self.traceback:
             lines.append("  traceback:")
@@ -83,10 +79,27 @@ class MeshFailure:
             lines.extend("    " + ln for ln in self.caused_by.report().splitlines())
         return "\n".join(lines)
 
+    def _name(self) -> str:
+        """The failed actor's Monarch name, else its mesh and point."""
+        return self.actor_name or f"{self.mesh}{self.point}"
+
+    def _monarch_reason(self) -> str:
+        """Why, in Monarch's words: its process's end (`the process this actor was running
+        on failed: Killed(sig=9)`, `... exited with non-zero code 1`), else the cause."""
+        if self.signal:
+            return f"the process this actor was running on failed: Killed(sig={self.signal})"
+        if self.exit_code:
+            return ("the process this actor was running on exited with non-zero code "
+                    f"{self.exit_code}")
+        if self.exit_code is not None:
+            return f"the process this actor was running on exited (code 0): {self.cause}"
+        return self.cause
+
     def __str__(self) -> str:
-        ranks = ",".join(map(str, self.ranks))  # the tag: Monarch's "MeshFailure ... rank=N"
+        # the tag: Monarch's older "MeshFailure ... rank=N" and its "crashed_ranks=[N]"
+        ranks = ",".join(map(str, self.ranks))
         return (f"mesh {self.mesh!r} rank(s) {self.ranks} failed: {self.cause} "
-                f"(MeshFailure rank={ranks})")
+                f"(MeshFailure rank={ranks}, crashed_ranks={list(self.ranks)})")
 
 
 def is_interactive() -> bool:
@@ -128,4 +141,22 @@ def default_unhandled_fault_hook(failure: MeshFailure) -> None:
     try:
         _features.call("runtime.shutdown", 1.0)  # the core is above supervision
     finally:
+        _run_atexit(5.0)
         os._exit(1)
+
+
+def _run_atexit(timeout: float) -> None:
+    """Run the process's `atexit` handlers before a fail-fast exit (as Monarch's does), on
+    a thread of their own, bounded by `timeout` (a handler may wait on the runtime)."""
+    import atexit
+
+    def run() -> None:
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001 - exiting anyway
+            pass
+        sys.stdout.flush()
+
+    t = threading.Thread(target=run, name="monarch-atexit", daemon=True)
+    t.start()
+    t.join(timeout)
