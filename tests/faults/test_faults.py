@@ -124,8 +124,7 @@ def test_sigstop_is_declared_hung(mesh, failures, record_detection, monkeypatch)
     # which may precede the SIGSTOP by an interval (0.5 s) or more on a loaded machine
     assert 1.0 < dt < 5.0
     # the hung proc is killed, not left behind
-    if psutil.pid_exists(pid):
-        assert not _wait_dead([psutil.Process(pid)], 5.0)
+    assert not _wait_dead(_procs([pid]), 5.0)
 
 
 def test_exception_under_broadcast_fails_actor(mesh, failures, record_detection):
@@ -179,8 +178,7 @@ def test_sigkill_of_host_agent(failures, record_detection):
     dt = time.monotonic() - t0
     record_detection("SIGKILL of the host agent", dt)
     assert dt < 1.0 and "host agent" in str(err)
-    assert not _wait_dead([psutil.Process(p["pid"]) for p in pids
-                           if psutil.pid_exists(p["pid"])], 2.0)
+    assert not _wait_dead(_procs(p["pid"] for p in pids), 2.0)
     # a new host agent is started for the next spawn
     pm2 = this_host().spawn_procs(per_host={"procs": 1})
     assert pm2.spawn("after", Echo).ping.call_one(1).get(timeout=30) == 1
@@ -262,6 +260,17 @@ def _controller_script(tmp_path, name: str, body: str):
     return path
 
 
+def _procs(pids) -> list:
+    """psutil handles of those of `pids` that still exist (one may exit at any moment)."""
+    out = []
+    for pid in pids:
+        try:
+            out.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
 def _wait_dead(procs, timeout):
     """Poll until every process is gone or a zombie; returns those still running."""
     deadline = time.monotonic() + timeout
@@ -333,8 +342,7 @@ def test_stop_runs_cleanup_children_first(tmp_path):
     pids = [p.pid for p in pm.procs]
     pm.stop().get(timeout=15)
     assert sorted(open(path).read().split("\n")[:-1]) == ["cleanup 0", "cleanup 1"]
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                   for p in pids)
+    assert not _wait_dead(_procs(pids), 0)
 
 
 def test_script_fails_fast_with_a_report(tmp_path):
@@ -365,5 +373,5 @@ def test_normal_exit_without_stop_leaves_no_procs(tmp_path):
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     pids = eval(r.stdout.strip().splitlines()[-1])
-    alive = _wait_dead([psutil.Process(p) for p in pids if psutil.pid_exists(p)], 3.0)
+    alive = _wait_dead(_procs(pids), 3.0)
     assert not alive
