@@ -7,15 +7,12 @@ Layer 6 (process roles, below `proc`): imports actor, channel and the basics.
 
 from __future__ import annotations
 
-import logging
 import queue
 from typing import TYPE_CHECKING, Any, Optional
 
 from .actor import EndpointDef
 from .channel import Port
 from .errors import ActorError, SupervisionError, actor_failed_message
-
-log = logging.getLogger("runtime.actor.concurrent")
 
 if TYPE_CHECKING:
     import asyncio
@@ -110,18 +107,8 @@ async def _run(a: "ActorInstance", ep: EndpointDef, h: Any, coro: Any) -> None:
             a._reply_error(h, ActorError(f"{ep.name}() was cancelled (the actor stopped)",
                                          mesh=a.name, rank=a.rank, endpoint=ep.name))
         raise
-    except Exception as e:  # noqa: BLE001
-        if ep.explicit_response_port:  # as in Monarch: logged, the actor lives on, and
-            a.errors += 1              # the caller hears only what the port sent
-            a.last_exception = e
-            log.warning("concurrent explicit response-port endpoint %s.%s raised %s: %s "
-                        "(not sent to the caller; answer through the port)", a.name,
-                        ep.name, type(e).__name__, e)
-            return
-        a.report_error(h, ep, e)
-        return
-    except BaseException as e:  # noqa: BLE001 - fails the actor (SystemExit, ...)
-        a.report_error(h, ep, e)
+    except BaseException as e:  # noqa: BLE001 - to the caller, or fails the actor (an
+        a.report_error(h, ep, e)  # explicit-port endpoint, SystemExit...: is_fatal)
         return
     if h.port and not ep.explicit_response_port:
         a._send_result(h, ep.name, result)

@@ -153,16 +153,21 @@ def test_concurrent_endpoint_runs_interleaved(procs):
     g.stop().get(timeout=20)
 
 
-def test_concurrent_explicit_port_exception_is_logged_not_fatal(procs):
-    """As in Monarch: a concurrent explicit-port endpoint that raises answers nothing more
-    than its port sent, the actor lives on, and the error is logged on the proc."""
+def test_concurrent_explicit_port_exception_fails_the_actor(procs):
+    """As in Monarch: a concurrent explicit-port endpoint whose task raises fails the actor,
+    like a plain explicit-port endpoint; a caller still waiting gets SupervisionError (at
+    once, not a timeout), an answer already sent stays delivered, later calls fail too."""
     g = procs.slice(procs=0).spawn("gate_port_fail", Gate)
-    assert g.port_fail.call_one(True).get(timeout=20) == "answered"
-    silent = g.port_fail.call_one(False)
-    with pytest.raises(TimeoutError):
-        silent.get(timeout=0.5)
-    assert g.ping.call_one().get(timeout=20) == "pong"  # not failed
-    g.stop().get(timeout=20)
+    assert g.port_fail.call_one(True).get(timeout=20) == "answered"  # it failed after
+    with pytest.raises(SupervisionError, match="explicit boom"):
+        g.ping.call_one().get(timeout=20)
+    h = procs.slice(procs=0).spawn("gate_port_fail2", Gate)
+    t0 = time.monotonic()
+    with pytest.raises(SupervisionError, match="port_fail.*explicit boom"):
+        h.port_fail.call_one(False).get(timeout=20)
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(SupervisionError):
+        h.ping.call_one().get(timeout=20)
 
 
 def test_inherited_concurrent_endpoints_run_interleaved(procs):
