@@ -278,3 +278,22 @@ def test_asyncio_tasks_of_an_actor_run_between_messages(procs):
     assert later >= first + 10, (first, later)
     assert b.finish.call_one().get(timeout=20) >= later
     b.stop().get(timeout=20)
+
+
+def test_sync_and_async_endpoints_mix_in_one_actor(procs, ported, tmp_path):
+    """Monarch refuses such an actor at spawn (docs/porting.md says why this runtime keeps
+    it): they share state, keep one-at-a-time order, both may wait on other actors, and
+    an async __cleanup__ runs with sync endpoints."""
+    from _monarch_actors import Mixed
+
+    path = tmp_path / "cleanup"
+    m = procs.slice(procs=1).spawn("mixed", Mixed, str(path))
+    futs = [m.add_async.call_one(1), m.add_sync.call_one(2), m.add_async.call_one(3),
+            m.add_sync.call_one(4)]
+    want = [("async", 1), ("sync", 2), ("async", 3), ("sync", 4)]
+    assert [f.get(timeout=20) for f in futs] == [want[:i + 1] for i in range(4)]
+    other = ported.slice(procs=0)
+    assert m.ask_sync.call_one(other).get(timeout=30) == 7
+    assert m.ask_async.call_one(other).get(timeout=30) == 8
+    m.stop().get(timeout=20)
+    assert path.read_text() == "cleaned after 4"
