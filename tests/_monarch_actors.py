@@ -309,3 +309,11 @@ class Mixed(Actor):
             await asyncio.sleep(0)
             with open(self.cleanup_file, "w") as f:
                 f.write(f"cleaned after {len(self.log)}")
+
+
+class StopEndpoint(Actor):
+    """An endpoint named like a mesh method (Monarch's grpo_actor.py has `Scorer.stop`)."""
+
+    @endpoint
+    async def stop(self) -> str:
+        return "the endpoint"

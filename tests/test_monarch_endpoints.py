@@ -297,3 +297,16 @@ def test_sync_and_async_endpoints_mix_in_one_actor(procs, ported, tmp_path):
     assert m.ask_async.call_one(other).get(timeout=30) == 8
     m.stop().get(timeout=20)
     assert path.read_text() == "cleaned after 4"
+
+
+def test_an_endpoint_named_stop_shadows_the_mesh_method(procs):
+    """As in Monarch (its meshes set each endpoint as an attribute): `mesh.stop` is the
+    endpoint; ActorMesh.stop(mesh) still stops the actors, and stopping the procs too."""
+    from _monarch_actors import StopEndpoint
+
+    m = procs.spawn("stopper", StopEndpoint)
+    assert list(m.stop.call().get(timeout=20).values()) == ["the endpoint"] * 2
+    assert m.slice(procs=1).stop.call_one().get(timeout=20) == "the endpoint"  # a view too
+    assert not m.stopped
+    ActorMesh.stop(m).get(timeout=20)
+    assert m.stopped
