@@ -114,7 +114,7 @@ class InventoryCommands:
             targets = []
             for name in a.names:
                 targets.extend(self._meshes_named(name))
-        futs = [(m, m.stop()) for m in targets]
+        futs = [(m, type(m).stop(m)) for m in targets]  # not an endpoint called stop
         names = []
         for m, f in futs:
             try:

@@ -39,7 +39,7 @@ def stop_mesh(name: str, runtime: Any = None, timeout: float = 30.0) -> str:
         known = sorted({n for m in rt.meshes() for n in _names(m)})
         raise KeyError(f"no live mesh named {name!r}; live meshes: {known}")
     for m in found:
-        res = m.stop()
+        res = type(m).stop(m)  # not an endpoint called stop
         if hasattr(res, "get"):
             res.get(timeout=timeout)
     return f"stopped mesh {name}"

@@ -135,7 +135,7 @@ class ActorInstance:
         body, buffers = self._spawn
         self._spawn = None
         try:
-            cls, args, kwargs = loads(body, buffers)
+            cls, args, kwargs = loads(body, buffers, serialized=True)
             self.endpoints = endpoints_of(cls)
             self.instance = cls.__new__(cls)
             init = self.instance.__init__(*args, **kwargs)
@@ -254,10 +254,10 @@ class ActorInstance:
         """Unpickle a call's (args, kwargs); a CUDA tensor this proc cannot take is a clear
         error naming the argument and this proc."""
         try:
-            return loads(body, buffers)
+            return loads(body, buffers, serialized=True)
         except cuda_tensors.CUDAUnavailableError as e:
             with cuda_tensors.lenient():
-                args, kwargs = loads(body, buffers)
+                args, kwargs = loads(body, buffers, serialized=True)
             culprit = cuda_tensors.name_argument(ep.fn, args, kwargs)
             what = f"argument {culprit[0]}" if culprit else "an argument"
             raise cuda_tensors.CUDAUnavailableError(

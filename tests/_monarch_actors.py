@@ -319,3 +319,44 @@ class ChildGate(Gate):
     @endpoint
     def release(self) -> None:
         self.unblock.set()
+
+
+class Mixed(Actor):
+    """Sync and async endpoints in one actor (Monarch refuses this class at spawn)."""
+
+    def __init__(self, cleanup_file: str = "") -> None:
+        self.log: list = []
+        self.cleanup_file = cleanup_file
+
+    @endpoint
+    def add_sync(self, x: int) -> list:
+        self.log.append(("sync", x))
+        return list(self.log)
+
+    @endpoint
+    async def add_async(self, x: int) -> list:
+        await asyncio.sleep(0.02)  # the next message waits: one message at a time
+        self.log.append(("async", x))
+        return list(self.log)
+
+    @endpoint
+    def ask_sync(self, other: object) -> int:
+        return other.ping.call_one(7).get(timeout=20)  # a sync endpoint may block on a call
+
+    @endpoint
+    async def ask_async(self, other: object) -> int:
+        return await other.ping.call_one(8)
+
+    async def __cleanup__(self, exc: object) -> None:  # Monarch: refused with sync endpoints
+        if self.cleanup_file:
+            await asyncio.sleep(0)
+            with open(self.cleanup_file, "w") as f:
+                f.write(f"cleaned after {len(self.log)}")
+
+
+class StopEndpoint(Actor):
+    """An endpoint named like a mesh method (Monarch's grpo_actor.py has `Scorer.stop`)."""
+
+    @endpoint
+    async def stop(self) -> str:
+        return "the endpoint"

@@ -30,6 +30,10 @@ class Big(Actor):
         return {"t": torch.rand(n, generator=g), "list": [np.arange(n // 2), "tag"]}
 
     @endpoint
+    def pair(self, n: int) -> tuple:
+        return torch.full((n,), 1.0), torch.full((n,), 2.0)
+
+    @endpoint
     def make_bytes(self, n: int) -> bytes:
         return b"x" * n  # in-band pickle data: cannot be left on the data plane
 
@@ -91,6 +95,16 @@ def test_large_arguments_and_results_travel(actors):
             assert time.monotonic() < deadline, "result buffers were not dropped"
             time.sleep(0.05)
         assert _own_buffers() <= before
+
+
+def test_result_of_buffers_each_under_the_limit_but_over_it_together(actors):
+    """Monarch's 4 GB result (two 2e9-byte tensors, each under the 2 GiB limit) at 1/512
+    scale: two 3.8 MiB tensors under a 4 MiB limit; the larger goes on the data plane."""
+    n = (LIMIT - (256 << 10)) // 4
+    with runtime.configured(max_message_bytes=LIMIT):
+        ones, twos = actors.slice(procs=0).pair.call_one(n).get(timeout=60)
+    assert 2 * 4 * n > LIMIT and ones.shape == twos.shape == (n,)
+    assert bool((ones == 1).all()) and bool((twos == 2).all())
 
 
 def test_what_cannot_move_fails_clearly(actors):

@@ -167,6 +167,24 @@ def test_concurrent_explicit_port_exception_kills_the_actor(procs, monkeypatch):
     assert any(f.mesh == "gate_port_fail" for f in seen)
 
 
+def test_concurrent_explicit_port_answer_then_raise_fails_the_actor(procs, monkeypatch):
+    """As in Monarch: a concurrent explicit-port endpoint whose task raises fails the actor,
+    like a plain explicit-port endpoint; a caller still waiting gets SupervisionError (at
+    once, not a timeout), an answer already sent stays delivered, later calls fail too."""
+    monkeypatch.setattr(runtime, "unhandled_fault_hook", lambda failure: None)
+    g = procs.slice(procs=0).spawn("gate_port_fail3", Gate)
+    assert g.port_fail.call_one(True).get(timeout=20) == "answered"  # it failed after
+    with pytest.raises(SupervisionError, match="explicit boom"):
+        g.ping.call_one().get(timeout=20)
+    h = procs.slice(procs=0).spawn("gate_port_fail4", Gate)
+    t0 = time.monotonic()
+    with pytest.raises(SupervisionError, match="port_fail.*explicit boom"):
+        h.port_fail.call_one(False).get(timeout=20)
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(SupervisionError):
+        h.ping.call_one().get(timeout=20)
+
+
 def test_inherited_concurrent_endpoints_run_interleaved(procs):
     from _monarch_actors import ChildGate
 
@@ -275,3 +293,35 @@ def test_asyncio_tasks_of_an_actor_run_between_messages(procs):
     assert later >= first + 10, (first, later)
     assert b.finish.call_one().get(timeout=20) >= later
     b.stop().get(timeout=20)
+
+
+def test_sync_and_async_endpoints_mix_in_one_actor(procs, ported, tmp_path):
+    """Monarch refuses such an actor at spawn (docs/porting.md says why this runtime keeps
+    it): they share state, keep one-at-a-time order, both may wait on other actors, and
+    an async __cleanup__ runs with sync endpoints."""
+    from _monarch_actors import Mixed
+
+    path = tmp_path / "cleanup"
+    m = procs.slice(procs=1).spawn("mixed", Mixed, str(path))
+    futs = [m.add_async.call_one(1), m.add_sync.call_one(2), m.add_async.call_one(3),
+            m.add_sync.call_one(4)]
+    want = [("async", 1), ("sync", 2), ("async", 3), ("sync", 4)]
+    assert [f.get(timeout=20) for f in futs] == [want[:i + 1] for i in range(4)]
+    other = ported.slice(procs=0)
+    assert m.ask_sync.call_one(other).get(timeout=30) == 7
+    assert m.ask_async.call_one(other).get(timeout=30) == 8
+    m.stop().get(timeout=20)
+    assert path.read_text() == "cleaned after 4"
+
+
+def test_an_endpoint_named_stop_shadows_the_mesh_method(procs):
+    """As in Monarch (its meshes set each endpoint as an attribute): `mesh.stop` is the
+    endpoint; ActorMesh.stop(mesh) still stops the actors, and stopping the procs too."""
+    from _monarch_actors import StopEndpoint
+
+    m = procs.spawn("stopper", StopEndpoint)
+    assert list(m.stop.call().get(timeout=20).values()) == ["the endpoint"] * 2
+    assert m.slice(procs=1).stop.call_one().get(timeout=20) == "the endpoint"  # a view too
+    assert not m.stopped
+    ActorMesh.stop(m).get(timeout=20)
+    assert m.stopped

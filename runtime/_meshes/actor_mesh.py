@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any, Generator, Optional
 
 from .._core import ActorMeshRecord, Runtime, get_runtime
@@ -28,6 +29,8 @@ class ActorMesh(MeshTrait):
         self._shape = shape
         self._proc_mesh = proc_mesh
         self._class = actor_class
+        for name in _MESH_METHODS.intersection(rec.sigs):  # as in Monarch, an endpoint named
+            self.__dict__[name] = EndpointRef(self, name, rec.sigs[name])  # like a method wins
 
     @property
     def name(self) -> str:
@@ -164,7 +167,7 @@ class ActorMesh(MeshTrait):
         return fut
 
     def _stop_now(self, timeout: float = 5.0) -> None:
-        self.stop().get(timeout)
+        ActorMesh.stop(self).get(timeout)  # not an endpoint called stop
 
     def __reduce__(self) -> Any:
         r = self._rec
@@ -183,6 +186,12 @@ class ActorMesh(MeshTrait):
         from ..hooks import mesh_html  # the views' display hook, else <pre>repr</pre>
 
         return mesh_html(self, "actor_mesh")
+
+
+# Public methods of ActorMesh; an endpoint of the same name shadows one on the mesh (`stop`:
+# `mesh.stop` is the endpoint, `ActorMesh.stop(mesh)` still stops the actors).
+_MESH_METHODS = frozenset(n for n in dir(ActorMesh) if not n.startswith("_")
+                          and inspect.isfunction(inspect.getattr_static(ActorMesh, n)))
 
 
 def _rebuild_actor_mesh(state: dict) -> ActorMesh:

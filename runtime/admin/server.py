@@ -114,7 +114,7 @@ class AdminServer:
         if not found:
             raise KeyError(f"no live mesh named {name!r}")
         for m in found:
-            res = m.stop()
+            res = type(m).stop(m)  # not an endpoint called stop
             if hasattr(res, "get"):
                 res.get(timeout=float(timeout))
         return len(found)

@@ -162,14 +162,27 @@ def keep_alive(obj: Any) -> bool:
     return True
 
 
-def loads(data: Any, buffers: Sequence[Any] = ()) -> Any:
+# Unpickling imports what a message names (torch for a tensor, a by-value class's modules).
+# Two threads importing torch for the first time at once break its circular imports
+# ("partially initialized module 'torch.nn.parameter'", or a C type "already defined"
+# when the second re-runs what the first left half done), so the actor threads of a proc,
+# which unpickle their spawn and call messages each on its own thread, take turns here.
+_unpickle_lock = threading.RLock()
+
+
+def loads(data: Any, buffers: Sequence[Any] = (), serialized: bool = False) -> Any:
     """Unpickle a body produced by `dumps` (after reading the buffers a message over the
-    size limit left on the data plane: runtime/transport/bulk.py)."""
+    size limit left on the data plane: runtime/transport/bulk.py). `serialized`: unpickle
+    under a process-wide lock (actor threads; never the I/O thread, which a reconstructor
+    may wait on)."""
     if type(data) is not bytes or data[:1] == b"\x00":  # a pickle never starts with 0
         from . import bulk
 
-        if bulk.is_bulk(data):
+        if bulk.is_bulk(data):  # read outside the lock: it may take long
             data, buffers = bulk.materialize(data, buffers)
+    if serialized:
+        with _unpickle_lock:
+            return pickle.loads(data, buffers=buffers)
     return pickle.loads(data, buffers=buffers)
 
 
