@@ -64,3 +64,27 @@ def test_a_temporary_mesh_tensor_outlives_the_call_that_takes_it(mesh):
         for _ in range(20):  # the temporary row is freed as soon as it is pickled
             got = users.describe.call(d[0] * 2).get(timeout=30)
             assert [v["sum"] for v in got.values()] == [8.0, 16.0]
+
+
+def test_a_call_waiting_for_its_shard_lets_the_engine_run(mesh):
+    """An actor's call that unpickles a mesh tensor whose op has not run yet waits for the
+    engine's worker, which must still be able to unpickle its next batch of commands (actor
+    threads take turns unpickling; a waiting one lets the others go): no 60 s stall."""
+    import time
+
+    from _actors import ShardUser
+
+    from runtime.tensor import flush
+
+    users = mesh.spawn("waiting_users", ShardUser)
+    with mesh.activate():
+        big = torch.ones(1200, 1200)
+        for _ in range(3):
+            slow = big @ big @ big  # keeps the worker busy with this batch
+            flush()
+            x = torch.ones(4) * 2   # its op comes in the next batch, behind the slow one
+            t0 = time.monotonic()
+            got = users.describe.call(x).get(timeout=50)
+            assert [v["sum"] for v in got.values()] == [8.0, 8.0]
+            assert time.monotonic() - t0 < 30
+            del slow

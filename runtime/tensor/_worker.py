@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..actor import Actor, context, endpoint
 from ..proc import add_heartbeat_field
+from ..transport.serialization import unpickling_paused
 
 #: the tensor-engine worker of this proc (a proc belongs to one root mesh: one worker)
 _WORKER: "Worker | None" = None
@@ -288,11 +289,12 @@ def local_shard(ref: int, proc_ids: tuple) -> Any:
                            f"only on the procs of its mesh; {where} is not one of them")
     # The engine's worker on this proc is spawned by the mesh's first activate(); a call to
     # another actor of the proc may be handled before the worker's __init__ has run.
-    if not _WORKER_UP.wait(SHARD_WAIT_S) or _WORKER is None:
-        raise RuntimeError(f"the tensor engine's worker did not start on proc {ctx.proc_id} "
-                           f"within {SHARD_WAIT_S:g} s; the runtime.Tensor passed to this "
-                           "actor has no shard here")
-    got = _WORKER.shard(ref, SHARD_WAIT_S)
+    with unpickling_paused():  # the worker unpickles its commands meanwhile
+        if not _WORKER_UP.wait(SHARD_WAIT_S) or _WORKER is None:
+            raise RuntimeError(f"the tensor engine's worker did not start on proc "
+                               f"{ctx.proc_id} within {SHARD_WAIT_S:g} s; the runtime.Tensor "
+                               "passed to this actor has no shard here")
+        got = _WORKER.shard(ref, SHARD_WAIT_S)
     if isinstance(got, Failure):
         from ._fetch import RemoteTensorError
 

@@ -11,13 +11,14 @@ imported here: tensors are recognised only when the process has already imported
 
 from __future__ import annotations
 
+import contextlib
 import io
 import marshal
 import pickle
 import sys
 import threading
 import types
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import cloudpickle
 
@@ -167,7 +168,11 @@ def keep_alive(obj: Any) -> bool:
 # ("partially initialized module 'torch.nn.parameter'", or a C type "already defined"
 # when the second re-runs what the first left half done), so the actor threads of a proc,
 # which unpickle their spawn and call messages each on its own thread, take turns here.
-_unpickle_lock = threading.RLock()
+# A reconstructor that waits for another actor (a mesh tensor's shard waits for the
+# engine's worker to run the op that makes it) lets the others go while it waits:
+# `unpickling_paused()`.
+_unpickle_lock = threading.Lock()
+_turn = threading.local()  # .held: this thread holds _unpickle_lock
 
 
 def loads(data: Any, buffers: Sequence[Any] = (), serialized: bool = False) -> Any:
@@ -180,10 +185,30 @@ def loads(data: Any, buffers: Sequence[Any] = (), serialized: bool = False) -> A
 
         if bulk.is_bulk(data):  # read outside the lock: it may take long
             data, buffers = bulk.materialize(data, buffers)
-    if serialized:
+    if serialized and not getattr(_turn, "held", False):
         with _unpickle_lock:
-            return pickle.loads(data, buffers=buffers)
+            _turn.held = True
+            try:
+                return pickle.loads(data, buffers=buffers)
+            finally:
+                _turn.held = False
     return pickle.loads(data, buffers=buffers)
+
+
+@contextlib.contextmanager
+def unpickling_paused() -> Iterator[None]:
+    """Inside a reconstructor that waits for another thread: let the other actor threads
+    unpickle meanwhile (taking the turn back after); nothing when this thread has no turn."""
+    if not getattr(_turn, "held", False):
+        yield
+        return
+    _turn.held = False
+    _unpickle_lock.release()
+    try:
+        yield
+    finally:
+        _unpickle_lock.acquire()
+        _turn.held = True
 
 
 def buffer_nbytes(buffers: Sequence[Any]) -> int:
