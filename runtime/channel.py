@@ -12,6 +12,7 @@ from typing import Any, Callable, Generic, Optional, TypeVar
 from ._core import get_runtime
 from .future import Future
 from .transport.framing import ERROR, OK, Header, Kind
+from .transport.inbox import process_address
 from .transport.serialization import dumps, loads
 
 T = TypeVar("T")
@@ -36,7 +37,9 @@ class Port(Generic[T]):
             h = Header(Kind.PORT_SEND, port=self.port_id, status=status)
         else:
             h = Header(Kind.REPLY, port=self.port_id, rank=self.rank, status=status)
-        rt.send(self.address, h, body, tuple(bufs))
+        # an error goes to the process inbox, behind the failure report its actor may send
+        addr = self.address if status == OK else process_address(self.address)
+        rt.send(addr, h, body, tuple(bufs))
 
     def send(self, value: T) -> None:
         """Send `value` to the receiver (from any process of this controller's session)."""

@@ -187,6 +187,9 @@ _SETTINGS: tuple[Setting, ...] = (
        choices=("auto", "raise", "exit")),
     _s("admin", "bool", True, "The controller serves its loopback admin endpoint "
        "(monarch-admin, monarch-debug, the dashboard).", live=True),
+    _s("caller_reads_replies", "bool", True, "A thread waiting in Future.get() for a call "
+       "to local procs receives the replies itself, on a socket of its own, instead of "
+       "through the I/O thread (less latency per call).", live=True),
     _s("gather_replies", "str", "auto", "Host agents gather the replies of their procs to a "
        "call() into one message to the caller: less CPU for a controller that calls many "
        "actors, one more local hop per reply. auto: for agents on other hosts.", live=True,

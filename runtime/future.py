@@ -78,7 +78,7 @@ class Future(Generic[R]):
     """A value that arrives later. `.get()` blocks; `await fut` suspends a coroutine."""
 
     __slots__ = ("_lock", "_event", "_value", "_exc", "_callbacks", "_on_interrupt", "_label",
-                 "_ports", "_coro", "_had_coro", "_gathered")
+                 "_ports", "_coro", "_had_coro", "_gathered", "_inbox")
 
     def __init__(self, label: str = "", *, coro: Optional[Coroutine[Any, Any, R]] = None
                  ) -> None:
@@ -95,6 +95,9 @@ class Future(Generic[R]):
         self._coro = coro  # not yet started; taken by whoever runs it
         self._had_coro = coro is not None
         self._gathered = False  # its coroutine was handed to Future.gather
+        #: where the replies that resolve it arrive, when that is a thread's own inbox
+        #: (runtime.transport.inbox): its owner, waiting in get(), receives them itself
+        self._inbox: Any = None
 
     # -- resolution (runtime side) -------------------------------------------------
     def _resolve(self, value: Any = None, exc: Optional[BaseException] = None) -> bool:
@@ -159,6 +162,11 @@ class Future(Generic[R]):
     def _wait(self, timeout: Optional[float]) -> None:
         if self._event.is_set():
             return
+        inbox = self._inbox
+        if inbox is not None and inbox.owner != threading.get_ident():
+            inbox = None  # another thread's inbox: its owner or the I/O thread reads it
+        if inbox is not None:
+            self.add_done_callback(inbox.wake)  # resolved elsewhere (a failure): wake up
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
             # Wait in slices so Ctrl-C in the main thread is seen promptly and wait hooks run.
@@ -169,7 +177,13 @@ class Future(Generic[R]):
                     if step <= 0:
                         raise TimeoutError(
                             f"{self._label or 'future'} not resolved within {timeout:g} s")
-                if self._event.wait(step):
+                if inbox is not None:
+                    done = inbox.pump(self, step)
+                    if done:
+                        return
+                    if done is None:  # the inbox is closing: wait like any thread
+                        inbox = None
+                elif self._event.wait(step):
                     return
                 for hook in list(_wait_hooks):
                     hook(self)

@@ -30,6 +30,7 @@ from .errors import ActorError, SupervisionError
 from .shapes import Point, Shape
 from .supervision import MeshFailure
 from .transport.framing import ERROR, OK, Header, Kind, extra_get
+from .transport.inbox import process_address
 from .transport import bulk, cuda_tensors
 from .transport.serialization import dumps, loads
 
@@ -185,7 +186,10 @@ class ActorInstance:
             self.main_task = None
 
     def _reply(self, h: Header, status: int, body: bytes, buffers: tuple = ()) -> None:
-        self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=self.rank, status=status,
+        """Answer a call: a result to its reply address (maybe the caller thread's own
+        inbox), an error to the caller's process inbox, behind this actor's failure report."""
+        addr = h.reply if status == OK else process_address(h.reply)
+        self.rt.send(addr, Header(Kind.REPLY, port=h.port, rank=self.rank, status=status,
                                      actor=self.actor_id, extra=_reply_extra(h)), body, buffers)
 
     def _reply_error(self, h: Header, exc: BaseException) -> None:
@@ -412,9 +416,9 @@ class ProcServer:
                    if h.actor in self.stopped_actors
                    else f"does not exist in proc {self.rt.proc_id}")
             rank = self.stopped_actors.get(h.actor)  # a cast's header has no rank (-1)
-            self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, status=ERROR,
-                                         rank=h.rank if rank is None else rank,
-                                         extra=_reply_extra(h)),
+            self.rt.send(process_address(h.reply),
+                         Header(Kind.REPLY, port=h.port, status=ERROR,
+                                rank=h.rank if rank is None else rank, extra=_reply_extra(h)),
                          dumps(SupervisionError(
                              f"actor {h.actor} {why}"))[0])
 

@@ -38,8 +38,9 @@ def stale_busy(m: Any, rank: int, since: float) -> bool:
 
 
 def note_reply(rt: "Runtime", m: Any, rank: int) -> None:
-    """A call to `rank` of actor mesh `m` has answered (I/O thread): stamp it, and show
-    the actor idle again if a heartbeat showed it busy and no other call of ours is out."""
+    """A call to `rank` of actor mesh `m` has answered (on the thread that received the
+    reply; the health model has its own lock): stamp it, and show the actor idle again if
+    a heartbeat showed it busy and no other call of ours is out."""
     m.replied[rank] = time.time()
     if m.shown_busy and rank in m.shown_busy and m.inflight[rank] == 0 and m.health_name:
         m.shown_busy.discard(rank)

@@ -18,6 +18,7 @@ from ..future import Future
 from ..supervision.health import HealthModel
 from ..transport import auth
 from ..transport.framing import Header, Kind
+from ..transport.inbox import ThreadInboxes
 from ..transport.loop import IOLoop
 from .failures import Failures
 from .liveness import Liveness
@@ -61,6 +62,8 @@ class Runtime:
         self.messenger.address = self.loop.bind(f"ipc://{self.rundir}/{self.proc_id}")
         self.state = State(self.loop)
         self.ports = Ports()
+        self.inboxes = ThreadInboxes(self.loop, f"ipc://{self.rundir}/{self.proc_id}",
+                                     self.loop.tokens, self._dispatch_reply)
         self.failures = Failures(self)
         self.liveness = Liveness(self)
         self.output_sink: Optional[Callable[[str, str, str], None]] = None
@@ -112,6 +115,16 @@ class Runtime:
                      body: bytes = b"", buffers: tuple = ()) -> None:
         self.messenger.send_to_proc(address, route, header, body, buffers)
 
+    def reply_inbox(self, target_addr: str) -> Any:
+        """The calling thread's own reply inbox for a call to the proc at `target_addr`
+        (local procs), or None: the replies then come to this process's inbox. Only in a
+        controller without supervision events waiting for its own actors: a proc hands
+        those over before it resolves a call (`Ports.settle`), on its I/O thread."""
+        if target_addr[:6] != "ipc://" or self.ports.before_resolve is not None or \
+                self.role.is_proc or not config.caller_reads_replies:
+            return None
+        return self.inboxes.for_this_thread()
+
     def reply_address_for(self, target_addr: str) -> str:
         return self.messenger.reply_address_for(target_addr)
 
@@ -153,6 +166,16 @@ class Runtime:
                         h.kind, h.src)
             return
         fn(h, body, buffers)
+
+    def _dispatch_reply(self, h: Header, body: Any, buffers: list) -> None:
+        """A message in a thread's reply inbox: only replies belong there."""
+        if h.kind == Kind.REPLY or h.kind == Kind.PORT_SEND:
+            self.ports.deliver(h, body, buffers)
+        elif h.kind == Kind.REPLY_BATCH:
+            self.ports.deliver_batch(h, body, buffers)
+        else:
+            log.warning("%s: a message of kind %s from %s reached a reply inbox; dropped",
+                        self.proc_id, h.kind, h.src)
 
     def _on_hello(self, h: Header, body: Any, buffers: list) -> None:
         e = h.extra or {}
@@ -257,6 +280,7 @@ class Runtime:
         loop = self.loop
         out["send_sockets"] = len(loop._out) + sum(len(s.socks) for s in list(loop._senders))
         out["forgotten_peers"] = len(self.loop._forgotten)
+        out.update(self.inboxes.sizes())
         server = getattr(self.role, "server", None)
         if server is not None:
             out.update(server.sizes())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from .. import _features
@@ -263,7 +264,9 @@ FAILED_RANKS_GRACE_S = 0.5
 
 class _Collector:
     """Gathers the replies of one call. Started (and its messages sent) in the caller's
-    thread; replies and failures arrive on the I/O thread."""
+    thread; replies arrive on the thread that drains the reply inbox (the caller itself
+    while it waits in get(), else the I/O thread), failures on the I/O thread: `lock`
+    makes each of them one step."""
 
     def __init__(self, ep: EndpointRef, ranks: list[int], body: bytes, bufs: list, mode: str,
                  futs: list[Future]) -> None:
@@ -284,6 +287,7 @@ class _Collector:
         # answered or failed (so each failure has reached its supervisor by then)
         self.error: Optional[BaseException] = None
         self.done = False
+        self.lock = threading.Lock()
 
     def start(self) -> None:
         rt = self.rt
@@ -293,16 +297,19 @@ class _Collector:
         self.port = port = rt.open_port(self.on_reply, self.on_fail,
                                         [proc_ids[r] for r in ranks])
         interrupt = self._interrupt if config.interrupt_remote else None
+        targets = [rec.target(r) for r in ranks]
+        first = targets[0][0] or (targets[0][1] or ("",))[0]
+        inbox = rt.reply_inbox(first)
         for f in self.futs:
             f._ports = (port,)
             f._on_interrupt = interrupt
+            f._inbox = inbox
         inflight = rec.inflight
         for r in ranks:
             inflight[r] += 1
-        targets = [rec.target(r) for r in ranks]
-        first = targets[0][0] or (targets[0][1] or ("",))[0]
         h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self.ep._name,
-                   reply=rt.reply_address_for(first), port=port, extra=self.ep._call_extra())
+                   reply=inbox.address if inbox is not None else rt.reply_address_for(first),
+                   port=port, extra=self.ep._call_extra())
         body, bufs = self.body, self.bufs
         self.body = self.bufs = None
         rt.messenger.cast(targets, h, body, tuple(bufs), gather=self._gatherable())
@@ -324,6 +331,10 @@ class _Collector:
         note_reply(self.rt, self.rec, r)
 
     def on_reply(self, h: Header, body: Any, buffers: list) -> None:
+        with self.lock:
+            self._on_reply(h, body, buffers)
+
+    def _on_reply(self, h: Header, body: Any, buffers: list) -> None:
         r = h.rank
         if r not in self.remaining:
             if r == -1 and h.status == ERROR and self.remaining:  # a proc answered for an
@@ -343,10 +354,11 @@ class _Collector:
         self._deliver(h, r, self._decode(h, r, body, buffers))
 
     def _deliver_read(self, h: Header, r: int, value: Any) -> None:
-        if self.done or r not in self.remaining:
-            return
-        self._finish_rank(r)
-        self._deliver(h, r, value)
+        with self.lock:
+            if self.done or r not in self.remaining:
+                return
+            self._finish_rank(r)
+            self._deliver(h, r, value)
 
     def _decode(self, h: Header, r: int, body: Any, buffers: list) -> Any:
         try:
@@ -395,6 +407,10 @@ class _Collector:
     def on_fail(self, exc: BaseException, proc: Optional[str] = None,
                 actor: Optional[str] = None) -> None:
         """A proc (or, with `actor`, an actor) this call waits on failed (I/O thread)."""
+        with self.lock:
+            self._on_fail(exc, proc, actor)
+
+    def _on_fail(self, exc: BaseException, proc: Optional[str], actor: Optional[str]) -> None:
         if self.done or (actor is not None and actor != self.rec.actor_id):
             return
         proc_ids = self.rec.proc_ids
@@ -430,13 +446,15 @@ class _Collector:
         in Monarch; then raise the first (I/O thread). A dead proc fails the call at once."""
         if self.error is None:
             self.error = exc
-            self.rt.loop.call_later(FAILED_RANKS_GRACE_S, self._give_up)
+            loop = self.rt.loop  # timers are the I/O thread's; this may be the caller's
+            loop.call_soon(loop.call_later, FAILED_RANKS_GRACE_S, self._give_up)
 
     def _give_up(self) -> None:
-        if not self.done and self.error is not None:
-            self._close()
-            self.rt.ports.settle()
-            self.futs[0].set_exception(self.error)
+        with self.lock:
+            if not self.done and self.error is not None:
+                self._close()
+                self.rt.ports.settle()
+                self.futs[0].set_exception(self.error)
 
     def _monarch_wording(self, exc: BaseException, rank: int) -> BaseException:
         """A SupervisionError for this call, with a last line in Monarch's words

@@ -70,6 +70,7 @@ class IOLoop:
         self.poller = zmq.Poller()
         self.stats = LoopStats(self)
         self.thread_id: Optional[int] = None
+        self.on_close: list[Callable[[], None]] = []  # run on the loop thread as it stops
 
     # -- set-up --------------------------------------------------------------------------
     def bind(self, addr: str) -> str:
@@ -312,6 +313,11 @@ class IOLoop:
             self._close()
 
     def _close(self) -> None:
+        for fn in self.on_close:
+            try:
+                fn()
+            except Exception:
+                log.exception("%s: close hook %r failed", self.name, fn)
         for senders in list(self._senders):  # threads still alive: their sockets end here
             senders.close(linger=200)
         for s in [*self._out.values(), *self._extra, self.inbox]:

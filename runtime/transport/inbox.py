@@ -1,0 +1,259 @@
+"""Reply inboxes of the threads that wait: a caller receives its own replies.
+
+A thread that calls actors in local procs gets a PULL socket of its own (ipc, in the run
+directory), and its calls name that socket as their reply address. The thread that holds
+the inbox's lock owns the socket, one thread at a time:
+
+- a thread waiting in `Future.get()` for a reply that comes to its own inbox takes the lock
+  and receives, checks and delivers the replies itself (no hop through the I/O thread, no
+  wake-up of it);
+- otherwise the I/O thread: it watches the socket's file descriptor and drains the socket
+  when the lock is free (replies of futures awaited in asyncio, waited on by another thread,
+  or not waited on yet). When it finds the lock taken, it stops watching (the waiting thread
+  reads what comes) and looks again every `RECHECK_S`, so a thread that calls and waits in
+  a loop does not wake it per reply.
+
+Replies go to ports, which are per process: whichever thread drains an inbox delivers every
+reply in it to its port. A thread that ends gives its inbox back to a pool; the next thread
+that needs one takes it, so a process has as many inboxes as it had threads calling at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import zmq
+
+from . import framing
+
+log = logging.getLogger("runtime.transport")
+
+Handler = Callable[[framing.Header, Any, list], None]
+
+#: how often the I/O thread looks again at an inbox it found taken by its waiting thread
+RECHECK_S = 0.002
+#: the message that wakes a waiting owner (not a framed message: no token)
+WAKE = b""
+#: messages drained in one go before other work gets a turn
+_BATCH = 1000
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+
+
+def process_address(reply_address: str) -> str:
+    """The process inbox behind a reply address: a thread's inbox `<process>-t<n>` gives
+    `<process>`, anything else itself. A proc sends error replies there, so that they keep
+    their order with the failure reports it sends to the same socket."""
+    if reply_address[:6] == "ipc://":
+        head, sep, tail = reply_address.rpartition("-t")
+        if sep and tail.isdigit():
+            return head
+    return reply_address
+
+
+class ThreadInbox:
+    """One thread's reply socket and its lock."""
+
+    __slots__ = ("hub", "address", "sock", "fd", "lock", "owner", "closing", "watched",
+                 "rechecking", "timeout_ms", "__weakref__")
+
+    def __init__(self, hub: "ThreadInboxes", address: str, sock: zmq.Socket) -> None:
+        self.hub = hub
+        self.address = address
+        self.sock = sock
+        self.fd: int = sock.getsockopt(zmq.FD)
+        self.lock = threading.RLock()  # re-entrant: a done-callback may wait on a future
+        self.owner: Optional[int] = threading.get_ident()
+        self.closing = False
+        self.watched = False  # the I/O thread polls `fd` (I/O thread only)
+        self.rechecking = False
+        self.timeout_ms = -1  # the socket's receive timeout (owner only)
+
+    # -- the owning thread ------------------------------------------------------------------
+    def wake(self, _fut: Any = None) -> None:
+        """Wake the owner from its receive (a future it waits on was resolved by another
+        thread: a failure, a large reply read off the I/O thread): an empty message."""
+        if threading.get_ident() != self.owner and not self.closing:
+            self.hub.loop.send(self.address, [WAKE])
+
+    def pump(self, fut: Any, timeout: float) -> Optional[bool]:
+        """Receive and deliver replies on this thread until `fut` is done (True) or
+        `timeout` passes (False); None: the inbox is closing, wait on the future instead."""
+        if self.closing or not self.lock.acquire(True, timeout):
+            return None if self.closing else fut.done()
+        try:
+            sock = self.sock
+            ms = max(1, int(timeout * 1000))
+            if ms != self.timeout_ms:
+                sock.setsockopt(zmq.RCVTIMEO, ms)
+                self.timeout_ms = ms
+            deadline = time.monotonic() + timeout
+            while True:
+                if not self.drain():
+                    continue  # a full batch: more waits
+                if fut.done():
+                    return True
+                if self.closing:
+                    return None
+                try:
+                    head = sock.recv()  # blocks (without the GIL) up to the timeout
+                except zmq.Again:
+                    if time.monotonic() >= deadline:
+                        return False
+                    continue
+                self._handle(head)
+        except zmq.ZMQError:
+            return None if self.closing else fut.done()
+        finally:
+            self.lock.release()
+
+    # -- whoever holds the lock ---------------------------------------------------------------
+    def drain(self) -> bool:
+        """Deliver what waits in the socket (lock held); False if a batch's worth was left.
+        Asks zmq first: an empty socket's `zmq.Again` costs more than the question."""
+        sock = self.sock
+        for _ in range(_BATCH):
+            if not sock.getsockopt(_EVENTS) & _POLLIN:
+                return True
+            self._handle(sock.recv(zmq.NOBLOCK))
+        return False
+
+    def _handle(self, head: bytes) -> None:
+        """Check and deliver the message whose first frame is `head`."""
+        sock = self.sock
+        frames = [head]
+        if sock.getsockopt(zmq.RCVMORE):
+            frames += sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        elif head == WAKE:
+            return
+        try:
+            header, body, buffers = framing.parse(frames, self.hub.tokens)
+        except framing.FrameError as e:
+            log.warning("%s: dropped a message that is not from this session (%s): %s",
+                        self.address, e, framing.summarize(frames))
+            return
+        try:
+            self.hub.on_message(header, body, buffers)
+        except Exception:
+            log.exception("%s: handler failed for message kind %s", self.address, header.kind)
+
+
+class _Holder:
+    """A thread's claim on an inbox; dropped with the thread's locals when it ends."""
+
+    __slots__ = ("inbox",)
+
+    def __init__(self, inbox: ThreadInbox) -> None:
+        self.inbox = inbox
+
+    def __del__(self) -> None:
+        inbox = self.inbox
+        inbox.owner = None
+        inbox.hub.free.append(inbox)
+
+
+class ThreadInboxes:
+    """The reply inboxes of one process's threads, watched by its I/O thread."""
+
+    def __init__(self, loop: Any, prefix: str, tokens: list, on_message: Handler) -> None:
+        self.loop = loop  # transport.loop.IOLoop
+        self.prefix = prefix  # "ipc://<rundir>/<proc id>": inboxes are <prefix>-t<n>
+        self.tokens = tokens  # accepted session tokens (the loop's list, shared)
+        self.on_message = on_message
+        self.free: list[ThreadInbox] = []
+        self.all: list[ThreadInbox] = []
+        self._tls = threading.local()
+        self._lock = threading.Lock()
+        self._closed = False
+        loop.on_close.append(self.close_all)
+
+    def for_this_thread(self) -> Optional[ThreadInbox]:
+        """This thread's inbox (made, or taken from the pool, on first use); None once the
+        loop stops or from the I/O thread itself."""
+        holder = self._tls.__dict__.get("h")
+        if holder is not None:
+            return holder.inbox
+        if self._closed or self.loop.in_loop():
+            return None
+        with self._lock:
+            if self._closed:
+                return None
+            if self.free:
+                inbox = self.free.pop()
+                inbox.owner = threading.get_ident()
+            else:
+                inbox = self._new()
+        self._tls.h = _Holder(inbox)
+        return inbox
+
+    def _new(self) -> ThreadInbox:
+        address = f"{self.prefix}-t{len(self.all)}"
+        sock = self.loop.ctx.socket(zmq.PULL)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(address)
+        inbox = ThreadInbox(self, address, sock)
+        self.all.append(inbox)
+        self.loop.call_soon(self._watch, inbox)
+        return inbox
+
+    def sizes(self) -> dict[str, int]:
+        """How many inboxes exist and how many wait in the pool (for table_sizes)."""
+        return {"thread_inboxes": len(self.all), "thread_inboxes_free": len(self.free)}
+
+    # -- the I/O thread -----------------------------------------------------------------------
+    def _watch(self, inbox: ThreadInbox) -> None:
+        if not inbox.closing and not inbox.watched:
+            inbox.watched = True
+            self.loop.add_reader(inbox.fd, lambda: self._readable(inbox))
+
+    def _readable(self, inbox: ThreadInbox) -> None:
+        if inbox.lock.acquire(False):
+            try:
+                done = inbox.drain()
+            finally:
+                inbox.lock.release()
+            if not done:
+                self.loop.call_soon(self._readable, inbox)
+            return
+        # its thread is waiting and reads what comes: stop watching, look again soon
+        self.loop.remove_reader(inbox.fd)
+        inbox.watched = False
+        if not inbox.rechecking:
+            inbox.rechecking = True
+            self.loop.call_later(RECHECK_S, self._recheck, inbox)
+
+    def _recheck(self, inbox: ThreadInbox) -> None:
+        if inbox.closing:
+            return
+        if not inbox.lock.acquire(False):
+            self.loop.call_later(RECHECK_S, self._recheck, inbox)
+            return
+        try:
+            inbox.rechecking = False
+            inbox.drain()
+            self._watch(inbox)  # the fd becomes readable if something is left or comes
+        finally:
+            inbox.lock.release()
+
+    def close_all(self) -> None:
+        """Close every inbox (the loop is stopping): waiting owners go back to waiting on
+        their futures; the sockets' files are removed."""
+        with self._lock:
+            self._closed = True
+            inboxes, self.all, self.free = self.all, [], []
+        for inbox in inboxes:
+            inbox.closing = True
+            self.loop._send_from_loop(inbox.address, [WAKE])  # a blocked owner returns
+        for inbox in inboxes:
+            self.loop.remove_reader(inbox.fd)
+            got = inbox.lock.acquire(True, 1.0)
+            try:
+                inbox.sock.close(linger=0)
+            except zmq.ZMQError:
+                pass
+            finally:
+                if got:
+                    inbox.lock.release()
