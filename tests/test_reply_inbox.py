@@ -1,0 +1,203 @@
+"""A caller waiting in Future.get() receives its own replies (runtime/transport/inbox.py):
+who resolves a call's future, asyncio and other threads, failures, order, and the pool of
+inboxes (docs/architecture.md, "Threads and sockets")."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import runtime
+from runtime import Actor, SupervisionError, endpoint, this_host
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Log(Actor):
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    @endpoint
+    def add(self, who: int, i: int) -> int:
+        self.seen.append((who, i))
+        return i
+
+    @endpoint
+    def seen_by(self, who: int) -> list:
+        return [i for w, i in self.seen if w == who]
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def nap(self, s: float) -> float:
+        time.sleep(s)
+        return s
+
+
+@pytest.fixture(scope="module")
+def procs():
+    pm = this_host().spawn_procs(per_host={"procs": 2}, name="inbox")
+    yield pm
+    pm.stop().get(timeout=30)
+
+
+@pytest.fixture
+def log(procs):
+    m = procs.spawn("log", Log)
+    yield m
+    m.stop().get(timeout=30)
+
+
+def _resolver(fut: runtime.Future) -> list:
+    """The thread that resolves `fut` (done-callbacks run on the resolving thread)."""
+    out: list = []
+    fut.add_done_callback(lambda f: out.append(threading.get_ident()))
+    return out
+
+
+def test_the_waiting_thread_receives_its_reply(log):
+    one = log.slice(procs=0)
+    one.add.call_one(0, 0).get(timeout=30)
+    for _ in range(5):
+        fut = one.add.call_one(0, 1)
+        by = _resolver(fut)
+        assert fut.get(timeout=30) == 1
+        assert by == [threading.get_ident()]
+    fut = log.add.call(0, 2)  # a call to every rank: both replies, read by this thread
+    by = _resolver(fut)
+    assert list(fut.get(timeout=30).values()) == [2, 2]
+    assert by == [threading.get_ident()]
+
+
+def test_off_the_setting_replies_go_through_the_io_thread(log):
+    with runtime.configured(caller_reads_replies=False):
+        fut = log.slice(procs=0).add.call_one(0, 1)
+        by = _resolver(fut)
+        assert fut.get(timeout=30) == 1
+        assert by and by != [threading.get_ident()]
+
+
+def test_a_future_awaited_in_asyncio_resolves(log):
+    one = log.slice(procs=0)
+    one.add.call_one(0, 0).get(timeout=30)  # this thread has its inbox now
+
+    async def main() -> tuple:
+        fut = one.add.call_one(0, 7)
+        by = _resolver(fut)
+        value = await asyncio.wait_for(fut, 30)  # nobody pumps: the I/O thread reads it
+        both = await asyncio.wait_for(asyncio.gather(one.add.call_one(0, 8),
+                                                     log.add.call(0, 9)), 30)
+        return value, by, both
+
+    value, by, (eight, nine) = asyncio.run(main())
+    assert value == 7 and eight == 8 and list(nine.values()) == [9, 9]
+    assert by and by != [threading.get_ident()]
+
+
+def test_another_thread_waits_on_a_future_of_this_thread(log):
+    one = log.slice(procs=0)
+    fut = one.nap.call_one(0.2)  # replies to this thread's inbox
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(fut.get(timeout=30)))
+    t.start()
+    t.join(40)
+    assert got == [0.2]
+    # and a future made by a thread that has ended, waited on here
+    box: list = []
+    t = threading.Thread(target=lambda: box.append(one.nap.call_one(0.1)))
+    t.start()
+    t.join(40)
+    assert box[0].get(timeout=30) == 0.1
+
+
+def test_a_failure_reaches_a_waiting_caller_at_once(procs):
+    """The proc dies while this thread waits in get() on its own inbox: the I/O thread
+    fails the call and wakes the caller (without the wake it would notice within 0.1 s,
+    its next look at the future)."""
+    lags = []
+    for i in range(3):
+        pm = this_host().spawn_procs(per_host={"procs": 1}, name=f"doomed{i}")
+        try:
+            m = pm.spawn("doomed", Log)
+            pid = m.pid.call_one().get(timeout=30)
+            fut = m.nap.call_one(60)
+            failed_at: list = []
+            fut.add_done_callback(lambda f: failed_at.append(time.monotonic()))
+            threading.Timer(0.2, os.kill, (pid, signal.SIGKILL)).start()
+            with pytest.raises(SupervisionError):
+                fut.get(timeout=30)
+            lags.append(time.monotonic() - failed_at[0])
+        finally:
+            pm.stop().get(timeout=30)
+    assert min(lags) < 0.010, lags
+
+
+def test_each_thread_gets_its_replies_in_its_order(log):
+    """Threads calling one actor at once: each sender's calls arrive in the order sent,
+    and each thread's results are its own."""
+    one = log.slice(procs=0)
+    n, errors = 60, []
+
+    def caller(who: int) -> None:
+        try:
+            futs = [one.add.call_one(who, i) for i in range(n)]
+            for i in range(n, 2 * n):
+                assert one.add.call_one(who, i).get(timeout=30) == i
+            assert [f.get(timeout=30) for f in futs] == list(range(n))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    for w in range(4):
+        assert one.seen_by.call_one(w).get(timeout=30) == list(range(2 * n))
+
+
+def test_inboxes_come_back_to_a_pool_when_threads_end(log):
+    one = log.slice(procs=0)
+    rt = runtime.get_runtime()
+    one.add.call_one(0, 0).get(timeout=30)
+    for _ in range(3):  # one thread at a time: one inbox serves them all
+        t = threading.Thread(target=lambda: one.add.call_one(1, 0).get(timeout=30))
+        t.start()
+        t.join(40)
+    before = rt.table_sizes()["thread_inboxes"]
+    for _ in range(5):
+        t = threading.Thread(target=lambda: one.add.call_one(1, 0).get(timeout=30))
+        t.start()
+        t.join(40)
+    assert rt.table_sizes()["thread_inboxes"] == before
+
+
+@pytest.mark.parametrize("where", ["proc", "controller"])
+def test_an_actor_failure_is_handled_before_its_call_raises(procs, where):
+    """An error reply goes to the process inbox, behind the failure report the actor sent
+    first: the call raises the failure (in Monarch's words, which the report adds) and the
+    controller already shows the actor failed."""
+    rt = runtime.get_runtime()
+    for i in range(4):
+        name = f"exiting{i}{where}"
+        m = (procs.slice(procs=0) if where == "proc" else runtime.this_proc()).spawn(
+            name, Exiting)
+        with pytest.raises(SupervisionError, match=rf"Endpoint call {name}\.leave\(\) failed"):
+            m.leave.call_one().get(timeout=30)
+        states = [a.state.value for h in rt.health.snapshot() if h.name == name
+                  for a in h.actors]
+        assert states == ["failed"], states
+
+
+class Exiting(Actor):
+    @endpoint
+    def leave(self) -> None:
+        raise SystemExit(3)
