@@ -14,7 +14,7 @@ import logging
 from typing import Any, Callable, Iterable, Optional
 
 from ..transport import framing
-from ..transport.framing import Header
+from ..transport.framing import Header, Kind
 
 log = logging.getLogger("runtime.ports")
 
@@ -71,6 +71,17 @@ class Ports:
             return
         for rh, rbody, rbufs in replies:
             entry[0](rh, rbody, rbufs)
+
+    def deliver_any(self, h: Header, body: Any, buffers: list) -> None:
+        """A message in a thread's reply inbox (runtime/transport/inbox.py): only replies
+        belong there; anything else is dropped with a log line."""
+        if h.kind == Kind.REPLY or h.kind == Kind.PORT_SEND:
+            self.deliver(h, body, buffers)
+        elif h.kind == Kind.REPLY_BATCH:
+            self.deliver_batch(h, body, buffers)
+        else:
+            log.warning("a message of kind %s from %s reached a reply inbox; dropped",
+                        h.kind, h.src)
 
     def fail(self, pid: int, exc: BaseException, proc: Optional[str] = None,
              actor: Optional[str] = None) -> None:

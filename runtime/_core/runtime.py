@@ -63,7 +63,7 @@ class Runtime:
         self.state = State(self.loop)
         self.ports = Ports()
         self.inboxes = ThreadInboxes(self.loop, f"ipc://{self.rundir}/{self.proc_id}",
-                                     self.loop.tokens, self._dispatch_reply)
+                                     self.loop.tokens, self.ports.deliver_any)
         self.failures = Failures(self)
         self.liveness = Liveness(self)
         self.output_sink: Optional[Callable[[str, str, str], None]] = None
@@ -116,10 +116,8 @@ class Runtime:
         self.messenger.send_to_proc(address, route, header, body, buffers)
 
     def reply_inbox(self, target_addr: str) -> Any:
-        """The calling thread's own reply inbox for a call to the proc at `target_addr`
-        (local procs), or None: the replies then come to this process's inbox. Only in a
-        controller without supervision events waiting for its own actors: a proc hands
-        those over before it resolves a call (`Ports.settle`), on its I/O thread."""
+        """The calling thread's own reply inbox for a call to a local proc, or None (the
+        replies come to this process's inbox): see docs/architecture.md for the rules."""
         if target_addr[:6] != "ipc://" or self.ports.before_resolve is not None or \
                 self.role.is_proc or not config.caller_reads_replies:
             return None
@@ -166,16 +164,6 @@ class Runtime:
                         h.kind, h.src)
             return
         fn(h, body, buffers)
-
-    def _dispatch_reply(self, h: Header, body: Any, buffers: list) -> None:
-        """A message in a thread's reply inbox: only replies belong there."""
-        if h.kind == Kind.REPLY or h.kind == Kind.PORT_SEND:
-            self.ports.deliver(h, body, buffers)
-        elif h.kind == Kind.REPLY_BATCH:
-            self.ports.deliver_batch(h, body, buffers)
-        else:
-            log.warning("%s: a message of kind %s from %s reached a reply inbox; dropped",
-                        self.proc_id, h.kind, h.src)
 
     def _on_hello(self, h: Header, body: Any, buffers: list) -> None:
         e = h.extra or {}
