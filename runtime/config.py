@@ -179,6 +179,9 @@ _SETTINGS: tuple[Setting, ...] = (
        minimum=0, monarch="tail_log_lines"),
     _s("interrupt_remote", "bool", True, "Ctrl-C during a wait also interrupts the remote "
        "call (%mesh interrupt local|remote in the kernel)."),
+    _s("caller_reads_replies", "bool", True, "A thread waiting in Future.get() for a call "
+       "to local procs receives the replies itself, on a socket of its own, instead of "
+       "through the I/O thread (less latency per call)."),
     _s("stop_timeout", "float", 5.0, "How long stop() gives actors' `__cleanup__` "
        "before their procs are killed.", minimum=0, seconds=True, monarch="stop_actor_timeout"),
     # -- read at every use -------------------------------------------------------------
@@ -187,9 +190,6 @@ _SETTINGS: tuple[Setting, ...] = (
        choices=("auto", "raise", "exit")),
     _s("admin", "bool", True, "The controller serves its loopback admin endpoint "
        "(monarch-admin, monarch-debug, the dashboard).", live=True),
-    _s("caller_reads_replies", "bool", True, "A thread waiting in Future.get() for a call "
-       "to local procs receives the replies itself, on a socket of its own, instead of "
-       "through the I/O thread (less latency per call).", live=True),
     _s("gather_replies", "str", "auto", "Host agents gather the replies of their procs to a "
        "call() into one message to the caller: less CPU for a controller that calls many "
        "actors, one more local hop per reply. auto: for agents on other hosts.", live=True,

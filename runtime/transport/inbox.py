@@ -39,7 +39,9 @@ RECHECK_S = 0.002
 WAKE = b""
 #: messages drained in one go before other work gets a turn
 _BATCH = 1000
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+# plain ints: pyzmq's enum flags make `&` and option reads slow Python calls
+_EVENTS, _POLLIN, _RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 def process_address(reply_address: str) -> str:
@@ -117,15 +119,15 @@ class ThreadInbox:
         for _ in range(_BATCH):
             if not sock.getsockopt(_EVENTS) & _POLLIN:
                 return True
-            self._handle(sock.recv(zmq.NOBLOCK))
+            self._handle(sock.recv(_NOBLOCK))
         return False
 
     def _handle(self, head: bytes) -> None:
         """Check and deliver the message whose first frame is `head`."""
         sock = self.sock
         frames = [head]
-        if sock.getsockopt(zmq.RCVMORE):
-            frames += sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+        if sock.getsockopt(_RCVMORE):
+            frames += sock.recv_multipart(flags=_NOBLOCK, copy=False)
         elif head == WAKE:
             return
         try:
