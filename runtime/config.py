@@ -182,6 +182,9 @@ _SETTINGS: tuple[Setting, ...] = (
     _s("caller_reads_replies", "bool", True, "A thread waiting in Future.get() for a call "
        "to local procs receives the replies itself, on a socket of its own, instead of "
        "through the I/O thread (less latency per call)."),
+    _s("actor_reads_calls", "bool", True, "An idle actor thread reads its proc's inbox "
+       "and runs a call for itself at once, instead of receiving it through the proc's I/O "
+       "thread (less latency per call)."),
     _s("stop_timeout", "float", 5.0, "How long stop() gives actors' `__cleanup__` "
        "before their procs are killed.", minimum=0, seconds=True, monarch="stop_actor_timeout"),
     # -- read at every use -------------------------------------------------------------

@@ -30,7 +30,7 @@ from .errors import ActorError, SupervisionError
 from .shapes import Point, Shape
 from .supervision import MeshFailure
 from .transport.framing import ERROR, OK, Header, Kind, extra_get
-from .transport.inbox import process_address
+from .transport.inbox import SharedInbox, process_address
 from .transport import bulk, cuda_tensors
 from .transport.serialization import dumps, loads
 
@@ -120,7 +120,7 @@ class ActorInstance:
         while True:
             if self._aloop is not None and _endpoints.loop_has_work(self):
                 _endpoints.wait_idle(self)  # the actor's asyncio tasks run between messages
-            item = mailbox.get()
+            item = self._next(mailbox)
             what = item[0]
             if what == "call":
                 self._handle_call(item[1], item[2], item[3])
@@ -131,6 +131,42 @@ class ActorInstance:
                 self.rt.loop.call_soon(self.server.actor_stopped, self)
                 return
             del item  # free the message (its buffers) before waiting for the next one
+
+    def _next(self, mailbox: Any) -> tuple:
+        """The next message for this actor: from its mailbox, or, while that is empty, read
+        from the proc's inbox by this thread (runtime/transport/inbox.py, SharedInbox)."""
+        shared = self.server.shared_inbox
+        while shared is not None and not shared.closing:
+            try:
+                return mailbox.get_nowait()
+            except queue.Empty:
+                pass
+            mailbox.on_put = shared.wake
+            try:
+                item = shared.read(self._route, mailbox.empty)
+            finally:
+                mailbox.on_put = None
+            if item is not None:
+                return item
+            try:  # another thread reads: wait for what it hands over, and try again
+                return mailbox.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        return mailbox.get()
+
+    def _route(self, h: Header, body: Any, buffers: list) -> Any:
+        """Where a message this thread read from the proc's inbox goes: a call for this
+        idle actor is returned (run here), a call for another actor of the proc goes to its
+        mailbox (True), anything else to the I/O thread (False)."""
+        if h.kind != Kind.CALL:
+            return False
+        a = self.server.actors.get(h.actor)
+        if a is None:
+            return False
+        if a is self and not self.mailbox.qsize():
+            return ("call", h, body, buffers)
+        a.mailbox.put(("call", h, body, buffers))
+        return True
 
     def _init(self) -> None:
         body, buffers = self._spawn
@@ -375,6 +411,7 @@ class ProcServer:
         self.supervise_waiting: dict[str, ActorInstance] = {}  # actors with pending failures
         self.stopped = threading.Event()
         self.stopping = False  # stop() has begun interrupting the actors still busy
+        self.shared_inbox: Any = None  # SharedInbox, when idle actor threads read the inbox
         self._proc = None
         try:
             import psutil
@@ -735,6 +772,8 @@ def main(cfg: dict) -> None:
     _features.call("debugging.install_in_proc", rt)  # debugging is above this layer
     if cfg.get("listen_ip") and keys is not None:
         rt.enable_tcp(cfg["listen_ip"])
+    if config.actor_reads_calls:
+        server.shared_inbox = SharedInbox(rt.loop)
     rt.start()
     rt.send(cfg["owner"], Header(Kind.HELLO, extra={"pid": os.getpid(), "host": rt.host,
                                                     "address": rt.address,

@@ -20,6 +20,7 @@ that needs one takes it, so a process has as many inboxes as it had threads call
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -259,3 +260,144 @@ class ThreadInboxes:
             finally:
                 if got:
                     inbox.lock.release()
+
+
+class SharedInbox:
+    """A proc's inbox, read by an idle actor thread instead of its I/O thread.
+
+    An actor thread with nothing to do takes the lock and blocks in `recv`: a call for
+    itself it runs at once (no hop through the I/O thread, no wake-up of it); a call for
+    another actor of the proc goes to that actor's mailbox; anything else (heartbeats,
+    stops, replies, supervision, a call while earlier hand-offs wait) is handed to the I/O
+    thread, in order: while hand-offs wait there, every message is handed off, so each
+    sender's messages keep their order. Without a reading actor the I/O thread drains the
+    inbox (it watches the socket's descriptor, as for `ThreadInbox`, looking again at
+    most every `RECHECK_MAX_S` while an actor reads). A put into the reading actor's
+    mailbox wakes it with an empty message to the inbox (`wake`).
+    """
+
+    RECHECK_MAX_S = 0.02
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop  # transport.loop.IOLoop, whose inbox this shares (before start)
+        self.sock = loop.inbox
+        self.fd: int = self.sock.getsockopt(zmq.FD)
+        self.sock.setsockopt(zmq.RCVTIMEO, 100)  # a reader looks at `closing` that often
+        self.lock = threading.Lock()
+        self.reader: Optional[int] = None  # the thread reading, while one does
+        self.pending: Any = collections.deque()  # messages handed to the I/O thread
+        self.closing = False
+        self.watched = False
+        self.rechecking = False
+        self.recheck_s = RECHECK_S
+        loop.shared_inbox = self
+        loop.on_close.append(self._close)
+
+    # -- an actor thread ------------------------------------------------------------------
+    def read(self, route: Callable[[framing.Header, Any, list], Any],
+             idle: Callable[[], bool]) -> Any:
+        """Read the inbox on this thread while `idle()` holds (the actor's mailbox is
+        empty). `route(h, body, buffers)` returns a value to return (a call to run here),
+        True (it took the message), or False (hand it to the I/O thread). Returns None when
+        the lock is taken, the actor is no longer idle, or the inbox closes."""
+        if self.closing or not self.lock.acquire(False):
+            return None
+        self.reader = threading.get_ident()
+        try:
+            sock, pending = self.sock, self.pending
+            while idle() and not self.closing:
+                try:
+                    head = sock.recv()
+                except zmq.Again:
+                    continue
+                frames = [head]
+                if sock.getsockopt(_RCVMORE):
+                    frames += sock.recv_multipart(flags=_NOBLOCK, copy=False)
+                elif head == WAKE:
+                    continue
+                try:
+                    h, body, buffers = framing.parse(frames, self.loop.tokens)
+                except framing.FrameError as e:
+                    self.loop.stats.dropped += 1
+                    log.warning("%s: dropped a message that is not from this session (%s): "
+                                "%s", self.loop.name, e, framing.summarize(frames))
+                    continue
+                self.loop.stats.received += 1
+                if not pending:
+                    got = route(h, body, buffers)
+                    if got is True:
+                        continue
+                    if got is not False:
+                        return got
+                pending.append((h, body, buffers))
+                self.loop.call_soon(self._run_pending)
+            return None
+        except zmq.ZMQError:
+            return None
+        finally:
+            self.reader = None
+            self.lock.release()
+
+    def wake(self) -> None:
+        """Wake the reading thread (something was put in its mailbox), unless it is us."""
+        reader = self.reader
+        if reader is not None and reader != threading.get_ident() and not self.closing:
+            self.loop.send(self.loop.address, [WAKE])
+
+    # -- the I/O thread ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Watch the inbox (I/O thread)."""
+        self._watch()
+
+    def _run_pending(self) -> None:
+        pending, dispatch = self.pending, self.loop.on_message
+        while pending:
+            h, body, buffers = pending[0]
+            try:
+                dispatch(h, body, buffers)
+            except Exception:
+                log.exception("%s: handler failed for message kind %s", self.loop.name, h.kind)
+            pending.popleft()  # after: a reader hands off while this one is not done
+
+    def _watch(self) -> None:
+        if not self.closing and not self.watched:
+            self.watched = True
+            self.loop.add_reader(self.fd, self._readable)
+
+    def _readable(self) -> None:
+        if not self.lock.acquire(False):  # an actor reads: let it, look again later
+            self.loop.remove_reader(self.fd)
+            self.watched = False
+            if not self.rechecking:
+                self.rechecking = True
+                self.loop.call_later(self.recheck_s, self._recheck)
+            return
+        try:
+            self._run_pending()
+            self.loop.drain_inbox(self.sock)
+            more = self.sock.getsockopt(_EVENTS) & _POLLIN
+        finally:
+            self.lock.release()
+        if more:
+            self.loop.call_soon(self._readable)
+
+    def _recheck(self) -> None:
+        self.rechecking = False
+        if self.closing:
+            return
+        if self.lock.locked():
+            self.recheck_s = min(self.recheck_s * 2, self.RECHECK_MAX_S)
+            self.rechecking = True
+            self.loop.call_later(self.recheck_s, self._recheck)
+            return
+        self.recheck_s = RECHECK_S
+        self._watch()
+        self._readable()
+
+    def _close(self) -> None:
+        """The loop stops: a reader returns, and the socket is the loop's again."""
+        self.closing = True
+        self.loop.remove_reader(self.fd)
+        self.loop._send_from_loop(self.loop.address, [WAKE])
+        if self.lock.acquire(True, 1.0):
+            self.lock.release()

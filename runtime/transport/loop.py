@@ -71,6 +71,7 @@ class IOLoop:
         self.stats = LoopStats(self)
         self.thread_id: Optional[int] = None
         self.on_close: list[Callable[[], None]] = []  # run on the loop thread as it stops
+        self.shared_inbox: Any = None  # transport.inbox.SharedInbox: actor threads read too
 
     # -- set-up --------------------------------------------------------------------------
     def bind(self, addr: str) -> str:
@@ -94,7 +95,10 @@ class IOLoop:
         return addr
 
     def start(self) -> None:
-        self.poller.register(self.inbox, zmq.POLLIN)
+        if self.shared_inbox is None:
+            self.poller.register(self.inbox, zmq.POLLIN)
+        else:  # it watches the inbox's descriptor, and drains it when no actor reads
+            self.call_soon(self.shared_inbox.start)
         self.poller.register(self._wake_fd, zmq.POLLIN)
         for s in self._extra:
             self.poller.register(s, zmq.POLLIN)
@@ -231,7 +235,8 @@ class IOLoop:
         except zmq.ZMQError as e:
             log.warning("send to %s failed: %s", addr, e)
 
-    def _drain_inbox(self, sock: zmq.Socket) -> None:
+    def drain_inbox(self, sock: zmq.Socket) -> None:
+        """Receive and dispatch what waits in `sock` (loop thread)."""
         for i in range(1000):
             # most wake-ups bring one message: ask zmq once (half the cost of zmq.Again)
             if i == 1 and not sock.getsockopt(_EVENTS) & _POLLIN:
@@ -294,9 +299,9 @@ class IOLoop:
                 self._sleeping = False
                 for what, _ in events:
                     if what is inbox:
-                        self._drain_inbox(inbox)
+                        self.drain_inbox(inbox)
                     elif isinstance(what, zmq.Socket):
-                        self._drain_inbox(what)
+                        self.drain_inbox(what)
                     elif what == wake_fd:
                         try:
                             os.eventfd_read(wake_fd)
