@@ -336,7 +336,13 @@ class SharedInbox:
             return None
         finally:
             self.reader = None
+            try:  # zmq signals the descriptor again only once asked: messages left wait
+                left = not self.closing and self.sock.getsockopt(_EVENTS) & _POLLIN
+            except zmq.ZMQError:
+                left = False
             self.lock.release()
+            if left:
+                self.loop.call_soon(self._readable)
 
     def wake(self) -> None:
         """Wake the reading thread (something was put in its mailbox), unless it is us."""

@@ -247,6 +247,8 @@ class IOLoop:
             try:
                 header, body, buffers = framing.parse(frames, self.tokens)
             except framing.FrameError as e:
+                if frames == [b""]:  # a reply inbox's wake-up (transport.inbox.WAKE)
+                    continue
                 self.stats.dropped += 1
                 log.warning("%s: dropped a message that is not from this session (%s): %s",
                             self.name, e, framing.summarize(frames))
