@@ -290,6 +290,7 @@ class SharedInbox:
         self.watched = False
         self.rechecking = False
         self.recheck_s = RECHECK_S
+        self.free_once = False  # the lock was free at the last look (I/O thread)
         loop.shared_inbox = self
         loop.on_close.append(self._close)
 
@@ -322,7 +323,9 @@ class SharedInbox:
                     log.warning("%s: dropped a message that is not from this session (%s): "
                                 "%s", self.loop.name, e, framing.summarize(frames))
                     continue
-                self.loop.stats.received += 1
+                stats = self.loop.stats
+                stats.received += 1
+                stats.actor_read += 1
                 if not pending:
                     got = route(h, body, buffers)
                     if got is True:
@@ -387,18 +390,24 @@ class SharedInbox:
         if more:
             self.loop.call_soon(self._readable)
 
-    def _recheck(self) -> None:
-        self.rechecking = False
+    def _recheck(self) -> None:  # `rechecking` stays set: this chain is the only one
         if self.closing:
+            self.rechecking = False
             return
-        if self.lock.locked():
+        if self.lock.locked():  # an actor reads: look less often while it goes on
             self.recheck_s = min(self.recheck_s * 2, self.RECHECK_MAX_S)
-            self.rechecking = True
-            self.loop.call_later(self.recheck_s, self._recheck)
+            self.free_once = False
+        elif not self.free_once:  # free now: an actor may be between two calls; drain
+            self.free_once = True  # what waits, and watch only if it stays free
+            self.recheck_s = RECHECK_S
+            self._readable()
+        else:
+            self.free_once = False
+            self.rechecking = False
+            self._watch()
+            self._readable()
             return
-        self.recheck_s = RECHECK_S
-        self._watch()
-        self._readable()
+        self.loop.call_later(self.recheck_s, self._recheck)
 
     def _close(self) -> None:
         """The loop stops: a reader returns, and the socket is the loop's again."""

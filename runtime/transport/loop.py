@@ -430,18 +430,19 @@ class ThreadSenders:
 class LoopStats:
     """Counters of one loop: messages sent (by every thread), received and dropped."""
 
-    __slots__ = ("loop", "loop_sent", "retired_sent", "received", "dropped")
+    __slots__ = ("loop", "loop_sent", "retired_sent", "received", "dropped", "actor_read")
 
     def __init__(self, loop: IOLoop) -> None:
         self.loop = loop
         self.loop_sent = 0
         self.retired_sent = 0
-        self.received = 0
+        self.received = 0  # every message received, by any thread
         self.dropped = 0
+        self.actor_read = 0  # of those, read by an actor thread (transport.inbox.SharedInbox)
 
     def __getitem__(self, key: str) -> int:
         if key == "sent":
             return self.loop_sent + self.retired_sent + sum(s.sent for s in list(self.loop._senders))
-        if key in ("received", "dropped"):
+        if key in ("received", "dropped", "actor_read"):
             return getattr(self, key)
         raise KeyError(key)

@@ -1,0 +1,99 @@
+"""An idle actor thread reads its proc's inbox and runs a call for itself at once
+(runtime/transport/inbox.py, SharedInbox): who reads, order per sender with two actors in
+one proc, and the setting that turns it off."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import runtime
+from runtime import Actor, endpoint, this_host
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Counter(Actor):
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    @endpoint
+    def add(self, who: int, i: int) -> int:
+        self.seen.append((who, i))
+        return i
+
+    @endpoint
+    def seen_by(self, who: int) -> list:
+        return [i for w, i in self.seen if w == who]
+
+    @endpoint
+    def read_by_actors(self) -> tuple:
+        stats = runtime.get_runtime().stats
+        return stats["actor_read"], stats["received"]
+
+    @endpoint
+    def nap(self, s: float) -> float:
+        time.sleep(s)
+        return s
+
+
+def _reads(m) -> tuple:
+    return m.read_by_actors.call_one().get(timeout=30)
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_an_idle_actor_reads_the_calls_for_it(on):
+    with runtime.configured(actor_reads_calls=on):  # procs take the setting at spawn
+        pm = this_host().spawn_procs(per_host={"procs": 1}, name=f"reader{int(on)}")
+    try:
+        m = pm.spawn("counter", Counter)
+        a0, r0 = _reads(m)
+        for i in range(50):
+            assert m.add.call_one(0, i).get(timeout=30) == i
+        a1, r1 = _reads(m)
+        assert r1 - r0 >= 51
+        if on:  # the proc's I/O thread still reads heartbeats and anything while busy
+            assert a1 - a0 >= 25, (a1 - a0, r1 - r0)
+        else:
+            assert a1 == a0 == 0
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_two_actors_in_one_proc_get_their_calls_in_order():
+    """Whichever actor thread reads, a call for the other goes to its mailbox; each
+    sender's calls to each actor run in the order sent, and a stop comes after them."""
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="tworeaders")
+    try:
+        a, b = pm.spawn("a", Counter), pm.spawn("b", Counter)
+        n, errors = 40, []
+
+        def caller(who: int) -> None:
+            try:
+                futs = []
+                for i in range(n):
+                    futs += [a.add.call_one(who, i), b.add.call_one(who, i)]
+                    if i % 10 == 0:
+                        futs.append(b.nap.call_one(0.005))  # keeps b busy now and then
+                for f in futs:
+                    f.get(timeout=30)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=caller, args=(w,)) for w in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        for w in range(3):
+            assert a.seen_by.call_one(w).get(timeout=30) == list(range(n))
+            assert b.seen_by.call_one(w).get(timeout=30) == list(range(n))
+        last = b.nap.call_one(0.3)  # queued calls run before a stop, which answers
+        b.stop().get(timeout=30)
+        assert last.get(timeout=30) == 0.3
+        assert a.add.call_one(9, 1).get(timeout=30) == 1  # a still reads and answers
+    finally:
+        pm.stop().get(timeout=30)
