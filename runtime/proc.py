@@ -120,7 +120,7 @@ class ActorInstance:
         while True:
             if self._aloop is not None and _endpoints.loop_has_work(self):
                 _endpoints.wait_idle(self)  # the actor's asyncio tasks run between messages
-            item = self._next(mailbox)
+            item = _next_message(self, mailbox)
             what = item[0]
             if what == "call":
                 self._handle_call(item[1], item[2], item[3])
@@ -131,42 +131,6 @@ class ActorInstance:
                 self.rt.loop.call_soon(self.server.actor_stopped, self)
                 return
             del item  # free the message (its buffers) before waiting for the next one
-
-    def _next(self, mailbox: Any) -> tuple:
-        """The next message for this actor: from its mailbox, or, while that is empty, read
-        from the proc's inbox by this thread (runtime/transport/inbox.py, SharedInbox)."""
-        shared = self.server.shared_inbox
-        while shared is not None and not shared.closing:
-            try:
-                return mailbox.get_nowait()
-            except queue.Empty:
-                pass
-            mailbox.on_put = shared.wake
-            try:
-                item = shared.read(self._route, mailbox.empty)
-            finally:
-                mailbox.on_put = None
-            if item is not None:
-                return item
-            try:  # another thread reads: wait for what it hands over, and try again
-                return mailbox.get(timeout=0.05)
-            except queue.Empty:
-                pass
-        return mailbox.get()
-
-    def _route(self, h: Header, body: Any, buffers: list) -> Any:
-        """Where a message this thread read from the proc's inbox goes: a call for this
-        idle actor is returned (run here), a call for another actor of the proc goes to its
-        mailbox (True), anything else to the I/O thread (False)."""
-        if h.kind != Kind.CALL:
-            return False
-        a = self.server.actors.get(h.actor)
-        if a is None:
-            return False
-        if a is self and not self.mailbox.qsize():
-            return ("call", h, body, buffers)
-        a.mailbox.put(("call", h, body, buffers))
-        return True
 
     def _init(self) -> None:
         body, buffers = self._spawn
@@ -392,6 +356,45 @@ class ActorInstance:
         if tid is not None:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
                                                        ctypes.py_object(KeyboardInterrupt))
+
+
+def _next_message(a: "ActorInstance", mailbox: Any) -> tuple:
+    """The next message for actor `a`: from its mailbox, or, while that is empty, read
+    from the proc's inbox by its own thread (runtime/transport/inbox.py, SharedInbox)."""
+    shared = a.server.shared_inbox
+    while shared is not None and not shared.closing:
+        try:
+            return mailbox.get_nowait()
+        except queue.Empty:
+            pass
+        mailbox.on_put = shared.wake
+        try:
+            item = shared.read(lambda h, body, buffers: _route(a, h, body, buffers),
+                               mailbox.empty)
+        finally:
+            mailbox.on_put = None
+        if item is not None:
+            return item
+        try:  # another thread reads: wait for what it hands over, and try again
+            return mailbox.get(timeout=0.05)
+        except queue.Empty:
+            pass
+    return mailbox.get()
+
+
+def _route(a: "ActorInstance", h: Header, body: Any, buffers: list) -> Any:
+    """Where a message actor `a`'s thread read from the proc's inbox goes: a call for `a`
+    (idle) is returned to run here, a call for another actor of the proc goes to its
+    mailbox (True), anything else to the I/O thread (False)."""
+    if h.kind != Kind.CALL:
+        return False
+    target = a.server.actors.get(h.actor)
+    if target is None:
+        return False
+    if target is a and not a.mailbox.qsize():
+        return ("call", h, body, buffers)
+    target.mailbox.put(("call", h, body, buffers))
+    return True
 
 
 class ProcServer:

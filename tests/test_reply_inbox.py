@@ -89,7 +89,7 @@ def test_a_future_awaited_in_asyncio_resolves(log):
     one.add.call_one(0, 0).get(timeout=30)  # this thread has its inbox now
 
     async def main() -> tuple:
-        fut = one.add.call_one(0, 7)
+        fut = one.nap.call_one(0.2)  # answers after the callback below is in place
         by = _resolver(fut)
         value = await asyncio.wait_for(fut, 30)  # nobody pumps: the I/O thread reads it
         both = await asyncio.wait_for(asyncio.gather(one.add.call_one(0, 8),
@@ -97,7 +97,7 @@ def test_a_future_awaited_in_asyncio_resolves(log):
         return value, by, both
 
     value, by, (eight, nine) = asyncio.run(main())
-    assert value == 7 and eight == 8 and list(nine.values()) == [9, 9]
+    assert value == 0.2 and eight == 8 and list(nine.values()) == [9, 9]
     assert by and by != [threading.get_ident()]
 
 

@@ -212,18 +212,7 @@ class IOLoop:
     # -- the loop ---------------------------------------------------------------------------
     def new_push_socket(self, addr: str) -> zmq.Socket:
         """A PUSH socket connected to `addr` (CurveZMQ for TCP peers), for one owning thread."""
-        s = self.ctx.socket(zmq.PUSH)
-        s.setsockopt(zmq.SNDHWM, 0)
-        s.setsockopt(zmq.LINGER, 2000)
-        s.setsockopt(zmq.RECONNECT_IVL, 10)
-        s.setsockopt(zmq.RECONNECT_IVL_MAX, 0)  # constant 10 ms: procs bind soon after spawn
-        keys = self.peer_keys.get(addr, self.keys)
-        if addr.startswith("tcp://") and keys is not None:
-            s.curve_serverkey = keys.public
-            s.curve_publickey = keys.public
-            s.curve_secretkey = keys.secret
-        s.connect(addr)
-        return s
+        return _push_socket(self.ctx, addr, self.peer_keys.get(addr, self.keys))
 
     def _send_from_loop(self, addr: str, frames: list) -> None:
         s = self._out.get(addr)
@@ -342,6 +331,20 @@ class IOLoop:
             os.close(self._wake_fd)
         except OSError:
             pass
+
+
+def _push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.Socket:
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.SNDHWM, 0)
+    s.setsockopt(zmq.LINGER, 2000)
+    s.setsockopt(zmq.RECONNECT_IVL, 10)
+    s.setsockopt(zmq.RECONNECT_IVL_MAX, 0)  # constant 10 ms: procs bind soon after spawn
+    if addr.startswith("tcp://") and keys is not None:
+        s.curve_serverkey = keys.public
+        s.curve_publickey = keys.public
+        s.curve_secretkey = keys.secret
+    s.connect(addr)
+    return s
 
 
 def _receive(sock: zmq.Socket) -> Optional[list]:
