@@ -65,22 +65,22 @@ def _resolver(fut: runtime.Future) -> list:
 def test_the_waiting_thread_receives_its_reply(log):
     one = log.slice(procs=0)
     one.add.call_one(0, 0).get(timeout=30)
-    for _ in range(5):
-        fut = one.add.call_one(0, 1)
+    for _ in range(5):  # each answers after its callback is in place and we wait
+        fut = one.nap.call_one(0.05)
         by = _resolver(fut)
-        assert fut.get(timeout=30) == 1
+        assert fut.get(timeout=30) == 0.05
         assert by == [threading.get_ident()]
-    fut = log.add.call(0, 2)  # a call to every rank: both replies, read by this thread
+    fut = log.nap.call(0.05)  # a call to every rank: both replies, read by this thread
     by = _resolver(fut)
-    assert list(fut.get(timeout=30).values()) == [2, 2]
+    assert list(fut.get(timeout=30).values()) == [0.05, 0.05]
     assert by == [threading.get_ident()]
 
 
 def test_off_the_setting_replies_go_through_the_io_thread(log):
     with runtime.configured(caller_reads_replies=False):
-        fut = log.slice(procs=0).add.call_one(0, 1)
+        fut = log.slice(procs=0).nap.call_one(0.05)
         by = _resolver(fut)
-        assert fut.get(timeout=30) == 1
+        assert fut.get(timeout=30) == 0.05
         assert by and by != [threading.get_ident()]
 
 
