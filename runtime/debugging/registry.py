@@ -141,7 +141,7 @@ class DebugRegistry(FrontEndHooks):
         op = op_of(h)
         e = h.extra if isinstance(h.extra, dict) else {}
         if op == "source":
-            self._answer_source(e)
+            _answer_source(self.rt, e)
             return
         if op in self.op_handlers:
             self.op_handlers[op](e)
@@ -212,14 +212,6 @@ class DebugRegistry(FrontEndHooks):
         self.events.append((time.time(), "resumed", s.label, s.where))
         _set_health(self.rt, s, paused=False)
         self._emit("ended", s)
-
-    def _answer_source(self, e: dict) -> None:
-        name = str(e.get("file", ""))
-        addr = str(e.get("addr", ""))
-        lines = linecache.getlines(name) if name else []
-        if addr:
-            self.rt.send(addr, header("source_reply", req=int(e.get("req", 0)),
-                                      lines=list(lines) or None))
 
     def tick(self) -> None:
         """Periodic (I/O thread): notes for unattended breakpoints, the timeout, dead procs."""
@@ -424,6 +416,15 @@ class DebugRegistry(FrontEndHooks):
                 raise DebugError(f"no post-mortem for {rec.name!r} rank {rank}: "
                                  f"{self._pm_errors.pop(sid)}")
             return self._sessions[sid]
+
+
+def _answer_source(rt: Any, e: dict) -> None:
+    """A proc asks for the lines of a file it lacks: the controller's linecache answers."""
+    name = str(e.get("file", ""))
+    addr = str(e.get("addr", ""))
+    lines = linecache.getlines(name) if name else []
+    if addr:
+        rt.send(addr, header("source_reply", req=int(e.get("req", 0)), lines=list(lines) or None))
 
 
 _registry: Optional[DebugRegistry] = None
