@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 log = logging.getLogger("monarch_kernel.debugger")
 
 REMOTE_BASE = 1 << 52
+PROMOTE_DELAY = 0.3  # seconds between a rank's `continued` and the next rank's `stopped`
 STEP_COMMANDS = {"next": "next", "stepIn": "step", "stepOut": "return"}
 
 
@@ -95,12 +96,25 @@ class RemoteRanks:
                                "body": {"threadId": tid, "allThreadsContinued": False}})
                 if self.focus == tid:
                     self.focus = None
-                    nxt = self._next()
-                    if nxt is not None:
-                        self.focus = nxt
-                        events.append(self._stopped(nxt, "breakpoint"))
+                    # JupyterLab clears its view when the `continue` reply arrives, after
+                    # this event may have come: show the next rank a moment later
+                    t = threading.Timer(PROMOTE_DELAY, self.promote)
+                    t.daemon = True
+                    t.start()
         for e in events:
             self.send_event(e)
+
+    def promote(self) -> None:
+        """Give the focus to the next paused rank (lowest mesh, rank) and show it."""
+        with self._lock:
+            if self.focus is not None:
+                return
+            nxt = self._next()
+            if nxt is None:
+                return
+            self.focus = nxt
+            e = self._stopped(nxt, "breakpoint")
+        self.send_event(e)
 
     def _stopped(self, tid: int, reason: str) -> dict:
         s = self.sessions[tid]

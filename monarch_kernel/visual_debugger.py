@@ -104,6 +104,13 @@ class MonarchDebugger(Debugger):
         args = message.get("arguments") or {}
         if cmd == "evaluate" and str(args.get("expression", "")).startswith("%"):
             return _reply(message, self._meta(str(args["expression"])))
+        if cmd == "continue" and not self.ranks.is_remote(args.get("threadId")) and \
+                args.get("threadId") not in self.stopped_threads and \
+                self.ranks.focus is not None:
+            # JupyterLab (4.6) forgets the stopped thread before it sends `continue`, so
+            # the request names thread 1: it means the rank on screen
+            args = dict(args, threadId=self.ranks.focus)
+            message = dict(message, arguments=args)
         if cmd in ROUTED and self._is_remote(cmd, args):
             try:
                 return await self._remote(message, cmd, args)

@@ -47,6 +47,8 @@ def summarize(v: Any) -> tuple[str, str]:
     """(value text, type name) of `v`, bounded; tensors and arrays by metadata."""
     tname = type(v).__name__
     try:
+        if isinstance(v, _Text):
+            return str(v), "str"
         if _is_tensor(v):
             shape = tuple(int(x) for x in v.shape)
             dtype = str(v.dtype).replace("torch.", "")
@@ -62,16 +64,22 @@ def summarize(v: Any) -> tuple[str, str]:
         return f"<{tname}: repr failed: {type(e).__name__}>", tname
 
 
+class _Text(str):
+    """A summary line shown as it is (not as a string's repr)."""
+
+
 def _children(v: Any) -> list[tuple[str, Any]]:
     """The expandable parts of `v`: dict items, sequence items, attributes."""
     if _is_tensor(v):
-        out = [("shape", tuple(int(x) for x in v.shape)), ("dtype", str(v.dtype)),
-               ("device", str(v.device)), ("requires_grad", bool(v.requires_grad))]
+        out = [("shape", _Text(tuple(int(x) for x in v.shape))),
+               ("dtype", _Text(str(v.dtype).replace("torch.", ""))),
+               ("device", _Text(v.device)), ("requires_grad", bool(v.requires_grad))]
         if v.device.type == "cpu":
-            out.append(("values", summarize(v)[0].split(") ", 1)[-1]))
+            out.append(("values", _Text(summarize(v)[0].split(") ", 1)[-1])))
         return out
     if _is_ndarray(v):
-        return [("shape", tuple(v.shape)), ("dtype", str(v.dtype)), ("values", _few(v))]
+        return [("shape", _Text(tuple(v.shape))), ("dtype", _Text(v.dtype)),
+                ("values", _Text(_few(v)))]
     if isinstance(v, dict):
         return [(repr(k) if not isinstance(k, str) else k, x)
                 for k, x in list(v.items())[:MAX_CHILDREN]]

@@ -112,7 +112,7 @@ def test_breakpoint_in_actor_cell_stops_three_ranks(session):
         assert vs["w"]["value"].startswith("ndarray(shape=(2, 3), dtype=float32) [0, 2, 4")
         kids = {v["name"]: v["value"] for v in d.ok(
             "variables", {"variablesReference": vs["w"]["variablesReference"]})["variables"]}
-        assert kids["shape"] == "(2, 3)" and kids["dtype"] == "'float32'"
+        assert kids["shape"] == "(2, 3)" and kids["dtype"] == "float32"
         assert d.ok("evaluate", {"expression": "float(w.sum()) + r", "frameId": top["id"],
                                  "context": "repl"})["result"] == str(30.0 + rank)
         if n == 0:  # step one line, then read the new local
