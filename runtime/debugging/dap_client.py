@@ -40,14 +40,20 @@ class DapClient:
 
     def _on_getbreaks(self, e: dict) -> None:
         t = breakpoints.table()
-        addr = str(e.get("addr", ""))
-        if t and addr:
-            self.rt.send(addr, header("breaks", table=t))
+        if t:
+            send_table_to(self.rt, str(e.get("proc_id", "")), str(e.get("addr", "")), t)
 
     def broadcast(self, table: dict) -> None:
-        """Send the table to every live proc this controller owns (I/O thread)."""
+        """Send the table to every live proc this controller owns, from the calling thread
+        (so a call this thread makes next finds the table there)."""
         dead = getattr(self.rt, "dead_procs", set())
-        for rec in list(self.rt.procs.values()):
+        for _ in range(3):
+            try:
+                recs = list(self.rt.procs.values())
+                break
+            except RuntimeError:  # changed meanwhile (the I/O thread adds procs)
+                recs = []
+        for rec in recs:
             if rec.proc_id in dead or rec.state in ("failed", "stopped"):
                 continue
             try:
@@ -78,6 +84,17 @@ class DapClient:
         return dict(e.get("body") or {})
 
 
+def send_table_to(rt: Any, proc_id: str, addr: str, table: dict) -> None:
+    """Answer a starting proc's `getbreaks`: through its record when this runtime owns it
+    (before its hello a proc on another host is reached only through its host agent),
+    else at the address it gave."""
+    rec = rt.procs.get(proc_id) if proc_id else None
+    if rec is not None and (rec.address or rec.route):
+        rt.send_to_proc(rec.address, rec.route, header("breaks", table=table))
+    elif addr:
+        rt.send(addr, header("breaks", table=table))
+
+
 _client: Optional[DapClient] = None
 _lock = threading.Lock()
 
@@ -85,7 +102,7 @@ _lock = threading.Lock()
 def _on_table(table: dict) -> None:
     c = _client
     if c is not None and not getattr(c.rt, "_closed", False):
-        c.rt.loop.call_soon(c.broadcast, table)
+        c.broadcast(table)
 
 
 def client(reg: Optional[DebugRegistry] = None) -> Optional[DapClient]:

@@ -37,7 +37,12 @@ class ProcDebugger:
         op = op_of(h)
         e = h.extra if isinstance(h.extra, dict) else {}
         if op == "getbreaks":  # a proc this proc owns starts: give it our table
-            self.send_breaks(str(e.get("addr", "")))
+            from . import breakpoints
+            from .dap_client import send_table_to
+
+            t = breakpoints.table()
+            if t:
+                send_table_to(self.rt, str(e.get("proc_id", "")), str(e.get("addr", "")), t)
             return
         if op == "breaks":  # the controller's line breakpoints: arm, and pass them on
             from . import breakpoints
@@ -63,15 +68,11 @@ class ProcDebugger:
         elif op not in ("ack",):
             log.warning("debug message %r for unknown session %r dropped", op, e.get("sid"))
 
-    def send_breaks(self, addr: str = "") -> None:
-        """Send the line-breakpoint table to `addr`, or to every proc this proc owns."""
+    def send_breaks(self) -> None:
+        """Send the line-breakpoint table to every proc this proc owns."""
         from . import breakpoints
 
         t = breakpoints.table()
-        if addr:
-            if t:
-                self.rt.send(addr, header("breaks", table=t))
-            return
         for rec in list(getattr(self.rt, "procs", {}).values()):
             try:
                 self.rt.send_to_proc(rec.address, rec.route, header("breaks", table=t))
@@ -79,8 +80,8 @@ class ProcDebugger:
                 log.debug("breakpoints to %s not sent", rec.proc_id, exc_info=True)
 
     def ask_breaks(self) -> None:
-        """A starting proc asks its owner for the line-breakpoint table (I/O thread)."""
-        self.send("getbreaks")
+        """A starting proc asks its owner for the line-breakpoint table."""
+        self.send("getbreaks", proc_id=self.rt.proc_id)
 
     # -- actor threads ------------------------------------------------------------------------
     def send(self, op: str, **fields: Any) -> None:
@@ -242,7 +243,10 @@ def install(rt: Any) -> ProcDebugger:
     from . import breakpoints
 
     breakpoints.install_in_proc(_stop_at)
-    rt.loop.call_soon(_debugger.ask_breaks)
+    try:  # from this thread, before the proc's hello: the answer comes before any call
+        _debugger.ask_breaks()
+    except Exception:  # noqa: BLE001 - no owner reachable: no breakpoints
+        log.debug("breakpoint table not asked for", exc_info=True)
     sys.breakpointhook = breakpointhook
     if "pdb" in sys.modules:
         _patch_pdb(sys.modules["pdb"])
