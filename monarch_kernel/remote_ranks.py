@@ -42,6 +42,7 @@ class RemoteRanks:
         self.refs: dict[int, tuple[str, int]] = {}  # variables reference -> (sid, remote ref)
         self.focus: Optional[int] = None
         self.stepping: set = set()  # sids running a step command
+        self.step_out: set = set()  # sids running the panel's step out
         self.reg: Any = None
 
     # -- wiring to the runtime's registry ------------------------------------------------------
@@ -80,6 +81,14 @@ class RemoteRanks:
                 if tid is None:
                     tid = self.tids[s.sid] = next(self._ids)
                     self.sessions[tid] = s
+                if s.sid in self.step_out and "--Return--" in "".join(s.output):
+                    # pdb's `return` stops at the return event: one more step reaches
+                    # the caller, where the panel's step out lands
+                    self.step_out.discard(s.sid)
+                    s.output.clear()
+                    self.reg.send_line(s, "next")
+                    return
+                self.step_out.discard(s.sid)
                 reason = "step" if s.sid in self.stepping else "breakpoint"
                 self.stepping.discard(s.sid)
                 if self.focus is None or self.focus == tid:

@@ -202,6 +202,8 @@ class MonarchDebugger(Debugger):
             return {"allThreadsContinued": False}
         if cmd in STEP_COMMANDS:
             r.stepping.add(s.sid)
+            if cmd == "stepOut":
+                r.step_out.add(s.sid)
             r.reg.send_line(s, STEP_COMMANDS[cmd])
             return {}
         raise RuntimeError(f"{cmd} is not supported for a remote rank")

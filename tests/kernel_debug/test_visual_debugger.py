@@ -174,6 +174,53 @@ def test_local_code_still_debugs_with_debugpy(session):
     assert d.wait_reply(cell)["status"] == "ok" and "local 15" in d.stream
 
 
+STEP_CELL = """\
+class T3(Actor):
+    @endpoint
+    def f(self, x):
+        breakpoint()
+        y = helper(x)
+        return y
+
+
+def helper(v):
+    w = v * 3
+    return w
+"""
+
+
+def test_breakpoint_call_goes_to_the_panel_with_step_in_and_out(session):
+    k, d = session
+    assert d.run(STEP_CELL)["status"] == "ok"
+    start = len(d.events)
+    cell = d.execute("t3 = procs.slice(procs=0).spawn('t3', T3)\nprint('t3', t3.f.call_one(4).get())")
+    tid = d.stopped(start, timeout=60)["body"]["threadId"]  # breakpoint(): the panel, no prompt
+    top = d.ok("stackTrace", {"threadId": tid})["stackFrames"][0]
+    assert top["line"] == 5 and top["name"].startswith("f · t3[0]")
+    mark = len(d.events)
+    d.ok("stepIn", {"threadId": tid})  # into helper()
+    d.stopped(mark)
+    for _ in range(2):  # the def line (pdb's --Call--), then w = v * 3
+        mark = len(d.events)
+        d.ok("next", {"threadId": tid})
+        d.stopped(mark)
+    frames = d.ok("stackTrace", {"threadId": tid})["stackFrames"]
+    assert [f["name"].split(" ")[0] for f in frames[:2]] == ["helper", "f"]
+    assert frames[0]["line"] == 11
+    assert d.ok("evaluate", {"expression": "w", "frameId": frames[0]["id"]})["result"] == "12"
+    assert d.ok("evaluate", {"expression": "x", "frameId": frames[1]["id"]})["result"] == "4"
+    mark = len(d.events)
+    d.ok("stepOut", {"threadId": tid})
+    d.stopped(mark)
+    top = d.ok("stackTrace", {"threadId": tid})["stackFrames"][0]
+    assert top["name"].startswith("f · ") and top["line"] == 6  # after the call
+    assert d.ok("evaluate", {"expression": "y", "frameId": top["id"]})["result"] == "12"
+    r = d.ok("evaluate", {"expression": "%ranks", "frameId": top["id"]})["result"]
+    assert r.startswith("t3[0] @ ")
+    d.ok("continue", {"threadId": tid})
+    assert d.wait_reply(cell)["status"] == "ok" and "t3 12" in d.stream
+
+
 def test_panel_off_gives_breakpoint_back_to_the_text_pdb(session):
     k, d = session
     d.ok("disconnect", {"restart": False, "terminateDebuggee": False})
