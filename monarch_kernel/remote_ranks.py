@@ -89,7 +89,8 @@ class RemoteRanks:
                     self.reg.send_line(s, "next")
                     return
                 self.step_out.discard(s.sid)
-                reason = "step" if s.sid in self.stepping else "breakpoint"
+                reason = "step" if s.sid in self.stepping else \
+                    "exception" if s.kind == "exception" else "breakpoint"
                 self.stepping.discard(s.sid)
                 if self.focus is None or self.focus == tid:
                     self.focus = tid
@@ -122,7 +123,8 @@ class RemoteRanks:
             if nxt is None:
                 return
             self.focus = nxt
-            e = self._stopped(nxt, "breakpoint")
+            e = self._stopped(nxt, "exception" if self.sessions[nxt].kind == "exception"
+                              else "breakpoint")
         self.send_event(e)
 
     def _stopped(self, tid: int, reason: str) -> dict:

@@ -121,6 +121,10 @@ class MonarchDebugger(Debugger):
             self.ranks.enable()
         elif cmd == "setBreakpoints":
             self._push_breakpoints(args)
+        elif cmd == "setExceptionBreakpoints":
+            from runtime.debugging import set_exception_breakpoints
+
+            set_exception_breakpoints(list(args.get("filters") or []))
         elif cmd == "threads" and isinstance(reply, dict):
             body = reply.setdefault("body", {})
             body["threads"] = list(body.get("threads") or []) + self.ranks.threads()
@@ -151,10 +155,12 @@ class MonarchDebugger(Debugger):
         set_line_breakpoints(path, lines)
 
     def _clear_breakpoints(self) -> None:
-        from runtime.debugging import line_breakpoints, set_line_breakpoints
+        from runtime.debugging import (line_breakpoints, set_exception_breakpoints,
+                                       set_line_breakpoints)
 
         for path in list(line_breakpoints()):
             set_line_breakpoints(path, [])
+        set_exception_breakpoints([])
 
     async def _remote(self, message: dict, cmd: str, args: dict) -> dict:
         loop = asyncio.get_running_loop()

@@ -52,6 +52,16 @@ def add_heartbeat_field(name: str, fn: Any) -> None:
 _call_hook: Any = None  # the debugger's: arms an actor thread while breakpoints are set
 
 
+_error_hook: Any = None  # the debugger's: stops in a failed endpoint's frames (post-mortem)
+
+
+def set_error_hook(fn: Any) -> None:
+    """Call `fn(actor, exc)` on the actor's thread when an endpoint raised, before the
+    caller hears of it (None: no hook, the default)."""
+    global _error_hook
+    _error_hook = fn
+
+
 def set_call_hook(fn: Any) -> None:
     """Call `fn()` on the actor's thread at the start of every endpoint call (None: no
     hook, the default; the debugger installs one only while line breakpoints are set)."""
@@ -285,6 +295,8 @@ class ActorInstance:
             if h.port:
                 self._reply_error(h, _endpoints.failed_reply(self, self.failed))
             return
+        if _error_hook is not None:
+            _error_hook(self, e)
         name = ep.name
         self.errors += 1
         self.last_exception = e

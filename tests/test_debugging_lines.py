@@ -141,3 +141,34 @@ def test_breakpoint_reaches_procs_spawned_later(reg):
     assert list(fut.get(10).values()) == [21, 21]
     m.stop().get(10)
     procs.stop().get(10)
+
+
+class Failing(Actor):
+    @endpoint
+    def boom(self, x):
+        secret = x * 3
+        raise ValueError(f"bad {x}")
+
+
+def test_exception_filter_stops_in_the_failed_frame(procs, reg):
+    from runtime import ActorError
+
+    m = procs.slice(procs=0).spawn("failing", Failing)
+    runtime.debugging.set_exception_breakpoints(["uncaught"])
+    try:
+        time.sleep(0.3)
+        fut = m.boom.call_one(5)
+        (s,) = wait_paused(reg, 1)
+        assert s.kind == "exception" and s.function == "boom"
+        dap = runtime.debugging.get_dap_client()
+        assert dap.request(s, "evaluate", {"expression": "secret"})["result"] == "15"
+        assert not fut.done()  # the call waits while the frame is inspected
+        reg.release(s)
+        with pytest.raises(ActorError, match="bad 5"):
+            fut.get(10)
+    finally:
+        runtime.debugging.set_exception_breakpoints([])
+    time.sleep(0.3)
+    with pytest.raises(ActorError, match="bad 6"):
+        m.boom.call_one(6).get(10)  # filters off: no stop
+    m.stop().get(10)

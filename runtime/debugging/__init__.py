@@ -17,7 +17,8 @@ from .protocol import BreakpointWithoutDebugger
 from .settings import policy, set_policy, set_timeout, timeout
 
 __all__ = ["BreakpointWithoutDebugger", "get_dap_client", "get_registry", "install_in_controller",
-           "install_in_proc", "line_breakpoints", "policy", "set_line_breakpoints",
+           "install_in_proc", "line_breakpoints", "policy", "set_exception_breakpoints",
+           "set_line_breakpoints",
            "set_policy", "set_timeout", "timeout"]
 
 
@@ -68,3 +69,12 @@ def get_dap_client() -> Any:
     from .dap_client import client
 
     return client()
+
+
+def set_exception_breakpoints(filters: list) -> None:
+    """While `filters` is non-empty (the Debugger panel's "raised" / "uncaught"), an endpoint
+    that raises stops in pdb in its frames, on its actor, before the caller hears of it (in
+    every proc, now and later). An empty list turns it off."""
+    from . import breakpoints
+
+    breakpoints.set_exceptions(list(filters))

@@ -284,6 +284,24 @@ def stop_at(debugger: ProcDebugger, actor: Any, frame: Any) -> Any:
     return p.trace_dispatch
 
 
+def stop_on_exception(debugger: ProcDebugger, actor: Any, exc: BaseException) -> None:
+    """pdb in the frames of `exc`, which an endpoint raised, on the actor's own thread (the
+    call waits); continuing lets the error go to the caller."""
+    chan = _Channel(debugger, _meta(actor, debugger.rt), "exception")
+    p = RemotePdb(chan)
+    chan.stdout.write(f"{type(exc).__name__}: {exc}\n")
+    saved = sys.gettrace()
+    try:
+        p.reset()
+        p.interaction(None, exc.__traceback__)
+    except (bdb.BdbQuit, BreakpointWithoutDebugger):
+        pass
+    finally:
+        chan.resumed()
+        chan.close()
+        sys.settrace(saved if saved is breakpoints.gate else None)
+
+
 def run_postmortem(debugger: ProcDebugger, actor: Any, exc: BaseException, sid: str) -> None:
     """A post-mortem session on the frames of `exc` (runs on its own thread in the proc)."""
     chan = _Channel(debugger, _meta(actor, debugger.rt), "postmortem")

@@ -22,6 +22,7 @@ _relevant: dict[Any, bool] = {}  # code object -> has a breakpoint line (reset o
 _armed: set = set()  # idents of actor threads with the gate installed
 _on_hit: Optional[Callable[[Any], Any]] = None  # frame -> trace function to go on with
 _listeners: list[Callable[[dict], None]] = []
+_exceptions: frozenset = frozenset()  # exception filters set: an endpoint that raises stops
 
 
 def table() -> dict[str, list[int]]:
@@ -44,11 +45,25 @@ def set_file(path: str, lines: list[int]) -> dict[str, list[int]]:
     return set_table(new)
 
 
-def set_table(new: dict) -> dict[str, list[int]]:
-    """Replace the whole table ({file: lines}); listeners hear of the change."""
-    global _table, _version
+def exceptions() -> list[str]:
+    """The exception filters set (the panel's "raised", "uncaught"): while any is set, an
+    endpoint that raises stops in its frames before the caller hears of it."""
+    return sorted(_exceptions)
+
+
+def set_exceptions(filters: list) -> None:
+    """Set the exception filters (an empty list clears them); listeners hear of it."""
+    set_table(dict(table()), filters)
+
+
+def set_table(new: dict, exception_filters: Any = None) -> dict[str, list[int]]:
+    """Replace the whole table ({file: lines}) and, if given, the exception filters;
+    listeners hear of the change."""
+    global _table, _version, _exceptions
     with _lock:
         _table = {str(f): frozenset(int(x) for x in ls) for f, ls in new.items() if ls}
+        if exception_filters is not None:
+            _exceptions = frozenset(str(x) for x in exception_filters)
         _version += 1
         _relevant.clear()
         listeners = list(_listeners)
@@ -136,15 +151,19 @@ def _set_call_hook(fn: Any) -> None:
     set_call_hook(fn)
 
 
-def install_in_proc(on_hit: Callable[[Any], Any]) -> None:
-    """Arm actor threads at their next call while the table is non-empty (proc side)."""
+def install_in_proc(on_hit: Callable[[Any], Any], on_error: Callable[[Any, Any], Any]) -> None:
+    """Arm actor threads at their next call while the table is non-empty, and stop in
+    failed endpoints while exception filters are set (proc side)."""
     global _on_hit
     _on_hit = on_hit
 
     def changed(t: dict) -> None:
         if t:
             _set_call_hook(on_call)
+        from ..proc import set_error_hook
+
+        set_error_hook(on_error if _exceptions else None)
 
     add_listener(changed)
-    if _table:
-        _set_call_hook(on_call)
+    if _table or _exceptions:
+        changed(table())

@@ -40,7 +40,7 @@ class DapClient:
 
     def _on_getbreaks(self, e: dict) -> None:
         t = breakpoints.table()
-        if t:
+        if t or breakpoints.exceptions():
             send_table_to(self.rt, str(e.get("proc_id", "")), str(e.get("addr", "")), t)
 
     def broadcast(self, table: dict) -> None:
@@ -57,7 +57,8 @@ class DapClient:
             if rec.proc_id in dead or rec.state in ("failed", "stopped"):
                 continue
             try:
-                self.rt.send_to_proc(rec.address, rec.route, header("breaks", table=table))
+                self.rt.send_to_proc(rec.address, rec.route, header(
+                    "breaks", table=table, exc=breakpoints.exceptions()))
             except Exception:  # noqa: BLE001 - a proc going away
                 log.debug("breakpoints to %s not sent", rec.proc_id, exc_info=True)
 
@@ -89,10 +90,11 @@ def send_table_to(rt: Any, proc_id: str, addr: str, table: dict) -> None:
     (before its hello a proc on another host is reached only through its host agent),
     else at the address it gave."""
     rec = rt.procs.get(proc_id) if proc_id else None
+    h = header("breaks", table=table, exc=breakpoints.exceptions())
     if rec is not None and (rec.address or rec.route):
-        rt.send_to_proc(rec.address, rec.route, header("breaks", table=table))
+        rt.send_to_proc(rec.address, rec.route, h)
     elif addr:
-        rt.send(addr, header("breaks", table=table))
+        rt.send(addr, h)
 
 
 _client: Optional[DapClient] = None

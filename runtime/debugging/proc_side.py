@@ -41,13 +41,13 @@ class ProcDebugger:
             from .dap_client import send_table_to
 
             t = breakpoints.table()
-            if t:
+            if t or breakpoints.exceptions():
                 send_table_to(self.rt, str(e.get("proc_id", "")), str(e.get("addr", "")), t)
             return
         if op == "breaks":  # the controller's line breakpoints: arm, and pass them on
             from . import breakpoints
 
-            breakpoints.set_table(dict(e.get("table") or {}))
+            breakpoints.set_table(dict(e.get("table") or {}), list(e.get("exc") or []))
             self.send_breaks()
             return
         if op in FROM_ACTOR:  # from a proc this proc owns: pass it up to our owner
@@ -73,9 +73,11 @@ class ProcDebugger:
         from . import breakpoints
 
         t = breakpoints.table()
+        exc = breakpoints.exceptions()
         for rec in list(getattr(self.rt, "procs", {}).values()):
             try:
-                self.rt.send_to_proc(rec.address, rec.route, header("breaks", table=t))
+                self.rt.send_to_proc(rec.address, rec.route,
+                                     header("breaks", table=t, exc=exc))
             except Exception:  # noqa: BLE001 - a proc going away
                 log.debug("breakpoints to %s not sent", rec.proc_id, exc_info=True)
 
@@ -178,6 +180,17 @@ def _stop_at(frame: Any) -> Any:
     return stop_at(_debugger, actor, frame)
 
 
+def _stop_on_error(actor: Any, exc: BaseException) -> None:
+    """An endpoint raised while exception filters are set: pdb in its frames, on the
+    actor's thread, before the caller hears of it."""
+    if _debugger is None or exc.__traceback__ is None or \
+            not isinstance(exc, Exception):
+        return
+    from .actor_pdb import stop_on_exception
+
+    stop_on_exception(_debugger, actor, exc)
+
+
 def breakpointhook(*args: Any, **kws: Any) -> None:
     """`sys.breakpointhook`: honours PYTHONBREAKPOINT (0 disables; another hook is used)."""
     hook = os.environ.get("PYTHONBREAKPOINT", "")
@@ -242,7 +255,7 @@ def install(rt: Any) -> ProcDebugger:
     rt.register_handler(Kind.DEBUG, _debugger.on_message)
     from . import breakpoints
 
-    breakpoints.install_in_proc(_stop_at)
+    breakpoints.install_in_proc(_stop_at, _stop_on_error)
     try:  # from this thread, before the proc's hello: the answer comes before any call
         _debugger.ask_breaks()
     except Exception:  # noqa: BLE001 - no owner reachable: no breakpoints

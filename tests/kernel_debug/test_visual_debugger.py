@@ -221,6 +221,25 @@ def test_breakpoint_call_goes_to_the_panel_with_step_in_and_out(session):
     assert d.wait_reply(cell)["status"] == "ok" and "t3 12" in d.stream
 
 
+def test_pause_on_exceptions_applies_to_remote_endpoints(session):
+    k, d = session
+    d.ok("setExceptionBreakpoints", {"filters": ["uncaught"]})
+    assert d.run("class T4(Actor):\n    @endpoint\n    def boom(self, x):\n"
+                 "        secret = x * 3\n        raise ValueError(f'bad {x}')\n\n\n"
+                 "t4 = procs.slice(procs=1).spawn('t4', T4)")["status"] == "ok"
+    start = len(d.events)
+    cell = d.execute("t4.boom.call_one(5).get()")
+    ev = d.stopped(start, timeout=60)["body"]
+    assert ev["reason"] == "exception" and remote(ev["threadId"])
+    top = d.ok("stackTrace", {"threadId": ev["threadId"]})["stackFrames"][0]
+    assert top["name"].startswith("boom · t4[0]") and top["line"] == 5
+    assert d.ok("evaluate", {"expression": "secret", "frameId": top["id"]})["result"] == "15"
+    d.ok("continue", {"threadId": ev["threadId"]})
+    reply = d.wait_reply(cell)
+    assert reply["status"] == "error" and "bad 5" in reply["evalue"]
+    d.ok("setExceptionBreakpoints", {"filters": []})
+
+
 def test_panel_off_gives_breakpoint_back_to_the_text_pdb(session):
     k, d = session
     d.ok("disconnect", {"restart": False, "terminateDebuggee": False})
