@@ -139,7 +139,7 @@ class MonarchDebugger(Debugger):
 
     def _is_remote(self, cmd: str, args: dict) -> bool:
         r = self.ranks
-        if cmd in ("scopes", "evaluate") and "frameId" in args:
+        if cmd in ("scopes", "evaluate", "richInspectVariables") and "frameId" in args:
             return r.is_remote(args["frameId"])
         if cmd in ("variables", "setVariable"):
             return r.is_remote(args.get("variablesReference"))
@@ -202,6 +202,11 @@ class MonarchDebugger(Debugger):
                                              "expression": args.get("expression", "")})
             ev["variablesReference"] = r.new_ref(s, ev.get("variablesReference", 0))
             return ev
+        if cmd == "richInspectVariables":  # the variable's "view" button: its summary
+            s, index = r.frame_of(args["frameId"])
+            ev = dap.request(s, "evaluate", {"frame": index,
+                                             "expression": args.get("variableName", "")})
+            return {"data": {"text/plain": ev["result"]}, "metadata": {}}
         s = r.session_of(args["threadId"])
         if cmd == "continue":
             r.reg.release(s)

@@ -182,9 +182,14 @@ def _evaluate(chan: Any, p: Any, args: dict) -> dict:
         with redirect_stdout(out):  # a statement, as pdb's default command runs it
             exec(compile(expr, "<debug console>", "single"), f.f_globals, loc)
         return {"result": out.getvalue().rstrip("\n"), "type": "", "variablesReference": 0}
-    v = eval(code, f.f_globals, loc)
+    out = io.StringIO()
+    with redirect_stdout(out):  # what it prints is part of the answer
+        v = eval(code, f.f_globals, loc)
+    printed = out.getvalue().rstrip("\n")
+    if v is None and printed:
+        return {"result": printed, "type": "", "variablesReference": 0}
     var = variable(chan, expr, v)
-    return {"result": var["value"], "type": var["type"],
+    return {"result": (printed + "\n" if printed else "") + var["value"], "type": var["type"],
             "variablesReference": var["variablesReference"]}
 
 

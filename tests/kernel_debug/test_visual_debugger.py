@@ -113,6 +113,8 @@ def test_breakpoint_in_actor_cell_stops_three_ranks(session):
         kids = {v["name"]: v["value"] for v in d.ok(
             "variables", {"variablesReference": vs["w"]["variablesReference"]})["variables"]}
         assert kids["shape"] == "(2, 3)" and kids["dtype"] == "float32"
+        rich = d.ok("richInspectVariables", {"variableName": "w", "frameId": top["id"]})
+        assert rich["data"]["text/plain"].startswith("ndarray(shape=(2, 3)")
         assert d.ok("evaluate", {"expression": "float(w.sum()) + r", "frameId": top["id"],
                                  "context": "repl"})["result"] == str(30.0 + rank)
         if n == 0:  # step one line, then read the new local
