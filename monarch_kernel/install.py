@@ -23,7 +23,7 @@ def kernel_dict(display_name: str = DISPLAY_NAME, env: Optional[dict[str, str]] 
         "display_name": display_name,
         "language": "python",
         "interrupt_mode": "signal",
-        "metadata": {"debugger": False},
+        "metadata": {"debugger": True},
         "kernel_protocol_version": "5.5",
     }
     if env:

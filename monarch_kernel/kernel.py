@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from ipykernel.ipkernel import IPythonKernel
+from traitlets import Type
 
 from monarch_kernel import __version__
 
@@ -19,6 +20,15 @@ class MonarchKernel(IPythonKernel):
 
     implementation = "monarch_kernel"
     implementation_version = __version__
+    #: the Debugger panel: local code through debugpy, paused remote ranks as threads
+    debugger_class = Type("monarch_kernel.visual_debugger.MonarchDebugger")
+
+    @property
+    def kernel_info(self) -> dict:  # type: ignore[override]
+        """ipykernel's, plus the deprecated `debugger` flag older front-ends read."""
+        info = dict(super().kernel_info)
+        info["debugger"] = "debugger" in info.get("supported_features", [])
+        return info
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -50,6 +50,26 @@ def add_heartbeat_field(name: str, fn: Any) -> None:
     _heartbeat_fields[name] = fn
 
 
+_call_hook: Any = None  # the debugger's: arms an actor thread while breakpoints are set
+
+
+_error_hook: Any = None  # the debugger's: stops in a failed endpoint's frames (post-mortem)
+
+
+def set_error_hook(fn: Any) -> None:
+    """Call `fn(actor, exc)` on the actor's thread when an endpoint raised, before the
+    caller hears of it (None: no hook, the default)."""
+    global _error_hook
+    _error_hook = fn
+
+
+def set_call_hook(fn: Any) -> None:
+    """Call `fn()` on the actor's thread at the start of every endpoint call (None: no
+    hook, the default; the debugger installs one only while line breakpoints are set)."""
+    global _call_hook
+    _call_hook = fn
+
+
 def current_actor() -> Optional["ActorInstance"]:
     """The ActorInstance whose thread is running (None outside actor threads)."""
     return getattr(_tls, "actor", None)
@@ -231,6 +251,8 @@ class ActorInstance:
             args, kwargs = self._load_arguments(body, buffers, ep)
             if ep.explicit_response_port:
                 args = (_endpoints.response_port(self, h), *args)
+            if _call_hook is not None:
+                _call_hook()
             if ep.concurrent:
                 _endpoints.start_concurrent(self, ep, h, args, kwargs)
                 return
@@ -277,6 +299,8 @@ class ActorInstance:
             if h.port:
                 self._reply_error(h, _endpoints.failed_reply(self, self.failed))
             return
+        if _error_hook is not None:
+            _error_hook(self, e)
         name = ep.name
         self.errors += 1
         self.last_exception = e

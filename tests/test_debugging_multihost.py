@@ -90,3 +90,63 @@ def test_breakpoints_on_two_hosts(two_hosts):
     assert reg.continue_all() == 2
     got = fut.get(30)
     assert sorted(v for _, v in got.items()) == [(n, 42) for n in cluster.nodes]
+
+
+LINES_CELL = "<remote-cell-lines>"
+LINES_SRC = '''\
+import socket
+from runtime import Actor, endpoint
+
+
+class Lined(Actor):
+    @endpoint
+    def work(self, x):
+        host = socket.gethostname()
+        y = x + 1
+        return (host, y)
+'''
+
+
+def _wait_paused(reg, n, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while len(reg.paused()) < n:
+        assert time.monotonic() < deadline, reg.sessions()
+        time.sleep(0.05)
+    return sorted(reg.paused(), key=lambda s: s.rank)
+
+
+def test_line_breakpoints_on_two_hosts(two_hosts):
+    """The Debugger panel's gutter breakpoints (line breakpoints from the controller) reach
+    procs on both hosts started after they were set, move live, and answer structured
+    requests across hosts."""
+    cluster, hosts = two_hosts
+    linecache.cache[LINES_CELL] = (len(LINES_SRC), None, LINES_SRC.splitlines(True), LINES_CELL)
+    ns = {"__name__": "not_importable_cell_lines"}
+    exec(compile(LINES_SRC, LINES_CELL, "exec"), ns)
+    reg = runtime.debugging.get_registry()
+    reg.notify = lambda text: None
+    runtime.debugging.set_line_breakpoints(LINES_CELL, [9])  # before the procs start
+    try:
+        m = hosts.spawn_procs(per_host={"procs": 1}, name="mhlines").spawn("lined", ns["Lined"])
+        dap = runtime.debugging.get_dap_client()
+        fut = m.work.call(1)
+        sessions = _wait_paused(reg, 2)
+        assert [s.host for s in sessions] == cluster.nodes
+        for s, node in zip(sessions, cluster.nodes):
+            assert (s.file, s.line) == (LINES_CELL, 9)
+            top = dap.request(s, "stackTrace")["frames"][0]
+            assert (top["file"], top["line"], top["name"]) == (LINES_CELL, 9, "work")
+            assert dap.request(s, "evaluate", {"expression": "host"})["result"] == repr(node)
+        assert reg.continue_all() == 2
+        assert sorted(fut.get(30).values()) == [(n, 2) for n in cluster.nodes]
+        runtime.debugging.set_line_breakpoints(LINES_CELL, [10])  # moved, live
+        time.sleep(0.5)
+        fut = m.work.call(2)
+        sessions = _wait_paused(reg, 2)
+        assert [s.line for s in sessions] == [10, 10]
+        assert dap.request(sessions[1], "evaluate", {"expression": "y"})["result"] == "3"
+        runtime.debugging.set_line_breakpoints(LINES_CELL, [])
+        assert reg.continue_all() == 2
+        assert sorted(fut.get(30).values()) == [(n, 3) for n in cluster.nodes]
+    finally:
+        runtime.debugging.set_line_breakpoints(LINES_CELL, [])

@@ -16,8 +16,10 @@ from typing import Any
 from .protocol import BreakpointWithoutDebugger
 from .settings import policy, set_policy, set_timeout, timeout
 
-__all__ = ["BreakpointWithoutDebugger", "get_registry", "install_in_controller",
-           "install_in_proc", "policy", "set_policy", "set_timeout", "timeout"]
+__all__ = ["BreakpointWithoutDebugger", "get_dap_client", "get_registry", "install_in_controller",
+           "install_in_proc", "line_breakpoints", "policy", "set_exception_breakpoints",
+           "set_line_breakpoints",
+           "set_policy", "set_timeout", "timeout"]
 
 
 def install_in_proc(rt: Any) -> None:
@@ -43,3 +45,36 @@ def get_registry(create: bool = True) -> Any:
     from .registry import get_registry as _get
 
     return _get(create)
+
+
+def set_line_breakpoints(path: str, lines: list) -> dict:
+    """Set the line breakpoints of file `path` in every proc, now and for procs started
+    later (an empty list clears them); returns the whole table {file: [lines]}. Actors stop
+    there in the same pdb `breakpoint()` opens. No breakpoints: no tracing cost."""
+    from . import breakpoints
+
+    return breakpoints.set_file(path, list(lines))
+
+
+def line_breakpoints() -> dict:
+    """The line breakpoints set with set_line_breakpoints: {file: [lines]}."""
+    from . import breakpoints
+
+    return breakpoints.table()
+
+
+def get_dap_client() -> Any:
+    """The controller's DapClient (structured requests to paused actors), or None when no
+    runtime runs in this process."""
+    from .dap_client import client
+
+    return client()
+
+
+def set_exception_breakpoints(filters: list) -> None:
+    """While `filters` is non-empty (the Debugger panel's "raised" / "uncaught"), an endpoint
+    that raises stops in pdb in its frames, on its actor, before the caller hears of it (in
+    every proc, now and later). An empty list turns it off."""
+    from . import breakpoints
+
+    breakpoints.set_exceptions(list(filters))

@@ -15,10 +15,11 @@ import logging
 import os
 import pdb
 import queue
+import sys
 import time
 from typing import Any, Optional
 
-from . import settings
+from . import breakpoints, settings
 from .proc_side import ProcDebugger, _actor
 from .protocol import RELEASE_COMMAND, BreakpointWithoutDebugger
 
@@ -87,6 +88,7 @@ class _Channel:
         self.pdb: Optional["RemotePdb"] = None
         self.acked = False
         self.resumed_sent = False
+        self.refs: dict[int, Any] = {}  # variable references of the panel (this stop only)
 
     def close(self) -> None:
         self.debugger.inboxes.pop(self.sid, None)
@@ -105,6 +107,7 @@ class _Channel:
         if text.endswith(prompt):
             text = text[: -len(prompt)]
         self.resumed_sent = False
+        self.refs.clear()
         self.debugger.send("read", sid=self.sid, text=text, prompt=prompt, **self.meta,
                            **self.where())
         _set_paused(True)
@@ -133,6 +136,12 @@ class _Channel:
                 return f"{RELEASE_COMMAND} {'clear' if e.get('clear') else ''}\n"
             if op == "abort":
                 raise BreakpointWithoutDebugger(str(e.get("reason") or self._describe()))
+            if op == "dap":  # a structured request (the Debugger panel), answered here
+                from .dap_engine import answer
+
+                self.debugger.send("dap_reply", sid=self.sid, req=int(e.get("req", 0)),
+                                   **answer(self, str(e.get("command", "")),
+                                            dict(e.get("args") or {})))
 
     def _describe(self) -> str:
         w = self.where()
@@ -163,6 +172,7 @@ class RemotePdb(pdb.Pdb):
                          readrc=False)
         self.use_rawinput = False
         self.chan = chan
+        self.continued = False
         chan.pdb = self
 
     # source serving: before pdb shows anything, fetch files this proc cannot read
@@ -199,6 +209,8 @@ class RemotePdb(pdb.Pdb):
 
     def set_continue(self) -> None:
         super().set_continue()
+        self.continued = True
+        breakpoints.rearm(sys._getframe().f_back)  # the panel's breakpoints stay live
         self.chan.resumed()
 
     def set_quit(self) -> None:
@@ -251,6 +263,43 @@ def start(debugger: ProcDebugger, actor: Any, frame: Any, header: Optional[str] 
     if header is not None:
         chan.stdout.write(header + "\n")
     p.set_trace(frame)
+
+
+def stop_at(debugger: ProcDebugger, actor: Any, frame: Any) -> Any:
+    """Stop the actor's thread in a RemotePdb at `frame`'s current line (a line breakpoint
+    from the controller's table); returns the trace function the frame goes on with."""
+    chan = _Channel(debugger, _meta(actor, debugger.rt), "breakpoint")
+    p = RemotePdb(chan)
+    p.reset()
+    f = frame
+    while f is not None:  # as bdb's set_trace, without stepping to the next line first
+        f.f_trace = p.trace_dispatch
+        p.botframe = f
+        f = f.f_back
+    sys.settrace(p.trace_dispatch)
+    p.continued = False
+    p.interaction(frame, None)
+    if p.continued and not p.quitting:
+        return breakpoints.local if breakpoints.table() else None
+    return p.trace_dispatch
+
+
+def stop_on_exception(debugger: ProcDebugger, actor: Any, exc: BaseException) -> None:
+    """pdb in the frames of `exc`, which an endpoint raised, on the actor's own thread (the
+    call waits); continuing lets the error go to the caller."""
+    chan = _Channel(debugger, _meta(actor, debugger.rt), "exception")
+    p = RemotePdb(chan)
+    chan.stdout.write(f"{type(exc).__name__}: {exc}\n")
+    saved = sys.gettrace()
+    try:
+        p.reset()
+        p.interaction(None, exc.__traceback__)
+    except (bdb.BdbQuit, BreakpointWithoutDebugger):
+        pass
+    finally:
+        chan.resumed()
+        chan.close()
+        sys.settrace(saved if saved is breakpoints.gate else None)
 
 
 def run_postmortem(debugger: ProcDebugger, actor: Any, exc: BaseException, sid: str) -> None:

@@ -36,6 +36,20 @@ class ProcDebugger:
     def on_message(self, h: Header, body: Any, buffers: list) -> None:
         op = op_of(h)
         e = h.extra if isinstance(h.extra, dict) else {}
+        if op == "getbreaks":  # a proc this proc owns starts: give it our table
+            from . import breakpoints
+            from .dap_client import send_table_to
+
+            t = breakpoints.table()
+            if t or breakpoints.exceptions():
+                send_table_to(self.rt, str(e.get("proc_id", "")), str(e.get("addr", "")), t)
+            return
+        if op == "breaks":  # the controller's line breakpoints: arm, and pass them on
+            from . import breakpoints
+
+            breakpoints.set_table(dict(e.get("table") or {}), list(e.get("exc") or []))
+            self.send_breaks()
+            return
         if op in FROM_ACTOR:  # from a proc this proc owns: pass it up to our owner
             if self.rt.owner_address:
                 self.rt.send(self.rt.owner_address, h)
@@ -53,6 +67,23 @@ class ProcDebugger:
             box.put((op, e))
         elif op not in ("ack",):
             log.warning("debug message %r for unknown session %r dropped", op, e.get("sid"))
+
+    def send_breaks(self) -> None:
+        """Send the line-breakpoint table to every proc this proc owns."""
+        from . import breakpoints
+
+        t = breakpoints.table()
+        exc = breakpoints.exceptions()
+        for rec in list(getattr(self.rt, "procs", {}).values()):
+            try:
+                self.rt.send_to_proc(rec.address, rec.route,
+                                     header("breaks", table=t, exc=exc))
+            except Exception:  # noqa: BLE001 - a proc going away
+                log.debug("breakpoints to %s not sent", rec.proc_id, exc_info=True)
+
+    def ask_breaks(self) -> None:
+        """A starting proc asks its owner for the line-breakpoint table."""
+        self.send("getbreaks", proc_id=self.rt.proc_id)
 
     # -- actor threads ------------------------------------------------------------------------
     def send(self, op: str, **fields: Any) -> None:
@@ -139,6 +170,27 @@ def set_trace(frame: Any = None, *, header: Optional[str] = None) -> None:
     start(_debugger, actor, frame, header)
 
 
+def _stop_at(frame: Any) -> Any:
+    """A line breakpoint was reached on an actor thread: pdb stops there."""
+    actor = _actor()
+    if actor is None or _debugger is None:
+        return None
+    from .actor_pdb import stop_at
+
+    return stop_at(_debugger, actor, frame)
+
+
+def _stop_on_error(actor: Any, exc: BaseException) -> None:
+    """An endpoint raised while exception filters are set: pdb in its frames, on the
+    actor's thread, before the caller hears of it."""
+    if _debugger is None or exc.__traceback__ is None or \
+            not isinstance(exc, Exception):
+        return
+    from .actor_pdb import stop_on_exception
+
+    stop_on_exception(_debugger, actor, exc)
+
+
 def breakpointhook(*args: Any, **kws: Any) -> None:
     """`sys.breakpointhook`: honours PYTHONBREAKPOINT (0 disables; another hook is used)."""
     hook = os.environ.get("PYTHONBREAKPOINT", "")
@@ -201,6 +253,13 @@ def install(rt: Any) -> ProcDebugger:
         return _debugger
     _debugger = ProcDebugger(rt)
     rt.register_handler(Kind.DEBUG, _debugger.on_message)
+    from . import breakpoints
+
+    breakpoints.install_in_proc(_stop_at, _stop_on_error)
+    try:  # from this thread, before the proc's hello: the answer comes before any call
+        _debugger.ask_breaks()
+    except Exception:  # noqa: BLE001 - no owner reachable: no breakpoints
+        log.debug("breakpoint table not asked for", exc_info=True)
     sys.breakpointhook = breakpointhook
     if "pdb" in sys.modules:
         _patch_pdb(sys.modules["pdb"])

@@ -97,10 +97,37 @@ def _default_note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-class DebugRegistry:
+class FrontEndHooks:
+    """Where a front-end (the Jupyter Debugger panel) plugs into the registry: `claim(s)`
+    takes a new session (it is then attended there: no prompt, no unattended timeout),
+    listeners hear `("paused" | "ended", session)` on the I/O thread (be quick), and
+    `op_handlers[op](extra)` receive debug messages that are not a session's."""
+
+    def __init__(self) -> None:
+        self.claim: Optional[Callable[[Session], bool]] = None
+        self.listeners: list[Callable[[str, Session], None]] = []
+        self.op_handlers: dict[str, Callable[[dict], None]] = {}
+
+    def _emit(self, what: str, s: Session) -> None:
+        for fn in list(self.listeners):
+            try:
+                fn(what, s)
+            except Exception:
+                log.exception("debug session listener failed")
+
+    def _claimed(self, s: Session) -> bool:
+        try:
+            return bool(self.claim is not None and self.claim(s))
+        except Exception:
+            log.exception("debug session claim failed")
+            return False
+
+
+class DebugRegistry(FrontEndHooks):
     """Thread-safe registry of paused sessions of one controller."""
 
     def __init__(self, rt: Any) -> None:
+        super().__init__()
         self.rt = rt
         self._cond = threading.Condition()
         self._sessions: dict[str, Session] = {}
@@ -114,7 +141,10 @@ class DebugRegistry:
         op = op_of(h)
         e = h.extra if isinstance(h.extra, dict) else {}
         if op == "source":
-            self._answer_source(e)
+            _answer_source(self.rt, e)
+            return
+        if op in self.op_handlers:
+            self.op_handlers[op](e)
             return
         sid = str(e.get("sid", ""))
         if not sid:
@@ -150,6 +180,7 @@ class DebugRegistry:
                             actor_id=str(e.get("actor_id", "")), port=int(e.get("port", 0)),
                             endpoint=str(e.get("endpoint", "")))
                 self._sessions[sid] = s
+                s.attached = self._claimed(s)
             s.file = str(e.get("file", s.file))
             s.line = int(e.get("line", s.line) or 0)
             s.function = str(e.get("function", s.function))
@@ -166,6 +197,7 @@ class DebugRegistry:
         if new:
             self.events.append((time.time(), "paused", s.label, s.where))
             _set_health(self.rt, s, paused=True)
+        self._emit("paused", s)
 
     def _on_resumed(self, sid: str, text: str) -> None:
         with self._cond:
@@ -179,14 +211,7 @@ class DebugRegistry:
             self._cond.notify_all()
         self.events.append((time.time(), "resumed", s.label, s.where))
         _set_health(self.rt, s, paused=False)
-
-    def _answer_source(self, e: dict) -> None:
-        name = str(e.get("file", ""))
-        addr = str(e.get("addr", ""))
-        lines = linecache.getlines(name) if name else []
-        if addr:
-            self.rt.send(addr, header("source_reply", req=int(e.get("req", 0)),
-                                      lines=list(lines) or None))
+        self._emit("ended", s)
 
     def tick(self) -> None:
         """Periodic (I/O thread): notes for unattended breakpoints, the timeout, dead procs."""
@@ -200,6 +225,7 @@ class DebugRegistry:
                     s.state = "ended"
                     s.end_reason = "its process died"
                     self._cond.notify_all()
+                    self._emit("ended", s)
                     continue
                 if s.attached or s.state != "paused":
                     continue
@@ -309,6 +335,7 @@ class DebugRegistry:
             self._cond.notify_all()
         self.rt.send(s.addr, header("abort", sid=s.sid, reason=reason))
         _set_health(self.rt, s, paused=False)
+        self._emit("ended", s)
 
     def apply_policy(self, s: Session, reason: str, pol: Optional[str] = None) -> None:
         """What happens to a breakpoint no one can attend: fail the call or continue."""
@@ -391,6 +418,15 @@ class DebugRegistry:
             return self._sessions[sid]
 
 
+def _answer_source(rt: Any, e: dict) -> None:
+    """A proc asks for the lines of a file it lacks: the controller's linecache answers."""
+    name = str(e.get("file", ""))
+    addr = str(e.get("addr", ""))
+    lines = linecache.getlines(name) if name else []
+    if addr:
+        rt.send(addr, header("source_reply", req=int(e.get("req", 0)), lines=list(lines) or None))
+
+
 _registry: Optional[DebugRegistry] = None
 _lock = threading.Lock()
 
@@ -425,6 +461,9 @@ def install(rt: Any) -> DebugRegistry:
         rt.register_handler(Kind.DEBUG, reg.on_message)
         rt.loop.call_soon(lambda: rt.loop.call_every(0.25, reg.tick))
         _registry = reg
+        from .dap_client import client  # structured requests, breakpoint pushes
+
+        client(reg)
         return reg
 
 

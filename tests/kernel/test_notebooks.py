@@ -166,3 +166,16 @@ def test_tensor_parallel(tmp_path):
     assert "pipeline loss: first" in output_of(cells, "stage0, stage1")
     text = output_of(cells, "@runtime.remote(propagate")
     assert "runtime.Tensor(shape=(3,)" in text and "ValueMesh({'dp': 2, 'pp': 2}" in text
+
+
+@pytest.mark.timeout(240)
+def test_visual_debugging(tmp_path):
+    status, printed, cells = execute("visual_debugging.ipynb", tmp_path, timeout=180)
+    assert status == 0, printed
+    text = output_of(cells, "def inspect(rank):")
+    for rank, grad, loss in ((0, 5, "9.5"), (1, 6, "9.4")):
+        assert (f"trainers[{rank}] @ " in text and f"stopped at line 12, grad = ndarray(shape="
+                f"(2, 2), dtype=float64) [{grad}, {grad}, {grad}, {grad}], lr = 0.1; after next: "
+                f"line 13, self.loss = {loss}") in text, text
+    assert "results: ValueMesh({'procs': 2}, {{procs=0}: 9.5, {procs=1}: 9.4})" in text
+    assert "{procs=0}: 9.025, {procs=1}: 8.83" in output_of(cells, "panel.close()")
