@@ -394,7 +394,7 @@ def _next_message(a: "ActorInstance", mailbox: Any) -> tuple:
         mailbox.on_put = shared.wake
         try:
             item = shared.read(lambda h, body, buffers: _route(a, h, body, buffers),
-                               mailbox.empty)
+                               mailbox.empty, mailbox.put)
         finally:
             mailbox.on_put = None
         if item is not None:

@@ -40,6 +40,8 @@ RECHECK_S = 0.002
 WAKE = b""
 #: messages drained in one go before other work gets a turn
 _BATCH = 1000
+#: messages an actor thread routes after a call for itself, before it runs that call
+_BURST = 64
 # plain ints: pyzmq's enum flags make `&` and option reads slow Python calls
 _EVENTS, _POLLIN, _RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
 _NOBLOCK = int(zmq.NOBLOCK)
@@ -296,44 +298,31 @@ class SharedInbox:
 
     # -- an actor thread ------------------------------------------------------------------
     def read(self, route: Callable[[framing.Header, Any, list], Any],
-             idle: Callable[[], bool]) -> Any:
+             idle: Callable[[], bool], keep: Callable[[Any], None]) -> Any:
         """Read the inbox on this thread while `idle()` holds (the actor's mailbox is
         empty). `route(h, body, buffers)` returns a value to return (a call to run here),
         True (it took the message), or False (hand it to the I/O thread). Returns None when
-        the lock is taken, the actor is no longer idle, or the inbox closes."""
+        the lock is taken, the actor is no longer idle, or the inbox closes. Before it
+        returns a call, what already waits is routed too (a burst of pipelined calls stays
+        on this thread): a second value to run here goes to `keep` (the mailbox)."""
         if self.closing or not self.lock.acquire(False):
             return None
         self.reader = threading.get_ident()
         try:
-            sock, pending = self.sock, self.pending
+            sock = self.sock
             while idle() and not self.closing:
                 try:
-                    head = sock.recv()
+                    got = self._take(sock.recv(), route)
                 except zmq.Again:
                     continue
-                frames = [head]
-                if sock.getsockopt(_RCVMORE):
-                    frames += sock.recv_multipart(flags=_NOBLOCK, copy=False)
-                elif head == WAKE:
-                    continue
-                try:
-                    h, body, buffers = framing.parse(frames, self.loop.tokens)
-                except framing.FrameError as e:
-                    self.loop.stats.dropped += 1
-                    log.warning("%s: dropped a message that is not from this session (%s): "
-                                "%s", self.loop.name, e, framing.summarize(frames))
-                    continue
-                stats = self.loop.stats
-                stats.received += 1
-                stats.actor_read += 1
-                if not pending:
-                    got = route(h, body, buffers)
-                    if got is True:
-                        continue
-                    if got is not False:
-                        return got
-                pending.append((h, body, buffers))
-                self.loop.call_soon(self._run_pending)
+                if got is not None:
+                    for _ in range(_BURST):
+                        if not sock.getsockopt(_EVENTS) & _POLLIN:
+                            break
+                        more = self._take(sock.recv(_NOBLOCK), route)
+                        if more is not None:
+                            keep(more)
+                    return got
             return None
         except zmq.ZMQError:
             return None
@@ -346,6 +335,36 @@ class SharedInbox:
             self.lock.release()
             if left:
                 self.loop.call_soon(self._readable)
+
+    def _take(self, head: bytes, route: Callable[[framing.Header, Any, list], Any]) -> Any:
+        """Route one message whose first frame is `head` (lock held); a call to run here,
+        or None."""
+        sock = self.sock
+        frames = [head]
+        if sock.getsockopt(_RCVMORE):
+            frames += sock.recv_multipart(flags=_NOBLOCK, copy=False)
+        elif head == WAKE:
+            return None
+        stats = self.loop.stats
+        try:
+            h, body, buffers = framing.parse(frames, self.loop.tokens)
+        except framing.FrameError as e:
+            stats.dropped += 1
+            log.warning("%s: dropped a message that is not from this session (%s): %s",
+                        self.loop.name, e, framing.summarize(frames))
+            return None
+        stats.received += 1
+        stats.actor_read += 1
+        pending = self.pending
+        if not pending:
+            got = route(h, body, buffers)
+            if got is True:
+                return None
+            if got is not False:
+                return got
+        pending.append((h, body, buffers))
+        self.loop.call_soon(self._run_pending)
+        return None
 
     def wake(self) -> None:
         """Wake the reading thread (something was put in its mailbox), unless it is us."""
