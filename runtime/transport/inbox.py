@@ -10,8 +10,8 @@ the inbox's lock owns the socket, one thread at a time:
 - otherwise the I/O thread: it watches the socket's file descriptor and drains the socket
   when the lock is free (replies of futures awaited in asyncio, waited on by another thread,
   or not waited on yet). When it finds the lock taken, it stops watching (the waiting thread
-  reads what comes) and looks again every `RECHECK_S`, so a thread that calls and waits in
-  a loop does not wake it per reply.
+  reads what comes) and looks again after `RECHECK_S` (doubling up to `RECHECK_MAX_S`), so
+  a thread that calls and waits in a loop does not wake it per reply.
 
 Replies go to ports, which are per process: whichever thread drains an inbox delivers every
 reply in it to its port. A thread that ends gives its inbox back to a pool; the next thread
@@ -34,8 +34,10 @@ log = logging.getLogger("runtime.transport")
 
 Handler = Callable[[framing.Header, Any, list], None]
 
-#: how often the I/O thread looks again at an inbox it found taken by its waiting thread
+#: how often the I/O thread looks again at an inbox it found taken by the thread reading it
+#: (doubling up to RECHECK_MAX_S while that thread goes on reading)
 RECHECK_S = 0.002
+RECHECK_MAX_S = 0.02
 #: the message that wakes a waiting owner (not a framed message: no token)
 WAKE = b""
 #: messages drained in one go before other work gets a turn
@@ -230,11 +232,12 @@ class ThreadInboxes:
             inbox.rechecking = True
             self.loop.call_later(RECHECK_S, self._recheck, inbox)
 
-    def _recheck(self, inbox: ThreadInbox) -> None:
+    def _recheck(self, inbox: ThreadInbox, after: float = RECHECK_S) -> None:
         if inbox.closing:
             return
-        if not inbox.lock.acquire(False):
-            self.loop.call_later(RECHECK_S, self._recheck, inbox)
+        if not inbox.lock.acquire(False):  # still waiting: look less often (a long call)
+            after = min(after * 2, RECHECK_MAX_S)
+            self.loop.call_later(after, self._recheck, inbox, after)
             return
         try:
             inbox.rechecking = False
@@ -277,8 +280,6 @@ class SharedInbox:
     most every `RECHECK_MAX_S` while an actor reads). A put into the reading actor's
     mailbox wakes it with an empty message to the inbox (`wake`).
     """
-
-    RECHECK_MAX_S = 0.02
 
     def __init__(self, loop: Any) -> None:
         self.loop = loop  # transport.loop.IOLoop, whose inbox this shares (before start)
@@ -414,7 +415,7 @@ class SharedInbox:
             self.rechecking = False
             return
         if self.lock.locked():  # an actor reads: look less often while it goes on
-            self.recheck_s = min(self.recheck_s * 2, self.RECHECK_MAX_S)
+            self.recheck_s = min(self.recheck_s * 2, RECHECK_MAX_S)
             self.free_once = False
         elif not self.free_once:  # free now: an actor may be between two calls; drain
             self.free_once = True  # what waits, and watch only if it stays free
