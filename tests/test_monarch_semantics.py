@@ -4,6 +4,7 @@ procs start, and RDMA transfer sizes as in Monarch and batches (RDMAAction, subm
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -259,6 +260,29 @@ def test_rdma_action_batches_reads_and_writes():
     with pytest.raises(ValueError, match="same local memory"):
         RDMAAction().read_into(ba, x).read_into(bb, x[:50])
     assert RDMAAction().submit().get(timeout=5) is None
+
+
+def test_rdma_transfers_start_when_waited_on_in_that_order():
+    """As Monarch's: read_into, write_from and RDMAAction.submit return Futures that start
+    their transfer when waited on (`get()`, `await`), so transfers on one buffer run in the
+    order they are waited on (Monarch's test_rdma_concurrent_2gb_writes_in_order, small)."""
+    remote = torch.zeros(1000)
+    buf = RDMABuffer(remote)
+    a, b = torch.ones(1000), torch.full((1000,), 2.0)
+    fa = buf.read_into(a)  # called first, waited on second
+    fb = buf.write_from(b)
+    fc = RDMAAction().write_remote(buf, torch.full((1000,), 3.0)).submit(timeout=20)
+    time.sleep(0.3)
+    assert remote.sum() == 0 and a.sum() == 1000, "a transfer started before it was waited on"
+    assert fb.get(timeout=20) == 4000
+    assert fa.get(timeout=20) == 4000
+    assert a.tolist() == [2.0] * 1000
+
+    async def waited() -> None:
+        await fc
+
+    asyncio.run(waited())
+    assert remote.tolist() == [3.0] * 1000
 
 
 LOCAL_SCRIPT = textwrap.dedent("""
