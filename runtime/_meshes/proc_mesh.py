@@ -93,14 +93,15 @@ class ProcMesh(MeshTrait):
 
     @property
     def initialized(self) -> Future:
-        """Resolves once every proc of the view has started (or fails if one died)."""
+        """Resolves to True (as Monarch's) once every proc of the view has started, or fails
+        if one died."""
         fut: Future = Future(f"{self.name}.initialized")
         recs = self._view_procs()
         loop = self._rt.loop
 
         def poll() -> None:
             if all(r.pid for r in recs):
-                fut.set_result(None)
+                fut.set_result(True)
                 return
             bad = [r for r in recs if r.state in ("failed", "stopped") and not r.pid]
             if bad:
