@@ -74,6 +74,9 @@ MeshAdminConfig PortForwarder ProcessJob set_current_job shell SlurmJob Telemetr
 SupervisionError
 """.split())
 
+# Monarch private names this runtime provides (Monarch's own examples and tests use them);
+# reading any other private attribute (`hm._inner_host_mesh`) puts a test out of scope.
+PRIVATE_PROVIDED = frozenset({"_from_coro", "_spawn_admin", "_explicit_response_port"})
 # Tests out of scope for a reason the static rules cannot see.
 OUT_OF_SCOPE = {
     "test_gil_stall": "holds the GIL through Monarch's Rust binding hold_gil_for_test",
@@ -166,14 +169,19 @@ def rewrite_imports(source: str, has_name: Callable[[str, str], bool] = _has_nam
     return out, stubs
 
 
-def _refs(node: ast.AST) -> set[str]:
+def _refs(node: ast.AST, modules: frozenset[str] = frozenset()) -> set[str]:
     """Names a definition reads, leaving out type annotations and pytest.mark.parametrize
-    arguments (those are judged per parameter, when collected)."""
+    arguments (those are judged per parameter, when collected); a private attribute read
+    on anything but self, cls or an imported module (`os._exit`) counts as `._name`."""
     names: set[str] = set()
 
     def visit(n: ast.AST) -> None:
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "parametrize":
             return
+        if (isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
+                and n.attr not in PRIVATE_PROVIDED
+                and not (isinstance(n.value, ast.Name) and n.value.id in {"self", "cls", *modules})):
+            names.add("." + n.attr)
         if isinstance(n, ast.Name):
             names.add(n.id)
         elif isinstance(n, ast.arg):
@@ -193,16 +201,22 @@ def scope(source: str, stubs: dict[str, str]) -> dict:
     tree = ast.parse(source)
     defs = {n.name: n for n in tree.body
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    modules = frozenset((a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+                        if isinstance(n, ast.Import) for a in n.names) - {"monarch"}
+    refs = {name: _refs(node, modules) for name, node in defs.items()}
     why = {k: f"uses {v}" for k, v in stubs.items()}
+    why.update({r: f"reads Monarch's private attribute {r}" for rs in refs.values() for r in rs
+                if r.startswith(".")})
     changed = True
     while changed:
         changed = False
         for name, node in defs.items():
             if name in why:
                 continue
-            hit = sorted(_refs(node) & set(why))
+            hit = sorted(refs[name] & set(why))
             if hit:
-                why[name] = f"{why[hit[0]]} (via {hit[0]})"
+                direct = hit[0] in stubs or hit[0].startswith(".")
+                why[name] = why[hit[0]] + ("" if direct else f" (via {hit[0]})")
                 changed = True
     tests = {}
     for name, node in defs.items():
@@ -211,11 +225,12 @@ def scope(source: str, stubs: dict[str, str]) -> dict:
         if isinstance(node, ast.ClassDef):
             for m in node.body:
                 if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.name.startswith("test"):
-                    hit = sorted(_refs(m) & set(why))
+                    hit = sorted(_refs(m, modules) & set(why))
                     if hit:
                         tests[m.name] = why[hit[0]]
     tests.update({k: v for k, v in OUT_OF_SCOPE.items() if k in defs})
-    return {"tainted": sorted(set(why) - set(stubs)), "tests": tests}
+    return {"tainted": sorted(n for n in set(why) - set(stubs) if not n.startswith(".")),
+            "tests": tests}
 
 
 HARNESS_MODULE = '''

@@ -55,6 +55,14 @@ def test_fixture(helper):
 def test_in_body():
     from monarch.rdma import RDMABuffer
     RDMABuffer
+
+
+def test_private(hm):
+    assert hm._inner_host_mesh is None
+
+
+def test_not_private(hm):
+    os._exit if hm._from_coro else None
 '''
 
 
@@ -82,9 +90,10 @@ def test_rewrite_maps_public_names_and_stubs_the_rest():
 def test_scope_follows_helpers_and_fixtures_not_annotations():
     _, stubs = mt.rewrite_imports(SRC, has)
     s = mt.scope(SRC, stubs)
-    assert set(s["tests"]) == {"test_internal", "test_fixture"}
+    assert set(s["tests"]) == {"test_internal", "test_fixture", "test_private"}
+    assert s["tests"]["test_private"] == "reads Monarch's private attribute ._inner_host_mesh"
     assert "Shape" in s["tests"]["test_internal"] and "via helper" in s["tests"]["test_internal"]
-    assert s["tainted"] == ["helper", "test_fixture", "test_internal"]
+    assert s["tainted"] == ["helper", "test_fixture", "test_internal", "test_private"]
 
 
 def test_report_figure_is_passed_over_run():
