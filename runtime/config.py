@@ -460,6 +460,10 @@ def _resolve(kw: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 config = Config()
 
+#: Monarch's `monarch.actor.config.prefix_python_logs_with_actor`: log records of this process
+#: start with `[actor=<name>] ` while True (runtime/logs.py).
+prefix_python_logs_with_actor = True
+
 
 # Values given to Monarch names that have no equivalent here: they change nothing, but
 # get_global_config()/get_runtime_config() read them back, as Monarch's do (its tests branch on them).
