@@ -142,9 +142,12 @@ def _rewrite_import(node: ast.Import) -> tuple[list[str], dict[str, str]]:
     return out, stubs
 
 
-def rewrite_imports(source: str, has_name: Callable[[str, str], bool] = _has_name) -> tuple[str, dict[str, str]]:
-    """Rewrite a Monarch test file's `monarch` imports to this runtime's; return the new
-    source (same line count) and the stubbed names ({local name: Monarch's dotted name})."""
+def rewrite_imports(source: str, has_name: Callable[[str, str], bool] = _has_name,
+                    header: bool = True) -> tuple[str, dict[str, str]]:
+    """Rewrite a Monarch test file's `monarch` imports to this runtime's, also inside string
+    constants that are whole scripts (run with `python -c`); return the new source (the
+    same lines, plus one header line when names are stubbed) and the stubbed names
+    ({local name: Monarch's dotted name})."""
     tree = ast.parse(source)
     lines = source.splitlines(keepends=True)
     edits, stubs = [], {}
@@ -162,8 +165,8 @@ def rewrite_imports(source: str, has_name: Callable[[str, str], bool] = _has_nam
         indent = lines[start - 1][:col]
         text = indent + "; ".join(new) + "\n" + "\n" * (end - start)
         lines[start - 1:end] = [text]
-    out = "".join(lines)
-    if stubs:  # after a leading `from __future__` import, which must come first
+    out = _rewrite_scripts("".join(lines), has_name)
+    if stubs and header:  # after a leading `from __future__` import, which must come first
         head = "from _monarch_harness import _OutOfScope\n"
         fut = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
         if fut:
@@ -172,6 +175,30 @@ def rewrite_imports(source: str, has_name: Callable[[str, str], bool] = _has_nam
         else:
             out = head + out
     return out, stubs
+
+
+def _rewrite_scripts(source: str, has_name: Callable[[str, str], bool]) -> str:
+    """Rewrite the imports of string constants that parse as scripts importing monarch."""
+    edits = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and ("import monarch" in node.value or "from monarch" in node.value)):
+            continue
+        try:
+            ast.parse(node.value)
+        except SyntaxError:
+            continue
+        text, stubs = rewrite_imports(node.value, has_name, header=False)
+        if stubs:
+            text = "from _monarch_harness import _OutOfScope; " + text
+        edits.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, text))
+    lines = source.splitlines(keepends=True)
+    for l0, c0, l1, c1, text in sorted(edits, reverse=True):
+        a = sum(len(x.encode()) for x in lines[:l0 - 1]) + c0  # ast offsets count UTF-8 bytes
+        b = sum(len(x.encode()) for x in lines[:l1 - 1]) + c1
+        raw = "".join(lines).encode()
+        lines = (raw[:a] + repr(text).encode() + raw[b:]).decode().splitlines(keepends=True)
+    return "".join(lines)
 
 
 def _refs(node: ast.AST, modules: frozenset[str] = frozenset()) -> set[str]:

@@ -104,3 +104,14 @@ def test_report_figure_is_passed_over_run():
     text = mt.report([row])
     assert "**19 passed of 20 in-scope tests run (95.0%)**" in text
     assert "- `t.py::x`: call: boom" in text and "- 3 x needs a GPU" in text
+
+
+def test_scripts_in_strings_are_rewritten_too():
+    src = 'import sys\nW = """\\\nimport monarch.actor\nfrom monarch.actor import Actor, Nope\nprint(1)\n"""\n'
+    out, stubs = mt.rewrite_imports(src, has)
+    assert stubs == {}  # the file itself imports nothing from monarch
+    ns: dict = {}
+    exec(compile(out, "x.py", "exec"), ns)
+    assert ns["W"] == ("from _monarch_harness import _OutOfScope; import runtime as _runtime, types as _types; "
+                       "monarch = _types.SimpleNamespace(actor=_runtime)\nfrom runtime import Actor; "
+                       "Nope = _OutOfScope('monarch.actor.Nope')\nprint(1)\n")
