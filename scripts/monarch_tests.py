@@ -328,7 +328,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         why = _why_out(item)
         if why:
-            item.add_marker(pytest.mark.skip(reason="out of scope: " + why))
+            # first, so that it wins over the test's own skipif marks
+            item.add_marker(pytest.mark.skipif(True, reason="out of scope: " + why), append=False)
 
 
 def pytest_runtest_logreport(report):
