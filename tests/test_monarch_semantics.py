@@ -315,6 +315,41 @@ def test_actors_in_the_controller_are_cleaned_up_at_exit(tmp_path):
         assert f.read() == "cleaned up"
 
 
+FOREIGN_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    import cloudpickle
+    from _monarch_actors import Where
+    with open({path!r}, "rb") as f:
+        procs = cloudpickle.load(f)
+    try:
+        procs.spawn("foreign", Where)
+    except RuntimeError as e:
+        print(e, flush=True)
+""")
+
+
+def test_a_proc_mesh_in_another_controller_fails_at_spawn(tmp_path):
+    """A ProcMesh pickled into a separately started controller (Monarch's
+    test_client_hard_exit_cleanup) cannot be used there: its procs take messages from their
+    own session only. Spawning on it says so at once (it hung)."""
+    import cloudpickle
+
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="foreign_procs")
+    try:
+        pm.spawn("mine", Where).where.call_one().get(timeout=30)
+        path = tmp_path / "procs.pkl"
+        path.write_bytes(cloudpickle.dumps(pm))
+        script = tmp_path / "foreign.py"
+        script.write_text(FOREIGN_SCRIPT.format(root=ROOT, path=str(path)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
+        p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           timeout=60, cwd=str(tmp_path), env=env)
+        assert "belongs to another controller's session" in p.stdout, (p.stdout, p.stderr)
+    finally:
+        pm.stop().get(timeout=30)
+
+
 def test_this_proc_stop_stops_its_actors_not_the_process():
     pm = this_proc()
     m = pm.spawn("stoppable", Where)
