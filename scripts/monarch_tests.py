@@ -378,17 +378,20 @@ def _sweep(run_id: str) -> int:
     return n
 
 
-def run_file(work: Path, name: str, timeout: float, per_test: int) -> dict:
-    """Run one file with pytest; return its counts, failures and out-of-scope reasons."""
+def run_file(work: Path, name: str, timeout: float, per_test: int,
+             logs: Path | None = None) -> dict:
+    """Run one file with pytest (its output to logs/NAME.log when logs is given); return
+    its counts, failures and out-of-scope reasons."""
     results = work / f"{name}.jsonl"
     run_id = uuid.uuid4().hex
     env = dict(os.environ, MONARCH_TESTS_RESULTS=str(results), MONARCH_TESTS_RUN=run_id,
                PYTHONPATH=os.pathsep.join([str(work), str(REPO)]))
-    cmd = [sys.executable, "-m", "pytest", name, "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", name, "-q", "-rfE", "-p", "no:randomly", "-p", "no:cacheprovider",
            "-c", "pytest.ini", f"--timeout={per_test}"]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    out = open(logs / f"{name}.log", "w") if logs else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     timed_out = False
     try:
         proc.wait(timeout=timeout)
@@ -397,6 +400,8 @@ def run_file(work: Path, name: str, timeout: float, per_test: int) -> dict:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     left = _sweep(run_id)
+    if logs:
+        out.close()
     outcome: dict[str, tuple[str, str]] = {}
     for line in results.read_text().splitlines() if results.exists() else []:
         r = json.loads(line)
@@ -459,7 +464,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--monarch-src", required=True, type=Path)
     ap.add_argument("--files", nargs="*", default=DEFAULT_FILES)
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", type=Path, help="write the report here")
+    ap.add_argument("--logs", type=Path, help="a folder for each file's pytest output")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per file")
     ap.add_argument("--per-test-timeout", type=int, default=300)
     ap.add_argument("--heavy", action="store_true", help="also run HEAVY tests (memory)")
@@ -474,7 +480,9 @@ def main() -> None:
         prepare(src, args.files, work, args.heavy)
         rows = []
         for name in args.files:
-            rows.append(run_file(work, name, args.timeout, args.per_test_timeout))
+            if args.logs:
+                args.logs.mkdir(parents=True, exist_ok=True)
+            rows.append(run_file(work, name, args.timeout, args.per_test_timeout, args.logs))
             c = rows[-1]["counts"]
             print(f"{name}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped, "
                   f"{c['out']} out of scope ({rows[-1]['seconds']:.0f} s)", flush=True)
