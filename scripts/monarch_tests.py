@@ -384,8 +384,10 @@ def run_file(work: Path, name: str, timeout: float, per_test: int,
     its counts, failures and out-of-scope reasons."""
     results = work / f"{name}.jsonl"
     run_id = uuid.uuid4().hex
+    tmp = work / "tmp"  # what the tests leave in their temporary folders goes with work
+    tmp.mkdir(exist_ok=True)
     env = dict(os.environ, MONARCH_TESTS_RESULTS=str(results), MONARCH_TESTS_RUN=run_id,
-               PYTHONPATH=os.pathsep.join([str(work), str(REPO)]))
+               PYTHONPATH=os.pathsep.join([str(work), str(REPO)]), TMPDIR=str(tmp))
     cmd = [sys.executable, "-m", "pytest", name, "-q", "-rfE", "-p", "no:randomly", "-p", "no:cacheprovider",
            "-c", "pytest.ini", f"--timeout={per_test}"]
     t0 = time.monotonic()
