@@ -466,10 +466,20 @@ def _resolve(kw: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 config = Config()
 
+#: Monarch's `monarch.actor.config.prefix_python_logs_with_actor`: log records of this process
+#: start with `[actor=<name>] ` while True (runtime/logs.py).
+prefix_python_logs_with_actor = True
+
+
+# Values given to Monarch names that have no equivalent here: they change nothing, but
+# get_global_config()/get_runtime_config() read them back, as Monarch's do (its tests branch on them).
+_ignored: dict[str, Any] = {}
+
 
 def configure(**settings: Any) -> None:
     """Set settings for this process and the processes it starts afterwards (via to_env())."""
     config._set(_resolve(settings, "configure()"))
+    _ignored.update({k: v for k, v in settings.items() if k in UNMAPPED})
 
 
 @contextlib.contextmanager
@@ -477,12 +487,20 @@ def configured(**settings: Any) -> Iterator[dict[str, Any]]:
     """Set settings for the duration of a `with` block, then restore the previous values."""
     values = _resolve(settings, "configured()")
     saved = {name: config._explicit.get(name, _UNSET) for name in values}
+    ignored = {k: v for k, v in settings.items() if k in UNMAPPED}
+    saved_ignored = {k: _ignored.get(k, _UNSET) for k in ignored}
     config._set(values)
+    _ignored.update(ignored)
     try:
         yield config.as_dict()
     finally:
         config._forget([n for n, v in saved.items() if v is _UNSET])
         config._set({n: v for n, v in saved.items() if v is not _UNSET})
+        for k, v in saved_ignored.items():
+            if v is _UNSET:
+                _ignored.pop(k, None)
+            else:
+                _ignored[k] = v
 
 
 @contextlib.contextmanager
@@ -498,26 +516,24 @@ def _quietly_configured(values: dict[str, Any]) -> Iterator[None]:
         cm.__exit__(None, None, None)
 
 
-def parametrize_config(**settings: Any) -> Callable[[Callable], Callable]:
-    """Monarch's test decorator: run a pytest test once per combination of the given
-    settings' values (`parametrize_config(stop_timeout={1, 5})`), each under `configured`."""
-    import functools
-    import inspect
-    import itertools
-
-    import pytest
-
+def _check_sweep(settings: Mapping[str, Any], where: str) -> None:
+    """Each value list is a collection, and every value one the setting accepts."""
     for key, values in settings.items():
         if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-            raise TypeError(f"parametrize_config({key}=...) takes a collection of values, "
-                            f"got {values!r}")
+            raise TypeError(f"{where}({key}=...) takes a collection of values, got {values!r}")
         with warnings.catch_warnings():  # checked here; unmapped names are simply ignored
             warnings.simplefilter("ignore")
             for v in values:
-                _resolve({key: v}, "parametrize_config()")
-    keys = list(settings)
-    combos = [dict(zip(keys, vals)) for vals in itertools.product(
-        *(sorted(settings[k], key=repr) for k in keys))]
+                _resolve({key: v}, f"{where}()")
+
+
+def _parametrize(combos: list[dict[str, Any]]) -> Callable[[Callable], Callable]:
+    """A pytest parametrize decorator running the test once per dict, each under `configured`."""
+    import functools
+    import inspect
+
+    import pytest
+
     ids = ["-".join(f"{k}={v}" for k, v in c.items()) for c in combos]
 
     def decorate(fn: Callable) -> Callable:
@@ -539,19 +555,45 @@ def parametrize_config(**settings: Any) -> Callable[[Callable], Callable]:
     return decorate
 
 
+def parametrize_config(**settings: Any) -> Callable[[Callable], Callable]:
+    """Monarch's test decorator: run a pytest test once per combination of the given
+    settings' values (`parametrize_config(stop_timeout={1, 5})`), each under `configured`."""
+    import itertools
+
+    _check_sweep(settings, "parametrize_config")
+    keys = list(settings)
+    return _parametrize([dict(zip(keys, vals)) for vals in itertools.product(
+        *(sorted(settings[k], key=repr) for k in keys))])
+
+
+def parametrize_config_pointwise(**settings: Any) -> Callable[[Callable], Callable]:
+    """Monarch's pointwise sweep: run a pytest test once per index of the (equally long)
+    value sequences, `parametrize_config_pointwise(a=[1, 2], b=[3, 4])` as (1, 3) and (2, 4)."""
+    if not settings:
+        raise ValueError("parametrize_config_pointwise requires at least one config option")
+    _check_sweep(settings, "parametrize_config_pointwise")
+    lists = {k: list(v) for k, v in settings.items()}
+    if len({len(v) for v in lists.values()}) != 1:
+        raise ValueError("parametrize_config_pointwise requires every option to have the same "
+                         f"number of values; got lengths { {k: len(v) for k, v in lists.items()} }")
+    keys = list(lists)
+    return _parametrize([dict(zip(keys, vals)) for vals in zip(*lists.values())])
+
+
 def get_global_config() -> dict[str, Any]:
-    """Every setting's current value (Monarch's name)."""
-    return config.as_dict()
+    """Every setting's current value, and the ignored Monarch names given (Monarch's name)."""
+    return {**config.as_dict(), **_ignored}
 
 
 def get_runtime_config() -> dict[str, Any]:
     """The values set from Python: configure(), configured(), assignment (Monarch's name)."""
-    return config.explicit()
+    return {**config.explicit(), **_ignored}
 
 
 def clear_runtime_config() -> None:
     """Forget every value set from Python; the environment and defaults decide (Monarch's name)."""
     config.reset()
+    _ignored.clear()
 
 
 def _cell(text: str) -> str:

@@ -14,6 +14,7 @@ import sys
 import threading
 from typing import Callable, Optional
 
+from . import config as _config
 from ._context import get_context
 
 TAG_START = "\x1b]777;mn:"
@@ -215,10 +216,12 @@ _base_factory = logging.getLogRecordFactory()
 def _actor_record_factory(*args: object, **kwargs: object) -> logging.LogRecord:
     """Make a log record whose message starts with `[actor=<root>.<mod.Cls name{..}>] ` (the
     running actor's Monarch name; `<root>` outside actors), as Monarch's records do. Empty
-    and non-string messages (structured logging) are left alone."""
+    and non-string messages (structured logging) are left alone; none has it while
+    `runtime.config.prefix_python_logs_with_actor` (Monarch's `monarch.actor.config.`) is False."""
     record = _base_factory(*args, **kwargs)
     msg = record.msg
-    if isinstance(msg, str) and msg and not msg.startswith("[actor="):
+    if isinstance(msg, str) and msg and not msg.startswith("[actor=") and \
+            _config.prefix_python_logs_with_actor:
         ctx = get_context()
         record.msg = f"[actor={ctx if ctx is not None else '<root>'}] {msg}"
     return record

@@ -1,6 +1,7 @@
 """runtime.config: the declared settings, env parsing, configure/configured, to_env, docs."""
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def clean():
     """The global config with nothing set from Python; what was set before comes back."""
-    saved = config.explicit()
-    config.reset()
+    saved = runtime.config.get_runtime_config()  # ignored Monarch names too
+    runtime.config.clear_runtime_config()
     yield config
-    config.reset()
-    configure(**saved)
+    runtime.config.clear_runtime_config()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        configure(**saved)
 
 
 def test_docs_table_is_the_generated_one():
@@ -261,3 +264,34 @@ def test_parametrize_config_checks_at_decoration():
         runtime.config.parametrize_config(stop_timeout=1)
     with pytest.raises(ValueError):
         runtime.config.parametrize_config(stop_timeout={-1})
+
+
+_seen_pointwise: list = []
+
+
+@runtime.config.parametrize_config_pointwise(stop_timeout=[1, 5],
+                                              rdma_disable_ibverbs=[True, False])
+def test_parametrize_config_pointwise_runs_each_index(clean):
+    """Monarch's pointwise sweep: values in lockstep, each run under configured(...); an
+    ignored Monarch name (rdma_disable_ibverbs) reads back through get_global_config(), as
+    Monarch's RDMA tests branch on it."""
+    got = runtime.config.get_global_config()
+    _seen_pointwise.append((config.stop_timeout, got["rdma_disable_ibverbs"]))
+    assert runtime.config.get_runtime_config()["rdma_disable_ibverbs"] is got["rdma_disable_ibverbs"]
+
+
+def test_parametrize_config_pointwise_made_two_runs_and_restores():
+    assert sorted(_seen_pointwise) == [(1.0, True), (5.0, False)]
+    assert "rdma_disable_ibverbs" not in runtime.config.get_global_config()
+    with pytest.raises(ValueError, match="same number of values"):
+        runtime.config.parametrize_config_pointwise(stop_timeout=[1, 5], rdma_disable_ibverbs=[True])
+
+
+def test_ignored_monarch_setting_reads_back_until_cleared():
+    with pytest.warns(UserWarning, match="no equivalent"):
+        configure(rdma_allow_tcp_fallback=False)
+    try:
+        assert runtime.config.get_global_config()["rdma_allow_tcp_fallback"] is False
+    finally:
+        runtime.config.clear_runtime_config()
+    assert "rdma_allow_tcp_fallback" not in runtime.config.get_runtime_config()

@@ -29,8 +29,9 @@ def _alive(pid: int) -> bool:
 
 
 def test_stop_ends_the_procs_and_keeps_the_hosts(hosts):
-    assert hosts.initialized.get(timeout=10) is None
+    assert hosts.initialized.get(timeout=10) is True  # Monarch's Future[Literal[True]]
     pm = hosts.spawn_procs(per_host={"procs": 2})
+    assert pm.initialized.get(timeout=60) is True
     pm.spawn("d", Dies).ok.call().get(timeout=60)  # procs are up (their pids known)
     pids = [p.pid for p in pm.procs]
     assert all(p > 0 and _alive(p) for p in pids)

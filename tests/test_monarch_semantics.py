@@ -4,6 +4,7 @@ procs start, and RDMA transfer sizes as in Monarch and batches (RDMAAction, subm
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -261,6 +262,29 @@ def test_rdma_action_batches_reads_and_writes():
     assert RDMAAction().submit().get(timeout=5) is None
 
 
+def test_rdma_transfers_start_when_waited_on_in_that_order():
+    """As Monarch's: read_into, write_from and RDMAAction.submit return Futures that start
+    their transfer when waited on (`get()`, `await`), so transfers on one buffer run in the
+    order they are waited on (Monarch's test_rdma_concurrent_2gb_writes_in_order, small)."""
+    remote = torch.zeros(1000)
+    buf = RDMABuffer(remote)
+    a, b = torch.ones(1000), torch.full((1000,), 2.0)
+    fa = buf.read_into(a)  # called first, waited on second
+    fb = buf.write_from(b)
+    fc = RDMAAction().write_remote(buf, torch.full((1000,), 3.0)).submit(timeout=20)
+    time.sleep(0.3)
+    assert remote.sum() == 0 and a.sum() == 1000, "a transfer started before it was waited on"
+    assert fb.get(timeout=20) == 4000
+    assert fa.get(timeout=20) == 4000
+    assert a.tolist() == [2.0] * 1000
+
+    async def waited() -> None:
+        await fc
+
+    asyncio.run(waited())
+    assert remote.tolist() == [3.0] * 1000
+
+
 LOCAL_SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
@@ -289,6 +313,41 @@ def test_actors_in_the_controller_are_cleaned_up_at_exit(tmp_path):
     assert p.returncode == 0 and p.stdout.strip() == "pong", p.stderr
     with open(path) as f:
         assert f.read() == "cleaned up"
+
+
+FOREIGN_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    import cloudpickle
+    from _monarch_actors import Where
+    with open({path!r}, "rb") as f:
+        procs = cloudpickle.load(f)
+    try:
+        procs.spawn("foreign", Where)
+    except RuntimeError as e:
+        print(e, flush=True)
+""")
+
+
+def test_a_proc_mesh_in_another_controller_fails_at_spawn(tmp_path):
+    """A ProcMesh pickled into a separately started controller (Monarch's
+    test_client_hard_exit_cleanup) cannot be used there: its procs take messages from their
+    own session only. Spawning on it says so at once (it hung)."""
+    import cloudpickle
+
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="foreign_procs")
+    try:
+        pm.spawn("mine", Where).where.call_one().get(timeout=30)
+        path = tmp_path / "procs.pkl"
+        path.write_bytes(cloudpickle.dumps(pm))
+        script = tmp_path / "foreign.py"
+        script.write_text(FOREIGN_SCRIPT.format(root=ROOT, path=str(path)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")]))
+        p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           timeout=60, cwd=str(tmp_path), env=env)
+        assert "belongs to another controller's session" in p.stdout, (p.stdout, p.stderr)
+    finally:
+        pm.stop().get(timeout=30)
 
 
 def test_this_proc_stop_stops_its_actors_not_the_process():

@@ -90,3 +90,14 @@ def test_log_records_carry_the_actor_prefix(caplog):
         logging.getLogger("monarch_test_prefix").info("")
     msgs = [r.getMessage() for r in caplog.records]
     assert msgs == ["[actor=<root>] plain args", ""]
+
+
+def test_actor_prefix_off_through_monarchs_config_flag(caplog, monkeypatch):
+    """Monarch's `monarch.actor.config.prefix_python_logs_with_actor = False` (here
+    `runtime.config.prefix_python_logs_with_actor`) turns the prefix off (test_instance_name)."""
+    import runtime
+
+    monkeypatch.setattr(runtime.config, "prefix_python_logs_with_actor", False)
+    with caplog.at_level(logging.INFO, logger="monarch_test_prefix"):
+        logging.getLogger("monarch_test_prefix").info("bare")
+    assert [r.getMessage() for r in caplog.records] == ["bare"]

@@ -127,9 +127,9 @@ class HostMesh(MeshTrait):
 
     @property
     def initialized(self) -> Future:
-        """Monarch's `HostMesh.initialized`: resolved once the hosts answer (they have by the
-        time a HostMesh is returned here)."""
-        return resolved(None)
+        """Monarch's `HostMesh.initialized`: resolved to True once the hosts answer (they have
+        by the time a HostMesh is returned here)."""
+        return resolved(True)
 
     def stop(self) -> Future:
         """Stop the procs spawned through this HostMesh object; its hosts (agents) keep

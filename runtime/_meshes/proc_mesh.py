@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 import logging
 import threading
@@ -53,6 +54,7 @@ class ProcMesh(MeshTrait):
         self._owner_actor = ctx.actor_id if ctx is not None else None
         self._stopped_flag = False
         self._borrowed = False  # a reference received from another process (unpickled)
+        self._foreign = False  # ... by a process of another controller's session
 
     def _new_with_shape(self, shape: Shape) -> "ProcMesh":
         return ProcMesh(self._rt, self.name, self._procs, shape, self._host_mesh, self._root)
@@ -93,14 +95,15 @@ class ProcMesh(MeshTrait):
 
     @property
     def initialized(self) -> Future:
-        """Resolves once every proc of the view has started (or fails if one died)."""
+        """Resolves to True (as Monarch's) once every proc of the view has started, or fails
+        if one died."""
         fut: Future = Future(f"{self.name}.initialized")
         recs = self._view_procs()
         loop = self._rt.loop
 
         def poll() -> None:
             if all(r.pid for r in recs):
-                fut.set_result(None)
+                fut.set_result(True)
                 return
             bad = [r for r in recs if r.state in ("failed", "stopped") and not r.pid]
             if bad:
@@ -124,6 +127,12 @@ class ProcMesh(MeshTrait):
         if self.stopped:
             raise MeshStoppedError(f"`ProcMesh` has already been stopped (proc mesh "
                                    f"{self.name!r}); it cannot spawn actors")
+        if self._root._foreign:
+            raise RuntimeError(
+                f"proc mesh {self.name!r} belongs to another controller's session (it was "
+                "pickled there and unpickled in this separately started process); its procs "
+                "only take messages from their own session. Spawn procs of your own, or pass "
+                "the mesh to an actor of that controller")
         _check_init_args(actor_class, args, kwargs)
         try:
             body, bufs = dumps((actor_class, args, kwargs), "actor class and arguments")
@@ -285,7 +294,8 @@ class ProcMesh(MeshTrait):
         procs = [(p.proc_id, p.rank, p.mesh, p.address, p.host, p.pid,
                   (p.agent.agent_id, p.agent.address, p.agent.host, p.agent.remote)
                   if p.agent is not None else None) for p in self._procs]
-        return (_rebuild_proc_mesh, (self.name, procs, self._shape, self._host_mesh))
+        return (_rebuild_proc_mesh, (self.name, procs, self._shape, self._host_mesh,
+                                     _session_tag(self._rt)))
 
     def activate(self) -> Any:
         """A context manager making this mesh the calling thread's active mesh: torch
@@ -366,7 +376,13 @@ def _method_signatures(actor_class: type) -> dict:
             for n in methods_of(actor_class)}
 
 
-def _rebuild_proc_mesh(name: str, procs: list, shape: Shape, host_mesh: Any) -> ProcMesh:
+def _session_tag(rt: Runtime) -> str:
+    """Which controller's session a runtime belongs to (a digest of its token, not the token)."""
+    return hashlib.sha256(b"proc-mesh-session:" + rt.token).hexdigest()[:16]
+
+
+def _rebuild_proc_mesh(name: str, procs: list, shape: Shape, host_mesh: Any,
+                       session: Optional[str] = None) -> ProcMesh:
     from .._core import AgentRecord, get_runtime
 
     rt = get_runtime()
@@ -383,6 +399,7 @@ def _rebuild_proc_mesh(name: str, procs: list, shape: Shape, host_mesh: Any) -> 
         recs.append(rec)
     pm = ProcMesh(rt, name, recs, shape, host_mesh)
     pm._borrowed = True
+    pm._foreign = session is not None and session != _session_tag(rt)
     return pm
 
 

@@ -8,7 +8,7 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from ..config import config
 from .._context import get_context
@@ -26,14 +26,15 @@ _executor: Optional[ThreadPoolExecutor] = None
 _executor_lock = threading.Lock()
 
 
-def _submit(fn, label: str) -> Future:
+def _submit(fn, label: str, fut: Optional[Future] = None) -> Future:
     """Run fn() on a transfer thread; its result or error resolves the returned Future."""
     global _executor
     with _executor_lock:
         if _executor is None:
             _executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="rdma-transfer")
         ex = _executor
-    fut: Future = Future(label)
+    if fut is None:
+        fut = Future(label)
 
     def run() -> None:
         try:
@@ -43,6 +44,47 @@ def _submit(fn, label: str) -> Future:
 
     ex.submit(run)
     return fut
+
+
+class _Deferred(Future):
+    """A transfer's Future that starts it when first waited on (`get()`, `await`, a done
+    callback), as Monarch's do: two transfers run in the order they are waited on."""
+
+    __slots__ = ("_start",)
+
+    def __init__(self, label: str, start: Callable[[Future], None]) -> None:
+        super().__init__(label)
+        self._start: Optional[Callable[[Future], None]] = start
+
+    def _begin(self) -> None:
+        with self._lock:
+            start, self._start = self._start, None
+        if start is not None:
+            start(self)
+
+    def get(self, timeout: Optional[float] = None) -> Any:
+        self._begin()
+        return super().get(timeout)
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        self._begin()
+        return super().exception(timeout)
+
+    def add_done_callback(self, fn: Callable[[Future], None]) -> None:
+        self._begin()
+        super().add_done_callback(fn)
+
+    def __await__(self) -> Any:
+        self._begin()
+        return (yield from super().__await__())
+
+
+def _deferred(fn: Callable[[], Any], label: str) -> Future:
+    """A Future of fn() run on a transfer thread once the Future is waited on."""
+    def start(fut: Future) -> None:
+        _submit(fn, label, fut)
+
+    return _Deferred(label, start)
 
 
 @dataclass(frozen=True)
@@ -151,7 +193,7 @@ class RDMABuffer:
             self.last_transport = client.transfer(self._h, span, offset, False, timeout)
             return span.nbytes
 
-        return _submit(run, "RDMABuffer.read_into")
+        return _deferred(run, "RDMABuffer.read_into")
 
     def write_from(self, src: Any, *, offset: int = 0, timeout: float = DEFAULT_TIMEOUT) -> Future:
         """Copy `src` into the remote bytes [offset, offset+src.nbytes); Future of the byte count.
@@ -162,7 +204,7 @@ class RDMABuffer:
             self.last_transport = client.transfer(self._h, span, offset, True, timeout)
             return span.nbytes
 
-        return _submit(run, "RDMABuffer.write_from")
+        return _deferred(run, "RDMABuffer.write_from")
 
     def drop(self, *, timeout: float = DEFAULT_TIMEOUT) -> Future:
         """Release the owner's reference; later reads and writes fail with RDMABufferDroppedError."""
@@ -269,32 +311,34 @@ class RDMAAction:
         return self._add(dst, src, True)
 
     def submit(self, timeout: float = DEFAULT_TIMEOUT) -> Future:
-        """Run every queued transfer (again, on a later call); a Future of None, or of the
-        first transfer's error."""
+        """Run every queued transfer (again, on a later call) once the returned Future is
+        waited on, as Monarch's; a Future of None, or of the first transfer's error."""
         ops = list(self._ops)
-        out: Future = Future("RDMAAction.submit")
-        if not ops:
-            out.set_result(None)
-            return out
-        left = [len(ops)]
-        lock = threading.Lock()
 
         def one(buf: RDMABuffer, span: Any, is_write: bool) -> int:
             buf.last_transport = client.transfer(buf._h, span, 0, is_write, timeout)
             return span.nbytes
 
-        def done(f: Future) -> None:
-            exc = f._exc
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-                if exc is not None and not out.done():
-                    out.set_exception(exc)
-                    return
-            if last and not out.done():
+        def start(out: Future) -> None:
+            if not ops:
                 out.set_result(None)
+                return
+            left = [len(ops)]
+            lock = threading.Lock()
 
-        for buf, span, is_write in ops:
-            _submit(lambda b=buf, s=span, w=is_write: one(b, s, w),
-                    "RDMAAction transfer").add_done_callback(done)
-        return out
+            def done(f: Future) -> None:
+                exc = f._exc
+                with lock:
+                    left[0] -= 1
+                    last = left[0] == 0
+                    if exc is not None and not out.done():
+                        out.set_exception(exc)
+                        return
+                if last and not out.done():
+                    out.set_result(None)
+
+            for buf, span, is_write in ops:
+                _submit(lambda b=buf, s=span, w=is_write: one(b, s, w),
+                        "RDMAAction transfer").add_done_callback(done)
+
+        return _Deferred("RDMAAction.submit", start)
