@@ -201,3 +201,22 @@ class Exiting(Actor):
     @endpoint
     def leave(self) -> None:
         raise SystemExit(3)
+
+
+class Aborting(Actor):
+    @endpoint
+    def answer_then_abort(self) -> str:
+        runtime.context().actor_instance.abort("done here")
+        return "answered"
+
+
+@pytest.mark.parametrize("where", ["proc", "controller"])
+def test_an_answer_sent_before_the_actor_fails_still_counts(procs, where):
+    """The result goes to the caller's own inbox, the failure report (sent after it) to its
+    process inbox: the failure waits for the replies already in the caller's inbox."""
+    for i in range(10):
+        host = procs.slice(procs=0) if where == "proc" else runtime.this_proc()
+        m = host.spawn(f"aborting{i}{where}", Aborting)
+        assert m.answer_then_abort.call_one().get(timeout=30) == "answered"
+        with pytest.raises(SupervisionError):
+            m.answer_then_abort.call_one().get(timeout=30)

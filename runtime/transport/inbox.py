@@ -64,7 +64,7 @@ class ThreadInbox:
     """One thread's reply socket and its lock."""
 
     __slots__ = ("hub", "address", "sock", "fd", "lock", "owner", "closing", "watched",
-                 "rechecking", "timeout_ms", "__weakref__")
+                 "rechecking", "timeout_ms", "deferred", "__weakref__")
 
     def __init__(self, hub: "ThreadInboxes", address: str, sock: zmq.Socket) -> None:
         self.hub = hub
@@ -77,6 +77,7 @@ class ThreadInbox:
         self.watched = False  # the I/O thread polls `fd` (I/O thread only)
         self.rechecking = False
         self.timeout_ms = -1  # the socket's receive timeout (owner only)
+        self.deferred: Any = collections.deque()  # failures to apply after the next drain
 
     # -- the owning thread ------------------------------------------------------------------
     def wake(self, _fut: Any = None) -> None:
@@ -118,14 +119,38 @@ class ThreadInbox:
 
     # -- whoever holds the lock ---------------------------------------------------------------
     def drain(self) -> bool:
-        """Deliver what waits in the socket (lock held); False if a batch's worth was left.
-        Asks zmq first: an empty socket's `zmq.Again` costs more than the question."""
+        """Deliver what waits in the socket, then the failures deferred behind it (lock
+        held); False if a batch's worth was left. Asks zmq first: an empty socket's
+        `zmq.Again` costs more than the question."""
         sock = self.sock
         for _ in range(_BATCH):
             if not sock.getsockopt(_EVENTS) & _POLLIN:
+                deferred = self.deferred
+                while deferred:
+                    fn = deferred.popleft()
+                    try:
+                        fn()
+                    except Exception:
+                        log.exception("%s: a deferred failure raised", self.address)
                 return True
             self._handle(sock.recv(_NOBLOCK))
         return False
+
+    def after_replies(self, fn: Callable[[], None]) -> None:
+        """Run `fn` (a call's failure) once the replies already in this inbox have been
+        delivered (I/O thread): a reply its actor sent before failing still counts. Now
+        when the lock is free; else its holder runs it after its next drain (woken for it),
+        and the I/O thread makes sure within `RECHECK_MAX_S`."""
+        if self.lock.acquire(False):
+            try:
+                self.drain()
+            finally:
+                self.lock.release()
+            fn()
+            return
+        self.deferred.append(fn)
+        self.wake()
+        self.hub.loop.call_later(RECHECK_MAX_S, self.hub.flush_deferred, self)
 
     def _handle(self, head: bytes) -> None:
         """Check and deliver the message whose first frame is `head`."""
@@ -245,6 +270,18 @@ class ThreadInboxes:
             self._watch(inbox)  # the fd becomes readable if something is left or comes
         finally:
             inbox.lock.release()
+
+    def flush_deferred(self, inbox: ThreadInbox) -> None:
+        """Run the failures an inbox's holder has not run yet (I/O thread)."""
+        if not inbox.deferred or inbox.closing:
+            return
+        if inbox.lock.acquire(False):
+            try:
+                inbox.drain()
+            finally:
+                inbox.lock.release()
+        else:
+            self.loop.call_later(RECHECK_MAX_S, self.flush_deferred, inbox)
 
     def close_all(self) -> None:
         """Close every inbox (the loop is stopping): waiting owners go back to waiting on
