@@ -206,3 +206,36 @@ class Linear(Actor):
     @endpoint
     def plain(self, x):
         return x
+
+
+class Ledger(Actor):
+    """Records (sender, i) in arrival order (per-sender order checks); how many messages
+    its proc's actor threads read themselves (transport.inbox.SharedInbox)."""
+
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    @endpoint
+    def add(self, who: int, i: int) -> int:
+        self.seen.append((who, i))
+        return i
+
+    @endpoint
+    def seen_by(self, who: int) -> list:
+        return [i for w, i in self.seen if w == who]
+
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def nap(self, s: float) -> float:
+        time.sleep(s)
+        return s
+
+    @endpoint
+    def read_by_actors(self) -> tuple:
+        import runtime
+
+        stats = runtime.get_runtime().stats
+        return stats["actor_read"], stats["received"]

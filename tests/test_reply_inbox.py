@@ -15,30 +15,9 @@ import pytest
 import runtime
 from runtime import Actor, SupervisionError, endpoint, this_host
 
+from _actors import Ledger
+
 pytestmark = pytest.mark.timeout(120)
-
-
-class Log(Actor):
-    def __init__(self) -> None:
-        self.seen: list = []
-
-    @endpoint
-    def add(self, who: int, i: int) -> int:
-        self.seen.append((who, i))
-        return i
-
-    @endpoint
-    def seen_by(self, who: int) -> list:
-        return [i for w, i in self.seen if w == who]
-
-    @endpoint
-    def pid(self) -> int:
-        return os.getpid()
-
-    @endpoint
-    def nap(self, s: float) -> float:
-        time.sleep(s)
-        return s
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +29,7 @@ def procs():
 
 @pytest.fixture
 def log(procs):
-    m = procs.spawn("log", Log)
+    m = procs.spawn("log", Ledger)
     yield m
     m.stop().get(timeout=30)
 
@@ -125,7 +104,7 @@ def test_a_failure_reaches_a_waiting_caller_at_once(procs):
     for i in range(3):
         pm = this_host().spawn_procs(per_host={"procs": 1}, name=f"doomed{i}")
         try:
-            m = pm.spawn("doomed", Log)
+            m = pm.spawn("doomed", Ledger)
             pid = m.pid.call_one().get(timeout=30)
             fut = m.nap.call_one(60)
             failed_at: list = []

@@ -5,38 +5,15 @@ one proc, and the setting that turns it off."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 import runtime
-from runtime import Actor, endpoint, this_host
+from runtime import this_host
+
+from _actors import Ledger
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class Counter(Actor):
-    def __init__(self) -> None:
-        self.seen: list = []
-
-    @endpoint
-    def add(self, who: int, i: int) -> int:
-        self.seen.append((who, i))
-        return i
-
-    @endpoint
-    def seen_by(self, who: int) -> list:
-        return [i for w, i in self.seen if w == who]
-
-    @endpoint
-    def read_by_actors(self) -> tuple:
-        stats = runtime.get_runtime().stats
-        return stats["actor_read"], stats["received"]
-
-    @endpoint
-    def nap(self, s: float) -> float:
-        time.sleep(s)
-        return s
 
 
 def _reads(m) -> tuple:
@@ -48,7 +25,7 @@ def test_an_idle_actor_reads_the_calls_for_it(on):
     with runtime.configured(actor_reads_calls=on):  # procs take the setting at spawn
         pm = this_host().spawn_procs(per_host={"procs": 1}, name=f"reader{int(on)}")
     try:
-        m = pm.spawn("counter", Counter)
+        m = pm.spawn("counter", Ledger)
         a0, r0 = _reads(m)
         for i in range(50):
             assert m.add.call_one(0, i).get(timeout=30) == i
@@ -67,7 +44,7 @@ def test_two_actors_in_one_proc_get_their_calls_in_order():
     sender's calls to each actor run in the order sent, and a stop comes after them."""
     pm = this_host().spawn_procs(per_host={"procs": 1}, name="tworeaders")
     try:
-        a, b = pm.spawn("a", Counter), pm.spawn("b", Counter)
+        a, b = pm.spawn("a", Ledger), pm.spawn("b", Ledger)
         n, errors = 40, []
 
         def caller(who: int) -> None:

@@ -164,3 +164,24 @@ class JupyterLab:
                 pass
         self._logf.close()
         self.proc = None
+
+
+def monarch_lab(tmp_path: Path, name: str, cells: list[str]):
+    """Generator for a pytest fixture: JupyterLab serving notebook `name` (`cells`, the
+    Monarch kernel); skips without Debian's chromium or Python's playwright."""
+    import pytest
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no system chromium at {CHROMIUM} (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api", reason="python playwright is not installed")
+    sys.path.insert(0, str(REPO / "tests" / "kernel"))
+    from _kernel_helpers import install_kernelspec
+
+    install_kernelspec()
+    write_notebook(tmp_path / name, cells, kernel="monarch")
+    server = JupyterLab(tmp_path)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()

@@ -4,13 +4,11 @@ and Shift-Tab shows the remote object's tooltip."""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from labserver import CHROMIUM, CHROMIUM_ARGS, REPO, JupyterLab, write_notebook
+from labserver import CHROMIUM, CHROMIUM_ARGS, monarch_lab
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,20 +23,7 @@ SOURCE_MODEL = "() => window.jupyterapp.shell.currentWidget.context.model.toJSON
 
 @pytest.fixture
 def lab(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no system chromium at {CHROMIUM} (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="python playwright is not installed")
-    sys.path.insert(0, str(REPO / "tests" / "kernel"))
-    from _kernel_helpers import install_kernelspec
-
-    install_kernelspec()
-    write_notebook(tmp_path / "complete.ipynb", CELLS, kernel="monarch")
-    server = JupyterLab(tmp_path)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
+    yield from monarch_lab(tmp_path, "complete.ipynb", CELLS)
 
 
 def test_tab_in_a_mesh_cell_lists_the_procs_names(lab):

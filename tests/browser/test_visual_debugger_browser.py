@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from labserver import CHROMIUM, CHROMIUM_ARGS, REPO, JupyterLab, write_notebook  # noqa: E402
+from labserver import CHROMIUM, CHROMIUM_ARGS, REPO, monarch_lab  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -38,20 +38,7 @@ CELLS = [ACTOR_CELL, "sorted(trainers.step.call(2).get().values())"]
 
 @pytest.fixture
 def lab(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no system chromium at {CHROMIUM}")
-    pytest.importorskip("playwright.sync_api", reason="python playwright is not installed")
-    sys.path.insert(0, str(REPO / "tests" / "kernel"))
-    from _kernel_helpers import install_kernelspec
-
-    install_kernelspec()
-    write_notebook(tmp_path / "panel.ipynb", CELLS, kernel="monarch")
-    server = JupyterLab(tmp_path)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
+    yield from monarch_lab(tmp_path, "panel.ipynb", CELLS)
 
 
 def _run_cell(page, index: int) -> None:
