@@ -287,7 +287,7 @@ class _Collector:
         # answered or failed (so each failure has reached its supervisor by then)
         self.error: Optional[BaseException] = None
         self.done = False
-        self.failing = False  # a failure waits for the replies already in the inbox
+        self.failing: set = set()  # ranks whose failure waits for the inbox's replies
         self.lock = threading.Lock()
 
     def start(self) -> None:
@@ -336,7 +336,7 @@ class _Collector:
             self._on_reply(h, body, buffers)
 
     def _on_reply(self, h: Header, body: Any, buffers: list) -> None:
-        if self.failing and h.status == ERROR:
+        if h.status == ERROR and h.rank in self.failing:
             return  # the failure of its actor, deferred behind the inbox, answers instead
         r = h.rank
         if r not in self.remaining:
@@ -413,23 +413,24 @@ class _Collector:
         With a thread's reply inbox, the replies already in it are delivered first: an
         answer its actor sent before failing (`abort()`) still counts."""
         inbox = self.futs[0]._inbox
-        if inbox is not None and not self.done and self._fails(proc, actor):
-            self.failing = True  # an error reply meanwhile says less than this failure
+        ranks = self._failing_ranks(proc, actor)
+        if inbox is not None and not self.done and ranks:
+            self.failing |= ranks  # their error replies meanwhile say less than this failure
             inbox.after_replies(lambda: self._fail_now(exc, proc, actor))
             return
         self._fail_now(exc, proc, actor)
 
-    def _fails(self, proc: Optional[str], actor: Optional[str]) -> bool:
-        """Whether a failure of `proc` (or of `actor`) concerns a rank still waited on."""
+    def _failing_ranks(self, proc: Optional[str], actor: Optional[str]) -> set:
+        """The ranks still waited on that a failure of `proc` (or of `actor`) concerns."""
         if actor is not None and actor != self.rec.actor_id:
-            return False
+            return set()
         proc_ids = self.rec.proc_ids
-        return any(proc is None or proc_ids[r] == proc for r in self.remaining)
+        return {r for r in list(self.remaining) if proc is None or proc_ids[r] == proc}
 
     def _fail_now(self, exc: BaseException, proc: Optional[str],
                   actor: Optional[str]) -> None:
         with self.lock:
-            self.failing = False
+            self.failing -= self._failing_ranks(proc, actor)
             self._on_fail(exc, proc, actor)
 
     def _on_fail(self, exc: BaseException, proc: Optional[str], actor: Optional[str]) -> None:
