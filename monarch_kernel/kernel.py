@@ -4,7 +4,9 @@ remote output routed into cells, and every mesh stopped on shutdown or restart."
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
+import shutil
 import signal
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -95,8 +97,17 @@ class MonarchKernel(IPythonKernel):
         return reply
 
 
+def _remove_cell_files() -> None:
+    """The debugger's copies of the notebook's cells (ipykernel writes them under
+    <tmp>/ipykernel_<pid> for breakpoints) go with the kernel process."""
+    from ipykernel.compiler import get_tmp_directory
+
+    shutil.rmtree(get_tmp_directory(), ignore_errors=True)
+
+
 def launch() -> None:
     """Start the kernel (the kernelspec runs `python -m monarch_kernel -f FILE`)."""
     from ipykernel.kernelapp import IPKernelApp
 
+    atexit.register(_remove_cell_files)
     IPKernelApp.launch_instance(kernel_class=MonarchKernel)

@@ -9,6 +9,7 @@ import sys
 os.environ.setdefault("MONARCH_FAULT_POLICY", "raise")
 # admin connection files of test controllers go to a throwaway directory, not ~/.local
 import atexit  # noqa: E402
+import glob  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -34,7 +35,14 @@ def _our_children() -> list[psutil.Process]:
 @pytest.fixture(scope="session", autouse=True)
 def no_orphans_at_end():
     """After the whole session, no process started by the tests may survive."""
+    cells_before = set(glob.glob(os.path.join(tempfile.gettempdir(), "ipykernel_*")))
     yield
+    # ipykernel's copies of debugged cells, of kernels the tests killed (a kernel that
+    # exits removes its own: monarch_kernel/kernel.py)
+    for d in set(glob.glob(os.path.join(tempfile.gettempdir(), "ipykernel_*"))) - cells_before:
+        pid = d.rsplit("_", 1)[-1]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
     import runtime
 
     runtime.shutdown(timeout=3.0)
