@@ -18,9 +18,6 @@ from typing import Any, Optional
 from ..transport.framing import Header
 from .protocol import FROM_ACTOR, header, op_of
 
-#: how long a starting proc's first call waits for its owner's breakpoint table
-TABLE_WAIT_S = 2.0
-
 log = logging.getLogger("runtime.debugging")
 
 
@@ -34,7 +31,6 @@ class ProcDebugger:
         self._source_ids = itertools.count(1)
         self._no_source: set = set()
         self._lock = threading.Lock()
-        self._table_ready = threading.Event()  # the owner answered our `getbreaks`
 
     # -- I/O thread ------------------------------------------------------------------------
     def on_message(self, h: Header, body: Any, buffers: list) -> None:
@@ -44,14 +40,14 @@ class ProcDebugger:
             from . import breakpoints
             from .dap_client import send_table_to
 
-            t = breakpoints.table()  # answered even when empty: the proc waits for it
-            send_table_to(self.rt, str(e.get("proc_id", "")), str(e.get("addr", "")), t)
+            t = breakpoints.table()
+            if t or breakpoints.exceptions():
+                send_table_to(self.rt, str(e.get("proc_id", "")), str(e.get("addr", "")), t)
             return
         if op == "breaks":  # the controller's line breakpoints: arm, and pass them on
             from . import breakpoints
 
             breakpoints.set_table(dict(e.get("table") or {}), list(e.get("exc") or []))
-            self._table_ready.set()
             self.send_breaks()
             return
         if op in FROM_ACTOR:  # from a proc this proc owns: pass it up to our owner
@@ -86,29 +82,8 @@ class ProcDebugger:
                 log.debug("breakpoints to %s not sent", rec.proc_id, exc_info=True)
 
     def ask_breaks(self) -> None:
-        """A starting proc asks its owner for the line-breakpoint table. Its first call
-        waits for the answer (at most TABLE_WAIT_S): the answer and the call come by
-        different paths, and a breakpoint set before the proc started must stop that call."""
-        from ..proc import set_call_hook
-
-        if not self.rt.owner_address:
-            return
-        set_call_hook(self._first_call)
+        """A starting proc asks its owner for the line-breakpoint table."""
         self.send("getbreaks", proc_id=self.rt.proc_id)
-
-    def _first_call(self) -> None:
-        """The call hook until the table arrives (actor threads)."""
-        from . import breakpoints
-        from ..proc import set_call_hook
-
-        self._table_ready.wait(TABLE_WAIT_S)
-        if breakpoints.table():
-            breakpoints.on_call()  # the table's own hook is in place: arm this call
-        else:
-            set_call_hook(None)
-            if breakpoints.table():  # it came just now: its hook again
-                set_call_hook(breakpoints.on_call)
-                breakpoints.on_call()
 
     # -- actor threads ------------------------------------------------------------------------
     def send(self, op: str, **fields: Any) -> None:
