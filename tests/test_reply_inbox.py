@@ -16,6 +16,7 @@ import runtime
 from runtime import Actor, SupervisionError, endpoint, this_host
 
 from _actors import Ledger
+from _threads import run_in_threads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -122,22 +123,15 @@ def test_each_thread_gets_its_replies_in_its_order(log):
     """Threads calling one actor at once: each sender's calls arrive in the order sent,
     and each thread's results are its own."""
     one = log.slice(procs=0)
-    n, errors = 60, []
+    n = 60
 
     def caller(who: int) -> None:
-        try:
-            futs = [one.add.call_one(who, i) for i in range(n)]
-            for i in range(n, 2 * n):
-                assert one.add.call_one(who, i).get(timeout=30) == i
-            assert [f.get(timeout=30) for f in futs] == list(range(n))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        futs = [one.add.call_one(who, i) for i in range(n)]
+        for i in range(n, 2 * n):
+            assert one.add.call_one(who, i).get(timeout=30) == i
+        assert [f.get(timeout=30) for f in futs] == list(range(n))
 
-    threads = [threading.Thread(target=caller, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    errors = run_in_threads(caller, 4)
     assert not errors, errors
     for w in range(4):
         assert one.seen_by.call_one(w).get(timeout=30) == list(range(2 * n))

@@ -4,7 +4,6 @@ one proc, and the setting that turns it off."""
 
 from __future__ import annotations
 
-import threading
 
 import pytest
 
@@ -12,6 +11,7 @@ import runtime
 from runtime import this_host
 
 from _actors import Ledger
+from _threads import run_in_threads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,25 +45,18 @@ def test_two_actors_in_one_proc_get_their_calls_in_order():
     pm = this_host().spawn_procs(per_host={"procs": 1}, name="tworeaders")
     try:
         a, b = pm.spawn("a", Ledger), pm.spawn("b", Ledger)
-        n, errors = 40, []
+        n = 40
 
         def caller(who: int) -> None:
-            try:
-                futs = []
-                for i in range(n):
-                    futs += [a.add.call_one(who, i), b.add.call_one(who, i)]
-                    if i % 10 == 0:
-                        futs.append(b.nap.call_one(0.005))  # keeps b busy now and then
-                for f in futs:
-                    f.get(timeout=30)
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(e)
+            futs = []
+            for i in range(n):
+                futs += [a.add.call_one(who, i), b.add.call_one(who, i)]
+                if i % 10 == 0:
+                    futs.append(b.nap.call_one(0.005))  # keeps b busy now and then
+            for f in futs:
+                f.get(timeout=30)
 
-        threads = [threading.Thread(target=caller, args=(w,)) for w in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        errors = run_in_threads(caller, 3)
         assert not errors, errors
         for w in range(3):
             assert a.seen_by.call_one(w).get(timeout=30) == list(range(n))

@@ -1,0 +1,25 @@
+"""Run a test body in several threads at once and collect what they raised."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+
+def run_in_threads(fn: Callable[[int], None], n: int, timeout: float = 60.0
+                   ) -> list[BaseException]:
+    """Call fn(0) .. fn(n-1), each in its own thread, all at once; their exceptions."""
+    errors: list[BaseException] = []
+
+    def body(i: int) -> None:
+        try:
+            fn(i)
+        except BaseException as e:  # noqa: BLE001 - returned to the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    return errors
