@@ -38,7 +38,9 @@ def parse_size(text: str) -> int:
 
 
 def fmt(n: int) -> str:
-    return f"{n >> 30} GiB" if n >= 1 << 30 else f"{n >> 20} MiB"
+    if n >= 1 << 30:
+        return f"{n >> 30} GiB"
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
 def timed(fn, reps: int, budget_s: float = 1.0) -> float:
@@ -96,6 +98,36 @@ def bench_arguments(reps: int) -> dict:
                         torch.cuda.synchronize()
                 secs = timed(one, reps)
                 out[(where, size)] = 2 * size / secs / 1e9  # each way
+    finally:
+        procs.stop().get(timeout=60)
+    return out
+
+
+# -- the CUDA IPC threshold --------------------------------------------------------------------
+def bench_threshold(sizes: list[int], reps: int) -> dict:
+    """A CUDA tensor argument sent one way (the endpoint answers its byte count) per size,
+    through CUDA IPC (an RDMABuffer the receiver reads) and staged through pinned host
+    memory, in one proc: where IPC starts to win is what `cuda_ipc_min_bytes` should be."""
+    from runtime import Actor, configured, endpoint, this_host
+
+    class Sink(Actor):
+        @endpoint
+        def take(self, t):
+            torch.cuda.synchronize()
+            return t.numel() * t.element_size()
+
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    out: dict = {}
+    try:
+        sink = procs.spawn("sink", Sink)
+        for size in sizes:
+            t = torch.ones(size, dtype=torch.uint8, device="cuda")
+            progress(f"threshold sweep, {fmt(size)}")
+            for how, limit in (("ipc", 1), ("staged", 1 << 62)):
+                with configured(cuda_ipc_min_bytes=limit):
+                    def one() -> None:
+                        assert sink.take.call_one(t).get(timeout=120) == size
+                    out[(how, size)] = timed(one, reps)
     finally:
         procs.stop().get(timeout=60)
     return out
@@ -159,6 +191,8 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="64MiB,256MiB,1GiB")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--sweep", default="64KiB,256KiB,1MiB,4MiB,16MiB,64MiB",
+                    help="sizes of the CUDA IPC threshold sweep ('' to skip it)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("# bench_gpu.py: no CUDA device here (torch.cuda.is_available() is False); "
@@ -172,6 +206,22 @@ def main() -> int:
     print(f"{'size':>8} {'CUDA tensor':>12} {'CPU tensor':>11}")
     for size in (1 * MiB, 64 * MiB):
         print(f"{fmt(size):>8} {arg[('cuda', size)]:>12.2f} {arg[('cpu', size)]:>11.2f}")
+    sweep = [parse_size(x) for x in args.sweep.split(",") if x]
+    if sweep:
+        from runtime.config import config
+
+        th = bench_threshold(sweep, args.reps)
+        print("\n## CUDA tensor argument, one way: CUDA IPC vs staged through pinned host "
+              f"(median us; cuda_ipc_min_bytes is now {fmt(config.cuda_ipc_min_bytes)})")
+        print(f"{'size':>8} {'IPC us':>9} {'staged us':>10} {'IPC GB/s':>9} {'staged GB/s':>12}"
+              "  faster")
+        for s in sweep:
+            ipc, staged = th[("ipc", s)], th[("staged", s)]
+            print(f"{fmt(s):>8} {ipc * 1e6:>9.0f} {staged * 1e6:>10.0f} {s / ipc / 1e9:>9.2f} "
+                  f"{s / staged / 1e9:>12.2f}  {'IPC' if ipc < staged else 'staged'}")
+        wins = [s for s in sweep if th[("ipc", s)] < th[("staged", s)]]
+        first = next((s for s in sweep if all(w in wins for w in sweep if w >= s)), None)
+        print("IPC wins from " + (fmt(first) if first else "no size swept") + " up")
     res, floors = bench_rdma(sizes, args.reps)
     print("\n## RDMABuffer, this process <- owner process on this host (GB/s)")
     head = (f"{'size':>8} {'CUDA->CUDA':>11} {'CPU->CUDA':>10} {'CUDA->CPU':>10} "

@@ -706,9 +706,21 @@ def _graceful_exit(server: ProcServer, timeout: float) -> None:
 
 
 def _drop_user_module_globals() -> None:
-    """Set the globals of modules outside Python's and the installed packages' directories
-    (the user's code) to None, as finalization does, so objects they hold are collected.
-    The runtime's own modules and libraries stay intact: the I/O thread still runs."""
+    """Set the globals of the user's modules to None, as finalization does, so objects they
+    hold are collected. The runtime's own modules and libraries stay intact: the I/O thread
+    still runs."""
+    for name in user_modules():
+        d = getattr(sys.modules.get(name), "__dict__", None)
+        for k in list(d or ()):
+            if not (k.startswith("__") and k.endswith("__")):
+                d[k] = None
+
+
+def user_modules() -> list[str]:
+    """The names of the loaded modules that are the user's code: not Python's, not in an
+    installed distribution (wherever it was installed: a venv, `pip install --target` on
+    PYTHONPATH), not this project's."""
+    import importlib.metadata
     import sysconfig
 
     dirs = [*sysconfig.get_paths().values(), sys.prefix, sys.base_prefix]
@@ -717,15 +729,19 @@ def _drop_user_module_globals() -> None:
     here = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
     keep |= {here + pkg + os.sep for pkg in ("runtime", "monarch_kernel", "monarch_widgets")}
     kept = tuple(keep)
+    try:
+        installed = set(importlib.metadata.packages_distributions())
+    except Exception:  # noqa: BLE001 - a broken distribution: the paths alone decide
+        installed = set()
+    installed |= set(sys.stdlib_module_names) if hasattr(sys, "stdlib_module_names") else set()
+    out = []
     for name, mod in list(sys.modules.items()):
         f = getattr(mod, "__file__", None)
-        if name == "__main__" or not isinstance(f, str) or f.startswith(kept) or \
-                os.path.realpath(f).startswith(kept):
+        if name == "__main__" or not isinstance(f, str) or name.partition(".")[0] in installed \
+                or f.startswith(kept) or os.path.realpath(f).startswith(kept):
             continue
-        d = getattr(mod, "__dict__", None)
-        for k in list(d or ()):
-            if not (k.startswith("__") and k.endswith("__")):
-                d[k] = None
+        out.append(name)
+    return out
 
 
 def _cpu_list(text: str) -> set[int]:

@@ -455,3 +455,32 @@ def test_a_call_to_a_dying_actor_fails_in_monarchs_words(failures):
                      r"its descendants have failed", str(ei.value))
     assert re.search(r"Actor Where exiter2 .*exited because of the following reason: The actor "
                      r".* and all its descendants have failed", str(ei.value))
+
+
+def test_libraries_installed_outside_the_environment_are_not_user_code(tmp_path,
+                                                                        monkeypatch):
+    """At exit a proc drops the globals of the user's modules only: a distribution installed
+    with `pip install --target` on PYTHONPATH (the runtime's own zmq, say) stays intact."""
+    from runtime.proc import user_modules
+
+    site, mine = tmp_path / "site", tmp_path / "mine"
+    (site / "exitlib").mkdir(parents=True)
+    (site / "exitlib" / "__init__.py").write_text("X = 1\n")
+    info = site / "exitlib-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: exitlib\nVersion: 1.0\n")
+    (info / "top_level.txt").write_text("exitlib\n")
+    mine.mkdir()
+    (mine / "my_experiment.py").write_text("Y = 2\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(mine))
+    try:
+        import exitlib  # noqa: F401
+        import my_experiment  # noqa: F401
+
+        names = user_modules()
+        assert "my_experiment" in names and "exitlib" not in names, names
+        assert not [n for n in names if n.partition(".")[0] in ("zmq", "torch", "runtime")]
+    finally:
+        sys.modules.pop("exitlib", None)
+        sys.modules.pop("my_experiment", None)

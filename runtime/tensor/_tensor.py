@@ -60,6 +60,10 @@ class Tensor(torch.Tensor):
     def __new__(cls, size: Any, stride: Any, offset: int, dtype: torch.dtype,
                 meta: Optional[torch.Tensor], mesh: "ProcMesh", device: torch.device,
                 engine: Engine, key: tuple, target: "ActorMesh") -> "Tensor":
+        if device.index is None and device.type not in ("cpu", "meta"):
+            # an accelerator device names its index, as a real tensor's does ("cuda" is each
+            # proc's cuda:0): autograd's engine on the controller files work by that index
+            device = torch.device(device.type, 0)
         r = torch.Tensor._make_wrapper_subclass(
             cls, size, strides=stride, storage_offset=offset, dtype=dtype, device=device,
             requires_grad=False)
