@@ -9,6 +9,7 @@ import collections
 import threading
 from typing import Any, Callable, Generic, Optional, TypeVar
 
+from . import _context
 from ._core import get_runtime
 from .future import Future
 from .transport.framing import ERROR, OK, Header, Kind
@@ -37,8 +38,13 @@ class Port(Generic[T]):
             h = Header(Kind.PORT_SEND, port=self.port_id, status=status)
         else:
             h = Header(Kind.REPLY, port=self.port_id, rank=self.rank, status=status)
-        # an error goes to the process inbox, behind the failure report its actor may send
+        # an error goes to the process inbox, behind the failure report its actor may send;
+        # a call's answer is noted for that report (runtime/transport/inbox.py, Answered)
         addr = self.address if status == OK else process_address(self.address)
+        if status == OK and self.rank is not None:
+            actor = _context.current_instance()
+            if actor is not None:
+                actor.answered.note(addr, self.port_id)
         rt.send(addr, h, body, tuple(bufs))
 
     def send(self, value: T) -> None:

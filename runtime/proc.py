@@ -30,7 +30,7 @@ from .errors import ActorError, SupervisionError
 from .shapes import Point, Shape
 from .supervision import MeshFailure
 from .transport.framing import ERROR, OK, Header, Kind, extra_get
-from .transport.inbox import SharedInbox, process_address
+from .transport.inbox import Answered, SharedInbox, process_address
 from .transport import bulk, cuda_tensors
 from .transport.serialization import dumps, loads
 
@@ -110,6 +110,7 @@ class ActorInstance:
         self.failed: Optional[str] = None
         self.abort_reason: Optional[str] = None  # set by context().actor_instance.abort()
         self.last_exception: Optional[BaseException] = None  # kept for post-mortem debugging
+        self.answered = Answered()  # the latest calls answered, named in a failure report
         self.current_port = -1
         self.current_reply = ""  # the caller's address while a call with a reply runs
         self.instance: Any = None
@@ -207,7 +208,10 @@ class ActorInstance:
 
     def _reply(self, h: Header, status: int, body: bytes, buffers: tuple = ()) -> None:
         """Answer a call: a result to its reply address (maybe the caller thread's own
-        inbox), an error to the caller's process inbox, behind this actor's failure report."""
+        inbox, then noted in `answered`), an error to the caller's process inbox, behind
+        this actor's failure report."""
+        if status == OK:
+            self.answered.note(h.reply, h.port)
         addr = h.reply if status == OK else process_address(h.reply)
         self.rt.send(addr, Header(Kind.REPLY, port=h.port, rank=self.rank, status=status,
                                      actor=self.actor_id, extra=_reply_extra(h)), body, buffers)
@@ -336,10 +340,10 @@ class ActorInstance:
                 body, _ = dumps(caused_by)
             except Exception:
                 body = b""
+        extra = {"cause": cause, "traceback": tb, "call": call,
+                 "answered": self.answered.report()}  # their answers count (inbox.Answered)
         self.rt.send(self.owner_addr, Header(Kind.ACTOR_FAILED, actor=self.actor_id,
-                                             rank=self.rank, extra={"cause": cause,
-                                                                    "traceback": tb,
-                                                                    "call": call}), body)
+                                             rank=self.rank, extra=extra), body)
 
     def _stop(self, h: Optional[Header]) -> None:
         _endpoints.cancel_all(self)  # concurrent endpoint tasks end before __cleanup__

@@ -193,3 +193,50 @@ def test_an_answer_sent_before_the_actor_fails_still_counts(procs, where):
         assert m.answer_then_abort.call_one().get(timeout=30) == "answered"
         with pytest.raises(SupervisionError):
             m.answer_then_abort.call_one().get(timeout=30)
+
+
+class AbortingLarge(Actor):
+    @endpoint
+    def answer_then_abort(self, n: int) -> bytes:
+        runtime.context().actor_instance.abort("done here")
+        return b"x" * n
+
+
+@pytest.mark.parametrize("where", ["proc", "controller"])
+def test_a_large_answer_still_counts_when_the_failure_report_overtakes_it(procs, where):
+    """A large answer is still on its way to the caller's inbox when the small failure
+    report (sent after it, to another socket) is handled: the report names the calls its
+    actor answered, and the caller waits for those answers instead of failing them."""
+    n = 64 << 20
+    for i in range(3):
+        host = procs.slice(procs=0) if where == "proc" else runtime.this_proc()
+        m = host.spawn(f"abortlarge{i}{where}", AbortingLarge)
+        assert len(m.answer_then_abort.call_one(n).get(timeout=60)) == n
+        with pytest.raises(SupervisionError, match="done here"):
+            m.answer_then_abort.call_one(n).get(timeout=60)
+
+
+class AbortingRankZero(Actor):
+    @endpoint
+    def answer(self, n: int) -> bytes:
+        me = runtime.context().actor_instance
+        if me.rank.rank == 0:
+            me.abort("rank 0 is done")
+            return b"x" * n
+        return b"y"
+
+
+def test_one_rank_answers_then_fails_the_other_answers(procs):
+    """A call to two ranks: rank 0 answers and then fails, rank 1 answers. Both answers
+    count; the controller shows rank 0 failed; the next call raises."""
+    rt = runtime.get_runtime()
+    for i in range(3):
+        name = f"rankzero{i}"
+        m = procs.spawn(name, AbortingRankZero)
+        answers = m.answer.call(64 << 20).get(timeout=60).values()
+        assert [len(a) for a in answers] == [64 << 20, 1]
+        with pytest.raises(SupervisionError, match="rank 0 is done"):
+            m.answer.call(0).get(timeout=60)
+        states = [a.state.value for h in rt.health.snapshot() if h.name == name
+                  for a in h.actors]
+        assert states[0] == "failed", states

@@ -16,6 +16,7 @@ from ..errors import SupervisionError, actor_failed_message
 from ..supervision import MeshFailure
 from ..supervision.health import ActorState
 from ..transport.framing import Header, Kind
+from ..transport.inbox import answered_ports
 from ..transport.serialization import loads
 from .records import ActorMeshRecord
 
@@ -201,15 +202,20 @@ class Failures:
         rt.health.update(m.health_name, rank, ActorState.FAILED, detail=failure.cause,
                          last_error=failure.cause, last_traceback=failure.traceback)
         self.deliver(m, failure)  # the supervisor hears of it before the waits on it fail
-        self.fail_ports_for_actor(m, rank, failure)
+        self.fail_ports_for_actor(m, rank, failure,
+                                  answered_ports(e.get("answered"), rt.inboxes.prefix))
 
-    def fail_ports_for_actor(self, m: ActorMeshRecord, rank: int,
-                             failure: MeshFailure) -> None:
+    def fail_ports_for_actor(self, m: ActorMeshRecord, rank: int, failure: MeshFailure,
+                             answered: frozenset = frozenset()) -> None:
+        """Fail the waits on an actor that failed, but for the calls it `answered` before
+        (their answers come to a thread's inbox, by another socket than its report)."""
         proc = m.proc_ids[rank]
         ports = self.rt.ports
         msg = failure.report() + "\n" + actor_failed_message(m.cls_name, m.name, rank,
                                                               failure.cause, m.actor_name(rank))
         for pid in ports.waiting_on(proc):
+            if pid in answered:
+                continue
             failure.seen_by_waiter = True
             ports.fail(pid, SupervisionError(msg, failure), proc=proc, actor=m.actor_id)
 

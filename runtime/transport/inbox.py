@@ -38,6 +38,10 @@ Handler = Callable[[framing.Header, Any, list], None]
 #: (doubling up to RECHECK_MAX_S while that thread goes on reading)
 RECHECK_S = 0.002
 RECHECK_MAX_S = 0.02
+#: how many of its latest answered calls an actor names in its failure report (an older
+#: answer still in flight then is failed by the report, as before: `after_replies` counts it
+#: only if it has arrived)
+ANSWERED_KEPT = 64
 #: the message that wakes a waiting owner (not a framed message: no token)
 WAKE = b""
 #: messages drained in one go before other work gets a turn
@@ -58,6 +62,40 @@ def process_address(reply_address: str) -> str:
         if sep and tail.isdigit():
             return head
     return reply_address
+
+
+class Answered:
+    """The latest calls an actor answered to a thread's reply inbox (reply address, port),
+    named in its failure report: those answers travel by another socket than the report,
+    in no order with it, so its caller waits for them instead of failing the calls."""
+
+    __slots__ = ("ring",)
+
+    def __init__(self) -> None:
+        self.ring: Any = collections.deque(maxlen=ANSWERED_KEPT)
+
+    def note(self, address: str, port: int) -> None:
+        """A result for `port` goes to `address` (any thread): kept if that is a thread's
+        inbox (a process inbox keeps its order with the report)."""
+        if port and address[:6] == "ipc://" and process_address(address) != address:
+            self.ring.append((address, port))
+
+    def report(self) -> dict[str, list[int]]:
+        """The kept answers for a failure report: {reply address: [port, ...]}."""
+        out: dict[str, list[int]] = {}
+        for address, port in list(self.ring):
+            out.setdefault(address, []).append(port)
+        return out
+
+
+def answered_ports(report: Any, address: str) -> frozenset:
+    """The ports of the process whose inbox is `address` that a failure report
+    (`Answered.report()`) says its actor answered: their answers are on their way."""
+    if not isinstance(report, dict):
+        return frozenset()
+    return frozenset(p for a, ports in report.items()
+                     if isinstance(a, str) and process_address(a) == address
+                     for p in ports if isinstance(p, int))
 
 
 class ThreadInbox:
