@@ -191,7 +191,7 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="64MiB,256MiB,1GiB")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--sweep", default="64KiB,256KiB,1MiB,4MiB,16MiB,64MiB",
+    ap.add_argument("--sweep", default="64KiB,256KiB,1MiB,2MiB,4MiB,16MiB,64MiB",
                     help="sizes of the CUDA IPC threshold sweep ('' to skip it)")
     args = ap.parse_args()
     if not torch.cuda.is_available():

@@ -245,7 +245,9 @@ _SETTINGS: tuple[Setting, ...] = (
        live=True),
     _s("gpu_count", "int", -1, "CUDA devices of this host as spawn_procs sees them for "
        "per_host={'gpus': N} (-1: ask NVML/nvidia-smi; 0: no GPUs).", live=True, minimum=-1),
-    _s("cuda_ipc_min_bytes", "int", 1 << 20, "Smallest CUDA tensor argument sent to a "
+    # 4 MiB: where CUDA IPC (about 1.7 ms to map, then ~34 GB/s) overtook staging through
+    # pinned host memory in bench_gpu.py's sweep on an H200 (docs/gpu.md)
+    _s("cuda_ipc_min_bytes", "int", 4 << 20, "Smallest CUDA tensor argument sent to a "
        "same-host proc by CUDA IPC (smaller ones are staged through pinned host memory).",
        live=True, minimum=0),
     Setting("rdma_session_token", "MONARCH_SESSION_TOKEN", "str", "", "Hex secret shared by "
