@@ -66,6 +66,12 @@ def _start_admin_endpoint(rt: object) -> None:
     register(serve(rt))
 
 
+def _debugging_spawn_env() -> dict:
+    from .debugging.proc_side import spawn_env
+
+    return spawn_env()
+
+
 def _tensor_activate(mesh: object) -> object:
     from .tensor import activate
 
@@ -88,6 +94,7 @@ _features.provide("rdma.read_ipc", _rdma_read_ipc)      # transport.cuda_tensors
 _features.provide("rdma.close_ipc", _rdma_close_ipc)    # transport.cuda_tensors
 _features.provide("debugging.install_in_controller", _install_debugger_in_controller)  # _core
 _features.provide("debugging.install_in_proc", _install_debugger_in_proc)  # proc.main
+_features.provide("debugging.spawn_env", _debugging_spawn_env)  # _meshes: spawn_procs
 _features.provide("admin.start", _start_admin_endpoint)  # _core, the first mesh
 _features.provide("tensor.activate", _tensor_activate)  # _meshes: ProcMesh.activate()
 _features.provide("tensor.rref", _tensor_rref)          # _meshes: endpoint.rref()

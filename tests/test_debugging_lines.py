@@ -3,6 +3,7 @@ through real procs, without a kernel: set live, reaching procs spawned later, an
 structured requests (stack, scopes, variables, evaluate), stepping, continuing, cleared;
 and no trace function in an actor while no breakpoint is set."""
 
+import json
 import sys
 import time
 
@@ -130,17 +131,33 @@ def test_line_breakpoint_stack_variables_evaluate_step(procs, reg):
 
 
 def test_breakpoint_reaches_procs_spawned_later(reg):
+    """Procs spawned after a breakpoint was set start with it armed: their first call
+    stops, every time (the table comes with the spawn, not after it)."""
     runtime.debugging.set_line_breakpoints(__file__, [LINE_A])
-    procs = this_host().spawn_procs(per_host={"procs": 2}, name="lateprocs")
-    m = procs.spawn("late", Lines)
-    fut = m.work.call(2)
-    sessions = wait_paused(reg, 2)
-    assert {s.mesh for s in sessions} == {"late"}
-    for s in sessions:
-        reg.release(s)
-    assert list(fut.get(10).values()) == [21, 21]
-    m.stop().get(10)
-    procs.stop().get(10)
+    for i in range(4):
+        procs = this_host().spawn_procs(per_host={"procs": 2}, name=f"lateprocs{i}")
+        m = procs.spawn(f"late{i}", Lines)
+        fut = m.work.call(2)
+        sessions = wait_paused(reg, 2)
+        assert {s.mesh for s in sessions} == {f"late{i}"}
+        for s in sessions:
+            reg.release(s)
+        assert list(fut.get(10).values()) == [21, 21]
+        m.stop().get(10)
+        procs.stop().get(10)
+
+
+def test_the_breakpoint_table_travels_with_a_spawn():
+    from runtime.debugging.proc_side import BREAKS_ENV, spawn_env
+
+    runtime.debugging.set_line_breakpoints(__file__, [])
+    assert spawn_env() == {}
+    runtime.debugging.set_line_breakpoints(__file__, [LINE_A])
+    try:
+        spec = json.loads(spawn_env()[BREAKS_ENV])
+        assert spec["table"] == {__file__: [LINE_A]}
+    finally:
+        runtime.debugging.set_line_breakpoints(__file__, [])
 
 
 class Failing(Actor):

@@ -129,10 +129,7 @@ def test_line_breakpoints_on_two_hosts(two_hosts):
     try:
         m = hosts.spawn_procs(per_host={"procs": 1}, name="mhlines").spawn("lined", ns["Lined"])
         dap = runtime.debugging.get_dap_client()
-        # a known race (docs/debugging.md): the table reaches a new proc by another path than
-        # its first call, which may run before it arrives
-        time.sleep(0.5)
-        fut = m.work.call(1)
+        fut = m.work.call(1)  # the first call stops: the table came with the spawn
         sessions = _wait_paused(reg, 2)
         assert [s.host for s in sessions] == cluster.nodes
         for s, node in zip(sessions, cluster.nodes):

@@ -13,6 +13,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from .. import _features
 from .._core import AgentRecord, ProcRecord, Runtime, get_runtime
 from ..config import TOKEN_ENV, config
 from ..errors import MeshStoppedError
@@ -177,6 +178,7 @@ class HostMesh(MeshTrait):
         n_inner = len(inner)
         any_local = any(not self._agents[hr].remote for hr in self._shape.global_ranks())
         gpu_env = _gpu_env_for(per_host, inner, env or {}, any_local)
+        debug_env = _features.call("debugging.spawn_env")  # breakpoints armed from the start
         for hi, hr in enumerate(self._shape.global_ranks()):
             agent = self._agents[hr]
             if agent.remote and not agent.alive:
@@ -187,7 +189,7 @@ class HostMesh(MeshTrait):
                 addr = f"ipc://{rt.rundir}/{proc_id}" if not agent.remote else ""
                 procs.append(ProcRecord(proc_id, rank, name, agent, addr, host=agent.host))
                 spec = {"proc_id": proc_id, "rank": rank, "mesh": name,
-                        "env": {**config.to_env(), **(env or {}), **binds[j]}}
+                        "env": {**config.to_env(), **debug_env, **(env or {}), **binds[j]}}
                 if n_inner > 1:  # the proc's host picks its intra-op threads from this
                     spec["env"][PROCS_PER_HOST] = str(n_inner)
                 if gpu_env is not None:  # one GPU per proc: decided here for this host

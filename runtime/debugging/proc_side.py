@@ -7,6 +7,7 @@ Kept free of `pdb` so procs start fast: `breakpoint()` imports the remote pdb
 from __future__ import annotations
 
 import itertools
+import json
 import linecache
 import logging
 import os
@@ -19,6 +20,22 @@ from ..transport.framing import Header
 from .protocol import FROM_ACTOR, header, op_of
 
 log = logging.getLogger("runtime.debugging")
+
+#: the line-breakpoint table and exception filters a proc starts with (JSON), set by its
+#: spawner: the table is armed before the proc's first call (a `getbreaks` answer comes by
+#: another path than that call, and could come after it)
+BREAKS_ENV = "MONARCH_DEBUG_BREAKS"
+
+
+def spawn_env() -> dict[str, str]:
+    """The environment that hands this process's breakpoint table to procs it spawns
+    (empty when no breakpoint or exception filter is set)."""
+    from . import breakpoints
+
+    t, exc = breakpoints.table(), breakpoints.exceptions()
+    if not t and not exc:
+        return {}
+    return {BREAKS_ENV: json.dumps({"table": t, "exc": exc})}
 
 
 class ProcDebugger:
@@ -256,6 +273,13 @@ def install(rt: Any) -> ProcDebugger:
     from . import breakpoints
 
     breakpoints.install_in_proc(_stop_at, _stop_on_error)
+    spec = os.environ.pop(BREAKS_ENV, "")
+    if spec:  # the table when the proc was spawned: armed before its first call can run
+        try:
+            e = json.loads(spec)
+            breakpoints.set_table(dict(e.get("table") or {}), list(e.get("exc") or []))
+        except (ValueError, TypeError, AttributeError):
+            log.warning("ignored a malformed %s", BREAKS_ENV)
     try:  # from this thread, before the proc's hello: the answer comes before any call
         _debugger.ask_breaks()
     except Exception:  # noqa: BLE001 - no owner reachable: no breakpoints
