@@ -67,7 +67,7 @@ def test_gather_mixes_runtime_futures_and_consumes_coroutine_ones():
     assert g.get(timeout=10) == [1, 2]
     assert pending.get() == 1  # a runtime future is only awaited, not consumed
     f = Future(coro=_value(1))
-    Future.gather(f)
+    assert Future.gather(f).get(timeout=10) == [1]
     with pytest.raises(ValueError, match="consumed by Future.gather"):
         f.get()
     ran = Future(coro=_value(1))
