@@ -733,19 +733,21 @@ def user_modules() -> list[str]:
     here = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
     keep |= {here + pkg + os.sep for pkg in ("runtime", "monarch_kernel", "monarch_widgets")}
     kept = tuple(keep)
-    try:
-        installed = set(importlib.metadata.packages_distributions())
-    except Exception:  # noqa: BLE001 - a broken distribution: the paths alone decide
-        installed = set()
-    installed |= set(sys.stdlib_module_names) if hasattr(sys, "stdlib_module_names") else set()
     out = []
     for name, mod in list(sys.modules.items()):
         f = getattr(mod, "__file__", None)
-        if name == "__main__" or not isinstance(f, str) or name.partition(".")[0] in installed \
-                or f.startswith(kept) or os.path.realpath(f).startswith(kept):
+        if name == "__main__" or not isinstance(f, str) or f.startswith(kept) or \
+                os.path.realpath(f).startswith(kept):
             continue
         out.append(name)
-    return out
+    if not out:
+        return out
+    try:  # reads every installed distribution's metadata (~0.1 s): only when needed
+        installed = set(importlib.metadata.packages_distributions())
+    except Exception:  # noqa: BLE001 - a broken distribution: the paths alone decide
+        installed = set()
+    installed |= set(getattr(sys, "stdlib_module_names", ()))
+    return [n for n in out if n.partition(".")[0] not in installed]
 
 
 def _cpu_list(text: str) -> set[int]:
