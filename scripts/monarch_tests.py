@@ -4,7 +4,8 @@
 
 DIR is your own Monarch checkout (or any directory holding its `python/tests`, or that
 `tests` folder itself). Each chosen file is copied into a temporary directory with its
-`monarch` imports rewritten by the table below (nothing else in it changes), run with
+`monarch` imports rewritten by the table below (also in the scripts it runs with `python -c`,
+f-strings included; nothing else in it changes), run with
 pytest one file at a time under a time limit, and counted: passed, failed, skipped (by the
 test itself) and out of scope. A test is out of scope when it reaches Monarch's internals
 (a name the rewrite cannot map: `monarch._src`, `_rust_bindings`, `monarch.tools`, ...),
