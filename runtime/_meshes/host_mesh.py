@@ -399,8 +399,8 @@ def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[
         raise PermissionError("attach_to_workers needs the cluster's key file (key_file= or "
                               f"MONARCH_KEY_FILE), or ca='{auth.TRUST_ALL}' for this user's")
     rt = get_runtime()
-    u = urlparse(addresses[0])
-    ip = "127.0.0.1" if u.scheme == "ipc" else _local_ip_for(u.hostname, u.port)
+    tcp = [urlparse(a) for a in addresses if a.startswith("tcp://")]  # ipc: this host
+    ip = _local_ip_for(tcp[0].hostname, tcp[0].port) if tcp else "127.0.0.1"
     my_addr = rt.enable_tcp(ip, keys)
     agents = []
     for a in addresses:
