@@ -89,8 +89,12 @@ class Agent:
             bound = self.loop.bind_extra(args.listen)
             self.tcp_address = getattr(args, "advertise", None) or bound
             # procs listen where controllers reach this host (loopback for an ipc worker)
-            self.listen_ip = ("127.0.0.1" if self.tcp_address.startswith("ipc://")
-                              else urlparse(self.tcp_address).hostname or "")
+            host = urlparse(self.tcp_address).hostname or ""
+            if self.tcp_address.startswith("ipc://"):
+                host = "127.0.0.1"
+            elif host and not host[0].isdigit() and ":" not in host:  # an advertised name
+                host = socket.gethostbyname(host)
+            self.listen_ip = host
         if args.address_file:
             tmp = args.address_file + ".tmp"
             with open(tmp, "w") as f:
