@@ -17,6 +17,7 @@ from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, Pr
                       active_mesh_names, as_endpoint, attach_to_workers,
                       get_or_spawn_controller, send, this_host, this_proc)
 from ._meshes.legacy import proc_mesh
+from .host.worker import run_worker_loop_forever
 from .shapes import Extent, Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
 from .supervision.health import ActorState
@@ -169,5 +170,5 @@ __all__ = [
     "configure", "configured", "context", "CreatorInstance", "current_actor_name",
     "current_rank", "current_runtime", "current_size",
     "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "shutdown_context",
-    "proc_mesh", "this_host", "this_proc", "unhandled_fault_hook",
+    "proc_mesh", "run_worker_loop_forever", "this_host", "this_proc", "unhandled_fault_hook",
 ]

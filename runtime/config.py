@@ -205,6 +205,10 @@ _SETTINGS: tuple[Setting, ...] = (
        "recent message.", live=True),
     _s("key_file", "path", None, "CurveZMQ cluster key file (mode 0600) for multi-host "
        "agents and attach_to_workers().", live=True),
+    _s("user_key_file", "path", None, "The per-user CurveZMQ key file that "
+       "`ca=\"trust_all_connections\"` uses (run_worker_loop_forever, attach_to_workers): "
+       "made on first use, mode 0600 in a 0700 directory (default "
+       "$XDG_CACHE_HOME/monarch/user.key, else ~/.cache/monarch/user.key).", live=True),
     _s("runtime_dir", "path", None, "The per-user runtime root: run directories, RDMA "
        "directories, admin connection files (default $XDG_RUNTIME_DIR/monarch, else "
        "<tmp>/monarch-<uid>).", live=True),

@@ -4,7 +4,8 @@
 
 DIR is your own Monarch checkout (or any directory holding its `python/tests`, or that
 `tests` folder itself). Each chosen file is copied into a temporary directory with its
-`monarch` imports rewritten by the table below (nothing else in it changes), run with
+`monarch` imports rewritten by the table below (also in the scripts it runs with `python -c`,
+f-strings included; nothing else in it changes), run with
 pytest one file at a time under a time limit, and counted: passed, failed, skipped (by the
 test itself) and out of scope. A test is out of scope when it reaches Monarch's internals
 (a name the rewrite cannot map: `monarch._src`, `_rust_bindings`, `monarch.tools`, ...),
@@ -19,6 +20,7 @@ import ast
 import importlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -180,8 +182,11 @@ def rewrite_imports(source: str, has_name: Callable[[str, str], bool] = _has_nam
 def _rewrite_scripts(source: str, has_name: Callable[[str, str], bool]) -> str:
     """Rewrite the imports of string constants that parse as scripts importing monarch."""
     edits = []
-    for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)
+    tree = ast.parse(source)
+    in_fstrings = {id(c) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr)
+                   for c in n.values}  # parts of an f-string: _rewrite_fstring_scripts
+    for node in ast.walk(tree):
+        if id(node) in in_fstrings or not (isinstance(node, ast.Constant) and isinstance(node.value, str)
                 and ("import monarch" in node.value or "from monarch" in node.value)):
             continue
         try:
@@ -198,6 +203,33 @@ def _rewrite_scripts(source: str, has_name: Callable[[str, str], bool]) -> str:
         b = sum(len(x.encode()) for x in lines[:l1 - 1]) + c1
         raw = "".join(lines).encode()
         lines = (raw[:a] + repr(text).encode() + raw[b:]).decode().splitlines(keepends=True)
+    return _rewrite_fstring_scripts("".join(lines), has_name)
+
+
+_FROM_IMPORT = re.compile(r"from (monarch(?:\.\w+)*) import (\w+(?:[ \t]*,[ \t]*\w+)*)")
+
+
+def _rewrite_fstring_scripts(source: str, has_name: Callable[[str, str], bool]) -> str:
+    """Rewrite `from monarch... import NAMES` inside f-strings (a `python -c` script built
+    with the address in it) when every name maps; one that would be stubbed is left as is."""
+    edits = []
+    for node in ast.walk(ast.parse(source)):
+        seg = ast.get_source_segment(source, node) if isinstance(node, ast.JoinedStr) else None
+        if not seg or "from monarch" not in seg:
+            continue
+
+        def sub(m: re.Match) -> str:
+            new, stubs = _rewrite_from(ast.parse(m.group(0)).body[0], has_name)
+            return m.group(0) if stubs else new[0]
+
+        edits.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset,
+                      _FROM_IMPORT.sub(sub, seg)))
+    lines = source.splitlines(keepends=True)
+    for l0, c0, l1, c1, text in sorted(edits, reverse=True):
+        a = sum(len(x.encode()) for x in lines[:l0 - 1]) + c0  # ast offsets count UTF-8 bytes
+        b = sum(len(x.encode()) for x in lines[:l1 - 1]) + c1
+        raw = "".join(lines).encode()
+        lines = (raw[:a] + text.encode() + raw[b:]).decode().splitlines(keepends=True)
     return "".join(lines)
 
 
@@ -387,7 +419,9 @@ def run_file(work: Path, name: str, timeout: float, per_test: int,
     tmp = work / "tmp"  # what the tests leave in their temporary folders goes with work
     tmp.mkdir(exist_ok=True)
     env = dict(os.environ, MONARCH_TESTS_RESULTS=str(results), MONARCH_TESTS_RUN=run_id,
-               PYTHONPATH=os.pathsep.join([str(work), str(REPO)]), TMPDIR=str(tmp))
+               PYTHONPATH=os.pathsep.join([str(work), str(REPO)]), TMPDIR=str(tmp),
+               # ca="trust_all_connections" makes this user's key: here, not in ~/.cache
+               MONARCH_USER_KEY_FILE=str(work / "user-key" / "user.key"))
     cmd = [sys.executable, "-m", "pytest", name, "-q", "-rfE", "-p", "no:randomly", "-p", "no:cacheprovider",
            "-c", "pytest.ini", f"--timeout={per_test}"]
     t0 = time.monotonic()

@@ -107,15 +107,12 @@ def test_bad_addresses_and_missing_keys(monkeypatch):
 
 def test_monarch_keywords_workers_and_ca(agents, monkeypatch):
     """Monarch's call form: `workers=` is the address list; `ca="trust_all_connections"`
-    (unauthenticated workers) is a deliberate PermissionError naming the alternative, and
-    TLS `ca=`/`private_key=` a ValueError, both before anything is dialed."""
+    (this user's key, tests/test_trust_all_connections.py) with a key file too is a
+    ValueError, and so is a TLS `ca=`/`private_key=`, both before anything is dialed."""
     key_file, started = agents
     monkeypatch.delenv("MONARCH_KEY_FILE", raising=False)
     addrs = [a for _, a in started]
-    with pytest.raises(PermissionError, match=r"(?s)ca='trust_all_connections'\) is not "
-                       r"supported.*authenticates.*--key-file KEY.*attach_to_workers\(workers="):
-        attach_to_workers(ca="trust_all_connections", workers=addrs)
-    with pytest.raises(PermissionError, match="trust_all_connections"):
+    with pytest.raises(ValueError, match="key_file= or ca='trust_all_connections'.*not both"):
         attach_to_workers(workers=addrs, key_file=key_file, ca="trust_all_connections")
     with pytest.raises(ValueError, match="TLS certificates are not used here.*key file"):
         attach_to_workers(workers=addrs, key_file=key_file, ca=b"-----BEGIN CERTIFICATE")

@@ -115,3 +115,16 @@ def test_scripts_in_strings_are_rewritten_too():
     assert ns["W"] == ("from _monarch_harness import _OutOfScope; import runtime as _runtime, types as _types; "
                        "monarch = _types.SimpleNamespace(actor=_runtime)\nfrom runtime import Actor; "
                        "Nope = _OutOfScope('monarch.actor.Nope')\nprint(1)\n")
+
+
+def test_imports_in_fstring_scripts_are_rewritten_when_every_name_maps():
+    """Monarch starts workers with `python -c f"...from monarch.actor import X; X({addr})"`:
+    the import is rewritten inside the f-string; one with a stubbed name is left as is."""
+    src = ('a = 1\nW = ("import sys; from monarch.actor import Actor; "\n'
+           '     f"Actor({a!r})")\nV = f"from monarch.actor import Nope; {a}"\n')
+    out, stubs = mt.rewrite_imports(src, has)
+    assert stubs == {}
+    ns: dict = {}
+    exec(compile(out, "x.py", "exec"), ns)
+    assert ns["W"] == "import sys; from runtime import Actor; Actor(1)"
+    assert ns["V"] == "from monarch.actor import Nope; 1"

@@ -73,7 +73,7 @@ class Messenger:
         self.loop.peer_keys.pop(addr, None)
 
     def token_for(self, addr: str) -> bytes:
-        if addr.startswith("tcp://"):
+        if addr.startswith("tcp://") or addr in self.loop.peer_keys:  # an ipc worker too
             keys = self.loop.peer_keys.get(addr, self.keys)
             if keys is not None:
                 return auth.cluster_token(keys)
@@ -81,7 +81,7 @@ class Messenger:
 
     def reply_address_for(self, target_addr: str) -> str:
         """The address of this process that a peer at `target_addr` can reach."""
-        if target_addr.startswith("tcp://"):
+        if target_addr.startswith("tcp://") or target_addr in self.loop.peer_keys:
             keys = self.loop.peer_keys.get(target_addr, self.keys)
             if keys is not None and keys.public in self._tcp_by_key:
                 return self._tcp_by_key[keys.public]

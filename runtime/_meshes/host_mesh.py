@@ -355,36 +355,34 @@ def _local_ip_for(host: str, port: int) -> str:
         s.close()
 
 
-_NO_UNAUTHENTICATED = (
-    "attach_to_workers(ca='trust_all_connections') is not supported: a host agent runs "
-    "whatever code its controller sends, so every agent here authenticates its controller "
-    "with the cluster's CurveZMQ key and nothing listens off loopback without one. Start "
-    "each worker with `python -m runtime.host --listen tcp://HOST:PORT --key-file KEY` "
-    "and call attach_to_workers(workers=[...], key_file=KEY) (or set MONARCH_KEY_FILE)")
+def _worker_address(a: Any) -> str:
+    """A worker's address as dialled: a Future is resolved, an alias gives its dial_to."""
+    from ..host.worker import split_address
 
-
-def _check_monarch_tls(ca: Any, private_key: Any) -> None:
-    """Monarch's `ca=`/`private_key=` arguments: refused, naming what to use instead."""
-    if isinstance(ca, str) and ca == "trust_all_connections":
-        raise PermissionError(_NO_UNAUTHENTICATED)
-    if ca is not None or private_key is not None:
-        raise ValueError("attach_to_workers(ca=..., private_key=...): TLS certificates are not "
-                         "used here; agents and controllers authenticate with the cluster's "
-                         "CurveZMQ key file (key_file= or MONARCH_KEY_FILE)")
+    if not isinstance(a, str) and callable(getattr(a, "get", None)):
+        a = a.get()
+    if not isinstance(a, str):
+        raise TypeError(f"worker address {a!r}: expected a str or a Future of one")
+    listen, dial = split_address(a)
+    return dial or listen
 
 
 def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[str] = None,
                       timeout: float = 30.0, name: Optional[str] = "hosts", *,
                       workers: Optional[list[str]] = None, ca: Any = None,
                       private_key: Any = None) -> HostMesh:
-    """Attach to host agents started with `python -m runtime.host --listen tcp://...`;
-    returns a HostMesh with dimension `hosts` (CurveZMQ-authenticated and encrypted).
-    `workers=` is Monarch's name for `addresses`; its `ca=`/`private_key=` are refused."""
+    """Attach to host agents started with `python -m runtime.host --listen tcp://...` or
+    `run_worker_loop_forever`; returns a HostMesh with dimension `hosts` (CurveZMQ on TCP;
+    every message carries the key's token). `workers=` is Monarch's name for `addresses`
+    (strings or Futures of strings; `dial_to@bind_to` dials `dial_to`); Monarch's
+    `ca="trust_all_connections"` uses this user's key file (`auth.user_keys`)."""
     from urllib.parse import urlparse
 
+    from ..host.worker import worker_key_file
     from ..transport import auth
 
-    _check_monarch_tls(ca, private_key)
+    if ca is not None or private_key is not None:
+        key_file = worker_key_file(ca, private_key, key_file, "attach_to_workers")
     if workers is not None:
         if addresses is not None:
             raise TypeError("attach_to_workers: give addresses or workers=, not both")
@@ -392,17 +390,20 @@ def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[
     name = name or "hosts"
     if not addresses:
         raise ValueError("attach_to_workers needs at least one agent address")
+    addresses = [_worker_address(a) for a in addresses]
     for a in addresses:
         u = urlparse(a)
-        if u.scheme != "tcp" or not u.hostname or not u.port:
-            raise ValueError(f"agent address {a!r} is not of the form tcp://HOST:PORT")
+        if not (a.startswith("ipc://") or (u.scheme == "tcp" and u.hostname and u.port)):
+            raise ValueError(f"agent address {a!r} is not of the form tcp://HOST:PORT "
+                             "(or ipc://PATH)")
     keys = auth.read_key_file(key_file) if key_file else auth.keys_from_env()
     if keys is None:
         raise PermissionError("attach_to_workers needs the cluster's key file (key_file= or "
-                              "MONARCH_KEY_FILE)")
+                              f"MONARCH_KEY_FILE), or ca='{auth.TRUST_ALL}' for this user's")
     rt = get_runtime()
-    u = urlparse(addresses[0])
-    my_addr = rt.enable_tcp(_local_ip_for(u.hostname, u.port), keys)
+    tcp = [urlparse(a) for a in addresses if a.startswith("tcp://")]  # ipc: this host
+    ip = _local_ip_for(tcp[0].hostname, tcp[0].port) if tcp else "127.0.0.1"
+    my_addr = rt.enable_tcp(ip, keys)
     agents = []
     for a in addresses:
         rt.add_peer(a, keys)
@@ -421,7 +422,11 @@ def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[
                     a.alive = False
 
             rt.state.change(give_up)
-            raise TimeoutError(f"no answer within {timeout:g} s from host agents {missing}")
+            raise TimeoutError(
+                f"no answer within {timeout:g} s from host agents {missing}: each must be "
+                "running (run_worker_loop_forever, or python -m runtime.host --listen) with "
+                f"the key of {key_file or config.key_file}; an agent holding another key "
+                "refuses the connection")
         time.sleep(0.01)
 
     def seen() -> None:

@@ -2,7 +2,9 @@
 
 `python -m runtime.host --owner ADDR --token HEX --rundir DIR` is started by a controller
 for its local host; `python -m runtime.host --listen tcp://ADDR:PORT --key-file F` serves a
-host for controllers that attach over the network (CurveZMQ).
+host for controllers that attach over the network (CurveZMQ). `run_worker_loop_forever(address,
+ca="trust_all_connections")` (Monarch's name, in `worker`) runs the latter in-process with
+this user's key file.
 
 At start the agent forks a single-threaded *zygote* (`zygote`) with the runtime already
 imported; procs are forked from it, which makes spawning fast. The agent (`agent`) holds the
@@ -36,6 +38,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--listen", help="also listen on tcp://ADDR:PORT (CurveZMQ required "
                                     "unless loopback)")
     p.add_argument("--key-file", help="CurveZMQ key file (mode 600); default MONARCH_KEY_FILE")
+    p.add_argument("--advertise", help="the address controllers dial, when it differs from "
+                                       "--listen (e.g. listening on 0.0.0.0)")
+    p.add_argument("--exit-on-shutdown", action="store_true",
+                   help="exit when the attached controller shuts the host mesh down "
+                        "(run_worker_loop_forever); by default only its procs end")
     p.add_argument("--address-file", help="write the bound address here (JSON)")
     p.add_argument("--parent-pid", type=int, default=0,
                    help="exit when this parent process dies")

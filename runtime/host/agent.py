@@ -84,10 +84,17 @@ class Agent:
         self.tcp_address = ""
         self.listen_ip = ""
         if args.listen:
-            self.tcp_address = self.loop.bind_extra(args.listen)
             from urllib.parse import urlparse
 
-            self.listen_ip = urlparse(self.tcp_address).hostname or ""
+            bound = self.loop.bind_extra(args.listen)
+            self.tcp_address = getattr(args, "advertise", None) or bound
+            # procs listen where controllers reach this host (loopback for an ipc worker)
+            host = urlparse(self.tcp_address).hostname or ""
+            if self.tcp_address.startswith("ipc://"):
+                host = "127.0.0.1"
+            elif host and not host[0].isdigit() and ":" not in host:  # an advertised name
+                host = socket.gethostbyname(host)
+            self.listen_ip = host
         if args.address_file:
             tmp = args.address_file + ".tmp"
             with open(tmp, "w") as f:
@@ -152,7 +159,7 @@ class Agent:
                     pass
 
     def _on_stop(self, h: Header, body: Any, buffers: list) -> None:
-        if self.args.listen:
+        if self.args.listen and not getattr(self.args, "exit_on_shutdown", False):
             self._kill_procs("the controller detached")
             self.owner = ""
         else:

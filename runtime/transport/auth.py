@@ -2,7 +2,9 @@
 
 Local meshes use ipc sockets in a directory only the user can read, plus a random session
 token in every message. Anything on TCP uses CurveZMQ with a keypair stored in a file of
-mode 0600 (or in MONARCH_KEY_FILE); only peers holding that keypair are accepted.
+mode 0600 (or in MONARCH_KEY_FILE); only peers holding that keypair are accepted. Monarch's
+`ca="trust_all_connections"` uses the per-user key file (`user_keys`): every process of this
+user that can read it is trusted, other users are not.
 """
 
 from __future__ import annotations
@@ -95,6 +97,56 @@ def keys_from_env() -> Optional[CurveKeys]:
     if path:
         return read_key_file(path)
     return None
+
+
+TRUST_ALL = "trust_all_connections"  # Monarch's `ca=` value: mapped to the user's key
+
+
+def user_key_path() -> str:
+    """Where this user's key file is (config.user_key_file, else the user's cache dir)."""
+    if config.user_key_file:
+        return os.path.abspath(os.path.expanduser(str(config.user_key_file)))
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "monarch", "user.key")
+
+
+def _check_private(path: str, st: os.stat_result, what: str, kind: int) -> None:
+    """Refuse a key file or its directory that is not this user's and private."""
+    uid, is_dir = os.getuid(), kind == stat.S_IFDIR
+    if stat.S_IFMT(st.st_mode) != kind:
+        raise PermissionError(f"{what} {path} is not a {'directory' if is_dir else 'regular file'}"
+                              " (a link or other file): refusing to trust it")
+    if st.st_uid != uid:
+        raise PermissionError(f"{what} {path} belongs to uid {st.st_uid}, not to this user "
+                              f"(uid {uid}): refusing to trust it")
+    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise PermissionError(f"{what} {path} has mode {oct(st.st_mode & 0o777)}, so other "
+                              f"users can reach it; chmod {'700' if is_dir else '600'} it")
+
+
+def user_keys() -> tuple[str, CurveKeys]:
+    """This user's key file and its keys, made on first use (mode 0600 in a 0700 directory):
+    `ca="trust_all_connections"` trusts every process that can read it, so it is refused
+    (PermissionError naming the path) unless it and its directory are private to this user."""
+    path = user_key_path()
+    d = os.path.dirname(path)
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    _check_private(d, os.lstat(d), "the user key directory", stat.S_IFDIR)
+    if not os.path.lexists(path):
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            write_key_file(tmp)
+            try:
+                os.link(tmp, path)  # atomic: concurrent first users agree on one key
+            except FileExistsError:
+                pass
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    _check_private(path, os.lstat(path), "the user key file", stat.S_IFREG)
+    return path, read_key_file(path)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

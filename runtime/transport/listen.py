@@ -33,6 +33,26 @@ def is_loopback_address(addr: str) -> bool:
         return False
 
 
+def _adopt_fd(sock: zmq.Socket, addr: str) -> str:
+    """`tcp://HOST:fdN` (Monarch's form): listen on the inherited bound socket N; returns
+    the address zmq binds (its real port)."""
+    import re
+    import socket
+
+    m = re.fullmatch(r"tcp://(.+):fd(\d+)", addr)
+    if m is None:
+        return addr
+    fd = int(m.group(2))
+    s = socket.socket(fileno=fd)
+    try:
+        host, port = s.getsockname()[:2]
+        s.listen(128)
+    finally:
+        s.detach()  # zmq owns the descriptor now
+    sock.setsockopt(zmq.USE_FD, fd)
+    return f"tcp://{m.group(1)}:{port}"
+
+
 class Listener:
     """Prepares PULL sockets to listen, and authenticates CurveZMQ peers."""
 
@@ -60,6 +80,7 @@ class Listener:
             sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes + (1 << 20))
         # a peer that does not finish the (CurveZMQ) handshake within 5 s is disconnected
         sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
+        addr = _adopt_fd(sock, addr)
         sock.bind(addr)
         return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
 
