@@ -313,7 +313,7 @@ class ActorInstance:
             cause = f"{name}() raised {type(e).__name__}: {e}"
             kind = "Exception" if isinstance(e, Exception) else "BaseException"
             self._fail(cause, tb, call=f"Actor call {self.name}.{name} failed with {kind}")
-            if h.port:
+            if h.port and not self.answered.has(h.reply, h.port):  # else its answer counts
                 self._reply_error(h, _endpoints.failed_reply(self, cause))
             return
         err = ActorError(f"{type(e).__name__}: {e}", remote_traceback=tb,

@@ -46,7 +46,8 @@ def test_every_monarch_variable_in_the_code_is_declared():
     declared = {s.env for s in SETTINGS.values()} | {TOKEN_ENV}
     # a stdout tag, a script var, the root controller's address handed to procs
     not_settings = {"MONARCH_AGENT_ADDRESS", "MONARCH_JOB_DIR", "MONARCH_ROOT_CONTROLLER",
-                    "MONARCH_PROC_BIND", "MONARCH_PROC_BOOTSTRAP"}  # spawn_procs hand-offs
+                    "MONARCH_PROC_BIND", "MONARCH_PROC_BOOTSTRAP",  # spawn_procs hand-offs
+                    "MONARCH_DEBUG_BREAKS"}  # the breakpoint table a spawn hands to its procs
     found = set()
     for pkg in ("runtime", "monarch_kernel", "monarch_widgets"):
         for f in (ROOT / pkg).rglob("*.py"):

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import runtime
-from runtime import Actor, SupervisionError, endpoint, this_host
+from runtime import Actor, SupervisionError, concurrent_endpoint, endpoint, this_host
 
 from _actors import Ledger
 from _threads import run_in_threads
@@ -240,3 +240,26 @@ def test_one_rank_answers_then_fails_the_other_answers(procs):
         states = [a.state.value for h in rt.health.snapshot() if h.name == name
                   for a in h.actors]
         assert states[0] == "failed", states
+
+
+class PortAnswerThenRaise(Actor):
+    @concurrent_endpoint(explicit_response_port=True)
+    async def answer(self, port: "Port[bytes]", n: int) -> None:
+        port.send(b"x" * n)
+        raise ValueError("raised after answering")
+
+
+@pytest.mark.parametrize("where", ["proc", "controller"])
+def test_an_explicit_port_answer_still_counts_when_its_endpoint_then_raises(procs, where,
+                                                                           monkeypatch):
+    """An explicit-port endpoint that answers and then raises fails its actor (Monarch);
+    its answer, still on its way to the caller's inbox, counts: no error reply for a call
+    already answered overtakes it."""
+    monkeypatch.setattr(runtime, "unhandled_fault_hook", lambda failure: None)
+    n = 64 << 20
+    for i in range(3):
+        host = procs.slice(procs=0) if where == "proc" else runtime.this_proc()
+        m = host.spawn(f"portraise{i}{where}", PortAnswerThenRaise)
+        assert len(m.answer.call_one(n).get(timeout=60)) == n
+        with pytest.raises(SupervisionError, match="raised after answering"):
+            m.answer.call_one(n).get(timeout=60)

@@ -80,6 +80,10 @@ class Answered:
         if port and address[:6] == "ipc://" and process_address(address) != address:
             self.ring.append((address, port))
 
+    def has(self, address: str, port: int) -> bool:
+        """Whether the answer for `port` to `address` is among the kept ones."""
+        return (address, port) in list(self.ring)
+
     def report(self) -> dict[str, list[int]]:
         """The kept answers for a failure report: {reply address: [port, ...]}."""
         out: dict[str, list[int]] = {}
