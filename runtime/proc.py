@@ -217,6 +217,8 @@ class ActorInstance:
                                      actor=self.actor_id, extra=_reply_extra(h)), body, buffers)
 
     def _reply_error(self, h: Header, exc: BaseException) -> None:
+        if self.answered.has(h.reply, h.port):  # answered through its port: that counts
+            return  # (an error reply, by another socket, could overtake the answer)
         try:
             body, bufs = dumps(exc)
         except Exception:
@@ -313,7 +315,7 @@ class ActorInstance:
             cause = f"{name}() raised {type(e).__name__}: {e}"
             kind = "Exception" if isinstance(e, Exception) else "BaseException"
             self._fail(cause, tb, call=f"Actor call {self.name}.{name} failed with {kind}")
-            if h.port and not self.answered.has(h.reply, h.port):  # else its answer counts
+            if h.port:
                 self._reply_error(h, _endpoints.failed_reply(self, cause))
             return
         err = ActorError(f"{type(e).__name__}: {e}", remote_traceback=tb,
