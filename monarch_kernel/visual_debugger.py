@@ -35,6 +35,14 @@ def _reply(message: dict, body: Any = None, success: bool = True, error: str = "
     return r
 
 
+def _with_panel_refs(r: Any, s: Any, items: list) -> list:
+    """Scopes or variables of a paused rank with their `variablesReference` mapped to ids the
+    panel can send back (remote_ranks.RemoteRanks)."""
+    for item in items:
+        item["variablesReference"] = r.new_ref(s, item["variablesReference"])
+    return items
+
+
 def _on_control_loop(fn: Callable[[], None]) -> None:
     """Run `fn` on the kernel's control thread (events then leave where replies do)."""
     try:
@@ -187,15 +195,11 @@ class MonarchDebugger(Debugger):
         if cmd == "scopes":
             s, index = r.frame_of(args["frameId"])
             scopes = dap.request(s, "scopes", {"frame": index})["scopes"]
-            for sc in scopes:
-                sc["variablesReference"] = r.new_ref(s, sc["variablesReference"])
-            return {"scopes": scopes}
+            return {"scopes": _with_panel_refs(r, s, scopes)}
         if cmd == "variables":
             s, ref = r.ref_of(args["variablesReference"])
             vs = dap.request(s, "variables", {"ref": ref})["variables"]
-            for v in vs:
-                v["variablesReference"] = r.new_ref(s, v["variablesReference"])
-            return {"variables": vs}
+            return {"variables": _with_panel_refs(r, s, vs)}
         if cmd == "evaluate":
             s, index = r.frame_of(args["frameId"])
             ev = dap.request(s, "evaluate", {"frame": index,

@@ -207,12 +207,18 @@ def test_a_large_answer_still_counts_when_the_failure_report_overtakes_it(procs,
     """A large answer is still on its way to the caller's inbox when the small failure
     report (sent after it, to another socket) is handled: the report names the calls its
     actor answered, and the caller waits for those answers instead of failing them."""
+    _large_answer_then_failure(procs, where, "abortlarge", AbortingLarge, "done here")
+
+
+def _large_answer_then_failure(procs, where: str, prefix: str, cls: type, match: str) -> None:
+    """Three times: a fresh actor of `cls` (in a proc or in this controller) answers 64 MiB
+    from `answer_then_abort` and fails; the answer counts, the next call raises `match`."""
     n = 64 << 20
     for i in range(3):
         host = procs.slice(procs=0) if where == "proc" else runtime.this_proc()
-        m = host.spawn(f"abortlarge{i}{where}", AbortingLarge)
+        m = host.spawn(f"{prefix}{i}{where}", cls)
         assert len(m.answer_then_abort.call_one(n).get(timeout=60)) == n
-        with pytest.raises(SupervisionError, match="done here"):
+        with pytest.raises(SupervisionError, match=match):
             m.answer_then_abort.call_one(n).get(timeout=60)
 
 
@@ -244,7 +250,7 @@ def test_one_rank_answers_then_fails_the_other_answers(procs):
 
 class PortAnswerThenRaise(Actor):
     @concurrent_endpoint(explicit_response_port=True)
-    async def answer(self, port: "Port[bytes]", n: int) -> None:
+    async def answer_then_abort(self, port: "Port[bytes]", n: int) -> None:
         port.send(b"x" * n)
         raise ValueError("raised after answering")
 
@@ -256,10 +262,5 @@ def test_an_explicit_port_answer_still_counts_when_its_endpoint_then_raises(proc
     its answer, still on its way to the caller's inbox, counts: no error reply for a call
     already answered overtakes it."""
     monkeypatch.setattr(runtime, "unhandled_fault_hook", lambda failure: None)
-    n = 64 << 20
-    for i in range(3):
-        host = procs.slice(procs=0) if where == "proc" else runtime.this_proc()
-        m = host.spawn(f"portraise{i}{where}", PortAnswerThenRaise)
-        assert len(m.answer.call_one(n).get(timeout=60)) == n
-        with pytest.raises(SupervisionError, match="raised after answering"):
-            m.answer.call_one(n).get(timeout=60)
+    _large_answer_then_failure(procs, where, "portraise", PortAnswerThenRaise,
+                               "raised after answering")
