@@ -30,6 +30,24 @@ def remove_wait_hook(fn: Callable[["Future"], None]) -> None:
         _wait_hooks.remove(fn)
 
 
+#: Called by a thread about to wait on an unresolved future (`get()`, `await`): the
+#: transport sends what the thread holds of a burst of messages (runtime/transport/senders.py).
+_before_block: Optional[Callable[[], None]] = None
+
+
+def set_before_block(fn: Optional[Callable[[], None]]) -> None:
+    """Set the function a thread calls before it waits on a future (one per process)."""
+    global _before_block
+    _before_block = fn
+
+
+def clear_before_block(fn: Callable[[], None]) -> None:
+    """Unset the function set by `set_before_block`, if it is still `fn`."""
+    global _before_block
+    if _before_block == fn:
+        _before_block = None
+
+
 _guard = threading.Lock()
 
 
@@ -162,6 +180,8 @@ class Future(Generic[R]):
     def _wait(self, timeout: Optional[float]) -> None:
         if self._event.is_set():
             return
+        if _before_block is not None:
+            _before_block()
         inbox = self._inbox
         if inbox is not None and inbox.owner != threading.get_ident():
             inbox = None  # another thread's inbox: its owner or the I/O thread reads it
@@ -284,6 +304,8 @@ class Future(Generic[R]):
         if not self._event.is_set():
             import asyncio
 
+            if _before_block is not None:
+                _before_block()
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future = loop.create_future()
 

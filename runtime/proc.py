@@ -392,11 +392,13 @@ def _next_message(a: "ActorInstance", mailbox: Any) -> tuple:
     """The next message for actor `a`: from its mailbox, or, while that is empty, read
     from the proc's inbox by its own thread (runtime/transport/inbox.py, SharedInbox)."""
     shared = a.server.shared_inbox
+    before_block = a.rt.loop.before_block  # replies held of a burst go out before a wait
     while shared is not None and not shared.closing:
         try:
             return mailbox.get_nowait()
         except queue.Empty:
             pass
+        before_block()
         mailbox.on_put = shared.wake
         try:
             item = shared.read(lambda h, body, buffers: _route(a, h, body, buffers),
@@ -409,6 +411,10 @@ def _next_message(a: "ActorInstance", mailbox: Any) -> tuple:
             return mailbox.get(timeout=0.05)
         except queue.Empty:
             pass
+    try:
+        return mailbox.get_nowait()
+    except queue.Empty:
+        before_block()
     return mailbox.get()
 
 

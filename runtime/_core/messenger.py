@@ -20,6 +20,7 @@ class Messenger:
     def __init__(self, loop: IOLoop, proc_id: str, token: bytes,
                  keys: Optional[auth.CurveKeys]) -> None:
         self.loop = loop
+        loop.coalesce = config.coalesce_sends  # bursts of small messages go out as one
         self.proc_id = proc_id
         self.token = token
         self.keys = keys

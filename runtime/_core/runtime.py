@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -14,6 +15,7 @@ from typing import Any, Callable, Optional
 
 from .._process import hostname
 from ..config import config
+from .. import future
 from ..future import Future
 from ..supervision.health import HealthModel
 from ..transport import auth
@@ -58,6 +60,7 @@ class Runtime:
         keys = keys if keys is not None else auth.keys_from_env()
         self.loop = IOLoop(self.proc_id, self.token, self._dispatch, keys=keys,
                            max_message_bytes=config.max_message_bytes)
+        future.set_before_block(self.loop.before_block)  # a waiting thread sends what it holds
         self.messenger = Messenger(self.loop, self.proc_id, self.token, keys)
         self.messenger.address = self.loop.bind(f"ipc://{self.rundir}/{self.proc_id}")
         self.state = State(self.loop)
@@ -329,7 +332,6 @@ class Runtime:
                 except subprocess.TimeoutExpired:
                     pass
         self.loop.stop()
+        future.clear_before_block(self.loop.before_block)
         if self._own_rundir:
-            import shutil
-
             shutil.rmtree(self.rundir, ignore_errors=True)

@@ -198,3 +198,40 @@ def split_reply_batch(h: Header, body: Any, buffers: list) -> list[tuple[Header,
     if off != size or nb != nbufs:
         raise FrameError("reply batch sizes do not add up")
     return out
+
+
+# -- coalesced messages ------------------------------------------------------------------------
+#: The first bytes of a frame that carries several one-frame messages (a thread's burst to
+#: one address, sent as one: runtime/transport/coalesce.py). A message's head frame starts
+#: with a random session token, so a real message cannot start this way (2**-64).
+COALESCED = b"\x00MNBATCH"
+_LEN = struct.Struct("<I")
+
+
+def pack_coalesced(messages: Sequence[bytes]) -> bytes:
+    """One frame carrying `messages` (each a complete one-frame message), in order."""
+    parts = [COALESCED]
+    for m in messages:
+        parts.append(_LEN.pack(len(m)))
+        parts.append(m)
+    return b"".join(parts)
+
+
+def unpack_coalesced(frame: bytes) -> list[bytes]:
+    """The one-frame messages a coalesced frame carries, in order (pure logic; raises
+    FrameError when the lengths do not add up). Each is then parsed, and its token checked,
+    as if it had come alone."""
+    if frame[:len(COALESCED)] != COALESCED:
+        raise FrameError("not a coalesced frame")
+    out = []
+    off, size, n = len(COALESCED), len(frame), _LEN.size
+    while off < size:
+        if off + n > size:
+            raise FrameError("coalesced frame cut short")
+        (k,) = _LEN.unpack_from(frame, off)
+        off += n
+        if off + k > size:
+            raise FrameError("coalesced frame cut short")
+        out.append(frame[off:off + k])
+        off += k
+    return out

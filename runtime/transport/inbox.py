@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from . import framing
+from . import framing, receive
 
 log = logging.getLogger("runtime.transport")
 
@@ -51,6 +51,8 @@ _BURST = 64
 # plain ints: pyzmq's enum flags make `&` and option reads slow Python calls
 _EVENTS, _POLLIN, _RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
 _NOBLOCK = int(zmq.NOBLOCK)
+_COALESCED = receive.COALESCED
+_CLEN = receive.CLEN
 
 
 def process_address(reply_address: str) -> str:
@@ -202,6 +204,13 @@ class ThreadInbox:
             frames += sock.recv_multipart(flags=_NOBLOCK, copy=False)
         elif head == WAKE:
             return
+        elif head[:_CLEN] == _COALESCED:
+            for one in receive.unpack(self.hub.loop, head):
+                self._deliver([one])
+            return
+        self._deliver(frames)
+
+    def _deliver(self, frames: list) -> None:
         try:
             header, body, buffers = framing.parse(frames, self.hub.tokens)
         except framing.FrameError as e:
@@ -392,16 +401,14 @@ class SharedInbox:
             sock = self.sock
             while idle() and not self.closing:
                 try:
-                    got = self._take(sock.recv(), route)
+                    got = self._take(sock.recv(), route, keep)
                 except zmq.Again:
                     continue
                 if got is not None:
                     for _ in range(_BURST):
                         if not sock.getsockopt(_EVENTS) & _POLLIN:
                             break
-                        more = self._take(sock.recv(_NOBLOCK), route)
-                        if more is not None:
-                            keep(more)
+                        self._take(sock.recv(_NOBLOCK), route, keep, keep)
                     return got
             return None
         except zmq.ZMQError:
@@ -416,15 +423,35 @@ class SharedInbox:
             if left:
                 self.loop.call_soon(self._readable)
 
-    def _take(self, head: bytes, route: Callable[[framing.Header, Any, list], Any]) -> Any:
-        """Route one message whose first frame is `head` (lock held); a call to run here,
-        or None."""
+    def _take(self, head: bytes, route: Callable[[framing.Header, Any, list], Any],
+              keep: Callable[[Any], None], got: Optional[Callable[[Any], None]] = None) -> Any:
+        """Route the message whose first frame is `head` (lock held). A call to run here is
+        returned, or given to `got` when that is set; of a coalesced frame's messages, the
+        first such call is, and the next ones go to `keep`, in order."""
         sock = self.sock
         frames = [head]
         if sock.getsockopt(_RCVMORE):
             frames += sock.recv_multipart(flags=_NOBLOCK, copy=False)
         elif head == WAKE:
             return None
+        elif head[:_CLEN] == _COALESCED:
+            first = None
+            for one in receive.unpack(self.loop, head):
+                call = self._route_one([one], route)
+                if call is None:
+                    continue
+                if first is None and got is None:
+                    first = call
+                else:
+                    keep(call)
+            return first
+        call = self._route_one(frames, route)
+        if call is not None and got is not None:
+            got(call)
+            return None
+        return call
+
+    def _route_one(self, frames: list, route: Callable[[framing.Header, Any, list], Any]) -> Any:
         stats = self.loop.stats
         try:
             h, body, buffers = framing.parse(frames, self.loop.tokens)

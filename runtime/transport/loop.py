@@ -23,16 +23,14 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from . import framing
+from . import framing, receive
 from .auth import CurveKeys
 from .listen import Listener
+from .senders import ThreadSenders, send_frames
 
 log = logging.getLogger("runtime.transport")
 
 Handler = Callable[[framing.Header, Any, list], None]
-
-# plain ints: pyzmq's enum flags make `&` a slow Python call
-_EVENTS, _POLLIN, _RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.RCVMORE)
 
 
 class IOLoop:
@@ -58,6 +56,9 @@ class IOLoop:
         self._senders: "weakref.WeakSet[ThreadSenders]" = weakref.WeakSet()
         self._forgotten: collections.OrderedDict = collections.OrderedDict()
         self._forget_gen = 0
+        #: hold a thread's bursts of small messages to one address and send them as one
+        #: (runtime/transport/senders.py); set before threads send
+        self.coalesce = True
         self._calls: collections.deque = collections.deque()
         self._timers: list = []
         self._timer_seq = itertools.count()
@@ -122,12 +123,29 @@ class IOLoop:
             return
         senders = self._tls.__dict__.get("s")
         if senders is None:
-            senders = self._tls.s = ThreadSenders(self)
+            senders = self._tls.s = ThreadSenders(self, self.coalesce)
             self._senders.add(senders)
         senders.send(addr, frames)
 
+    def before_block(self) -> None:
+        """The calling thread is about to wait (or hand work to the loop): what it holds of
+        a burst of small messages goes out now (runtime/transport/senders.py)."""
+        senders = self._tls.__dict__.get("s")
+        if senders is not None:
+            senders.before_block()
+
     def call_soon(self, fn: Callable, *args: Any) -> None:
-        """Run `fn(*args)` on the loop thread (any thread)."""
+        """Run `fn(*args)` on the loop thread (any thread); what the calling thread holds
+        goes out first, so that what the loop sends for it follows."""
+        senders = self._tls.__dict__.get("s")
+        if senders is not None:
+            senders.before_block()
+        self._calls.append((fn, args))
+        if self._sleeping:
+            self._wake()
+
+    def _schedule(self, fn: Callable, *args: Any) -> None:
+        """`call_soon` without the flush (a sender arming its own late flush)."""
         self._calls.append((fn, args))
         if self._sleeping:
             self._wake()
@@ -219,34 +237,14 @@ class IOLoop:
         try:
             if s is None:
                 s = self._out[addr] = self.new_push_socket(addr)
-            _send_frames(s, frames)
+            send_frames(s, frames)
             self.stats.loop_sent += 1
         except zmq.ZMQError as e:
             log.warning("send to %s failed: %s", addr, e)
 
     def drain_inbox(self, sock: zmq.Socket) -> None:
         """Receive and dispatch what waits in `sock` (loop thread)."""
-        for i in range(1000):
-            # most wake-ups bring one message: ask zmq once (half the cost of zmq.Again)
-            if i == 1 and not sock.getsockopt(_EVENTS) & _POLLIN:
-                return
-            frames = _receive(sock)
-            if frames is None:
-                return
-            try:
-                header, body, buffers = framing.parse(frames, self.tokens)
-            except framing.FrameError as e:
-                if frames == [b""]:  # a reply inbox's wake-up (transport.inbox.WAKE)
-                    continue
-                self.stats.dropped += 1
-                log.warning("%s: dropped a message that is not from this session (%s): %s",
-                            self.name, e, framing.summarize(frames))
-                continue
-            self.stats.received += 1
-            try:
-                self.on_message(header, body, buffers)
-            except Exception:
-                log.exception("%s: handler failed for message kind %s", self.name, header.kind)
+        receive.drain(self, sock)
 
     def _run_calls(self) -> None:
         calls = self._calls
@@ -347,27 +345,6 @@ def _push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.
     return s
 
 
-def _receive(sock: zmq.Socket) -> Optional[list]:
-    """One message's frames, or None when none waits: the head frame copied (small: faster
-    as bytes), the body and buffers without a copy."""
-    try:
-        frames = [sock.recv(zmq.NOBLOCK)]
-    except zmq.Again:
-        return None
-    if sock.getsockopt(_RCVMORE):
-        frames += sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-    return frames
-
-
-def _send_frames(s: zmq.Socket, frames: list) -> None:
-    """Send a frame list without blocking: a lone head frame copied (cheapest for small
-    messages), bodies and buffers without a copy."""
-    if len(frames) == 1:
-        s.send(frames[0], zmq.NOBLOCK)
-    else:
-        s.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
-
-
 def _remember_forgotten(forgotten: collections.OrderedDict, addr: str, gen: int,
                         senders: "weakref.WeakSet[ThreadSenders]") -> None:
     """Record `addr` as forgotten at generation `gen`, and keep only the addresses some
@@ -383,51 +360,6 @@ def _remember_forgotten(forgotten: collections.OrderedDict, addr: str, gen: int,
         del forgotten[a]
     while len(forgotten) > 4096:
         forgotten.popitem(last=False)
-
-
-class ThreadSenders:
-    """The send sockets one thread owns, one per peer address; closed when the thread ends
-    (its thread-local storage is dropped) or when the loop stops."""
-
-    __slots__ = ("loop", "socks", "gen", "sent", "__weakref__")
-
-    def __init__(self, loop: IOLoop) -> None:
-        self.loop = loop
-        self.socks: dict[str, zmq.Socket] = {}
-        self.gen = loop._forget_gen
-        self.sent = 0
-
-    def send(self, addr: str, frames: list) -> None:
-        loop = self.loop
-        gen = loop._forget_gen
-        if self.gen != gen:  # peers that died: drop their sockets
-            for a in [a for a in self.socks if a in loop._forgotten]:
-                self.socks.pop(a).close(linger=0)
-            self.gen = gen  # after the check: the loop then trims what every thread saw
-        s = self.socks.get(addr)
-        try:
-            if s is None:
-                s = self.socks[addr] = loop.new_push_socket(addr)
-            _send_frames(s, frames)
-            self.sent += 1
-        except zmq.ZMQError as e:
-            log.warning("send to %s failed: %s", addr, e)
-
-    def close(self, linger: int = 2000) -> None:
-        self.loop.stats.retired_sent += self.sent
-        self.sent = 0
-        socks, self.socks = self.socks, {}
-        for s in socks.values():
-            try:
-                s.close(linger=linger)
-            except zmq.ZMQError:
-                pass
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 class LoopStats:
