@@ -32,7 +32,7 @@ from .supervision import MeshFailure
 from .transport.framing import ERROR, OK, Header, Kind, extra_get
 from .transport.inbox import Answered, SharedInbox, process_address
 from .transport import bulk, cuda_tensors
-from .transport.serialization import dumps, loads
+from .transport.serialization import dumps, dumps_plain, loads
 
 log = logging.getLogger("runtime.proc")
 
@@ -252,7 +252,7 @@ class ActorInstance:
         ok = False
         result = None
         view = h.extra.get("view") if isinstance(h.extra, dict) else None
-        token = _message_view.set(Shape(*view) if view else None)
+        token = _message_view.set(_view_shape(view) if view else None)
         try:
             args, kwargs = self._load_arguments(body, buffers, ep)
             if ep.explicit_response_port:
@@ -625,6 +625,20 @@ class ProcServer:
         self.stopped.set()
 
 
+_last_view = threading.local()  # .got: (view, its Shape) of this actor thread's last call
+
+
+def _view_shape(view: list) -> Shape:
+    """The Shape of a call's view (`context().message_rank`): the last one again when the
+    view is the same (a caller's calls come through one view)."""
+    last = getattr(_last_view, "got", None)
+    if last is not None and last[0] == view:
+        return last[1]
+    shape = Shape(*view)
+    _last_view.got = (view, shape)
+    return shape
+
+
 def _reply_extra(h: Header) -> Optional[dict]:
     """What a reply echoes of its call's header: the batch id of a call whose replies a
     host agent gathers (runtime/host/gather.py), else nothing."""
@@ -662,6 +676,9 @@ def encode_result(actor: "ActorInstance", h: Header, name: str,
     """(body, buffers) of an endpoint's return value for the reply to `h`, or None after
     replying with why it cannot travel. Over the message limit, its large buffers stay on
     this proc's data plane for the caller (runtime/transport/bulk.py)."""
+    plain = dumps_plain(result)  # plain data: no buffers, no CUDA tensors to see to
+    if plain is not None and len(plain) <= config.max_message_bytes:
+        return plain, ()
     caller = h.reply if h.extra is None else extra_get(h, "caller", h.reply)
     keep: Optional[list] = [] if str(caller).startswith("ipc://") else None  # same host
     try:

@@ -8,6 +8,7 @@ into futures.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import threading
@@ -22,7 +23,7 @@ from ..future import Future, when_all
 from ..shapes import Shape
 from ..transport.framing import ERROR, Header, Kind
 from ..transport import bulk, cuda_tensors
-from ..transport.serialization import dumps, loads, swap_held
+from ..transport.serialization import dumps, dumps_plain, loads, swap_held
 from ..value_mesh import ValueMesh
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ class EndpointRef:
         self._name = name
         self._sig = signature
         self._extra = extra  # {"as": "call"|"port"} for as_endpoint() of a plain method
+        self._targets: Optional[tuple] = None  # (targets, proc ids) once all are known
 
     def __repr__(self) -> str:
         return f"<endpoint {self._mesh._rec.cls_name}.{self._name} of {self._mesh!r}>"
@@ -128,8 +130,33 @@ class EndpointRef:
             held.extend(mine)
         return body, bufs
 
+    def _encode_plain(self, args: tuple, kwargs: dict) -> Optional[bytes]:
+        """The pickled arguments when they are plain data that fits the signature (no
+        buffers, CUDA tensors or size limit to see to), else None: `_encode` then."""
+        if self._sig is not None and not _fast_arity_ok(self._sig, args, kwargs):
+            return None
+        if not args and not kwargs:
+            return _NO_ARGUMENTS
+        body = dumps_plain((args, kwargs))
+        if body is None or len(body) > config.max_message_bytes:
+            return None
+        return body
+
     def _ranks(self) -> list[int]:
         return self._mesh._ranks()
+
+    def _where(self, ranks: list[int]) -> tuple[list, list]:
+        """(targets, proc ids) of `ranks`: (address, route) and proc id per rank; kept once
+        every proc has an address (it does not change after)."""
+        got = self._targets
+        if got is not None and ranks is self._mesh._ranks():
+            return got
+        rec = self._mesh._rec
+        targets = [rec.target(r) for r in ranks]
+        got = (targets, [rec.proc_ids[r] for r in ranks])
+        if ranks is self._mesh._ranks() and all(t[0] for t in targets):
+            self._targets = got
+        return got
 
     def _call_extra(self) -> Optional[dict]:
         """A CALL header's extra: the slice this view is (for message_rank) and how a
@@ -161,6 +188,9 @@ class EndpointRef:
         """Call every actor of the mesh; a Future of a ValueMesh of their results."""
         ranks = self._ranks()
         self._check_usable(ranks)
+        body = self._encode_plain(args, kwargs)
+        if body is not None:  # plain data: nothing to keep alive or release
+            return self._start(ranks, "call", body, [])
         keep, held = self._ipc_keep(ranks), []
         fut = self._start(ranks, "call", *self._encode(args, kwargs, keep, held))
         return _releasing(fut, (keep or []) + held)
@@ -174,6 +204,9 @@ class EndpointRef:
                 f"{len(ranks)} ({self._mesh.sizes}); slice it first, e.g. .slice(...)"
             )
         self._check_usable(ranks)
+        body = self._encode_plain(args, kwargs)
+        if body is not None:  # plain data: nothing to keep alive or release
+            return self._start(ranks, "one", body, [], "call_one")
         keep, held = self._ipc_keep(ranks), []
         fut = self._start(ranks, "one", *self._encode(args, kwargs, keep, held), "call_one")
         return _releasing(fut, (keep or []) + held)
@@ -258,6 +291,8 @@ def _releasing(futs: Any, keep: Optional[list]) -> Any:
     return futs
 
 
+_NO_ARGUMENTS = dumps(((), {}))[0]
+
 #: how long call() waits for the other ranks after one rank's actor failed
 FAILED_RANKS_GRACE_S = 0.5
 
@@ -294,11 +329,12 @@ class _Collector:
         rt = self.rt
         rec = self.rec
         ranks = self.ranks
-        proc_ids = rec.proc_ids
-        self.port = port = rt.open_port(self.on_reply, self.on_fail,
-                                        [proc_ids[r] for r in ranks])
-        interrupt = self._interrupt if config.interrupt_remote else None
-        targets = [rec.target(r) for r in ranks]
+        targets, proc_ids = self.ep._where(ranks)
+        self.port = port = rt.open_port(self.on_reply, self.on_fail, proc_ids)
+        # not a method of this collector: the future would then hold it, and it the future,
+        # a reference cycle that only the garbage collector frees (per call)
+        interrupt = functools.partial(rt.interrupt, proc_ids, port) \
+            if config.interrupt_remote else None
         first = targets[0][0] or (targets[0][1] or ("",))[0]
         inbox = rt.reply_inbox(first)
         for f in self.futs:
@@ -322,9 +358,6 @@ class _Collector:
         ep = self.ep
         return self.mode == "call" and ep._name not in self.rec.explicit_ports and \
             (ep._extra or {}).get("as") != "port"
-
-    def _interrupt(self) -> None:
-        self.rt.interrupt([self.rec.proc_ids[r] for r in self.ranks], self.port)
 
     def _finish_rank(self, r: int) -> None:
         del self.remaining[r]

@@ -48,8 +48,9 @@ class Kind(enum.IntEnum):
     LOG_LEVEL = 40  # to a proc: the level its Actor.logger records print at (logging_option)
 
 
-class Header(msgspec.Struct, array_like=True, omit_defaults=False):
-    """The small, never-pickled part of every message."""
+class Header(msgspec.Struct, array_like=True, omit_defaults=False, gc=False):
+    """The small, never-pickled part of every message. Not tracked by the garbage collector
+    (one per message, never in a reference cycle: `extra` holds msgpack data only)."""
 
     kind: int
     src: str = ""  # sender's process id

@@ -115,6 +115,15 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
+def dumps_plain(obj: Any) -> Optional[bytes]:
+    """The pickle of `obj` when it is plain data (None, numbers, strings, bytes, and small
+    tuples, lists and dicts of them: no buffers, nothing pickled by reference), else None.
+    The same bytes `dumps` gives, for callers that skip its set-up for such data."""
+    if _is_simple(obj):
+        return pickle.dumps(obj, PROTOCOL)
+    return None
+
+
 def dumps(obj: Any, what: str = "value") -> tuple[bytes, list[pickle.PickleBuffer]]:
     """Pickle `obj`; returns the pickle bytes and its out-of-band buffers.
 
