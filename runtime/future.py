@@ -106,7 +106,7 @@ class Future(Generic[R]):
         self._event = _LazyEvent()
         self._value: Any = _PENDING
         self._exc: Optional[BaseException] = None
-        self._callbacks: list[Callable[["Future[R]"], None]] = []
+        self._callbacks: Optional[list[Callable[["Future[R]"], None]]] = None  # made on use
         self._on_interrupt: Optional[Callable[[], None]] = None
         self._label = label
         self._ports: tuple = ()  # reply ports of the call (the debugger matches sessions)
@@ -127,8 +127,8 @@ class Future(Generic[R]):
             else:
                 self._value = value
             self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for cb in callbacks:
+            callbacks, self._callbacks = self._callbacks, None
+        for cb in callbacks or ():
             try:
                 cb(self)
             except Exception:  # a callback's failure must not break the I/O thread
@@ -161,7 +161,10 @@ class Future(Generic[R]):
         """Call `fn(self)` once resolved (at once if already resolved), on the resolving thread."""
         with self._lock:
             if not self._event.is_set():
-                self._callbacks.append(fn)
+                if self._callbacks is None:
+                    self._callbacks = [fn]
+                else:
+                    self._callbacks.append(fn)
                 return
         fn(self)
 

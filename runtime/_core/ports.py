@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 from ..transport import framing
 from ..transport.framing import Header, Kind
@@ -23,12 +23,34 @@ Handler = Callable[[Header, Any, list], None]
 FailHandler = Callable[..., None]
 
 
+class Waiter(Protocol):
+    """What a port delivers to: `on_reply(header, body, buffers)` for each message,
+    `on_fail(exc, proc=, actor=)` (or None) if one of `procs` dies first."""
+
+    procs: frozenset
+    on_fail: Optional[FailHandler]
+
+    def on_reply(self, h: Header, body: Any, buffers: list) -> None: ...
+
+
+class _Entry:
+    """A port opened with a handler function (a Waiter made of its parts)."""
+
+    __slots__ = ("on_reply", "on_fail", "procs")
+
+    def __init__(self, handler: Handler, on_fail: Optional[FailHandler], procs: frozenset
+                 ) -> None:
+        self.on_reply = handler
+        self.on_fail = on_fail
+        self.procs = procs
+
+
 class Ports:
     """The open ports of one process."""
 
     def __init__(self) -> None:
         self._ids = itertools.count(1)
-        self._ports: dict[int, tuple[Handler, Optional[FailHandler], frozenset]] = {}
+        self._ports: dict[int, Waiter] = {}
         #: run by `settle()` (I/O thread): a proc hands the failures that reached it to
         #: their supervising actors
         self.before_resolve: Optional[Callable[[], None]] = None
@@ -39,13 +61,16 @@ class Ports:
         if self.before_resolve is not None:
             self.before_resolve()
 
-    def open(self, handler: Handler, on_fail: Optional[FailHandler] = None,
-             procs: Iterable[str] = ()) -> int:
-        """A new port id whose messages go to `handler(header, body, buffers)` (I/O thread);
-        `on_fail` is called if one of `procs` dies first."""
+    def open(self, handler: Any, on_fail: Optional[FailHandler] = None,
+             procs: Iterable[str] = ()) -> tuple[int, Waiter]:
+        """A new port id, and its Waiter: messages go to `handler(header, body, buffers)`
+        (I/O thread) and `on_fail` is called if one of `procs` dies first; or `handler` is
+        a Waiter itself (a call's collector: no handler objects made per call)."""
+        w = handler if hasattr(handler, "on_reply") else \
+            _Entry(handler, on_fail, frozenset(procs))
         pid = next(self._ids)
-        self._ports[pid] = (handler, on_fail, frozenset(procs))
-        return pid
+        self._ports[pid] = w
+        return pid, w
 
     def __len__(self) -> int:
         return len(self._ports)
@@ -57,7 +82,7 @@ class Ports:
         """Hand a REPLY or PORT_SEND to its port (I/O thread); unknown ports are ignored."""
         entry = self._ports.get(h.port)
         if entry is not None:
-            entry[0](h, body, buffers)
+            entry.on_reply(h, body, buffers)
 
     def deliver_batch(self, h: Header, body: Any, buffers: list) -> None:
         """Hand each reply of a REPLY_BATCH (a host agent's gathered replies) to its port."""
@@ -70,7 +95,7 @@ class Ports:
             log.warning("dropped a reply batch from %s: %s", h.src, e)
             return
         for rh, rbody, rbufs in replies:
-            entry[0](rh, rbody, rbufs)
+            entry.on_reply(rh, rbody, rbufs)
 
     def deliver_any(self, h: Header, body: Any, buffers: list) -> None:
         """A message in a thread's reply inbox (runtime/transport/inbox.py): only replies
@@ -86,13 +111,13 @@ class Ports:
     def fail(self, pid: int, exc: BaseException, proc: Optional[str] = None,
              actor: Optional[str] = None) -> None:
         entry = self._ports.get(pid)
-        if entry is not None and entry[1] is not None:
-            entry[1](exc, proc=proc, actor=actor)
+        if entry is not None and entry.on_fail is not None:
+            entry.on_fail(exc, proc=proc, actor=actor)
 
     def waiting_on(self, proc_id: str) -> list[int]:
         """Ports that wait for an answer from `proc_id`."""
-        return [pid for pid, (_, on_fail, procs) in list(self._ports.items())
-                if on_fail is not None and proc_id in procs]
+        return [pid for pid, w in list(self._ports.items())
+                if w.on_fail is not None and proc_id in w.procs]
 
     def fail_waiting(self, proc_id: str, exc: BaseException,
                      actor: Optional[str] = None) -> None:
@@ -103,7 +128,7 @@ class Ports:
     def waited_procs(self) -> set[str]:
         """Every proc some open port waits on."""
         out: set[str] = set()
-        for _, on_fail, procs in list(self._ports.values()):
-            if on_fail is not None:
-                out |= procs
+        for w in list(self._ports.values()):
+            if w.on_fail is not None:
+                out |= w.procs
         return out

@@ -138,13 +138,13 @@ class Runtime:
     def add_peer(self, addr: str, keys: auth.CurveKeys) -> None:
         self.messenger.add_peer(addr, keys)
 
-    def open_port(self, handler: Handler, on_fail: Optional[Callable[..., None]] = None,
+    def open_port(self, handler: Any, on_fail: Optional[Callable[..., None]] = None,
                   procs: Any = ()) -> int:
-        """A port for replies; `on_fail(exc, proc=, actor=)` if one of `procs` dies first.
-        A proc already dead fails the port at once (on the I/O thread)."""
-        pid = self.ports.open(handler, on_fail, procs)
-        dead = [p for p in procs if p in self.state.dead_procs]
-        if dead and on_fail is not None:
+        """A port for replies; `on_fail(exc, proc=, actor=)` if one of `procs` dies first
+        (or `handler` is a `ports.Waiter`). A proc already dead fails the port at once."""
+        pid, w = self.ports.open(handler, on_fail, procs)
+        dead = [p for p in w.procs if p in self.state.dead_procs]
+        if dead and w.on_fail is not None:
             from ..errors import SupervisionError
 
             exc = SupervisionError(self.failures.dead_message(dead[0]))

@@ -145,15 +145,15 @@ class EndpointRef:
     def _ranks(self) -> list[int]:
         return self._mesh._ranks()
 
-    def _where(self, ranks: list[int]) -> tuple[list, list]:
-        """(targets, proc ids) of `ranks`: (address, route) and proc id per rank; kept once
-        every proc has an address (it does not change after)."""
+    def _where(self, ranks: list[int]) -> tuple[list, frozenset]:
+        """(targets, proc ids) of `ranks`: (address, route) per rank, and their procs; kept
+        once every proc has an address (it does not change after)."""
         got = self._targets
         if got is not None and ranks is self._mesh._ranks():
             return got
         rec = self._mesh._rec
         targets = [rec.target(r) for r in ranks]
-        got = (targets, [rec.proc_ids[r] for r in ranks])
+        got = (targets, frozenset(rec.proc_ids[r] for r in ranks))
         if ranks is self._mesh._ranks() and all(t[0] for t in targets):
             self._targets = got
         return got
@@ -292,6 +292,7 @@ def _releasing(futs: Any, keep: Optional[list]) -> Any:
 
 
 _NO_ARGUMENTS = dumps(((), {}))[0]
+_NO_RANKS: frozenset = frozenset()
 
 #: how long call() waits for the other ranks after one rank's actor failed
 FAILED_RANKS_GRACE_S = 0.5
@@ -302,6 +303,10 @@ class _Collector:
     thread; replies arrive on the thread that drains the reply inbox (the caller itself
     while it waits in get(), else the I/O thread), failures on the I/O thread: `lock`
     makes each of them one step."""
+
+    __slots__ = ("ep", "rt", "rec", "ranks", "values", "index", "remaining", "mode", "futs",
+                 "next_stream", "body", "bufs", "port", "error", "done", "failing", "lock",
+                 "procs")
 
     def __init__(self, ep: EndpointRef, ranks: list[int], body: bytes, bufs: list, mode: str,
                  futs: list[Future]) -> None:
@@ -322,18 +327,19 @@ class _Collector:
         # answered or failed (so each failure has reached its supervisor by then)
         self.error: Optional[BaseException] = None
         self.done = False
-        self.failing: set = set()  # ranks whose failure waits for the inbox's replies
+        self.failing: frozenset | set = _NO_RANKS  # ranks whose failure waits for the
+        # inbox's replies (a set once there are some)
         self.lock = threading.Lock()
 
     def start(self) -> None:
         rt = self.rt
         rec = self.rec
         ranks = self.ranks
-        targets, proc_ids = self.ep._where(ranks)
-        self.port = port = rt.open_port(self.on_reply, self.on_fail, proc_ids)
+        targets, self.procs = self.ep._where(ranks)
+        self.port = port = rt.open_port(self)  # this collector is the port's Waiter
         # not a method of this collector: the future would then hold it, and it the future,
         # a reference cycle that only the garbage collector frees (per call)
-        interrupt = functools.partial(rt.interrupt, proc_ids, port) \
+        interrupt = functools.partial(rt.interrupt, self.procs, port) \
             if config.interrupt_remote else None
         first = targets[0][0] or (targets[0][1] or ("",))[0]
         inbox = rt.reply_inbox(first)
@@ -448,7 +454,7 @@ class _Collector:
         inbox = self.futs[0]._inbox
         ranks = self._failing_ranks(proc, actor)
         if inbox is not None and not self.done and ranks:
-            self.failing |= ranks  # their error replies meanwhile say less than this failure
+            self.failing = self.failing | ranks  # their error replies meanwhile say less
             inbox.after_replies(lambda: self._fail_now(exc, proc, actor))
             return
         self._fail_now(exc, proc, actor)
