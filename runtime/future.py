@@ -51,51 +51,10 @@ def clear_before_block(fn: Callable[[], None]) -> None:
 _guard = threading.Lock()
 
 
-class _LazyEvent:
-    """A one-shot event: a flag, and a lock made only if someone has to wait (cheaper than
-    threading.Event's condition variable: one futex wake on set)."""
-
-    __slots__ = ("_flag", "_lk")
-
-    def __init__(self) -> None:
-        self._flag = False
-        self._lk: Any = None  # held until set(); waiters acquire it, then pass it on
-
-    def is_set(self) -> bool:
-        return self._flag
-
-    def set(self) -> None:
-        self._flag = True
-        lk = self._lk
-        if lk is not None:
-            try:
-                lk.release()
-            except RuntimeError:  # released already
-                pass
-
-    def wait(self, timeout: Optional[float]) -> bool:
-        if self._flag:
-            return True
-        lk = self._lk
-        if lk is None:
-            new = threading.Lock()
-            new.acquire()
-            with _guard:
-                lk = self._lk
-                if lk is None:
-                    lk = self._lk = new
-        if self._flag:  # set() ran before the lock existed
-            return True
-        if lk.acquire(True, -1 if timeout is None else max(0.0, timeout)):
-            lk.release()  # wake the next waiter, if any
-            return True
-        return self._flag
-
-
 class Future(Generic[R]):
     """A value that arrives later. `.get()` blocks; `await fut` suspends a coroutine."""
 
-    __slots__ = ("_lock", "_event", "_value", "_exc", "_callbacks", "_on_interrupt", "_label",
+    __slots__ = ("_lock", "_flag", "_lk", "_value", "_exc", "_callbacks", "_on_interrupt", "_label",
                  "_ports", "_coro", "_had_coro", "_gathered", "_inbox")
 
     def __init__(self, label: str = "", *, coro: Optional[Coroutine[Any, Any, R]] = None
@@ -103,7 +62,10 @@ class Future(Generic[R]):
         """A pending future; with `coro` (Monarch's `Future(coro=...)`), one whose value is
         that coroutine's: run by the first `.get()` (on its own event loop) or `await`."""
         self._lock = threading.Lock()
-        self._event = _LazyEvent()
+        # resolved: a flag, and a lock made only if a thread has to wait (held until the
+        # future resolves; waiters acquire it, then pass it on): one futex wake on resolve
+        self._flag = False
+        self._lk: Any = None
         self._value: Any = _PENDING
         self._exc: Optional[BaseException] = None
         self._callbacks: Optional[list[Callable[["Future[R]"], None]]] = None  # made on use
@@ -120,13 +82,19 @@ class Future(Generic[R]):
     # -- resolution (runtime side) -------------------------------------------------
     def _resolve(self, value: Any = None, exc: Optional[BaseException] = None) -> bool:
         with self._lock:
-            if self._event.is_set():
+            if self._flag:
                 return False
             if exc is not None:
                 self._exc = exc
             else:
                 self._value = value
-            self._event.set()
+            self._flag = True
+            lk = self._lk
+            if lk is not None:
+                try:
+                    lk.release()
+                except RuntimeError:  # released already
+                    pass
             callbacks, self._callbacks = self._callbacks, None
         for cb in callbacks or ():
             try:
@@ -147,7 +115,7 @@ class Future(Generic[R]):
 
     # -- inspection ------------------------------------------------------------------
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._flag
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         self._wait(timeout)
@@ -160,7 +128,7 @@ class Future(Generic[R]):
     def add_done_callback(self, fn: Callable[["Future[R]"], None]) -> None:
         """Call `fn(self)` once resolved (at once if already resolved), on the resolving thread."""
         with self._lock:
-            if not self._event.is_set():
+            if not self._flag:
                 if self._callbacks is None:
                     self._callbacks = [fn]
                 else:
@@ -181,7 +149,7 @@ class Future(Generic[R]):
 
     # -- waiting ---------------------------------------------------------------------
     def _wait(self, timeout: Optional[float]) -> None:
-        if self._event.is_set():
+        if self._flag:
             return
         if _before_block is not None:
             _before_block()
@@ -206,13 +174,32 @@ class Future(Generic[R]):
                         return
                     if done is None:  # the inbox is closing: wait like any thread
                         inbox = None
-                elif self._event.wait(step):
+                elif self._wait_flag(step):
                     return
                 for hook in list(_wait_hooks):
                     hook(self)
         except KeyboardInterrupt:
             self._interrupted()
             raise
+
+    def _wait_flag(self, timeout: float) -> bool:
+        """Block up to `timeout` seconds until resolved (no inbox to pump)."""
+        if self._flag:
+            return True
+        lk = self._lk
+        if lk is None:
+            new = threading.Lock()
+            new.acquire()
+            with _guard:
+                lk = self._lk
+                if lk is None:
+                    lk = self._lk = new
+        if self._flag:  # resolved before the lock existed
+            return True
+        if lk.acquire(True, max(0.0, timeout)):
+            lk.release()  # wake the next waiter, if any
+            return True
+        return self._flag
 
     def _interrupted(self) -> None:
         """The wait was interrupted (Ctrl-C, task cancelled): tell the remote side."""
@@ -304,7 +291,7 @@ class Future(Generic[R]):
                 raise
             self._resolve(value=value)
             return value
-        if not self._event.is_set():
+        if not self._flag:
             import asyncio
 
             if _before_block is not None:
@@ -339,7 +326,7 @@ class Future(Generic[R]):
 
     def __repr__(self) -> str:
         state = "pending"
-        if self._event.is_set():
+        if self._flag:
             state = "error" if self._exc is not None else "done"
         return f"<Future {self._label} {state}>"
 

@@ -8,7 +8,6 @@ into futures.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
 import threading
@@ -337,10 +336,10 @@ class _Collector:
         ranks = self.ranks
         targets, self.procs = self.ep._where(ranks)
         self.port = port = rt.open_port(self)  # this collector is the port's Waiter
-        # not a method of this collector: the future would then hold it, and it the future,
-        # a reference cycle that only the garbage collector frees (per call)
-        interrupt = functools.partial(rt.interrupt, self.procs, port) \
-            if config.interrupt_remote else None
+        # Ctrl-C in a wait interrupts the remote call (this collector's __call__); the
+        # future and this collector then refer to each other until `_close` drops the hook
+        # (a cycle left behind would wait for the garbage collector, per call)
+        interrupt = self if config.interrupt_remote else None
         first = targets[0][0] or (targets[0][1] or ("",))[0]
         inbox = rt.reply_inbox(first)
         for f in self.futs:
@@ -531,12 +530,19 @@ class _Collector:
         line = f"Endpoint call {rec.name}.{self.ep._name}() failed, {why}"
         return SupervisionError(f"{exc.args[0]}\n{line}", failure)
 
+    def __call__(self) -> None:
+        """Interrupt the remote call (a waiting thread got Ctrl-C)."""
+        self.rt.interrupt(self.procs, self.port)
+
     def _close(self) -> None:
         if not self.done:
             self.done = True
             for r in list(self.remaining):
                 self._finish_rank(r)
             self.rt.close_port(self.port)
+            for f in self.futs:  # the call is over: nothing to interrupt
+                if f._on_interrupt is self:
+                    f._on_interrupt = None
 
 
 def send(endpoint: EndpointRef, args: tuple, kwargs: dict, port: Any = None,
