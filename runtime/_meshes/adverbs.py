@@ -144,6 +144,15 @@ class EndpointRef:
     def _ranks(self) -> list[int]:
         return self._mesh._ranks()
 
+    def _dense_shape(self) -> Shape:
+        """The dense Shape of this view's ranks, which call() results are laid out in (one
+        per view: value meshes share their base shape anyway)."""
+        got = self._mesh.__dict__.get("_dense_shape")
+        if got is None:
+            shape = self._mesh._shape
+            got = self._mesh.__dict__["_dense_shape"] = Shape(shape.labels, shape.sizes_)
+        return got
+
     def _where(self, ranks: list[int]) -> tuple[list, frozenset]:
         """(targets, proc ids) of `ranks`: (address, route) per rank, and their procs; kept
         once every proc has an address (it does not change after)."""
@@ -438,9 +447,9 @@ class _Collector:
                 self.rt.ports.settle()
                 self.futs[0].set_exception(self.error)
             elif self.mode == "call":
-                shape = self.ep._mesh._shape
+                base = self.ep._dense_shape()
                 self.rt.ports.settle()
-                self.futs[0].set_result(ValueMesh(Shape(shape.labels, shape.sizes_), self.values))
+                self.futs[0].set_result(ValueMesh(base, self.values, base))
             elif self.mode == "one":
                 self.rt.ports.settle()
                 self.futs[0].set_result(self.values[0])
