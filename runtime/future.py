@@ -54,8 +54,8 @@ _guard = threading.Lock()
 class Future(Generic[R]):
     """A value that arrives later. `.get()` blocks; `await fut` suspends a coroutine."""
 
-    __slots__ = ("_lock", "_flag", "_lk", "_value", "_exc", "_callbacks", "_on_interrupt", "_label",
-                 "_ports", "_coro", "_had_coro", "_gathered", "_inbox")
+    __slots__ = ("_lock", "_flag", "_lk", "_value", "_exc", "_callbacks", "_on_interrupt",
+                 "_label", "_ports", "_coro", "_had_coro", "_gathered", "_inbox")
 
     def __init__(self, label: str = "", *, coro: Optional[Coroutine[Any, Any, R]] = None
                  ) -> None:
