@@ -306,6 +306,21 @@ _NO_RANKS: frozenset = frozenset()
 FAILED_RANKS_GRACE_S = 0.5
 
 
+class _Interrupt:
+    """A call's interrupt hook (Ctrl-C in a wait on its future): KeyboardInterrupt in the
+    actors of its procs serving its port."""
+
+    __slots__ = ("rt", "procs", "port")
+
+    def __init__(self, rt: Any, procs: frozenset, port: int) -> None:
+        self.rt = rt
+        self.procs = procs
+        self.port = port
+
+    def __call__(self) -> None:
+        self.rt.interrupt(self.procs, self.port)
+
+
 class _Collector:
     """Gathers the replies of one call. Started (and its messages sent) in the caller's
     thread; replies arrive on the thread that drains the reply inbox (the caller itself
@@ -345,10 +360,10 @@ class _Collector:
         ranks = self.ranks
         targets, self.procs = self.ep._where(ranks)
         self.port = port = rt.open_port(self)  # this collector is the port's Waiter
-        # Ctrl-C in a wait interrupts the remote call (this collector's __call__); the
-        # future and this collector then refer to each other until `_close` drops the hook
-        # (a cycle left behind would wait for the garbage collector, per call)
-        interrupt = self if config.interrupt_remote else None
+        # Ctrl-C in a wait interrupts the remote call. The hook holds no mesh and not this
+        # collector: a future (or one derived from it, which copies the hook) would keep
+        # them alive, or in a cycle with it, for the garbage collector
+        interrupt = _Interrupt(rt, self.procs, port) if config.interrupt_remote else None
         first = targets[0][0] or (targets[0][1] or ("",))[0]
         inbox = rt.reply_inbox(first)
         for f in self.futs:
@@ -539,19 +554,12 @@ class _Collector:
         line = f"Endpoint call {rec.name}.{self.ep._name}() failed, {why}"
         return SupervisionError(f"{exc.args[0]}\n{line}", failure)
 
-    def __call__(self) -> None:
-        """Interrupt the remote call (a waiting thread got Ctrl-C)."""
-        self.rt.interrupt(self.procs, self.port)
-
     def _close(self) -> None:
         if not self.done:
             self.done = True
             for r in list(self.remaining):
                 self._finish_rank(r)
             self.rt.close_port(self.port)
-            for f in self.futs:  # the call is over: nothing to interrupt
-                if f._on_interrupt is self:
-                    f._on_interrupt = None
 
 
 def send(endpoint: EndpointRef, args: tuple, kwargs: dict, port: Any = None,
