@@ -3,7 +3,7 @@
 thread's late flush, and each message checked on arrival as if it had come alone."""
 
 import logging
-import os
+import shutil
 import tempfile
 import threading
 import time
@@ -70,9 +70,7 @@ def wire():
         loop.stop()
         pull.close(linger=0)
         ctx.term()
-        for f in os.listdir(d):
-            os.unlink(os.path.join(d, f))
-        os.rmdir(d)
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def arrived(receive, n: int) -> tuple[list[int], int]:
@@ -199,9 +197,7 @@ def test_each_message_of_a_coalesced_frame_is_checked_alone(caplog):
         push.close(linger=0)
         ctx.term()
         loop.stop()
-        for f in os.listdir(d):
-            os.unlink(os.path.join(d, f))
-        os.rmdir(d)
+        shutil.rmtree(d, ignore_errors=True)
 
 
 # -- through the runtime -------------------------------------------------------------------------

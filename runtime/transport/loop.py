@@ -137,12 +137,8 @@ class IOLoop:
     def call_soon(self, fn: Callable, *args: Any) -> None:
         """Run `fn(*args)` on the loop thread (any thread); what the calling thread holds
         goes out first, so that what the loop sends for it follows."""
-        senders = self._tls.__dict__.get("s")
-        if senders is not None:
-            senders.before_block()
-        self._calls.append((fn, args))
-        if self._sleeping:
-            self._wake()
+        self.before_block()
+        self._schedule(fn, *args)
 
     def _schedule(self, fn: Callable, *args: Any) -> None:
         """`call_soon` without the flush (a sender arming its own late flush)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -86,35 +86,34 @@ class ThreadSenders:
     def send(self, addr: str, frames: list) -> None:
         """Send `frames` to `addr`, or hold them (a small message in a burst)."""
         with self.lock:
-            loop = self.loop
-            if self.gen != loop._forget_gen:
+            if self.gen != self.loop._forget_gen:
                 self._drop_forgotten()
-            if self.coalesce and len(frames) == 1:
-                frame = frames[0]
-                n = len(frame)
-                if 0 < n <= MAX_HELD_MESSAGE:
-                    if self.held:
-                        if self.held_addr == addr:
-                            self.held.append(frame)
-                            self.held_bytes += n
-                            if len(self.held) >= MAX_HELD or self.held_bytes >= MAX_HELD_BYTES:
-                                self._flush()
-                            return
-                        self._flush()
-                    now = time.monotonic()
-                    if self.last_addr == addr and now - self.last_t < BURST_GAP_S:
-                        self.held.append(frame)
-                        self.held_addr = addr
-                        self.held_bytes = n
-                        self.last_t = now
-                        loop._schedule(loop.call_later, FLUSH_AFTER_S, self.flush_late)
-                        return
-                    self.last_addr, self.last_t = addr, now
-                    self._send(addr, frames)
-                    return
+            frame = frames[0] if self.coalesce and len(frames) == 1 else b""
+            n = len(frame)
+            if not 0 < n <= MAX_HELD_MESSAGE:  # not holdable: what is held goes first
+                if self.held:
+                    self._flush()
+                self.last_t = 0.0
+                self._send(addr, frames)
+                return
+            if self.held and self.held_addr == addr:  # the burst goes on
+                self.held.append(frame)
+                self.held_bytes += n
+                if len(self.held) >= MAX_HELD or self.held_bytes >= MAX_HELD_BYTES:
+                    self._flush()
+                return
             if self.held:
                 self._flush()
-            self.last_t = 0.0
+            now = time.monotonic()
+            if self.last_addr == addr and now - self.last_t < BURST_GAP_S:  # a burst begins
+                self.held.append(frame)
+                self.held_addr = addr
+                self.held_bytes = n
+                self.last_t = now
+                loop = self.loop
+                loop._schedule(loop.call_later, FLUSH_AFTER_S, self.flush_late)
+                return
+            self.last_addr, self.last_t = addr, now
             self._send(addr, frames)
 
     def before_block(self) -> None:
