@@ -57,7 +57,7 @@ def test_make_key_equals_cache_key():
     args, kwargs = (a, 2.5, [a, 1]), {"alpha": 3, "dtype": torch.float16}
     parts = (mc.tensor_key(a), mc.atom_key(2.5), mc.key_of([a, 1]))
     kparts = (("alpha", mc.atom_key(3)), ("dtype", mc.atom_key(torch.float16)))
-    assert mc.make_key(aten.add.Tensor, parts, kparts) == \
+    assert mc.make_key("aten::add.Tensor", parts, kparts) == \
         mc.cache_key(aten.add.Tensor, args, kwargs, False)
 
 
@@ -92,7 +92,8 @@ def test_fast_path_key_equals_general_key(mesh_tensor):
                                (aten.add.Tensor, (t, t), {"alpha": 2}),
                                (aten.add_.Tensor, (t, 0.5), {}),
                                (aten.to.dtype, (t, torch.float64), {})]:
-        wire, wkw, found, local, ckey, plain = _prepare(func, mc.op_info(func)[0], args, kwargs)
+        kind, name = mc.op_info(func)
+        wire, wkw, found, local, ckey, plain = _prepare(name, kind, args, kwargs)
         assert plain and not local and found == [x for x in args if x is t]
         assert ckey == mc.cache_key(func, args, kwargs, True)
         assert [type(w) for w in wire] == [Ref if a is t else type(a) for a in args]
@@ -103,10 +104,11 @@ def test_fast_path_key_equals_general_key(mesh_tensor):
 def test_general_path_for_local_tensors_and_nesting(mesh_tensor):
     t = mesh_tensor
     for args in [(t, torch.ones(4, 4)), ([t, t], 0)]:
-        wire, _, found, _, ckey, plain = _prepare(aten.add.Tensor, "f", args, {})
+        wire, _, found, _, ckey, plain = _prepare("aten::add.Tensor", "f", args, {})
         assert not plain and ckey is _tensor._LATER and t in found
     # an in-place op on a local tensor with a mesh tensor argument: no key
-    *_, ckey, plain = _prepare(aten.add_.Tensor, "i", (torch.ones(4, 4), t), {})
+    *_, ckey, plain = _prepare("aten::add_.Tensor", "i", (torch.ones(4, 4), t),
+                              {})
     assert ckey is _tensor._LATER and not plain
 
 

@@ -10,6 +10,10 @@ import threading
 from typing import Any, Iterator
 
 _local = threading.local()
+#: how many threads are inside a block now: the per-op check reads this global first
+#: (a thread-local read costs more, and almost every op is issued outside any block)
+blocks = 0
+_blocks_lock = threading.Lock()
 
 
 def _pending() -> list:
@@ -24,19 +28,25 @@ def coalescing() -> Iterator[None]:
     """Fuse the reductions issued in this block (`reduce`, `reduce_`, not scatter or stack)
     into one collective per group of procs, reduction and dtype; nested blocks join the
     outermost."""
+    global blocks
     depth = getattr(_local, "depth", 0)
+    if depth == 0:
+        with _blocks_lock:
+            blocks += 1
     _local.depth = depth + 1
     try:
         yield
     finally:
         _local.depth = depth
         if depth == 0:
+            with _blocks_lock:
+                blocks -= 1
             flush()
 
 
 def active() -> bool:
     """Whether this thread is inside a `coalescing()` block."""
-    return getattr(_local, "depth", 0) > 0
+    return blocks > 0 and getattr(_local, "depth", 0) > 0
 
 
 def defer(engine: Any, key: tuple, target: Any, t: Any, result: Any, spec: dict) -> bool:

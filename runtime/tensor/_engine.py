@@ -31,11 +31,6 @@ log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 
 
-def new_ref() -> int:
-    """A fresh ref id (unique in this controller)."""
-    return next(_ids)
-
-
 def mesh_key(mesh: "ProcMesh") -> tuple:
     """Two views name the same procs in the same order iff their keys are equal."""
     return tuple(p.proc_id for p in mesh.procs)
@@ -103,16 +98,22 @@ class Sender:
         self.urgent = threading.Event()  # a queued call or mark: someone waits for it
         self.thread: Optional[threading.Thread] = None
         self.lock = threading.Lock()
+        #: the loop is about to wait or waits for `wake`: a put must set it. Set before the
+        #: loop's last look at the queue, read by put after its append, so one of the two
+        #: sees the other's write (an entry is never left behind a sleeping sender); one
+        #: attribute read per command instead of a call of Event.is_set.
+        self.asleep = True
 
     def put(self, entry: tuple) -> None:
         """Queue ("cmd", engine, key, target, command, plain), ("call", ...) or ("mark",
         event); never blocks."""
         self.queue.append(entry)
-        if self.thread is None:
-            self._start()
         if entry[0] != "cmd" and not self.urgent.is_set():
             self.urgent.set()
-        if not self.wake.is_set():
+        if self.asleep:  # read after the append: see _loop
+            self.asleep = False
+            if self.thread is None:  # asleep from the start: the first put starts it
+                self._start()
             self.wake.set()
 
     def _start(self) -> None:
@@ -133,8 +134,11 @@ class Sender:
         q = self.queue
         last = 0
         while True:
-            self.wake.wait()
+            self.asleep = True
+            if not q:
+                self.wake.wait()
             self.urgent.wait(_GATHER_BURST_S if last >= _BURST else _GATHER_S)
+            self.asleep = False
             self.wake.clear()
             self.urgent.clear()
             last = len(q)
@@ -242,7 +246,7 @@ def send_command(engine: Engine, key: tuple, target: "ActorMesh", command: tuple
                  plain: bool = False) -> None:
     """Queue a command for the workers of `target` (sent in order, batched). `plain`: it
     holds only builtins, torch dtypes/devices/layouts/memory formats and Refs."""
-    if _coalescing.active():
+    if _coalescing.blocks and _coalescing.active():
         _coalescing.flush()  # reductions held for fusion go first: program order
     sender.put(("cmd", engine, key, target, command, plain))
 
@@ -251,13 +255,8 @@ def send_call(engine: Engine, key: tuple, call: Callable[[], Future], label: str
               finish: Callable[[Any], Any], keepalive: Any = None) -> Future:
     """Queue `call()` (an endpoint call) after the commands before it; a Future of
     `finish(result)`."""
-    if _coalescing.active():
+    if _coalescing.blocks and _coalescing.active():
         _coalescing.flush()
     out: Future = Future(label)
     sender.put(("call", engine, key, call, out, finish, keepalive))
     return out
-
-
-def free_ref(engine: Engine, key: tuple, target: "ActorMesh", ref: int) -> None:
-    """Finalizer of a mesh tensor: free its shard on every proc (may run on any thread)."""
-    sender.put(("cmd", engine, key, target, ("free", (ref,)), True))

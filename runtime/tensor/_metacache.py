@@ -13,7 +13,8 @@ import torch
 CACHE_MAX = 4096
 #: cache key -> (output descriptions, "tuple" | "list" | "" | "inplace")
 cache: dict = {}
-#: op -> (kind, name): see `kind` and `op_info`
+#: id(op) -> (op, kind, name): see `kind` and `op_entry` (keyed by id: an OpOverload's
+#: hash is a Python method, two of which cost as much as the rest of a cache hit's lookups)
 _ops: dict = {}
 HASHABLE = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
             torch.layout)
@@ -43,12 +44,17 @@ def kind(func: Any) -> Optional[str]:
     return None
 
 
+def op_entry(func: Any) -> tuple:
+    """(func, `kind(func)`, `func.name()`), worked out once per op."""
+    e = _ops.get(id(func))
+    if e is None or e[0] is not func:
+        e = _ops[id(func)] = (func, kind(func), func.name())
+    return e
+
+
 def op_info(func: Any) -> tuple:
     """(`kind(func)`, `func.name()`), worked out once per op."""
-    info = _ops.get(func)
-    if info is None:
-        info = _ops[func] = (kind(func), func.name())
-    return info
+    return op_entry(func)[1:]
 
 
 def tensor_key(t: torch.Tensor) -> tuple:
@@ -72,21 +78,21 @@ def atom_key(x: Any) -> tuple:
     return (type(x), x)
 
 
-def make_key(func: Any, arg_parts: tuple, kwarg_parts: tuple) -> tuple:
-    """The cache key of `func` from its arguments' key parts (`key_of` of each positional
-    argument, (name, `key_of`) of each keyword argument): `cache_key`'s for a tuple of
-    positional arguments."""
-    return (func, (False, arg_parts), kwarg_parts)
+def make_key(name: str, arg_parts: tuple, kwarg_parts: tuple) -> tuple:
+    """The cache key of the op named `name` (`op_info(func)[1]`, unique per overload) from
+    its arguments' key parts (`key_of` of each positional argument, (name, `key_of`) of each
+    keyword argument): `cache_key`'s for a tuple of positional arguments."""
+    return (name, (False, arg_parts), kwarg_parts)
 
 
 def cache_key(func: Any, args: tuple, kwargs: dict, first_is_mesh: bool) -> Any:
     """The cache key of a call, or None when it is not cacheable (an op of no kind, an
     in-place op whose first argument is not a mesh tensor, an argument with no key)."""
-    k = op_info(func)[0]
+    _, k, name = op_entry(func)
     if k is None or (k == "i" and not first_is_mesh):
         return None
     try:
-        return (func, key_of(args), tuple((n, key_of(v)) for n, v in kwargs.items()))
+        return (name, key_of(args), tuple((n, key_of(v)) for n, v in kwargs.items()))
     except TypeError:
         return None
 

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from ._engine import Engine, engine_for, free_ref, new_ref, send_command
-from ._metacache import ATOMS, cache_key, key_of, lookup, make_key, op_info, remember, \
-    remember_inplace, tensor_key
+from . import _coalescing
+from ._engine import Engine, _ids, engine_for, send_command, sender
+from ._metacache import ATOMS, _ops, cache, cache_key, key_of, lookup, make_key, op_entry, \
+    remember, remember_inplace, tensor_key
 from ._worker import Ref, local_shard
 
 if TYPE_CHECKING:
@@ -33,14 +34,37 @@ class _Freer(weakref.ref):
 
 #: ref id -> its _Freer (a weak reference must outlive its referent for its callback to run)
 _live: dict = {}
+_finalize = weakref.finalize
+_put = sender.put
 
 
 def _freed(w: _Freer) -> None:
-    """A _Freer's callback: queue the free, unless the interpreter is exiting (the at-exit
-    pass of `weakref.finalize` started; Engine makes sure it is registered)."""
-    exiting = getattr(weakref.finalize, "_shutdown", False)  # CPython's flag, if it has one
-    if _live.pop(w.args[3], None) is not None and not exiting:
-        free_ref(*w.args)
+    """A _Freer's callback: queue the free of the tensor's shards on its procs (may run on
+    any thread), unless the interpreter is exiting (the at-exit pass of `weakref.finalize` started;
+    Engine makes sure it is registered)."""
+    engine, key, target, ref = w.args
+    if _live.pop(ref, None) is not None and not getattr(_finalize, "_shutdown", False):
+        _put(("cmd", engine, key, target, ("free", (ref,)), True))
+
+
+def _make(size: Any, stride: Any, offset: int, dtype: torch.dtype,
+          meta: Optional[torch.Tensor], mesh: "ProcMesh", device: torch.device,
+          engine: Engine, key: tuple, target: "ActorMesh") -> "Tensor":
+    """A new mesh tensor (`Tensor(...)` without its Python `__new__` and `__init__` frames;
+    `device` already names its index where it has one)."""
+    r = _wrapper(Tensor, size, strides=stride, storage_offset=offset, dtype=dtype,
+                 device=device, requires_grad=False)
+    if meta is not None:
+        r._meta_t = meta
+    r.mesh = mesh
+    ref = r.ref = next(_ids)
+    r._engine, r._key, r._target = engine, key, target
+    w = _live[ref] = _Freer(r, _freed)
+    w.args = (engine, key, target, ref)
+    return r
+
+
+_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 class Tensor(torch.Tensor):
@@ -49,7 +73,7 @@ class Tensor(torch.Tensor):
 
     mesh: "ProcMesh"
     ref: int
-    _meta_t: Optional[torch.Tensor]
+    _meta_t: Optional[torch.Tensor] = None
     _engine: Engine
     _key: tuple
     _target: "ActorMesh"
@@ -64,16 +88,7 @@ class Tensor(torch.Tensor):
             # an accelerator device names its index, as a real tensor's does ("cuda" is each
             # proc's cuda:0): autograd's engine on the controller files work by that index
             device = torch.device(device.type, 0)
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, size, strides=stride, storage_offset=offset, dtype=dtype, device=device,
-            requires_grad=False)
-        r._meta_t = meta
-        r.mesh = mesh
-        r.ref = new_ref()
-        r._engine, r._key, r._target = engine, key, target
-        w = _live[r.ref] = _Freer(r, _freed)
-        w.args = (engine, key, target, r.ref)
-        return r
+        return _make(size, stride, offset, dtype, meta, mesh, device, engine, key, target)
 
     @property
     def _meta(self) -> torch.Tensor:
@@ -231,7 +246,7 @@ def _flat_kwargs(kwargs: dict, found: list, wire: dict, parts: list) -> bool:
 _LATER = object()
 
 
-def _prepare(func: Any, kind: Optional[str], args: tuple, kwargs: dict) -> tuple:
+def _prepare(name: str, kind: Optional[str], args: tuple, kwargs: dict) -> tuple:
     """(wire args, wire kwargs, mesh tensors, local tensors, cache key or None or _LATER,
     plain): plain when the command holds only refs and atoms (it pickles with the C
     pickler); _LATER: the general path's key, worked out after the checks."""
@@ -245,7 +260,7 @@ def _prepare(func: Any, kind: Optional[str], args: tuple, kwargs: dict) -> tuple
                 and (not kwargs or _flat_kwargs(kwargs, found, wkw, kparts))):
             first_is_mesh = bool(args) and type(args[0]) is Tensor
             ckey = (None if kind == "i" and not first_is_mesh
-                    else make_key(func, tuple(parts), tuple(kparts)))
+                    else make_key(name, tuple(parts), tuple(kparts)))
             return tuple(wire), wkw, found, [], ckey, True
     found, local = [], []
     wire_args = _wire(args, found, local)
@@ -253,12 +268,78 @@ def _prepare(func: Any, kind: Optional[str], args: tuple, kwargs: dict) -> tuple
     return wire_args, wire_kwargs, found, local, _LATER, False
 
 
+_MISS = object()
+
+
+def _outputs(cached: tuple, out_ids: list, mesh: "ProcMesh", device: torch.device,
+             engine: Engine, key: tuple, target: "ActorMesh") -> Any:
+    """New mesh tensors for a cache hit's output descriptions (their refs appended to
+    `out_ids`), as the op returns them: one, a tuple or a list."""
+    desc, many = cached
+    dev_type = device.type
+    results = []
+    for d in desc:
+        r = _make(d[0], d[1], 0, d[2], None, mesh, device, engine, key, target)
+        r._mkey = (d[2], d[0], d[1], 0, dev_type)  # tensor_key of r
+        results.append(r)
+        out_ids.append(r.ref)
+    return tuple(results) if many == "tuple" else results if many == "list" else results[0]
+
+
+def _hit(name: str, args: tuple) -> Any:
+    """The hot path of `dispatch`: positional arguments only, the first a mesh tensor, the
+    others mesh tensors of its mesh or atoms, and the output metadata cached; queue the op
+    and return its outputs. _MISS when any of that does not hold (nothing queued)."""
+    first = args[0]
+    engine, key = first._engine, first._key
+    wire = []
+    parts = []
+    for x in args:
+        t = type(x)
+        if t is Tensor:
+            if x._key != key or x._engine is not engine:
+                return _MISS
+            wire.append(Ref(x.ref))
+            k = x._mkey
+            if k is None:
+                k = x._mkey = tensor_key(x)
+            parts.append(k)
+        elif t in ATOMS:
+            wire.append(x)
+            parts.append((t, x))
+        else:
+            return _MISS
+    cached = cache.get((name, (False, tuple(parts)), ()))
+    if cached is None:
+        return _MISS
+    if engine.broken:
+        engine.check(key)
+    target = first._target
+    if cached[1] == "inplace":
+        out: Any = first
+        out_ids = [first.ref]
+    else:
+        out_ids = []
+        out = _outputs(cached, out_ids, first.mesh, first.device, engine, key, target)
+    if _coalescing.blocks and _coalescing.active():
+        _coalescing.flush()  # reductions held for fusion go first: program order
+    _put(("cmd", engine, key, target, ("op", name, tuple(wire), {}, out_ids), True))
+    return out
+
+
 def dispatch(func: Any, args: tuple, kwargs: dict, active: Optional["ProcMesh"]) -> Any:
     """Work out `func`'s outputs' metadata on meta tensors (cached by input metadata),
     queue it for the procs of its inputs' mesh (or `active` for a factory), and return mesh
     tensors for its outputs."""
-    kind, name = op_info(func)
-    wire_args, wire_kwargs, found, local, ckey, plain = _prepare(func, kind, args, kwargs)
+    e = _ops.get(id(func))
+    if e is None or e[0] is not func:
+        e = op_entry(func)
+    _, kind, name = e
+    if kind is not None and not kwargs and args and type(args[0]) is Tensor:
+        out = _hit(name, args)
+        if out is not _MISS:
+            return out
+    wire_args, wire_kwargs, found, local, ckey, plain = _prepare(name, kind, args, kwargs)
     if found:
         first = found[0]
         for x in found:
@@ -285,16 +366,9 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: Optional["ProcMesh"])
         out = args[0]
         out_ids = [out.ref]
     elif cached is not None:
-        desc, many = cached
-        dev_type = device.type
-        results = []
-        for d in desc:
-            r = Tensor(d[0], d[1], 0, d[2], None, mesh, device, engine, key, target)
-            r._mkey = (d[2], d[0], d[1], 0, dev_type)  # tensor_key of r
-            results.append(r)
-            out_ids.append(r.ref)
-        out: Any = (tuple(results) if many == "tuple" else results if many == "list"
-                    else results[0])
+        if device.index is None and device.type not in ("cpu", "meta"):
+            device = torch.device(device.type, 0)  # as Tensor.__new__ does
+        out = _outputs(cached, out_ids, mesh, device, engine, key, target)
     else:
         by_meta: dict = {}
         inplace = ckey is not None and kind == "i"
