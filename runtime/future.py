@@ -6,6 +6,7 @@ any asyncio loop, including one already running in the calling thread (a noteboo
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any, Callable, Coroutine, Generator, Generic, Optional, TypeVar
@@ -49,6 +50,11 @@ def clear_before_block(fn: Callable[[], None]) -> None:
 
 
 _guard = threading.Lock()
+#: the futures' locks, shared round-robin: a lock is a garbage-collected object, and one per
+#: call in flight made the collector run more often. Safe to share: a future's lock guards a
+#: few assignments and is never held while another lock is taken or a callback runs.
+_LOCKS = tuple(threading.Lock() for _ in range(64))
+_next_lock = itertools.count()
 
 
 class Future(Generic[R]):
@@ -61,7 +67,7 @@ class Future(Generic[R]):
                  ) -> None:
         """A pending future; with `coro` (Monarch's `Future(coro=...)`), one whose value is
         that coroutine's: run by the first `.get()` (on its own event loop) or `await`."""
-        self._lock = threading.Lock()
+        self._lock = _LOCKS[next(_next_lock) & 63]
         # resolved: a flag, and a lock made only if a thread has to wait (held until the
         # future resolves; waiters acquire it, then pass it on): one futex wake on resolve
         self._flag = False

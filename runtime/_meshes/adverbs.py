@@ -236,7 +236,7 @@ class EndpointRef:
                adverb: str = "call") -> Future:
         """Send one call to `ranks`; a Future of the ValueMesh ("call") or the value ("one")."""
         fut: Future = Future(f"{self._qualname()}.{adverb}")
-        _Collector(self, ranks, body, bufs, mode, [fut]).start()
+        _Collector(self, ranks, body, bufs, mode, fut).start()
         return fut
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
@@ -328,20 +328,24 @@ class _Collector:
     makes each of them one step."""
 
     __slots__ = ("ep", "rt", "rec", "ranks", "values", "index", "remaining", "mode", "futs",
-                 "next_stream", "body", "bufs", "port", "error", "done", "failing", "lock",
-                 "procs")
+                 "fut", "next_stream", "body", "bufs", "port", "error", "done", "failing",
+                 "lock", "procs")
 
     def __init__(self, ep: EndpointRef, ranks: list[int], body: bytes, bufs: list, mode: str,
-                 futs: list[Future]) -> None:
+                 futs: "list[Future] | Future") -> None:
         self.ep = ep
         self.rt = ep._mesh._rt
         self.rec = ep._mesh._rec
         self.ranks = ranks
-        self.values: list = [None] * len(ranks)
+        # call(): the values by rank; one actor: its value (no list: one object less per
+        # call for the garbage collector)
+        self.values: Any = [None] * len(ranks) if mode != "one" else None
         self.index = {r: i for i, r in enumerate(ranks)} if len(ranks) > 1 else None
         self.remaining = dict.fromkeys(ranks)
         self.mode = mode
+        # stream(): a future per rank; else the call's one future (no list around it)
         self.futs = futs
+        self.fut: Future = futs[0] if type(futs) is list else futs
         self.next_stream = 0
         self.body = body
         self.bufs = bufs
@@ -366,7 +370,7 @@ class _Collector:
         interrupt = _Interrupt(rt, self.procs, port) if config.interrupt_remote else None
         first = targets[0][0] or (targets[0][1] or ("",))[0]
         inbox = rt.reply_inbox(first)
-        for f in self.futs:
+        for f in (self.futs if type(self.futs) is list else (self.fut,)):
             f._ports = (port,)
             f._on_interrupt = interrupt
             f._inbox = inbox
@@ -452,29 +456,31 @@ class _Collector:
                 return
             self._close()
             self.rt.ports.settle()
-            self.futs[0].set_exception(self.error or value)
+            self.fut.set_exception(self.error or value)
             return
+        elif self.mode == "one":
+            self.values = value
         else:
             self.values[self.index[r] if self.index is not None else 0] = value
         if not self.remaining:
             self._close()
             if self.error is not None:
                 self.rt.ports.settle()
-                self.futs[0].set_exception(self.error)
+                self.fut.set_exception(self.error)
             elif self.mode == "call":
                 base = self.ep._dense_shape()
                 self.rt.ports.settle()
-                self.futs[0].set_result(ValueMesh(base, self.values, base))
+                self.fut.set_result(ValueMesh(base, self.values, base))
             elif self.mode == "one":
                 self.rt.ports.settle()
-                self.futs[0].set_result(self.values[0])
+                self.fut.set_result(self.values)
 
     def on_fail(self, exc: BaseException, proc: Optional[str] = None,
                 actor: Optional[str] = None) -> None:
         """A proc (or, with `actor`, an actor) this call waits on failed (I/O thread).
         With a thread's reply inbox, the replies already in it are delivered first: an
         answer its actor sent before failing (`abort()`) still counts."""
-        inbox = self.futs[0]._inbox
+        inbox = self.fut._inbox
         ranks = self._failing_ranks(proc, actor)
         if inbox is not None and not self.done and ranks:
             self.failing = self.failing | ranks  # their error replies meanwhile say less
@@ -523,7 +529,7 @@ class _Collector:
                 return
         self._close()
         self.rt.ports.settle()
-        self.futs[0].set_exception(self.error or exc)
+        self.fut.set_exception(self.error or exc)
 
     def _wait_for_others(self, exc: BaseException) -> None:
         """A rank's actor failed: give the other ranks a moment (their actors often fail
@@ -539,7 +545,7 @@ class _Collector:
             if not self.done and self.error is not None:
                 self._close()
                 self.rt.ports.settle()
-                self.futs[0].set_exception(self.error)
+                self.fut.set_exception(self.error)
 
     def _monarch_wording(self, exc: BaseException, rank: int) -> BaseException:
         """A SupervisionError for this call, with a last line in Monarch's words
