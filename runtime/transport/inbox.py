@@ -143,9 +143,15 @@ class ThreadInbox:
                 self.timeout_ms = ms
             deadline = time.monotonic() + timeout
             while True:
-                if not self.drain():
+                # zmq answers "is anything waiting?" with a poll(2): asked only where it
+                # matters, before failures deferred behind the queued replies run and
+                # once the future is done (what else waits is delivered before the lock
+                # goes back); the blocking receive below returns a waiting message at once
+                if self.deferred and not self.drain():
                     continue  # a full batch: more waits
                 if fut.done():
+                    while not self.drain():
+                        pass
                     return True
                 if self.closing:
                     return None
@@ -397,6 +403,7 @@ class SharedInbox:
         if self.closing or not self.lock.acquire(False):
             return None
         self.reader = threading.get_ident()
+        empty = False
         try:
             sock = self.sock
             while idle() and not self.closing:
@@ -407,6 +414,7 @@ class SharedInbox:
                 if got is not None:
                     for _ in range(_BURST):
                         if not sock.getsockopt(_EVENTS) & _POLLIN:
+                            empty = True  # asked just now (a poll(2) each time)
                             break
                         self._take(sock.recv(_NOBLOCK), route, keep, keep)
                     return got
@@ -416,7 +424,8 @@ class SharedInbox:
         finally:
             self.reader = None
             try:  # zmq signals the descriptor again only once asked: messages left wait
-                left = not self.closing and self.sock.getsockopt(_EVENTS) & _POLLIN
+                left = not self.closing and not empty and \
+                    self.sock.getsockopt(_EVENTS) & _POLLIN
             except zmq.ZMQError:
                 left = False
             self.lock.release()
