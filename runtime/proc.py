@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from typing import Any, Optional
 
 from . import _context, _endpoints, _supervise, _features, logs
@@ -124,6 +125,10 @@ class ActorInstance:
         self.wake: Any = None  # set while the event loop runs tasks between messages
         self.waker = False  # whether mailbox.put wakes that loop
         self._spawn = (body, buffers)
+        shared = server.shared_inbox
+        #: what `_next_message` hands the proc's shared inbox on every read
+        self.reading = (lambda h, b, bufs: _route(self, h, b, bufs), self.mailbox.empty,
+                        self.mailbox.put, shared.wake if shared is not None else None)
         self.thread = threading.Thread(target=self._run, name=f"actor-{self.name}-{self.rank}",
                                        daemon=True)
 
@@ -263,7 +268,7 @@ class ActorInstance:
                 _endpoints.start_concurrent(self, ep, h, args, kwargs)
                 return
             result = ep.fn(self.instance, *args, **kwargs)
-            if inspect.iscoroutine(result):
+            if type(result) is _COROUTINE:  # inspect.iscoroutine, without its frame
                 result = self._run_endpoint(result)
             ok = not ep.explicit_response_port
         except BaseException as e:  # noqa: BLE001 - delivered to the caller
@@ -388,21 +393,23 @@ class ActorInstance:
                                                        ctypes.py_object(KeyboardInterrupt))
 
 
+_COROUTINE = types.CoroutineType
+
+
 def _next_message(a: "ActorInstance", mailbox: Any) -> tuple:
     """The next message for actor `a`: from its mailbox, or, while that is empty, read
     from the proc's inbox by its own thread (runtime/transport/inbox.py, SharedInbox)."""
     shared = a.server.shared_inbox
     before_block = a.rt.loop.before_block  # replies held of a burst go out before a wait
+    if shared is not None:
+        route, empty, put, wake = a.reading  # made once: this runs once per call
     while shared is not None and not shared.closing:
-        try:
+        if mailbox.qsize():  # only this thread takes from it: no exception to raise
             return mailbox.get_nowait()
-        except queue.Empty:
-            pass
         before_block()
-        mailbox.on_put = shared.wake
+        mailbox.on_put = wake
         try:
-            item = shared.read(lambda h, body, buffers: _route(a, h, body, buffers),
-                               mailbox.empty, mailbox.put)
+            item = shared.read(route, empty, put)
         finally:
             mailbox.on_put = None
         if item is not None:
@@ -642,6 +649,8 @@ def _view_shape(view: list) -> Shape:
 def _reply_extra(h: Header) -> Optional[dict]:
     """What a reply echoes of its call's header: the batch id of a call whose replies a
     host agent gathers (runtime/host/gather.py), else nothing."""
+    if h.extra is None:
+        return None
     g = extra_get(h, "g")
     return None if g is None else {"g": g}
 

@@ -66,6 +66,10 @@ def process_address(reply_address: str) -> str:
     return reply_address
 
 
+#: reply address -> whether it is a thread's inbox (`Answered.note` asks once per call)
+_is_thread_inbox: dict[str, bool] = {}
+
+
 class Answered:
     """The latest calls an actor answered to a thread's reply inbox (reply address, port),
     named in its failure report: those answers travel by another socket than the report,
@@ -79,8 +83,15 @@ class Answered:
     def note(self, address: str, port: int) -> None:
         """A result for `port` goes to `address` (any thread): kept if that is a thread's
         inbox (a process inbox keeps its order with the report)."""
-        if port and address[:6] == "ipc://" and process_address(address) != address:
-            self.ring.append((address, port))
+        if port:
+            thread = _is_thread_inbox.get(address)
+            if thread is None:
+                thread = address[:6] == "ipc://" and process_address(address) != address
+                if len(_is_thread_inbox) > 4096:
+                    _is_thread_inbox.clear()
+                _is_thread_inbox[address] = thread
+            if thread:
+                self.ring.append((address, port))
 
     def has(self, address: str, port: int) -> bool:
         """Whether the answer for `port` to `address` is among the kept ones."""
