@@ -125,10 +125,6 @@ class ActorInstance:
         self.wake: Any = None  # set while the event loop runs tasks between messages
         self.waker = False  # whether mailbox.put wakes that loop
         self._spawn = (body, buffers)
-        shared = server.shared_inbox
-        #: what `_next_message` hands the proc's shared inbox on every read
-        self.reading = (lambda h, b, bufs: _route(self, h, b, bufs), self.mailbox.empty,
-                        self.mailbox.put, shared.wake if shared is not None else None)
         self.thread = threading.Thread(target=self._run, name=f"actor-{self.name}-{self.rank}",
                                        daemon=True)
 
@@ -402,7 +398,7 @@ def _next_message(a: "ActorInstance", mailbox: Any) -> tuple:
     shared = a.server.shared_inbox
     before_block = a.rt.loop.before_block  # replies held of a burst go out before a wait
     if shared is not None:
-        route, empty, put, wake = a.reading  # made once: this runs once per call
+        route, empty, put, wake = getattr(a, "reading", None) or _reading(a, shared)
     while shared is not None and not shared.closing:
         if mailbox.qsize():  # only this thread takes from it: no exception to raise
             return mailbox.get_nowait()
@@ -423,6 +419,14 @@ def _next_message(a: "ActorInstance", mailbox: Any) -> tuple:
     except queue.Empty:
         before_block()
     return mailbox.get()
+
+
+def _reading(a: "ActorInstance", shared: SharedInbox) -> tuple:
+    """What actor `a`'s thread hands the proc's shared inbox on every read (made once per
+    actor: `_next_message` runs once per call)."""
+    a.reading = (lambda h, b, bufs: _route(a, h, b, bufs), a.mailbox.empty, a.mailbox.put,
+                 shared.wake)
+    return a.reading
 
 
 def _route(a: "ActorInstance", h: Header, body: Any, buffers: list) -> Any:

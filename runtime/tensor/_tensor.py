@@ -39,8 +39,8 @@ _put = sender.put
 
 
 def _freed(w: _Freer) -> None:
-    """A _Freer's callback: queue the free of the tensor's shards on its procs (may run on
-    any thread), unless the interpreter is exiting (the at-exit pass of `weakref.finalize` started;
+    """A _Freer's callback: queue the free of the tensor's shards on its procs (any thread),
+    unless the interpreter is exiting (the at-exit pass of `weakref.finalize` started;
     Engine makes sure it is registered)."""
     engine, key, target, ref = w.args
     if _live.pop(ref, None) is not None and not getattr(_finalize, "_shutdown", False):
@@ -292,23 +292,14 @@ def _hit(name: str, args: tuple) -> Any:
     and return its outputs. _MISS when any of that does not hold (nothing queued)."""
     first = args[0]
     engine, key = first._engine, first._key
-    wire = []
-    parts = []
-    for x in args:
-        t = type(x)
-        if t is Tensor:
-            if x._key != key or x._engine is not engine:
-                return _MISS
-            wire.append(Ref(x.ref))
-            k = x._mkey
-            if k is None:
-                k = x._mkey = tensor_key(x)
-            parts.append(k)
-        elif t in ATOMS:
-            wire.append(x)
-            parts.append((t, x))
-        else:
-            return _MISS
+    found: list = []
+    wire: list = []
+    parts: list = []
+    if not _flat(args, found, wire, parts):
+        return _MISS
+    for x in found:
+        if x._key != key or x._engine is not engine:
+            return _MISS  # the general path names both meshes
     cached = cache.get((name, (False, tuple(parts)), ()))
     if cached is None:
         return _MISS
