@@ -17,6 +17,7 @@ from ..transport import framing
 from ..transport.framing import Header, Kind
 
 log = logging.getLogger("runtime.ports")
+_REPLY, _PORT_SEND = int(Kind.REPLY), int(Kind.PORT_SEND)
 
 Handler = Callable[[Header, Any, list], None]
 #: on_fail(exc, proc=dead proc id or None, actor=failed actor id or None)
@@ -100,9 +101,12 @@ class Ports:
     def deliver_any(self, h: Header, body: Any, buffers: list) -> None:
         """A message in a thread's reply inbox (runtime/transport/inbox.py): only replies
         belong there; anything else is dropped with a log line."""
-        if h.kind == Kind.REPLY or h.kind == Kind.PORT_SEND:
-            self.deliver(h, body, buffers)
-        elif h.kind == Kind.REPLY_BATCH:
+        kind = h.kind
+        if kind == _REPLY or kind == _PORT_SEND:
+            entry = self._ports.get(h.port)  # deliver(), inline: one call per reply
+            if entry is not None:
+                entry.on_reply(h, body, buffers)
+        elif kind == Kind.REPLY_BATCH:
             self.deliver_batch(h, body, buffers)
         else:
             log.warning("a message of kind %s from %s reached a reply inbox; dropped",

@@ -143,12 +143,12 @@ class Runtime:
         """A port for replies; `on_fail(exc, proc=, actor=)` if one of `procs` dies first
         (or `handler` is a `ports.Waiter`). A proc already dead fails the port at once."""
         pid, w = self.ports.open(handler, on_fail, procs)
-        dead = [p for p in w.procs if p in self.state.dead_procs]
-        if dead and w.on_fail is not None:
+        dead = self.state.dead_procs.first_of(w.procs)
+        if dead is not None and w.on_fail is not None:
             from ..errors import SupervisionError
 
-            exc = SupervisionError(self.failures.dead_message(dead[0]))
-            self.loop.call_soon(self.ports.fail, pid, exc, dead[0])
+            exc = SupervisionError(self.failures.dead_message(dead))
+            self.loop.call_soon(self.ports.fail, pid, exc, dead)
         return pid
 
     def close_port(self, pid: int) -> None:

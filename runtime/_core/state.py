@@ -80,6 +80,20 @@ class DeadProcs:
         rec = self._procs.get(proc_id)
         return rec is not None and rec.state in ("failed", "stopped")
 
+    def first_of(self, proc_ids: Any) -> Optional[str]:
+        """The first of `proc_ids` that is dead, or None (`in` for each, in one call: every
+        call asks it for the procs it waits on)."""
+        ids, table, get = self._ids, self._procs, dict.get
+        for p in proc_ids:
+            if p in ids:
+                return p
+            rec = get(table, p)
+            if rec is None:
+                rec = table.retired.get(p)
+            if rec is not None and rec.state in ("failed", "stopped"):
+                return p
+        return None
+
     def __iter__(self) -> Iterator[str]:
         return iter(list(self._ids))
 

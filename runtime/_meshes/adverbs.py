@@ -43,6 +43,7 @@ class EndpointRef:
         self._sig = signature
         self._extra = extra  # {"as": "call"|"port"} for as_endpoint() of a plain method
         self._targets: Optional[tuple] = None  # (targets, proc ids) once all are known
+        self._labels: dict[str, str] = {}  # adverb -> its futures' label
 
     def __repr__(self) -> str:
         return f"<endpoint {self._mesh._rec.cls_name}.{self._name} of {self._mesh!r}>"
@@ -235,7 +236,10 @@ class EndpointRef:
     def _start(self, ranks: list[int], mode: str, body: bytes, bufs: list,
                adverb: str = "call") -> Future:
         """Send one call to `ranks`; a Future of the ValueMesh ("call") or the value ("one")."""
-        fut: Future = Future(f"{self._qualname()}.{adverb}")
+        label = self._labels.get(adverb)
+        if label is None:
+            label = self._labels[adverb] = f"{self._qualname()}.{adverb}"
+        fut: Future = Future(label)
         _Collector(self, ranks, body, bufs, mode, fut).start()
         return fut
 
@@ -382,7 +386,8 @@ class _Collector:
                    port=port, extra=self.ep._call_extra())
         body, bufs = self.body, self.bufs
         self.body = self.bufs = None
-        rt.messenger.cast(targets, h, body, tuple(bufs), gather=self._gatherable())
+        rt.messenger.cast(targets, h, body, tuple(bufs),
+                          gather=self.mode == "call" and self._gatherable())
 
     def _gatherable(self) -> bool:
         """Whether host agents may gather the replies (runtime/host/gather.py): for call()
@@ -563,9 +568,10 @@ class _Collector:
     def _close(self) -> None:
         if not self.done:
             self.done = True
-            for r in list(self.remaining):
-                self._finish_rank(r)
-            self.rt.close_port(self.port)
+            if self.remaining:
+                for r in list(self.remaining):
+                    self._finish_rank(r)
+            self.rt.ports.close(self.port)
 
 
 def send(endpoint: EndpointRef, args: tuple, kwargs: dict, port: Any = None,

@@ -111,26 +111,37 @@ def parse(frames: Sequence[Any], token: bytes | Sequence[bytes]) -> tuple[Header
     (header, body, buffers). Raises FrameError for anything not of this session."""
     if not frames:
         raise FrameError("no frames")
-    head = _as_bytes(frames[0])
+    head = frames[0]
+    if type(head) is not bytes:
+        head = _as_bytes(head)
     tokens = (token,) if isinstance(token, (bytes, bytearray)) else token
     n = 0
     for tok in tokens:
-        if hmac.compare_digest(head[:len(tok)], tok):
+        if _compare(head[:len(tok)], tok):
             n = len(tok)
     if not n:
         raise FrameError("wrong session token")
-    if len(head) < n + _HLEN.size:
-        raise FrameError(f"head frame of {len(head)} bytes is too short")
+    size = len(head)
+    if size < n + _HLEN.size:
+        raise FrameError(f"head frame of {size} bytes is too short")
     flag, hlen = _HLEN.unpack_from(head, n)
     start = n + _HLEN.size
-    if flag not in (_INLINE, _SEPARATE) or start + hlen > len(head):
+    if flag not in (_INLINE, _SEPARATE) or start + hlen > size:
         raise FrameError("bad head frame layout")
-    header = decode_header(head[start:start + hlen])
+    try:  # decode_header, inline: every message comes through here
+        header = _dec.decode(head[start:start + hlen])
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise FrameError(f"bad header: {e}") from None
+    if header.kind not in _KINDS:
+        raise FrameError(f"unknown message kind {header.kind}")
     if flag == _INLINE:
         return header, head[start + hlen:], list(frames[1:])
     if len(frames) < 2 or len(head) != start + hlen:
         raise FrameError("bad head frame layout")
     return header, frames[1], list(frames[2:])
+
+
+_compare = hmac.compare_digest
 
 
 def _as_bytes(f: Any) -> bytes:
