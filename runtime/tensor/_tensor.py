@@ -52,8 +52,11 @@ def _make(size: Any, stride: Any, offset: int, dtype: torch.dtype,
           engine: Engine, key: tuple, target: "ActorMesh") -> "Tensor":
     """A new mesh tensor (`Tensor(...)` without its Python `__new__` and `__init__` frames;
     `device` already names its index where it has one)."""
-    r = _wrapper(Tensor, size, strides=stride, storage_offset=offset, dtype=dtype,
-                 device=device, requires_grad=False)
+    if offset:  # torch's defaults (offset 0, no grad) are cheaper left out: once per op
+        r = _wrapper(Tensor, size, strides=stride, storage_offset=offset, dtype=dtype,
+                     device=device)
+    else:
+        r = _wrapper(Tensor, size, strides=stride, dtype=dtype, device=device)
     if meta is not None:
         r._meta_t = meta
     r.mesh = mesh
