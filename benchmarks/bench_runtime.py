@@ -257,7 +257,10 @@ def compare(python: str, quick: bool) -> dict:
     for name in ("ray", "monarch"):
         script = os.path.join(HERE, f"ref_{name}.py")
         progress(f"reference: {name} ({python})")
-        env = dict(os.environ, PYTHONPATH=HERE)
+        # a temporary directory of its own, removed after: Ray keeps a session directory per
+        # run and Monarch its sockets and log file under the temporary directory
+        tmp = tempfile.mkdtemp(prefix=f"ref-{name}-")
+        env = dict(os.environ, PYTHONPATH=HERE, TMPDIR=tmp)
         p = subprocess.Popen([python, script] + (["--quick"] if quick else []),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         err: list[str] = []
@@ -280,6 +283,7 @@ def compare(python: str, quick: bool) -> dict:
             th.join(10)
             p.stdout.close()
             p.stderr.close()
+            shutil.rmtree(tmp, ignore_errors=True)
         line = [ln for ln in stdout.splitlines() if ln.startswith("{")]
         if timed_out.is_set():
             res[name] = {"error": "timed out"}
