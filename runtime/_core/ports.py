@@ -103,9 +103,7 @@ class Ports:
         belong there; anything else is dropped with a log line."""
         kind = h.kind
         if kind == _REPLY or kind == _PORT_SEND:
-            entry = self._ports.get(h.port)  # deliver(), inline: one call per reply
-            if entry is not None:
-                entry.on_reply(h, body, buffers)
+            self.deliver(h, body, buffers)
         elif kind == Kind.REPLY_BATCH:
             self.deliver_batch(h, body, buffers)
         else:

@@ -75,10 +75,7 @@ class DeadProcs:
         self._ids.pop(proc_id, None)
 
     def __contains__(self, proc_id: object) -> bool:
-        if proc_id in self._ids:
-            return True
-        rec = self._procs.get(proc_id)
-        return rec is not None and rec.state in ("failed", "stopped")
+        return self.first_of((proc_id,)) is not None
 
     def first_of(self, proc_ids: Any) -> Optional[str]:
         """The first of `proc_ids` that is dead, or None (`in` for each, in one call: every

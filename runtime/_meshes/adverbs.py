@@ -571,7 +571,7 @@ class _Collector:
             if self.remaining:
                 for r in list(self.remaining):
                     self._finish_rank(r)
-            self.rt.ports.close(self.port)
+            self.rt.close_port(self.port)
 
 
 def send(endpoint: EndpointRef, args: tuple, kwargs: dict, port: Any = None,

@@ -12,7 +12,7 @@ import torch
 
 from . import _coalescing
 from ._engine import Engine, _ids, engine_for, send_command, sender
-from ._metacache import ATOMS, _ops, cache, cache_key, key_of, lookup, make_key, op_entry, \
+from ._metacache import ATOMS, cache, cache_key, key_of, lookup, make_key, op_entry, \
     remember, remember_inplace, tensor_key
 from ._worker import Ref, local_shard
 
@@ -325,10 +325,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: Optional["ProcMesh"])
     """Work out `func`'s outputs' metadata on meta tensors (cached by input metadata),
     queue it for the procs of its inputs' mesh (or `active` for a factory), and return mesh
     tensors for its outputs."""
-    e = _ops.get(id(func))
-    if e is None or e[0] is not func:
-        e = op_entry(func)
-    _, kind, name = e
+    _, kind, name = op_entry(func)
     if kind is not None and not kwargs and args and type(args[0]) is Tensor:
         out = _hit(name, args)
         if out is not _MISS:

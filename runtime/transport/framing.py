@@ -128,12 +128,7 @@ def parse(frames: Sequence[Any], token: bytes | Sequence[bytes]) -> tuple[Header
     start = n + _HLEN.size
     if flag not in (_INLINE, _SEPARATE) or start + hlen > size:
         raise FrameError("bad head frame layout")
-    try:  # decode_header, inline: every message comes through here
-        header = _dec.decode(head[start:start + hlen])
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise FrameError(f"bad header: {e}") from None
-    if header.kind not in _KINDS:
-        raise FrameError(f"unknown message kind {header.kind}")
+    header = decode_header(head[start:start + hlen])
     if flag == _INLINE:
         return header, head[start + hlen:], list(frames[1:])
     if len(frames) < 2 or len(head) != start + hlen:
