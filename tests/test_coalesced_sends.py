@@ -4,6 +4,7 @@ thread's late flush, and each message checked on arrival as if it had come alone
 
 import logging
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -14,6 +15,7 @@ import zmq
 import runtime
 from runtime import Actor, endpoint, this_host
 from runtime.transport import framing, senders
+from runtime.transport.datagram import LaneInbox, lane_path
 from runtime.transport.framing import FrameError, Header, Kind
 from runtime.transport.loop import IOLoop
 
@@ -51,24 +53,31 @@ def test_a_frame_without_the_mark_is_not_coalesced():
 # -- the sending side: an I/O loop sends to a raw socket that shows each frame ----------------
 @pytest.fixture
 def wire():
-    """(loop, address of a raw PULL socket, receive(timeout) -> a message's frames or None)."""
+    """(loop, address of a bare inbox, receive(timeout) -> a message's frames or None): an
+    ipc inbox with its datagram lane (runtime/transport/datagram.py), read frame by frame."""
     d = tempfile.mkdtemp(prefix="coalesce-")
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     addr = f"ipc://{d}/pull"
     pull.bind(addr)
+    inbox = LaneInbox(pull, addr, [TOKEN])
     loop = IOLoop("coalesce-test", TOKEN, lambda h, b, bufs: None)
     loop.bind(f"ipc://{d}/inbox")
     loop.start()
 
     def receive(timeout: float = 5.0):
-        return pull.recv_multipart() if pull.poll(int(timeout * 1000)) else None
+        inbox.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
+        try:
+            head = inbox.recv()
+        except zmq.Again:
+            return None
+        return [head, *inbox.recv_multipart()]
 
     try:
         yield loop, addr, receive
     finally:
         loop.stop()
-        pull.close(linger=0)
+        inbox.close(linger=0)
         ctx.term()
         shutil.rmtree(d, ignore_errors=True)
 
@@ -178,9 +187,8 @@ def test_each_message_of_a_coalesced_frame_is_checked_alone(caplog):
     loop = IOLoop("coalesce-rx", TOKEN, lambda h, b, bufs: seen.append(h.port))
     addr = loop.bind(f"ipc://{d}/inbox")
     loop.start()
-    ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.connect(addr)
+    push = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # a sender on the inbox's lane
+    push.connect(lane_path(addr))
     try:
         with caplog.at_level(logging.WARNING, logger="runtime.transport"):
             push.send(framing.pack_coalesced([message(1), message(2, b"z" * 16), message(3)]))
@@ -194,8 +202,7 @@ def test_each_message_of_a_coalesced_frame_is_checked_alone(caplog):
         text = caplog.text
         assert "not from this session" in text and "dropped a coalesced frame" in text
     finally:
-        push.close(linger=0)
-        ctx.term()
+        push.close()
         loop.stop()
         shutil.rmtree(d, ignore_errors=True)
 

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import zmq
 
 from . import framing, receive
+from .datagram import LaneInbox
 
 log = logging.getLogger("runtime.transport")
 
@@ -294,7 +295,9 @@ class ThreadInboxes:
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(address)
-        inbox = ThreadInbox(self, address, sock)
+        lane = LaneInbox(sock, address, self.tokens, self.loop.stats)
+        inbox = ThreadInbox(self, address, lane)
+        self.loop.call_soon(self.loop.lane_inboxes.append, (lane, inbox.lock))
         self.all.append(inbox)
         self.loop.call_soon(self._watch, inbox)
         return inbox
@@ -392,6 +395,8 @@ class SharedInbox:
         self.fd: int = self.sock.getsockopt(zmq.FD)
         self.sock.setsockopt(zmq.RCVTIMEO, 100)  # a reader looks at `closing` that often
         self.lock = threading.Lock()
+        loop.lane_inboxes[:] = [(self.sock, self.lock) if i is self.sock else (i, lk)
+                                for i, lk in loop.lane_inboxes]  # its readers' lock
         self.reader: Optional[int] = None  # the thread reading, while one does
         self.pending: Any = collections.deque()  # messages handed to the I/O thread
         self.closing = False

@@ -25,12 +25,16 @@ import zmq
 
 from . import framing, receive
 from .auth import CurveKeys
+from .datagram import LaneInbox, LaneSender
 from .listen import Listener
 from .senders import ThreadSenders, send_frames
 
 log = logging.getLogger("runtime.transport")
 
 Handler = Callable[[framing.Header, Any, list], None]
+
+#: how often the loop takes stray zmq messages off its process's lane inboxes
+SWEEP_S = 1.0
 
 
 class IOLoop:
@@ -63,6 +67,13 @@ class IOLoop:
         self._timers: list = []
         self._timer_seq = itertools.count()
         self._readers: dict[int, Callable[[], None]] = {}
+        self._writers: dict[int, Callable[[], None]] = {}
+        #: every datagram-lane sender of this process (transport/datagram.py): those with a
+        #: backlog get it out before the loop's sockets close
+        self.lanes: "weakref.WeakSet[LaneSender]" = weakref.WeakSet()
+        #: the lane inboxes of this process, each with the lock its readers hold (None: the
+        #: loop's own): swept every SWEEP_S (transport/datagram.py, `LaneInbox.sweep`)
+        self.lane_inboxes: list[tuple[LaneInbox, Any]] = []
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._sleeping = False
         self._stopping = False
@@ -76,8 +87,12 @@ class IOLoop:
 
     # -- set-up --------------------------------------------------------------------------
     def bind(self, addr: str) -> str:
-        """Bind the inbox; returns the resolved address (ephemeral TCP ports filled in)."""
+        """Bind the inbox; returns the resolved address (ephemeral TCP ports filled in). An
+        ipc inbox gets its datagram lane beside it (transport/datagram.py)."""
         self.address = self.listener.bind(self.inbox, addr, self.keys)
+        if self.address.startswith("ipc://"):
+            self.inbox = LaneInbox(self.inbox, self.address, self.tokens, self.stats)
+            self.lane_inboxes.append((self.inbox, None))
         return self.address
 
     def bind_extra(self, addr: str, keys: Optional[CurveKeys] = None) -> str:
@@ -96,13 +111,14 @@ class IOLoop:
         return addr
 
     def start(self) -> None:
-        if self.shared_inbox is None:
-            self.poller.register(self.inbox, zmq.POLLIN)
+        if self.shared_inbox is None:  # a lane's descriptor, or the zmq socket
+            self.poller.register(getattr(self.inbox, "fd", self.inbox), zmq.POLLIN)
         else:  # it watches the inbox's descriptor, and drains it when no actor reads
             self.call_soon(self.shared_inbox.start)
         self.poller.register(self._wake_fd, zmq.POLLIN)
         for s in self._extra:
             self.poller.register(s, zmq.POLLIN)
+        self.call_soon(self.call_every, SWEEP_S, self._sweep_lanes)
         self._thread = threading.Thread(target=self._run, name=f"monarch-io-{self.name}",
                                         daemon=True)
         self._thread.start()
@@ -198,6 +214,31 @@ class IOLoop:
             except KeyError:
                 pass
 
+    def _sweep_lanes(self) -> None:
+        for inbox, lock in list(self.lane_inboxes):
+            if inbox.closing:
+                self.lane_inboxes.remove((inbox, lock))
+            elif lock is None:
+                inbox.sweep()
+            elif lock.acquire(False):  # else its reader is at it: next time
+                try:
+                    inbox.sweep()
+                finally:
+                    lock.release()
+
+    def add_writer(self, fd: int, fn: Callable[[], None]) -> None:
+        """Call `fn()` when `fd` is writable (loop thread only; never also a reader's fd)."""
+        if fd not in self._writers:
+            self._writers[fd] = fn
+            self.poller.register(fd, zmq.POLLOUT)
+
+    def remove_writer(self, fd: int) -> None:
+        if self._writers.pop(fd, None) is not None:
+            try:
+                self.poller.unregister(fd)
+            except KeyError:
+                pass
+
     def forget_peer(self, addr: str) -> None:
         """Close the sockets to a peer that is gone, dropping what they had queued (loop
         thread; other threads close theirs on their next send)."""
@@ -228,11 +269,18 @@ class IOLoop:
         """A PUSH socket connected to `addr` (CurveZMQ for TCP peers), for one owning thread."""
         return _push_socket(self.ctx, addr, self.peer_keys.get(addr, self.keys))
 
+    def new_sender(self, addr: str, lock: Optional[threading.Lock]) -> Any:
+        """What one owner sends to `addr` with: the datagram lane to an ipc inbox (the
+        owner's sends under `lock`; None: the loop's own), else a PUSH socket."""
+        if addr[:6] == "ipc://":
+            return LaneSender(self, addr, lock)
+        return self.new_push_socket(addr)
+
     def _send_from_loop(self, addr: str, frames: list) -> None:
         s = self._out.get(addr)
         try:
             if s is None:
-                s = self._out[addr] = self.new_push_socket(addr)
+                s = self._out[addr] = self.new_sender(addr, None)
             send_frames(s, frames)
             self.stats.loop_sent += 1
         except zmq.ZMQError as e:
@@ -269,6 +317,9 @@ class IOLoop:
         self.thread_id = threading.get_ident()
         wake_fd = self._wake_fd
         inbox = self.inbox
+        # what the poller reports for the inbox, when this thread watches it (a shared
+        # inbox's descriptor is a reader's: transport.inbox.SharedInbox takes its lock)
+        inbox_fd = getattr(inbox, "fd", inbox) if self.shared_inbox is None else None
         try:
             while True:
                 self._run_calls()
@@ -283,7 +334,7 @@ class IOLoop:
                 events = self.poller.poll(int(timeout * 1000) + 1)
                 self._sleeping = False
                 for what, _ in events:
-                    if what is inbox:
+                    if what == inbox_fd:
                         self.drain_inbox(inbox)
                     elif isinstance(what, zmq.Socket):
                         self.drain_inbox(what)
@@ -293,7 +344,7 @@ class IOLoop:
                         except BlockingIOError:
                             pass
                     else:
-                        fn = self._readers.get(what)
+                        fn = self._readers.get(what) or self._writers.get(what)
                         if fn is not None:
                             try:
                                 fn()
@@ -316,6 +367,9 @@ class IOLoop:
             except zmq.ZMQError:
                 pass
         self._out.clear()
+        for lane in list(self.lanes):  # backlogs still waiting for room: out now, or dropped
+            if lane.armed:
+                lane.finish()
         self.listener.close()
         try:
             self.ctx.term()

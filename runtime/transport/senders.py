@@ -43,7 +43,7 @@ log = logging.getLogger("runtime.transport")
 BURST_GAP_S = 100e-6
 #: what a thread holds for one address at most before sending it
 MAX_HELD = 64
-MAX_HELD_BYTES = 256 << 10
+MAX_HELD_BYTES = 60 << 10  # a burst then fits one datagram (transport/datagram.py)
 #: only one-frame messages up to this size are held
 MAX_HELD_MESSAGE = 16 << 10
 #: the I/O thread sends what a thread still holds this long after it began holding
@@ -164,7 +164,7 @@ class ThreadSenders:
         s = self.socks.get(addr)
         try:
             if s is None:
-                s = self.socks[addr] = self.loop.new_push_socket(addr)
+                s = self.socks[addr] = self.loop.new_sender(addr, self.lock)
             send_frames(s, frames)
             self.sent += count
         except zmq.ZMQError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ import runtime
 from runtime import ActorError, MessageTooLargeError, SupervisionError, this_host
 from runtime.config import config
 from runtime.transport import framing
+from runtime.transport.datagram import BULK, lane_path
 from runtime.transport.framing import Header, Kind
 from _actors import Cleaner, Echo, Parent
 
@@ -237,12 +239,22 @@ def test_unauthenticated_frames_are_dropped(mesh, tmp_path, failures):
             s.send_multipart([rt.token[:8] + b"\0" * 8, framing.encode_header(
                 Header(Kind.REPLY, port=1)), evil])
             s.close(linger=1000)
+            # the same on the inbox's datagram lane (runtime/transport/datagram.py), and a
+            # pointer to a zmq message without the session's token (not waited for)
+            d = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            d.connect(lane_path(addr))
+            d.send(os.urandom(37))
+            d.send(b"x" * 16 + framing.encode_header(Header(Kind.CALL, actor="w",
+                                                             method="ping")) + evil)
+            d.send(rt.token[:8] + b"\0" * 8 + evil)
+            d.send(BULK + b"k" * 16 + b"t" * len(rt.token))
+            d.close()
     finally:
         ctx.term()
     deadline = time.monotonic() + 5
-    while rt.stats["dropped"] < before + 4 and time.monotonic() < deadline:
+    while rt.stats["dropped"] < before + 8 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert rt.stats["dropped"] >= before + 4
+    assert rt.stats["dropped"] >= before + 8
     assert list(am.ping.call(5).get(timeout=10).values()) == [5, 5]
     assert not marker.exists(), "a frame from an unknown peer was unpickled"
     assert not failures
