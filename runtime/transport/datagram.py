@@ -33,6 +33,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from typing import Any, Optional
 
 import zmq
@@ -52,6 +53,8 @@ BULK_WAIT_S = 30.0
 #: a sender retries the connection to an inbox not bound yet this often (doubling up to MAX)
 RETRY_S = 0.01
 RETRY_MAX_S = 0.1
+#: how often the I/O loop takes stray zmq messages off its process's lane inboxes
+SWEEP_S = 1.0
 #: bytes a sender may have in the receiver's queue (the kernel caps it at wmem_max)
 SNDBUF = 1 << 20
 _MAX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
@@ -281,7 +284,7 @@ class LaneSender:
         self.linger_until = 0.0
         self.retry_s = RETRY_S
         self.connected = self._connect()
-        loop.lanes.add(self)
+        loop.lanes.senders.add(self)
 
     # -- the owner (lock held) ------------------------------------------------------------------
     def send(self, frame: Any, flags: int = 0) -> None:
@@ -439,6 +442,42 @@ class LaneSender:
                 log.warning("%s: %d messages not delivered before the socket closed",
                             self.address, len(self.backlog))
             self._retire()
+
+
+class Lanes:
+    """One process's lane inboxes (each with the lock its readers hold; None: the I/O
+    loop's own) and senders, for its I/O loop: strays swept every `SWEEP_S`, backlogs sent
+    before the loop's sockets close."""
+
+    def __init__(self) -> None:
+        self.senders: "weakref.WeakSet[LaneSender]" = weakref.WeakSet()
+        self.inboxes: list[tuple[LaneInbox, Any]] = []
+
+    def add_inbox(self, inbox: LaneInbox, lock: Any) -> None:
+        self.inboxes.append((inbox, lock))
+
+    def set_lock(self, inbox: LaneInbox, lock: Any) -> None:
+        """Its readers hold `lock` from now on (a shared inbox, before the loop starts)."""
+        self.inboxes = [(i, lock if i is inbox else lk) for i, lk in self.inboxes]
+
+    def sweep(self) -> None:
+        """`LaneInbox.sweep` each inbox whose lock is free (loop thread)."""
+        for inbox, lock in list(self.inboxes):
+            if inbox.closing:
+                self.inboxes.remove((inbox, lock))
+            elif lock is None:
+                inbox.sweep()
+            elif lock.acquire(False):  # else its reader is at it: next time
+                try:
+                    inbox.sweep()
+                finally:
+                    lock.release()
+
+    def finish(self) -> None:
+        """The loop stops: every backlog out within its linger, or dropped (loop thread)."""
+        for sender in list(self.senders):
+            if sender.armed:
+                sender.finish()
 
 
 class _NoLock:

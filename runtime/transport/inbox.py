@@ -297,7 +297,7 @@ class ThreadInboxes:
         sock.bind(address)
         lane = LaneInbox(sock, address, self.tokens, self.loop.stats)
         inbox = ThreadInbox(self, address, lane)
-        self.loop.call_soon(self.loop.lane_inboxes.append, (lane, inbox.lock))
+        self.loop.lanes.add_inbox(lane, inbox.lock)
         self.all.append(inbox)
         self.loop.call_soon(self._watch, inbox)
         return inbox
@@ -395,8 +395,7 @@ class SharedInbox:
         self.fd: int = self.sock.getsockopt(zmq.FD)
         self.sock.setsockopt(zmq.RCVTIMEO, 100)  # a reader looks at `closing` that often
         self.lock = threading.Lock()
-        loop.lane_inboxes[:] = [(self.sock, self.lock) if i is self.sock else (i, lk)
-                                for i, lk in loop.lane_inboxes]  # its readers' lock
+        loop.lanes.set_lock(self.sock, self.lock)
         self.reader: Optional[int] = None  # the thread reading, while one does
         self.pending: Any = collections.deque()  # messages handed to the I/O thread
         self.closing = False

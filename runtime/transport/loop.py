@@ -25,16 +25,13 @@ import zmq
 
 from . import framing, receive
 from .auth import CurveKeys
-from .datagram import LaneInbox, LaneSender
+from .datagram import SWEEP_S, LaneInbox, Lanes, LaneSender
 from .listen import Listener
 from .senders import ThreadSenders, send_frames
 
 log = logging.getLogger("runtime.transport")
 
 Handler = Callable[[framing.Header, Any, list], None]
-
-#: how often the loop takes stray zmq messages off its process's lane inboxes
-SWEEP_S = 1.0
 
 
 class IOLoop:
@@ -64,16 +61,10 @@ class IOLoop:
         #: (runtime/transport/senders.py); set before threads send
         self.coalesce = True
         self._calls: collections.deque = collections.deque()
-        self._timers: list = []
-        self._timer_seq = itertools.count()
+        self.timers = Timers(name)
         self._readers: dict[int, Callable[[], None]] = {}
         self._writers: dict[int, Callable[[], None]] = {}
-        #: every datagram-lane sender of this process (transport/datagram.py): those with a
-        #: backlog get it out before the loop's sockets close
-        self.lanes: "weakref.WeakSet[LaneSender]" = weakref.WeakSet()
-        #: the lane inboxes of this process, each with the lock its readers hold (None: the
-        #: loop's own): swept every SWEEP_S (transport/datagram.py, `LaneInbox.sweep`)
-        self.lane_inboxes: list[tuple[LaneInbox, Any]] = []
+        self.lanes = Lanes()  # this process's datagram lanes (transport/datagram.py)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._sleeping = False
         self._stopping = False
@@ -92,7 +83,7 @@ class IOLoop:
         self.address = self.listener.bind(self.inbox, addr, self.keys)
         if self.address.startswith("ipc://"):
             self.inbox = LaneInbox(self.inbox, self.address, self.tokens, self.stats)
-            self.lane_inboxes.append((self.inbox, None))
+            self.lanes.add_inbox(self.inbox, None)
         return self.address
 
     def bind_extra(self, addr: str, keys: Optional[CurveKeys] = None) -> str:
@@ -118,7 +109,7 @@ class IOLoop:
         self.poller.register(self._wake_fd, zmq.POLLIN)
         for s in self._extra:
             self.poller.register(s, zmq.POLLIN)
-        self.call_soon(self.call_every, SWEEP_S, self._sweep_lanes)
+        self.call_soon(self.call_every, SWEEP_S, self.lanes.sweep)
         self._thread = threading.Thread(target=self._run, name=f"monarch-io-{self.name}",
                                         daemon=True)
         self._thread.start()
@@ -189,18 +180,11 @@ class IOLoop:
 
     def call_later(self, delay: float, fn: Callable, *args: Any) -> None:
         """Run `fn(*args)` on the loop thread after `delay` seconds (loop thread only)."""
-        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._timer_seq), fn, args))
+        self.timers.later(delay, fn, *args)
 
     def call_every(self, period: float, fn: Callable[[], Any]) -> None:
         """Run `fn()` every `period` seconds on the loop thread (loop thread only)."""
-        def tick() -> None:
-            try:
-                fn()
-            finally:
-                if not self._stopping:
-                    self.call_later(period, tick)
-
-        self.call_later(period, tick)
+        self.timers.every(period, fn, lambda: self._stopping)
 
     def add_reader(self, fd: int, fn: Callable[[], None]) -> None:
         """Call `fn()` when `fd` is readable (loop thread only)."""
@@ -208,36 +192,20 @@ class IOLoop:
         self.poller.register(fd, zmq.POLLIN)
 
     def remove_reader(self, fd: int) -> None:
-        if self._readers.pop(fd, None) is not None:
+        """Stop watching `fd` (a reader's or a writer's)."""
+        if self._readers.pop(fd, None) is not None or self._writers.pop(fd, None) is not None:
             try:
                 self.poller.unregister(fd)
             except KeyError:
                 pass
 
-    def _sweep_lanes(self) -> None:
-        for inbox, lock in list(self.lane_inboxes):
-            if inbox.closing:
-                self.lane_inboxes.remove((inbox, lock))
-            elif lock is None:
-                inbox.sweep()
-            elif lock.acquire(False):  # else its reader is at it: next time
-                try:
-                    inbox.sweep()
-                finally:
-                    lock.release()
+    remove_writer = remove_reader
 
     def add_writer(self, fd: int, fn: Callable[[], None]) -> None:
         """Call `fn()` when `fd` is writable (loop thread only; never also a reader's fd)."""
         if fd not in self._writers:
             self._writers[fd] = fn
             self.poller.register(fd, zmq.POLLOUT)
-
-    def remove_writer(self, fd: int) -> None:
-        if self._writers.pop(fd, None) is not None:
-            try:
-                self.poller.unregister(fd)
-            except KeyError:
-                pass
 
     def forget_peer(self, addr: str) -> None:
         """Close the sockets to a peer that is gone, dropping what they had queued (loop
@@ -300,19 +268,6 @@ class IOLoop:
             except Exception:
                 log.exception("%s: callback %r failed", self.name, fn)
 
-    def _run_timers(self) -> float:
-        now = time.monotonic()
-        timers = self._timers
-        while timers and timers[0][0] <= now:
-            _, _, fn, args = heapq.heappop(timers)
-            try:
-                fn(*args)
-            except Exception:
-                log.exception("%s: timer %r failed", self.name, fn)
-        if timers:
-            return max(0.0, timers[0][0] - time.monotonic())
-        return 1.0
-
     def _run(self) -> None:
         self.thread_id = threading.get_ident()
         wake_fd = self._wake_fd
@@ -323,7 +278,7 @@ class IOLoop:
         try:
             while True:
                 self._run_calls()
-                timeout = self._run_timers()
+                timeout = self.timers.run_due()
                 if self._stopping:
                     self._run_calls()
                     break
@@ -367,9 +322,7 @@ class IOLoop:
             except zmq.ZMQError:
                 pass
         self._out.clear()
-        for lane in list(self.lanes):  # backlogs still waiting for room: out now, or dropped
-            if lane.armed:
-                lane.finish()
+        self.lanes.finish()  # backlogs still waiting for room: out now, or dropped
         self.listener.close()
         try:
             self.ctx.term()
@@ -379,6 +332,42 @@ class IOLoop:
             os.close(self._wake_fd)
         except OSError:
             pass
+
+
+class Timers:
+    """An I/O loop's timers (loop thread only): a heap of (when, sequence, fn, args)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.heap: list = []
+        self.seq = itertools.count()
+
+    def later(self, delay: float, fn: Callable, *args: Any) -> None:
+        heapq.heappush(self.heap, (time.monotonic() + delay, next(self.seq), fn, args))
+
+    def every(self, period: float, fn: Callable[[], Any], stopping: Callable[[], bool]) -> None:
+        def tick() -> None:
+            try:
+                fn()
+            finally:
+                if not stopping():
+                    self.later(period, tick)
+
+        self.later(period, tick)
+
+    def run_due(self) -> float:
+        """Run what is due; returns the seconds until the next timer (1 s when none)."""
+        now = time.monotonic()
+        heap = self.heap
+        while heap and heap[0][0] <= now:
+            _, _, fn, args = heapq.heappop(heap)
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("%s: timer %r failed", self.name, fn)
+        if heap:
+            return max(0.0, heap[0][0] - time.monotonic())
+        return 1.0
 
 
 def _push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.Socket:
