@@ -87,19 +87,29 @@ class IOLoop:
         return self.address
 
     def bind_extra(self, addr: str, keys: Optional[CurveKeys] = None) -> str:
-        """Listen on a second address too (e.g. TCP with CurveZMQ besides the ipc inbox)."""
+        """Listen on a second address too (e.g. TCP with CurveZMQ besides the ipc inbox;
+        on ipc with a datagram lane, as every ipc inbox)."""
         s = self.ctx.socket(zmq.PULL)
         s.setsockopt(zmq.RCVHWM, 0)
         s.setsockopt(zmq.LINGER, 0)
         try:
             addr = self.listener.bind(s, addr, keys or self.keys)
+            if addr.startswith("ipc://"):
+                s = LaneInbox(s, addr, self.tokens, self.stats)
+                self.lanes.add_inbox(s, None)
         except BaseException:
             s.close()
             raise
         self._extra.append(s)
         if self._thread is not None:
-            self.call_soon(self.poller.register, s, zmq.POLLIN)
+            self.call_soon(self._watch_extra, s)
         return addr
+
+    def _watch_extra(self, s: Any) -> None:
+        if isinstance(s, LaneInbox):
+            self.add_reader(s.fd, lambda: self.drain_inbox(s))
+        else:
+            self.poller.register(s, zmq.POLLIN)
 
     def start(self) -> None:
         if self.shared_inbox is None:  # a lane's descriptor, or the zmq socket
@@ -108,7 +118,7 @@ class IOLoop:
             self.call_soon(self.shared_inbox.start)
         self.poller.register(self._wake_fd, zmq.POLLIN)
         for s in self._extra:
-            self.poller.register(s, zmq.POLLIN)
+            self._watch_extra(s)
         self.call_soon(self.call_every, SWEEP_S, self.lanes.sweep)
         self._thread = threading.Thread(target=self._run, name=f"monarch-io-{self.name}",
                                         daemon=True)
@@ -158,25 +168,7 @@ class IOLoop:
         the loop starts or after it stopped, runs it in the calling thread."""
         if self._thread is None or self._stopping or self.in_loop():
             return fn(*args)
-        box: list = []
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                box.append((True, fn(*args)))
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller
-                box.append((False, e))
-            finally:
-                done.set()
-
-        self.call_soon(run)
-        if not done.wait(timeout):
-            raise TimeoutError(f"{self.name}: the I/O thread did not run {fn!r} within "
-                               f"{timeout:g} s")
-        ok, value = box[0]
-        if ok:
-            return value
-        raise value
+        return _run_on_loop(self, fn, args, timeout)
 
     def call_later(self, delay: float, fn: Callable, *args: Any) -> None:
         """Run `fn(*args)` on the loop thread after `delay` seconds (loop thread only)."""
@@ -332,6 +324,28 @@ class IOLoop:
             os.close(self._wake_fd)
         except OSError:
             pass
+
+
+def _run_on_loop(loop: IOLoop, fn: Callable, args: tuple, timeout: float) -> Any:
+    box: list = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box.append((True, fn(*args)))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            box.append((False, e))
+        finally:
+            done.set()
+
+    loop.call_soon(run)
+    if not done.wait(timeout):
+        raise TimeoutError(f"{loop.name}: the I/O thread did not run {fn!r} within "
+                           f"{timeout:g} s")
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
 
 
 class Timers:
