@@ -293,8 +293,11 @@ class LaneSender:
             self._send_bulk([frame])
             return
         if self.backlog or not self.connected:
-            self._defer(frame)
-            return
+            if self.connected:  # what the receiver made room for goes now, from here
+                self._send_backlog()
+            if self.backlog or not self.connected:
+                self._defer(frame)
+                return
         try:
             self.dg.send(frame)
         except BlockingIOError:
@@ -340,6 +343,17 @@ class LaneSender:
             self.zsock = self.loop.new_push_socket(self.address)
         self.zsock.send_multipart([key, *frames], copy=False, flags=_NOBLOCK)
         self.send(pointer(key, self.loop.token))
+
+    def _send_backlog(self) -> None:
+        """Send from the backlog while the receiver has room (the owner, on its next send:
+        the loop may not get a core soon on a busy machine; it stays armed meanwhile)."""
+        backlog, dg = self.backlog, self.dg
+        try:
+            while backlog:
+                dg.send(backlog[0])
+                backlog.popleft()
+        except OSError:  # no room, or gone: the loop's flush sees to it
+            pass
 
     def _defer(self, frame: bytes) -> None:
         self.backlog.append(bytes(frame) if type(frame) is not bytes else frame)
