@@ -261,3 +261,62 @@ def test_no_socket_file_is_left_behind(tmpdir_):
         loop.stop()
     assert wait_for(lambda: not [f for f in os.listdir(tmpdir_)
                                  if f.endswith(datagram.SUFFIX)], 5.0)
+
+
+# -- the setting -----------------------------------------------------------------------------------
+def test_with_the_lane_off_inboxes_are_plain_zmq(tmpdir_, monkeypatch):
+    from runtime.config import config
+
+    monkeypatch.setattr(config, "datagram_lane", False)
+    got: list = []
+    rx = IOLoop("plain-rx", TOKEN, lambda h, b, bufs: got.append(h.port))
+    addr = rx.bind(f"ipc://{tmpdir_}/rx")
+    tx = IOLoop("plain-tx", TOKEN, lambda h, b, bufs: None)
+    tx.bind(f"ipc://{tmpdir_}/tx")
+    rx.start()
+    tx.start()
+    try:
+        assert isinstance(rx.inbox, zmq.Socket)
+        in_thread(lambda: [tx.send(addr, small(i) if i % 3 else bulk(i)) for i in range(30)])
+        assert wait_for(lambda: len(got) == 30)
+        assert got == list(range(30))
+        assert not [f for f in os.listdir(tmpdir_) if f.endswith(datagram.SUFFIX)]
+    finally:
+        tx.stop()
+        rx.stop()
+
+
+_SCRIPT = """
+import os, sys
+sys.path.insert(0, {root!r})
+import runtime
+from runtime import Actor, endpoint, this_host
+
+class Echo(Actor):
+    @endpoint
+    def echo(self, x):
+        return x
+
+pm = this_host().spawn_procs(per_host={{"procs": 2}})
+am = pm.spawn("echo", Echo)
+big = b"x" * (1 << 20)
+assert list(am.echo.call(3).get(timeout=30).values()) == [3, 3]
+assert am.slice(procs=1).echo.call_one(big).get(timeout=30) == big
+run_dir = os.path.dirname(runtime.get_runtime().address[len("ipc://"):])
+print(sorted(f.endswith(".dg") for f in os.listdir(run_dir))[-1])
+pm.stop().get(timeout=30)
+runtime.shutdown()
+"""
+
+
+@pytest.mark.parametrize("lane", ["1", "0"])
+def test_a_mesh_runs_with_the_lane_on_and_off(lane):
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, MONARCH_DATAGRAM_LANE=lane)
+    p = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=root)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip() == ("True" if lane == "1" else "False")

@@ -295,9 +295,12 @@ class ThreadInboxes:
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(address)
-        lane = LaneInbox(sock, address, self.tokens, self.loop.stats)
-        inbox = ThreadInbox(self, address, lane)
-        self.loop.lanes.add_inbox(lane, inbox.lock)
+        if not self.loop.lane:
+            inbox = ThreadInbox(self, address, sock)
+        else:
+            lane = LaneInbox(sock, address, self.tokens, self.loop.stats)
+            inbox = ThreadInbox(self, address, lane)
+            self.loop.lanes.add_inbox(lane, inbox.lock)
         self.all.append(inbox)
         self.loop.call_soon(self._watch, inbox)
         return inbox

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
+from ..config import config
 from . import framing, receive
 from .auth import CurveKeys
 from .datagram import SWEEP_S, LaneInbox, Lanes, LaneSender
@@ -60,6 +61,8 @@ class IOLoop:
         #: hold a thread's bursts of small messages to one address and send them as one
         #: (runtime/transport/senders.py); set before threads send
         self.coalesce = True
+        #: ipc inboxes get a datagram lane, and sends to them use it (transport/datagram.py)
+        self.lane = config.datagram_lane
         self._calls: collections.deque = collections.deque()
         self.timers = Timers(name)
         self._readers: dict[int, Callable[[], None]] = {}
@@ -81,7 +84,7 @@ class IOLoop:
         """Bind the inbox; returns the resolved address (ephemeral TCP ports filled in). An
         ipc inbox gets its datagram lane beside it (transport/datagram.py)."""
         self.address = self.listener.bind(self.inbox, addr, self.keys)
-        if self.address.startswith("ipc://"):
+        if self.lane and self.address.startswith("ipc://"):
             self.inbox = LaneInbox(self.inbox, self.address, self.tokens, self.stats)
             self.lanes.add_inbox(self.inbox, None)
         return self.address
@@ -94,7 +97,7 @@ class IOLoop:
         s.setsockopt(zmq.LINGER, 0)
         try:
             addr = self.listener.bind(s, addr, keys or self.keys)
-            if addr.startswith("ipc://"):
+            if self.lane and addr.startswith("ipc://"):
                 s = LaneInbox(s, addr, self.tokens, self.stats)
                 self.lanes.add_inbox(s, None)
         except BaseException:
@@ -232,7 +235,7 @@ class IOLoop:
     def new_sender(self, addr: str, lock: Optional[threading.Lock]) -> Any:
         """What one owner sends to `addr` with: the datagram lane to an ipc inbox (the
         owner's sends under `lock`; None: the loop's own), else a PUSH socket."""
-        if addr[:6] == "ipc://":
+        if self.lane and addr[:6] == "ipc://":
             return LaneSender(self, addr, lock)
         return self.new_push_socket(addr)
 
