@@ -1,11 +1,13 @@
 """CPU per call: where a `call_one` round trip spends its time, thread by thread, against
-raw pyzmq REQ/REP.
+raw pyzmq REQ/REP; with --gather, a call on 4 procs and its gather against raw PUSH to 4
+echo peers and PULL of their 4 replies.
 
-    python benchmarks/bench_call_cpu.py [--calls 3000]
+    python benchmarks/bench_call_cpu.py [--calls 3000] [--gather]
 
 Prints wall time and CPU time per round trip on each side (the controller: this process;
-the proc / the REP peer), measured in the same run, then the CPU per round trip of every
-thread of both sides (Linux per-thread times through psutil). CPU time is steadier than
+the proc / the REP peer; with --gather the 4 procs or peers together), measured in the
+same run, then the CPU per round trip of every thread of both sides (Linux per-thread
+times through psutil). CPU time is steadier than
 wall time on a loaded machine, and a round trip is a chain: its wall time is about the sum
 of the CPU of the threads it passes through. Progress goes to stderr.
 """
@@ -31,6 +33,18 @@ s = zmq.Context().socket(zmq.REP); s.bind(sys.argv[1])
 while True:
     m = s.recv(); s.send(m)
     if m == b"quit": break
+"""
+
+_ECHO = r"""
+import sys, zmq
+ctx = zmq.Context()
+r = ctx.socket(zmq.PULL); r.bind(sys.argv[1])
+w = ctx.socket(zmq.PUSH); w.connect(sys.argv[2])
+while True:
+    m = r.recv()
+    if m == b"quit": break
+    w.send(m)
+w.close(linger=1000)
 """
 
 Sample = dict  # thread label -> CPU seconds
@@ -93,7 +107,48 @@ def raw(n: int) -> tuple[float, list]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def ours(n: int) -> tuple[float, list]:
+def raw_gather(n: int) -> tuple[float, list]:
+    d = tempfile.mkdtemp(prefix="bench-")
+    ctx = zmq.Context.instance()
+    back = ctx.socket(zmq.PULL)
+    back.bind(f"ipc://{d}/back")
+    peers, socks = [], []
+    for i in range(4):
+        peers.append(subprocess.Popen([sys.executable, "-c", _ECHO, f"ipc://{d}/p{i}",
+                                       f"ipc://{d}/back"]))
+        w = ctx.socket(zmq.PUSH)
+        w.connect(f"ipc://{d}/p{i}")
+        socks.append(w)
+
+    def gather() -> None:
+        for w in socks:
+            w.send(b"x")
+        for _ in socks:
+            back.recv()
+
+    try:
+        wall, per = _measure(gather, [(os.getpid(), _own_names)] +
+                             [(p.pid, lambda p=p: {p.pid: "echo loop"}) for p in peers], n)
+        return wall, [per[0], _summed(per[1:])]
+    finally:
+        for w in socks:
+            w.send(b"quit")
+            w.close(linger=1000)
+        for p in peers:
+            p.wait(10)
+        back.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _summed(samples: list) -> Sample:
+    out: Sample = {}
+    for s in samples:
+        for k, v in s.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def ours(n: int, procs: int = 1) -> tuple[float, list]:
     import runtime
     from runtime import Actor, endpoint, this_host
 
@@ -103,21 +158,27 @@ def ours(n: int) -> tuple[float, list]:
             return None
 
         @endpoint
-        def thread_names(self) -> dict:
-            return {t.native_id: t.name for t in threading.enumerate()}
+        def thread_names(self) -> tuple:
+            return os.getpid(), {t.native_id: t.name for t in threading.enumerate()}
 
-    pm = this_host().spawn_procs(per_host={"procs": 1})
+    pm = this_host().spawn_procs(per_host={"procs": procs})
     try:
-        one = pm.spawn("noop", Noop)
-        names = one.thread_names.call_one().get(timeout=60)
-        proc_names = {k: ("actor thread" if v.startswith("actor-") else
+        mesh = pm.spawn("noop", Noop)
+        one = mesh.slice(procs=0)
+        sides = []
+        for rank in range(procs):
+            pid, names = mesh.slice(procs=rank).thread_names.call_one().get(timeout=60)
+            labels = {k: ("actor thread" if v.startswith("actor-") else
                           "I/O thread" if v.startswith("monarch-io") else v)
                       for k, v in names.items()}
+            sides.append((pid, lambda labels=labels: labels))
         ctl_names = lambda: {k: ("caller (main) thread" if v == "MainThread" else
                                  "I/O thread" if v.startswith("monarch-io") else v)
                              for k, v in _own_names().items()}
-        return _measure(lambda: one.noop.call_one().get(),
-                        [(os.getpid(), ctl_names), (pm.procs[0].pid, lambda: proc_names)], n)
+        call = (lambda: one.noop.call_one().get()) if procs == 1 else \
+            (lambda: mesh.noop.call().get())
+        wall, per = _measure(call, [(os.getpid(), ctl_names)] + sides, n)
+        return wall, [per[0], _summed(per[1:])]
     finally:
         pm.stop().get(timeout=30)
         runtime.shutdown()
@@ -126,20 +187,24 @@ def ours(n: int) -> tuple[float, list]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=3000)
+    ap.add_argument("--gather", action="store_true", help="a call on 4 procs and its gather")
     a = ap.parse_args()
-    print("measuring raw pyzmq REQ/REP ...", file=sys.stderr)
-    r = raw(a.calls)
-    print("measuring call_one ...", file=sys.stderr)
-    o = ours(a.calls)
+    names = ("raw PUSH/PULL x4", "call on 4 + gather") if a.gather else \
+        ("raw pyzmq REQ/REP", "call_one")
+    print(f"measuring {names[0]} ...", file=sys.stderr)
+    r = raw_gather(a.calls) if a.gather else raw(a.calls)
+    print(f"measuring {names[1]} ...", file=sys.stderr)
+    o = ours(a.calls, 4 if a.gather else 1)
     tot = lambda side: sum(side.values())
-    print(f"{'per round trip':<22} | {'wall':>8} | {'caller CPU':>10} | {'callee CPU':>10}")
-    for label, (w, (c, p)) in (("raw pyzmq REQ/REP", r), ("call_one", o)):
+    callee = "callees' CPU" if a.gather else "callee CPU"
+    print(f"{'per round trip':<22} | {'wall':>8} | {'caller CPU':>10} | {callee:>10}")
+    for label, (w, (c, p)) in ((names[0], r), (names[1], o)):
         print(f"{label:<22} | {w * 1e6:5.0f} us | {tot(c) * 1e6:7.0f} us | {tot(p) * 1e6:7.0f} us")
     print(f"{'ratio':<22} | {o[0] / r[0]:7.2f}x | {tot(o[1][0]) / tot(r[1][0]):9.2f}x | "
           f"{tot(o[1][1]) / tot(r[1][1]):9.2f}x")
     print()
     print(f"{'CPU per round trip, by thread':<44} | {'us':>6}")
-    for label, (_, sides) in (("raw", r), ("call_one", o)):
+    for label, (_, sides) in (("raw", r), ("ours", o)):
         for side, sample in zip(("caller", "callee"), sides):
             for name, sec in sorted(sample.items(), key=lambda kv: -kv[1]):
                 if sec * 1e6 >= 0.5:

@@ -41,21 +41,50 @@ def tmpdir_():
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.fixture
-def pair(tmpdir_):
-    """(sending loop, receiving loop's address, ports received in order)."""
-    got: list = []
+def two_loops(d: str, got: list) -> tuple[IOLoop, IOLoop]:
+    """A sending loop and a receiving one (which appends (port, body length, buffer count)
+    of what it receives to `got`), started."""
     rx = IOLoop("lane-rx", TOKEN, lambda h, b, bufs: got.append((h.port, len(b), len(bufs))))
-    addr = rx.bind(f"ipc://{tmpdir_}/rx")
+    rx.bind(f"ipc://{d}/rx")
     tx = IOLoop("lane-tx", TOKEN, lambda h, b, bufs: None)
-    tx.bind(f"ipc://{tmpdir_}/tx")
+    tx.bind(f"ipc://{d}/tx")
     rx.start()
     tx.start()
+    return tx, rx
+
+
+@pytest.fixture
+def pair(tmpdir_):
+    """(sending loop, receiving loop's address, what it received, in order)."""
+    got: list = []
+    tx, rx = two_loops(tmpdir_, got)
     try:
-        yield tx, addr, got
+        yield tx, rx.address, got
     finally:
         tx.stop()
         rx.stop()
+
+
+@pytest.fixture
+def bare(tmpdir_):
+    """(sending loop, without coalescing, and a bare lane inbox nobody reads until the test
+    does, with its address)."""
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    addr = f"ipc://{tmpdir_}/slow"
+    pull.bind(addr)
+    inbox = LaneInbox(pull, addr, [TOKEN])
+    inbox.setsockopt(zmq.RCVTIMEO, 5000)
+    tx = IOLoop("lane-tx", TOKEN, lambda h, b, bufs: None)
+    tx.coalesce = False  # one datagram per message: far more than the kernel queues
+    tx.bind(f"ipc://{tmpdir_}/tx")
+    tx.start()
+    try:
+        yield tx, inbox, addr
+    finally:
+        tx.stop()
+        inbox.close()
+        ctx.term()
 
 
 def wait_for(cond, timeout: float = 10.0) -> bool:
@@ -130,30 +159,17 @@ def test_each_of_several_threads_keeps_its_order(pair):
         assert mine == list(range(per))
 
 
-def test_a_sender_never_blocks_on_an_inbox_that_does_not_read(tmpdir_):
+def test_a_sender_never_blocks_on_an_inbox_that_does_not_read(bare):
     """The kernel queues a few datagrams per inbox (net.unix.max_dgram_qlen): the rest wait
     in the sender's backlog, and arrive in order once the inbox reads."""
-    ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    addr = f"ipc://{tmpdir_}/slow"
-    pull.bind(addr)
-    inbox = LaneInbox(pull, addr, [TOKEN])
-    tx = IOLoop("lane-tx", TOKEN, lambda h, b, bufs: None)
-    tx.coalesce = False  # one datagram per message: far more than the kernel queues
-    tx.bind(f"ipc://{tmpdir_}/tx")
-    tx.start()
+    tx, inbox, addr = bare
     n = 2000
-    try:
-        t0 = time.monotonic()
-        in_thread(lambda: [tx.send(addr, small(i)) for i in range(n)])
-        assert time.monotonic() - t0 < 10
-        inbox.setsockopt(zmq.RCVTIMEO, 5000)
-        ports = [framing.parse([inbox.recv()], TOKEN)[0].port for _ in range(n)]
-        assert ports == list(range(n))
-    finally:
-        tx.stop()
-        inbox.close()
-        ctx.term()
+    sender = threading.Thread(target=lambda: [tx.send(addr, small(i)) for i in range(n)])
+    sender.start()
+    sender.join(10)
+    assert not sender.is_alive()  # all sent (or in its backlog) before anything was read
+    ports = [framing.parse([inbox.recv()], TOKEN)[0].port for _ in range(n)]
+    assert ports == list(range(n))
 
 
 def test_messages_to_an_inbox_not_bound_yet_arrive_once_it_is(tmpdir_):
@@ -175,27 +191,13 @@ def test_messages_to_an_inbox_not_bound_yet_arrive_once_it_is(tmpdir_):
         rx.stop()
 
 
-def test_what_a_thread_sent_before_it_ended_still_arrives(tmpdir_):
+def test_what_a_thread_sent_before_it_ended_still_arrives(bare):
     """A thread that ends with messages in its backlog (the inbox was not reading): its
     sockets close with a linger, and the loop sends the rest."""
-    ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    addr = f"ipc://{tmpdir_}/slow"
-    pull.bind(addr)
-    inbox = LaneInbox(pull, addr, [TOKEN])
-    tx = IOLoop("lane-tx", TOKEN, lambda h, b, bufs: None)
-    tx.coalesce = False
-    tx.bind(f"ipc://{tmpdir_}/tx")
-    tx.start()
-    try:
-        in_thread(lambda: [tx.send(addr, small(i)) for i in range(200)])  # then it ends
-        inbox.setsockopt(zmq.RCVTIMEO, 5000)
-        ports = [framing.parse([inbox.recv()], TOKEN)[0].port for _ in range(200)]
-        assert ports == list(range(200))
-    finally:
-        tx.stop()
-        inbox.close()
-        ctx.term()
+    tx, inbox, addr = bare
+    in_thread(lambda: [tx.send(addr, small(i)) for i in range(200)])  # then it ends
+    ports = [framing.parse([inbox.recv()], TOKEN)[0].port for _ in range(200)]
+    assert ports == list(range(200))
 
 
 # -- what is not of the session ---------------------------------------------------------------------
@@ -269,17 +271,13 @@ def test_with_the_lane_off_inboxes_are_plain_zmq(tmpdir_, monkeypatch):
 
     monkeypatch.setattr(config, "datagram_lane", False)
     got: list = []
-    rx = IOLoop("plain-rx", TOKEN, lambda h, b, bufs: got.append(h.port))
-    addr = rx.bind(f"ipc://{tmpdir_}/rx")
-    tx = IOLoop("plain-tx", TOKEN, lambda h, b, bufs: None)
-    tx.bind(f"ipc://{tmpdir_}/tx")
-    rx.start()
-    tx.start()
+    tx, rx = two_loops(tmpdir_, got)
     try:
         assert isinstance(rx.inbox, zmq.Socket)
-        in_thread(lambda: [tx.send(addr, small(i) if i % 3 else bulk(i)) for i in range(30)])
+        in_thread(lambda: [tx.send(rx.address, small(i) if i % 3 else bulk(i))
+                           for i in range(30)])
         assert wait_for(lambda: len(got) == 30)
-        assert got == list(range(30))
+        assert [p for p, _, _ in got] == list(range(30))
         assert not [f for f in os.listdir(tmpdir_) if f.endswith(datagram.SUFFIX)]
     finally:
         tx.stop()
