@@ -1,9 +1,9 @@
 """The datagram lane: messages between the processes of one host skip zmq's I/O threads.
 
 Every ipc inbox (a process's, a thread's) is a zmq PULL socket *and* an AF_UNIX datagram
-socket beside it (`lane_path`). zmq hands each message to its own I/O thread on both sides
-(a wake-up, a hand-over and a copy per message, in a process of its own threads); a
-datagram goes from the sending thread's `send(2)` to the receiving thread's `recv(2)`.
+socket beside it (`lane_path`). zmq moves each message through an I/O thread of its own
+on both sides (a wake-up and a hand-over per message, each way); a datagram goes from the
+sending thread's `send(2)` to the reading thread's `recv(2)`.
 
 - A message of one frame up to `MAX_DATAGRAM` bytes (nearly all: calls, replies, control)
   is one datagram. Anything else (several frames, large bodies, out-of-band buffers) goes by
@@ -12,9 +12,12 @@ datagram goes from the sending thread's `send(2)` to the receiving thread's `rec
   pointer, so one sender's messages arrive in the order they were sent, whatever the lane.
 - Nothing blocks a sender. A datagram the receiver has no room for yet (its queue is full,
   or its socket is not bound yet) waits in the sender's backlog; the sender's I/O loop sends
-  the backlog when the socket turns writable (or retries the connection), and while it is
-  not empty every later message of that sender joins it, in order. Queues are unbounded, as
-  zmq's without a high-water mark.
+  the backlog when the socket turns writable (or retries the connection), the sending
+  thread on its next send, and while it is not empty every later message of that sender
+  joins it, in order. Queues are unbounded, as zmq's without a high-water mark.
+- Strays (a zmq message no pointer names, without a key or a token, or whose pointer never
+  comes) are swept off the zmq socket by the I/O loop every `SWEEP_S` and dropped with a
+  log line: nothing piles up unread.
 
 `LaneInbox` and `LaneSender` offer the part of `zmq.Socket`'s API their users call, so the
 readers (transport/inbox.py, transport/receive.py) and senders (transport/senders.py) do
