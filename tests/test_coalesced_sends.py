@@ -50,6 +50,15 @@ def test_a_frame_without_the_mark_is_not_coalesced():
         framing.unpack_coalesced(message(1))
 
 
+@pytest.fixture(autouse=True)
+def lane_on(monkeypatch):
+    """The loops here send by the datagram lane (setting `datagram_lane`), as the bare
+    inbox below reads it."""
+    from runtime.config import config
+
+    monkeypatch.setattr(config, "datagram_lane", True)
+
+
 # -- the sending side: an I/O loop sends to a raw socket that shows each frame ----------------
 @pytest.fixture
 def wire():

@@ -34,6 +34,15 @@ def bulk(i: int) -> list:
                          b"b" * (datagram.MAX_DATAGRAM + 10), [b"z" * 1000])
 
 
+@pytest.fixture(autouse=True)
+def lane_on(monkeypatch):
+    """The loops these tests make have the lane (setting `datagram_lane`), whatever the
+    default."""
+    from runtime.config import config
+
+    monkeypatch.setattr(config, "datagram_lane", True)
+
+
 @pytest.fixture
 def tmpdir_():
     d = tempfile.mkdtemp(prefix="lane-")
