@@ -115,8 +115,8 @@ class IOLoop:
             self.poller.register(s, zmq.POLLIN)
 
     def start(self) -> None:
-        if self.shared_inbox is None:  # a lane's descriptor, or the zmq socket
-            self.poller.register(getattr(self.inbox, "fd", self.inbox), zmq.POLLIN)
+        if self.shared_inbox is None:  # a lane's descriptor, or the zmq socket itself
+            self.poller.register(_pollable(self.inbox), zmq.POLLIN)
         else:  # it watches the inbox's descriptor, and drains it when no actor reads
             self.call_soon(self.shared_inbox.start)
         self.poller.register(self._wake_fd, zmq.POLLIN)
@@ -269,7 +269,7 @@ class IOLoop:
         inbox = self.inbox
         # what the poller reports for the inbox, when this thread watches it (a shared
         # inbox's descriptor is a reader's: transport.inbox.SharedInbox takes its lock)
-        inbox_fd = getattr(inbox, "fd", inbox) if self.shared_inbox is None else None
+        inbox_fd = _pollable(inbox) if self.shared_inbox is None else None
         try:
             while True:
                 self._run_calls()
@@ -327,6 +327,12 @@ class IOLoop:
             os.close(self._wake_fd)
         except OSError:
             pass
+
+
+def _pollable(inbox: Any) -> Any:
+    """What the poller watches for an inbox: a lane's (level-triggered) descriptor, or the
+    zmq socket itself (never its edge-triggered `fd`, which zmq's poll handles)."""
+    return inbox.fd if isinstance(inbox, LaneInbox) else inbox
 
 
 def _run_on_loop(loop: IOLoop, fn: Callable, args: tuple, timeout: float) -> Any:
