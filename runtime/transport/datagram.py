@@ -28,6 +28,7 @@ pointer only names a zmq message, which is then checked the same way.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import hmac
 import logging
@@ -369,7 +370,7 @@ class LaneSender:
                 loop._schedule(self._arm)
 
     def _locked(self) -> Any:
-        return self.lock if self.lock is not None else _NO_LOCK
+        return self.lock if self.lock is not None else contextlib.nullcontext()
 
     # -- the loop thread --------------------------------------------------------------------------
     def _arm(self) -> None:
@@ -381,12 +382,15 @@ class LaneSender:
     def _given_up(self) -> bool:
         """Closed, and its linger is over: drop what is left (lock held)."""
         if self.closed and time.monotonic() >= self.linger_until:
-            if self.backlog:
-                log.warning("%s: %d messages not delivered before the socket closed",
-                            self.address, len(self.backlog))
+            self._report_undelivered()
             self._retire()
             return True
         return False
+
+    def _report_undelivered(self) -> None:
+        if self.backlog:
+            log.warning("%s: %d messages not delivered before the socket closed",
+                        self.address, len(self.backlog))
 
     def _reconnect(self) -> None:
         with self._locked():
@@ -455,9 +459,7 @@ class LaneSender:
                 except OSError:
                     break
                 self.backlog.popleft()
-            if self.backlog:
-                log.warning("%s: %d messages not delivered before the socket closed",
-                            self.address, len(self.backlog))
+            self._report_undelivered()
             self._retire()
 
 
@@ -497,12 +499,3 @@ class Lanes:
                 sender.finish()
 
 
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-_NO_LOCK = _NoLock()
