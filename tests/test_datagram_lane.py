@@ -304,11 +304,20 @@ class Echo(Actor):
     def echo(self, x):
         return x
 
+    @endpoint
+    def lane(self):
+        return runtime.get_runtime().loop.lane
+
+mine = runtime.get_runtime().loop.lane
+# a setting made after this process's I/O loop started does not reach the processes that
+# talk to it by ipc: they run with its lane setting (the local agent, and the agent's procs)
+runtime.configure(datagram_lane=not mine)
 pm = this_host().spawn_procs(per_host={{"procs": 2}})
 am = pm.spawn("echo", Echo)
 big = b"x" * (1 << 20)
 assert list(am.echo.call(3).get(timeout=30).values()) == [3, 3]
 assert am.slice(procs=1).echo.call_one(big).get(timeout=30) == big
+assert list(am.lane.call().get(timeout=30).values()) == [mine, mine]
 run_dir = os.path.dirname(runtime.get_runtime().address[len("ipc://"):])
 print(sorted(f.endswith(".dg") for f in os.listdir(run_dir))[-1])
 pm.stop().get(timeout=30)

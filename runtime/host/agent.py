@@ -18,6 +18,7 @@ from typing import Any, Optional
 from .. import _process
 from ..transport import framing
 from ..transport.framing import Header, Kind
+from ..transport.loop import lane_env
 from .gather import ReplyGather
 from .output import ProcPipes
 from .zygote import zygote_main
@@ -207,7 +208,9 @@ class Agent:
                 "key_file": self.key_file, "listen_ip": self.listen_ip,
             }
             self.pending_spawn[p["proc_id"]] = {"mesh": p["mesh"], "owner": owner}
-            msg = {"op": "spawn", "cfg": cfg, "env": p.get("env") or {}, "cwd": e.get("cwd")}
+            # its procs talk to this agent by ipc: they run with its lane setting
+            env = {**(p.get("env") or {}), **lane_env(self.loop)}
+            msg = {"op": "spawn", "cfg": cfg, "env": env, "cwd": e.get("cwd")}
             if p.get("gpu"):  # one GPU per proc, chosen from this host's devices
                 msg["env"], msg["error"] = _with_gpu(p["gpu"], msg["env"])
             self.zsock.setblocking(True)

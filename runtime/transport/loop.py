@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from ..config import config
+from ..config import SETTINGS, config
 from . import framing, receive
 from .auth import CurveKeys
 from .datagram import SWEEP_S, LaneInbox, Lanes, LaneSender
@@ -327,6 +327,13 @@ class IOLoop:
             os.close(self._wake_fd)
         except OSError:
             pass
+
+
+def lane_env(loop: IOLoop) -> dict[str, str]:
+    """The environment that gives a child the datagram lane setting `loop` runs with: the
+    processes that talk by ipc must agree on it (an agent pins its procs' to its own, as a
+    controller pins its local agents', whatever their environment or configure() says)."""
+    return {SETTINGS["datagram_lane"].env: "1" if loop.lane else "0"}
 
 
 def _pollable(inbox: Any) -> Any:
