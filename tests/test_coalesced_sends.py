@@ -2,12 +2,14 @@
 (runtime/transport/senders.py): in order, never later than its next wait or the I/O
 thread's late flush, and each message checked on arrival as if it had come alone."""
 
+import gc
 import logging
 import shutil
 import socket
 import tempfile
 import threading
 import time
+import weakref
 
 import pytest
 import zmq
@@ -128,6 +130,59 @@ def test_a_burst_goes_out_in_fewer_frames_in_order(wire):
     assert got == list(range(n))
     assert frames < n / 4, f"{frames} frames for a burst of {n} messages"
     assert frames >= n / senders.MAX_HELD
+
+
+def test_a_finalizer_run_inside_a_threads_send_neither_hangs_it_nor_is_lost(wire):
+    """The collector runs finalizers at an allocation anywhere, maybe while a thread holds
+    its send lock: one that schedules work (call_soon flushes what the thread holds) or
+    sends must not wait for that lock (the thread hung for good, the collector with it, and
+    the interpreter at exit), and what it sends or schedules still happens."""
+    loop, addr, receive = wire
+    ran: list = []
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    class Collecting(bytes):
+        """A frame whose length is asked under the send lock: the collector runs there."""
+
+        def __len__(self) -> int:
+            gc.collect()
+            return bytes.__len__(self)
+
+    def body() -> None:
+        loop.send(addr, [message(0)])
+        loop.send(addr, [message(1)])  # a burst: held, so call_soon has something to flush
+        c = Cycle()
+        weakref.finalize(c, loop.call_soon, ran.append, "scheduled")
+        weakref.finalize(c, loop.send, addr, [message(99)])
+        del c  # garbage for the collection inside the next send
+        loop.send(addr, [Collecting(message(2))])
+        loop.send(addr, [message(3)])
+        loop.before_block()
+
+    gc.disable()  # no automatic collection before the one inside the send
+    try:
+        t = threading.Thread(target=body, daemon=True)  # a hung one must not block exit
+        t.start()
+        t.join(10)
+    finally:
+        gc.enable()
+    assert not t.is_alive(), "the thread waits for its own send lock"
+    got, _ = arrived(receive, 5)
+    assert sorted(got) == [0, 1, 2, 3, 99]
+    assert [n for n in got if n != 99] == [0, 1, 2, 3]
+    deadline = time.monotonic() + 5
+    while not ran and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == ["scheduled"]
+    fired: list = []  # and the collector still collects
+    c = Cycle()
+    weakref.finalize(c, fired.append, True)
+    del c
+    gc.collect()
+    assert fired == [True]
 
 
 def test_a_message_after_a_wait_goes_out_alone_at_once(wire):

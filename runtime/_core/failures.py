@@ -240,7 +240,7 @@ def _remove_health_later(rt: "Runtime", name: str) -> None:
         if name not in rt.state.health_names():
             rt.health.remove_mesh(name)
 
-    rt.loop.call_soon(remove)
+    rt.loop.schedule(remove)  # a finalizer: maybe inside this thread's send (no flush)
 
 
 def tail(lines: list, n: int) -> list:

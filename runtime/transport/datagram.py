@@ -367,7 +367,7 @@ class LaneSender:
             if loop.in_loop():
                 self._arm()
             else:
-                loop._schedule(self._arm)
+                loop.schedule(self._arm)
 
     def _locked(self) -> Any:
         return self.lock if self.lock is not None else contextlib.nullcontext()

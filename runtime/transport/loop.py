@@ -158,10 +158,13 @@ class IOLoop:
         """Run `fn(*args)` on the loop thread (any thread); what the calling thread holds
         goes out first, so that what the loop sends for it follows."""
         self.before_block()
-        self._schedule(fn, *args)
+        self.schedule(fn, *args)
 
-    def _schedule(self, fn: Callable, *args: Any) -> None:
-        """`call_soon` without the flush (a sender arming its own late flush)."""
+    def schedule(self, fn: Callable, *args: Any) -> None:
+        """`call_soon` without the flush, and without a lock: what finalizers and weakref
+        callbacks use (the collector runs them at any allocation, maybe inside this
+        thread's own send, whose lock they must not wait for), and a sender arming its own
+        late flush."""
         self._calls.append((fn, args))
         if self._sleeping:
             self._wake()

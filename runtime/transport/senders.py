@@ -65,10 +65,17 @@ class ThreadSenders:
     """The send sockets one thread owns, one per peer address, and the messages it holds
     for one of them; closed when the thread ends (its thread-local storage is dropped) or
     when the loop stops. `lock` guards the sockets and the held messages: the I/O thread
-    takes it to send what a thread held too long."""
+    takes it to send what a thread held too long.
+
+    The owning thread can be *re-entered* while it holds the lock: the cyclic garbage
+    collector runs finalizers and weakref callbacks at any allocation, and one of them may
+    send or schedule work. `inside` (set by the owner around its send) tells: such a send
+    goes by the I/O thread and `before_block` does nothing, instead of waiting forever for
+    the lock its own thread holds (which also left the collector stuck, so nothing cyclic
+    was ever freed again, and the thread blocked the interpreter's exit)."""
 
     __slots__ = ("loop", "socks", "gen", "sent", "lock", "coalesce", "last_addr", "last_t",
-                 "held", "held_addr", "held_bytes", "__weakref__")
+                 "held", "held_addr", "held_bytes", "inside", "__weakref__")
 
     def __init__(self, loop: "IOLoop", coalesce: bool = True) -> None:
         self.loop = loop
@@ -82,43 +89,57 @@ class ThreadSenders:
         self.held: list[bytes] = []
         self.held_addr = ""
         self.held_bytes = 0
+        self.inside = False  # the owning thread is in `send` (see the class docstring)
 
     def send(self, addr: str, frames: list) -> None:
         """Send `frames` to `addr`, or hold them (a small message in a burst)."""
+        if self.inside:  # re-entered by a finalizer: the lock is this thread's own
+            loop = self.loop
+            loop.schedule(loop.send, addr, frames)
+            return
         with self.lock:
-            if self.gen != self.loop._forget_gen:
-                self._drop_forgotten()
-            frame = frames[0] if self.coalesce and len(frames) == 1 else b""
-            n = len(frame)
-            if not 0 < n <= MAX_HELD_MESSAGE:  # not holdable: what is held goes first
-                if self.held:
-                    self._flush()
-                self.last_t = 0.0
-                self._send(addr, frames)
-                return
-            if self.held and self.held_addr == addr:  # the burst goes on
-                self.held.append(frame)
-                self.held_bytes += n
-                if len(self.held) >= MAX_HELD or self.held_bytes >= MAX_HELD_BYTES:
-                    self._flush()
-                return
+            self.inside = True
+            try:
+                self._send_or_hold(addr, frames)
+            finally:
+                self.inside = False
+
+    def _send_or_hold(self, addr: str, frames: list) -> None:
+        """`send`, lock held."""
+        if self.gen != self.loop._forget_gen:
+            self._drop_forgotten()
+        frame = frames[0] if self.coalesce and len(frames) == 1 else b""
+        n = len(frame)
+        if not 0 < n <= MAX_HELD_MESSAGE:  # not holdable: what is held goes first
             if self.held:
                 self._flush()
-            now = time.monotonic()
-            if self.last_addr == addr and now - self.last_t < BURST_GAP_S:  # a burst begins
-                self.held.append(frame)
-                self.held_addr = addr
-                self.held_bytes = n
-                self.last_t = now
-                loop = self.loop
-                loop._schedule(loop.call_later, FLUSH_AFTER_S, self.flush_late)
-                return
-            self.last_addr, self.last_t = addr, now
+            self.last_t = 0.0
             self._send(addr, frames)
+            return
+        if self.held and self.held_addr == addr:  # the burst goes on
+            self.held.append(frame)
+            self.held_bytes += n
+            if len(self.held) >= MAX_HELD or self.held_bytes >= MAX_HELD_BYTES:
+                self._flush()
+            return
+        if self.held:
+            self._flush()
+        now = time.monotonic()
+        if self.last_addr == addr and now - self.last_t < BURST_GAP_S:  # a burst begins
+            self.held.append(frame)
+            self.held_addr = addr
+            self.held_bytes = n
+            self.last_t = now
+            loop = self.loop
+            loop.schedule(loop.call_later, FLUSH_AFTER_S, self.flush_late)
+            return
+        self.last_addr, self.last_t = addr, now
+        self._send(addr, frames)
 
     def before_block(self) -> None:
-        """The thread is about to wait: send what it holds, and end its burst."""
-        if self.held or self.last_t:
+        """The thread is about to wait: send what it holds, and end its burst (not when
+        re-entered inside its own send: that send goes on)."""
+        if (self.held or self.last_t) and not self.inside:
             with self.lock:
                 if self.held:
                     self._flush()
