@@ -188,11 +188,10 @@ _SETTINGS: tuple[Setting, ...] = (
     _s("coalesce_sends", "bool", True, "A thread that sends small messages to one address "
        "in a burst (pipelined calls, the replies to them) sends them as one message, at the "
        "latest when it waits or 200 us later (fewer system calls and wake-ups)."),
-    _s("datagram_lane", "bool", False, "Messages between the processes of one host go by "
+    _s("datagram_lane", "bool", True, "Messages between the processes of one host go by "
        "AF_UNIX datagram sockets beside the ipc inboxes (large ones by zmq, in order), "
-       "without a hop through zmq's I/O threads; every process of a run must agree (the "
-       "processes it starts inherit the value). Off by default until an intermittent "
-       "failure seen with it in full test runs is explained (docs/benchmarks.md)."),
+       "without a hop through zmq's I/O threads. Processes that talk by ipc must agree: an "
+       "agent's procs, and a controller's local agents, run with its value; 0: zmq alone."),
     _s("stop_timeout", "float", 5.0, "How long stop() gives actors' `__cleanup__` "
        "before their procs are killed.", minimum=0, seconds=True, monarch="stop_actor_timeout"),
     # -- read at every use -------------------------------------------------------------
