@@ -153,7 +153,7 @@ def test_a_finalizer_run_inside_a_threads_send_neither_hangs_it_nor_is_lost(wire
 
     def body() -> None:
         loop.send(addr, [message(0)])
-        loop.send(addr, [message(1)])  # a burst: held, so call_soon has something to flush
+        loop.send(addr, [message(1)])  # a burst (held), or a recent send: a flush to do
         c = Cycle()
         weakref.finalize(c, loop.call_soon, ran.append, "scheduled")
         weakref.finalize(c, loop.send, addr, [message(99)])
