@@ -8,7 +8,9 @@ from typing import Callable
 
 def run_in_threads(fn: Callable[[int], None], n: int, timeout: float = 60.0
                    ) -> list[BaseException]:
-    """Call fn(0) .. fn(n-1), each in its own thread, all at once; their exceptions."""
+    """Call fn(0) .. fn(n-1), each in its own thread, all at once; their exceptions, and a
+    TimeoutError for each thread still running after `timeout` (a daemon: it cannot hold
+    up the interpreter's exit)."""
     errors: list[BaseException] = []
 
     def body(i: int) -> None:
@@ -17,9 +19,11 @@ def run_in_threads(fn: Callable[[int], None], n: int, timeout: float = 60.0
         except BaseException as e:  # noqa: BLE001 - returned to the test
             errors.append(e)
 
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout)
+    errors += [TimeoutError(f"thread {i} still runs after {timeout:g} s")
+               for i, t in enumerate(threads) if t.is_alive()]
     return errors
