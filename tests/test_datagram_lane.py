@@ -235,6 +235,36 @@ def test_strays_on_either_lane_are_dropped_without_stalling_the_reader(pair, cap
     assert "not from this session" in text
 
 
+def test_processes_that_disagree_on_the_lane_say_so_in_the_log(tmpdir_, caplog, monkeypatch):
+    """The agents pin the setting for what they start; a process started by hand with the
+    other value loses its messages, and both sides say why: the lane's sender after
+    NO_LANE_WARN_S (the inbox is bound, its lane is not), the lane's inbox on a plain zmq
+    message of the session."""
+    from runtime.config import config
+
+    monkeypatch.setattr(datagram, "NO_LANE_WARN_S", 0.2)
+    with caplog.at_level(logging.WARNING, logger="runtime.transport"):
+        monkeypatch.setattr(config, "datagram_lane", False)
+        plain = IOLoop("plain", TOKEN, lambda h, b, bufs: None)
+        plain.bind(f"ipc://{tmpdir_}/plain")
+        plain.start()
+        monkeypatch.setattr(config, "datagram_lane", True)
+        got: list = []
+        lane = IOLoop("lane", TOKEN, lambda h, b, bufs: got.append(h.port))
+        lane.bind(f"ipc://{tmpdir_}/lane")
+        lane.start()
+        try:
+            in_thread(lambda: lane.send(plain.address, small(1)))  # waits for a lane
+            assert wait_for(lambda: "without a datagram socket" in caplog.text, 5.0)
+            in_thread(lambda: plain.send(lane.address, small(2)))  # zmq alone: dropped
+            assert wait_for(lambda: "sent by zmq alone" in caplog.text, 5.0)
+            assert got == []
+        finally:
+            lane.stop()
+            plain.stop()
+    assert caplog.text.count("MONARCH_DATAGRAM_LANE must agree") == 2
+
+
 def test_a_pointer_whose_message_never_comes_is_given_up(tmpdir_, caplog, monkeypatch):
     monkeypatch.setattr(datagram, "BULK_WAIT_S", 0.3)
     ctx = zmq.Context()

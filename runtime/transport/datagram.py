@@ -57,6 +57,9 @@ BULK_WAIT_S = 30.0
 #: a sender retries the connection to an inbox not bound yet this often (doubling up to MAX)
 RETRY_S = 0.01
 RETRY_MAX_S = 0.1
+#: a sender still without a lane this long after its first try, while the inbox's zmq
+#: socket is bound, says so once in the log (the receiver runs with the lane off)
+NO_LANE_WARN_S = 5.0
 #: how often the I/O loop takes stray zmq messages off its process's lane inboxes
 SWEEP_S = 1.0
 #: bytes a sender may have in the receiver's queue (the kernel caps it at wmem_max)
@@ -252,7 +255,12 @@ class LaneInbox:
         key = parts[0].bytes
         head = parts[1].bytes[:64] if len(parts) > 1 else b""
         if len(key) != _KEY.size or not any(head[:len(t)] == t for t in self.tokens):
-            self._drop(f"a zmq message that is not a lane's ({len(parts)} frames)")
+            if any(key[:len(t)] == t for t in self.tokens):  # ours, sent without a lane
+                self._drop(f"a message of this session sent by zmq alone ({len(parts)} "
+                           "frames): its sender runs with datagram_lane off, this process "
+                           "with it on (MONARCH_DATAGRAM_LANE must agree)")
+            else:
+                self._drop(f"a zmq message that is not a lane's ({len(parts)} frames)")
             return None
         self.stash[key] = (time.monotonic(), parts[1:])
         return key
@@ -269,7 +277,8 @@ class LaneSender:
     `lock` is None, the I/O loop itself; the loop sends the backlog under the same lock."""
 
     __slots__ = ("loop", "address", "path", "dg", "zsock", "backlog", "sid", "seq", "lock",
-                 "connected", "armed", "closed", "linger_until", "retry_s", "__weakref__")
+                 "connected", "armed", "closed", "linger_until", "retry_s", "since",
+                 "__weakref__")
 
     def __init__(self, loop: Any, address: str, lock: Optional[threading.Lock]) -> None:
         self.loop = loop  # transport.loop.IOLoop
@@ -287,6 +296,7 @@ class LaneSender:
         self.closed = False
         self.linger_until = 0.0
         self.retry_s = RETRY_S
+        self.since = 0.0  # when the connection was first refused (-1: that was logged)
         self.connected = self._connect()
         loop.lanes.senders.add(self)
 
@@ -398,11 +408,26 @@ class LaneSender:
                 return
             self.connected = self._connect()
             if not self.connected:
+                self._no_lane_yet()
                 self.retry_s = min(self.retry_s * 2, RETRY_MAX_S)
                 self.loop.call_later(self.retry_s, self._reconnect)
                 return
             self.retry_s = RETRY_S
+            self.since = 0.0
         self._flush()
+
+    def _no_lane_yet(self) -> None:
+        """The inbox has no lane yet: after `NO_LANE_WARN_S`, if its zmq socket is bound,
+        say once that the receiver seems to run with the lane off (its messages wait)."""
+        now = time.monotonic()
+        if self.since == 0.0:
+            self.since = now
+        elif 0 < self.since < now - NO_LANE_WARN_S and os.path.exists(self.address[6:]):
+            self.since = -1.0
+            log.warning("%s: bound, but without a datagram socket after %g s: does that "
+                        "process run with datagram_lane off? (MONARCH_DATAGRAM_LANE must "
+                        "agree) %d messages wait", self.address, NO_LANE_WARN_S,
+                        len(self.backlog))
 
     def _flush(self) -> None:
         """Send what the backlog holds while there is room (loop thread, socket writable)."""
