@@ -26,6 +26,10 @@ def test_an_idle_actor_reads_the_calls_for_it(on):
         pm = this_host().spawn_procs(per_host={"procs": 1}, name=f"reader{int(on)}")
     try:
         m = pm.spawn("counter", Ledger)
+        # the I/O thread watches the inbox until it finds an actor reading it: the first
+        # calls after the spawn may go its way (the faster they come, the more of them)
+        for i in range(10):
+            m.add.call_one(1, i).get(timeout=30)
         a0, r0 = _reads(m)
         for i in range(50):
             assert m.add.call_one(0, i).get(timeout=30) == i
