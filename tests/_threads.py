@@ -27,3 +27,10 @@ def run_in_threads(fn: Callable[[int], None], n: int, timeout: float = 60.0
     errors += [TimeoutError(f"thread {i} still runs after {timeout:g} s")
                for i, t in enumerate(threads) if t.is_alive()]
     return errors
+
+
+def in_thread(fn: Callable[[], None], timeout: float = 30.0) -> None:
+    """Call fn() in another thread (one that is not the caller's: its own send sockets,
+    its own inbox) and fail unless it returned within `timeout`."""
+    errors = run_in_threads(lambda _: fn(), 1, timeout)
+    assert not errors, errors

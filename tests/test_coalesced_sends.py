@@ -21,6 +21,8 @@ from runtime.transport.datagram import LaneInbox, lane_path
 from runtime.transport.framing import FrameError, Header, Kind
 from runtime.transport.loop import IOLoop
 
+from _threads import in_thread
+
 TOKEN = b"k" * 16
 
 
@@ -105,21 +107,6 @@ def arrived(receive, n: int) -> tuple[list[int], int]:
         else:
             got.append(framing.parse(frames, TOKEN)[0].port)
     return got, count
-
-
-def in_thread(fn) -> None:
-    errors: list = []
-
-    def run() -> None:
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(30)
-    assert not t.is_alive() and not errors, errors
 
 
 def test_a_burst_goes_out_in_fewer_frames_in_order(wire):

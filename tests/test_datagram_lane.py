@@ -21,6 +21,8 @@ from runtime.transport.datagram import BULK, LaneInbox, lane_path, pointer, poin
 from runtime.transport.framing import Header, Kind
 from runtime.transport.loop import IOLoop
 
+from _threads import in_thread
+
 TOKEN = b"d" * 16
 
 
@@ -101,21 +103,6 @@ def wait_for(cond, timeout: float = 10.0) -> bool:
     while not cond() and time.monotonic() < deadline:
         time.sleep(0.005)
     return cond()
-
-
-def in_thread(fn) -> None:
-    errors: list = []
-
-    def run() -> None:
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(30)
-    assert not t.is_alive() and not errors, errors
 
 
 # -- pure ----------------------------------------------------------------------------------------

@@ -122,7 +122,8 @@ class IOLoop:
         self.poller.register(self._wake_fd, zmq.POLLIN)
         for s in self._extra:
             self._watch_extra(s)
-        self.call_soon(self.call_every, SWEEP_S, self.lanes.sweep)
+        if self.lane:  # strays of lane inboxes: none without the lane
+            self.call_soon(self.call_every, SWEEP_S, self.lanes.sweep)
         self._thread = threading.Thread(target=self._run, name=f"monarch-io-{self.name}",
                                         daemon=True)
         self._thread.start()
