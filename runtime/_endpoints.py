@@ -22,16 +22,10 @@ if TYPE_CHECKING:
 
 class Mailbox(queue.SimpleQueue):
     """An actor's mailbox: a SimpleQueue whose `put` an actor with concurrent endpoints
-    replaces (on the instance) with one that also wakes its event loop. `on_put`, while
-    set, runs after every put: it wakes the actor while it reads the proc's inbox."""
-
-    on_put: Any = None
+    replaces (on the instance) with one that also wakes its event loop."""
 
     def put(self, item: Any, block: bool = True, timeout: Optional[float] = None) -> None:
         queue.SimpleQueue.put(self, item)
-        on_put = self.on_put
-        if on_put is not None:
-            on_put()
 
 
 def loop_has_work(a: "ActorInstance") -> bool:

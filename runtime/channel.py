@@ -9,11 +9,9 @@ import collections
 import threading
 from typing import Any, Callable, Generic, Optional, TypeVar
 
-from . import _context
 from ._core import get_runtime
 from .future import Future
 from .transport.framing import ERROR, OK, Header, Kind
-from .transport.inbox import process_address
 from .transport.serialization import dumps, loads
 
 T = TypeVar("T")
@@ -38,14 +36,7 @@ class Port(Generic[T]):
             h = Header(Kind.PORT_SEND, port=self.port_id, status=status)
         else:
             h = Header(Kind.REPLY, port=self.port_id, rank=self.rank, status=status)
-        # an error goes to the process inbox, behind the failure report its actor may send;
-        # a call's answer is noted for that report (runtime/transport/inbox.py, Answered)
-        addr = self.address if status == OK else process_address(self.address)
-        if status == OK and self.rank is not None:
-            actor = _context.current_instance()
-            if actor is not None:
-                actor.answered.note(addr, self.port_id)
-        rt.send(addr, h, body, tuple(bufs))
+        rt.send(self.address, h, body, tuple(bufs))
 
     def send(self, value: T) -> None:
         """Send `value` to the receiver (from any process of this controller's session)."""

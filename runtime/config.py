@@ -179,19 +179,6 @@ _SETTINGS: tuple[Setting, ...] = (
        minimum=0, monarch="tail_log_lines"),
     _s("interrupt_remote", "bool", True, "Ctrl-C during a wait also interrupts the remote "
        "call (%mesh interrupt local|remote in the kernel)."),
-    _s("caller_reads_replies", "bool", True, "A thread waiting in Future.get() for a call "
-       "to local procs receives the replies itself, on a socket of its own, instead of "
-       "through the I/O thread (less latency per call)."),
-    _s("actor_reads_calls", "bool", True, "An idle actor thread reads its proc's inbox "
-       "and runs a call for itself at once, instead of receiving it through the proc's I/O "
-       "thread (less latency per call)."),
-    _s("coalesce_sends", "bool", True, "A thread that sends small messages to one address "
-       "in a burst (pipelined calls, the replies to them) sends them as one message, at the "
-       "latest when it waits or 200 us later (fewer system calls and wake-ups)."),
-    _s("datagram_lane", "bool", True, "Messages between the processes of one host go by "
-       "AF_UNIX datagram sockets beside the ipc inboxes (large ones by zmq, in order), "
-       "without a hop through zmq's I/O threads. Processes that talk by ipc must agree: an "
-       "agent's procs, and a controller's local agents, run with its value; 0: zmq alone."),
     _s("stop_timeout", "float", 5.0, "How long stop() gives actors' `__cleanup__` "
        "before their procs are killed.", minimum=0, seconds=True, monarch="stop_actor_timeout"),
     # -- read at every use -------------------------------------------------------------

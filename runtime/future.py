@@ -31,24 +31,6 @@ def remove_wait_hook(fn: Callable[["Future"], None]) -> None:
         _wait_hooks.remove(fn)
 
 
-#: Called by a thread about to wait on an unresolved future (`get()`, `await`): the
-#: transport sends what the thread holds of a burst of messages (runtime/transport/senders.py).
-_before_block: Optional[Callable[[], None]] = None
-
-
-def set_before_block(fn: Optional[Callable[[], None]]) -> None:
-    """Set the function a thread calls before it waits on a future (one per process)."""
-    global _before_block
-    _before_block = fn
-
-
-def clear_before_block(fn: Callable[[], None]) -> None:
-    """Unset the function set by `set_before_block`, if it is still `fn`."""
-    global _before_block
-    if _before_block == fn:
-        _before_block = None
-
-
 _guard = threading.Lock()
 #: the futures' locks, shared round-robin: a lock is a garbage-collected object, and one per
 #: call in flight made the collector run more often. Safe to share: a future's lock guards a
@@ -61,7 +43,7 @@ class Future(Generic[R]):
     """A value that arrives later. `.get()` blocks; `await fut` suspends a coroutine."""
 
     __slots__ = ("_lock", "_flag", "_lk", "_value", "_exc", "_callbacks", "_on_interrupt",
-                 "_label", "_ports", "_coro", "_had_coro", "_gathered", "_inbox")
+                 "_label", "_ports", "_coro", "_had_coro", "_gathered")
 
     def __init__(self, label: str = "", *, coro: Optional[Coroutine[Any, Any, R]] = None
                  ) -> None:
@@ -81,9 +63,6 @@ class Future(Generic[R]):
         self._coro = coro  # not yet started; taken by whoever runs it
         self._had_coro = coro is not None
         self._gathered = False  # its coroutine was handed to Future.gather
-        #: where the replies that resolve it arrive, when that is a thread's own inbox
-        #: (runtime.transport.inbox): its owner, waiting in get(), receives them itself
-        self._inbox: Any = None
 
     # -- resolution (runtime side) -------------------------------------------------
     def _resolve(self, value: Any = None, exc: Optional[BaseException] = None) -> bool:
@@ -157,13 +136,6 @@ class Future(Generic[R]):
     def _wait(self, timeout: Optional[float]) -> None:
         if self._flag:
             return
-        if _before_block is not None:
-            _before_block()
-        inbox = self._inbox
-        if inbox is not None and inbox.owner != threading.get_ident():
-            inbox = None  # another thread's inbox: its owner or the I/O thread reads it
-        if inbox is not None:
-            self.add_done_callback(inbox.wake)  # resolved elsewhere (a failure): wake up
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
             # Wait in slices so Ctrl-C in the main thread is seen promptly and wait hooks run.
@@ -174,13 +146,7 @@ class Future(Generic[R]):
                     if step <= 0:
                         raise TimeoutError(
                             f"{self._label or 'future'} not resolved within {timeout:g} s")
-                if inbox is not None:
-                    done = inbox.pump(self, step)
-                    if done:
-                        return
-                    if done is None:  # the inbox is closing: wait like any thread
-                        inbox = None
-                elif self._wait_flag(step):
+                if self._wait_flag(step):
                     return
                 for hook in list(_wait_hooks):
                     hook(self)
@@ -189,7 +155,7 @@ class Future(Generic[R]):
             raise
 
     def _wait_flag(self, timeout: float) -> bool:
-        """Block up to `timeout` seconds until resolved (no inbox to pump)."""
+        """Block up to `timeout` seconds until resolved."""
         if self._flag:
             return True
         lk = self._lk
@@ -300,8 +266,6 @@ class Future(Generic[R]):
         if not self._flag:
             import asyncio
 
-            if _before_block is not None:
-                _before_block()
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future = loop.create_future()
 

@@ -31,7 +31,6 @@ from .errors import ActorError, SupervisionError
 from .shapes import Point, Shape
 from .supervision import MeshFailure
 from .transport.framing import ERROR, OK, Header, Kind, extra_get
-from .transport.inbox import Answered, SharedInbox, process_address
 from .transport import bulk, cuda_tensors
 from .transport.serialization import dumps, dumps_plain, loads
 
@@ -111,7 +110,6 @@ class ActorInstance:
         self.failed: Optional[str] = None
         self.abort_reason: Optional[str] = None  # set by context().actor_instance.abort()
         self.last_exception: Optional[BaseException] = None  # kept for post-mortem debugging
-        self.answered = Answered()  # the latest calls answered, named in a failure report
         self.current_port = -1
         self.current_reply = ""  # the caller's address while a call with a reply runs
         self.instance: Any = None
@@ -142,7 +140,7 @@ class ActorInstance:
         while True:
             if self._aloop is not None and _endpoints.loop_has_work(self):
                 _endpoints.wait_idle(self)  # the actor's asyncio tasks run between messages
-            item = _next_message(self, mailbox)
+            item = mailbox.get()
             what = item[0]
             if what == "call":
                 self._handle_call(item[1], item[2], item[3])
@@ -208,18 +206,12 @@ class ActorInstance:
             self.main_task = None
 
     def _reply(self, h: Header, status: int, body: bytes, buffers: tuple = ()) -> None:
-        """Answer a call: a result to its reply address (maybe the caller thread's own
-        inbox, then noted in `answered`), an error to the caller's process inbox, behind
-        this actor's failure report."""
-        if status == OK:
-            self.answered.note(h.reply, h.port)
-        addr = h.reply if status == OK else process_address(h.reply)
-        self.rt.send(addr, Header(Kind.REPLY, port=h.port, rank=self.rank, status=status,
+        """Answer a call: a result or an error to its reply address, on the same connection
+        as (so in order with) everything else this proc sends the caller."""
+        self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=self.rank, status=status,
                                      actor=self.actor_id, extra=_reply_extra(h)), body, buffers)
 
     def _reply_error(self, h: Header, exc: BaseException) -> None:
-        if self.answered.has(h.reply, h.port):  # answered through its port: that counts
-            return  # (an error reply, by another socket, could overtake the answer)
         try:
             body, bufs = dumps(exc)
         except Exception:
@@ -343,8 +335,7 @@ class ActorInstance:
                 body, _ = dumps(caused_by)
             except Exception:
                 body = b""
-        extra = {"cause": cause, "traceback": tb, "call": call,
-                 "answered": self.answered.report()}  # their answers count (inbox.Answered)
+        extra = {"cause": cause, "traceback": tb, "call": call}
         self.rt.send(self.owner_addr, Header(Kind.ACTOR_FAILED, actor=self.actor_id,
                                              rank=self.rank, extra=extra), body)
 
@@ -392,58 +383,6 @@ class ActorInstance:
 _COROUTINE = types.CoroutineType
 
 
-def _next_message(a: "ActorInstance", mailbox: Any) -> tuple:
-    """The next message for actor `a`: from its mailbox, or, while that is empty, read
-    from the proc's inbox by its own thread (runtime/transport/inbox.py, SharedInbox)."""
-    shared = a.server.shared_inbox
-    before_block = a.rt.loop.before_block  # replies held of a burst go out before a wait
-    if shared is not None:
-        route, empty, put, wake = getattr(a, "reading", None) or _reading(a, shared)
-    while shared is not None and not shared.closing:
-        if mailbox.qsize():  # only this thread takes from it: no exception to raise
-            return mailbox.get_nowait()
-        before_block()
-        mailbox.on_put = wake
-        try:
-            item = shared.read(route, empty, put)
-        finally:
-            mailbox.on_put = None
-        if item is not None:
-            return item
-        try:  # another thread reads: wait for what it hands over, and try again
-            return mailbox.get(timeout=0.05)
-        except queue.Empty:
-            pass
-    try:
-        return mailbox.get_nowait()
-    except queue.Empty:
-        before_block()
-    return mailbox.get()
-
-
-def _reading(a: "ActorInstance", shared: SharedInbox) -> tuple:
-    """What actor `a`'s thread hands the proc's shared inbox on every read (made once per
-    actor: `_next_message` runs once per call)."""
-    a.reading = (lambda h, b, bufs: _route(a, h, b, bufs), a.mailbox.empty, a.mailbox.put,
-                 shared.wake)
-    return a.reading
-
-
-def _route(a: "ActorInstance", h: Header, body: Any, buffers: list) -> Any:
-    """Where a message actor `a`'s thread read from the proc's inbox goes: a call for `a`
-    (idle) is returned to run here, a call for another actor of the proc goes to its
-    mailbox (True), anything else to the I/O thread (False)."""
-    if h.kind != Kind.CALL:
-        return False
-    target = a.server.actors.get(h.actor)
-    if target is None:
-        return False
-    if target is a and not a.mailbox.qsize():
-        return ("call", h, body, buffers)
-    target.mailbox.put(("call", h, body, buffers))
-    return True
-
-
 class ProcServer:
     """Dispatches actor traffic to the actors of this proc (on the I/O thread).
 
@@ -461,7 +400,6 @@ class ProcServer:
         self.supervise_waiting: dict[str, ActorInstance] = {}  # actors with pending failures
         self.stopped = threading.Event()
         self.stopping = False  # stop() has begun interrupting the actors still busy
-        self.shared_inbox: Any = None  # SharedInbox, when idle actor threads read the inbox
         self._proc = None
         try:
             import psutil
@@ -503,7 +441,7 @@ class ProcServer:
                    if h.actor in self.stopped_actors
                    else f"does not exist in proc {self.rt.proc_id}")
             rank = self.stopped_actors.get(h.actor)  # a cast's header has no rank (-1)
-            self.rt.send(process_address(h.reply),
+            self.rt.send(h.reply,
                          Header(Kind.REPLY, port=h.port, status=ERROR,
                                 rank=h.rank if rank is None else rank, extra=_reply_extra(h)),
                          dumps(SupervisionError(
@@ -859,16 +797,13 @@ def main(cfg: dict) -> None:
     _features.call("debugging.install_in_proc", rt)  # debugging is above this layer
     if cfg.get("listen_ip") and keys is not None:
         rt.enable_tcp(cfg["listen_ip"])
-    if config.actor_reads_calls:
-        server.shared_inbox = SharedInbox(rt.loop)
     rt.start()
     rt.send(cfg["owner"], Header(Kind.HELLO, extra={"pid": os.getpid(), "host": rt.host,
                                                     "address": rt.address,
                                                     "tcp": rt.tcp_address}))
     signal.signal(signal.SIGTERM, lambda *_: server.stopped.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while not server.stopped.wait(1.0):
-        pass
+    server.stopped.wait()  # SIGTERM's handler or a STOP_PROC sets it
     _graceful_exit(server, config.stop_timeout / 2)
     try:
         rt.loop.stop(timeout=1.0)

@@ -16,7 +16,6 @@ from ..errors import SupervisionError, actor_failed_message
 from ..supervision import MeshFailure
 from ..supervision.health import ActorState
 from ..transport.framing import Header, Kind
-from ..transport.inbox import answered_ports
 from ..transport.serialization import loads
 from .records import ActorMeshRecord
 
@@ -54,6 +53,9 @@ class Failures:
         rt = self.rt
         rec = rt.state.proc(proc_id)
         if rec is None or rec.state in ("failed", "stopped"):
+            return
+        rt.loop.drain_from(proc_id)  # what it sent before it died counts (docs/transport.md)
+        if rec.state in ("failed", "stopped"):  # its stream said so meanwhile
             return
         rec.state = "failed"
         if kill and rec.agent is not None and rec.agent.alive:
@@ -109,6 +111,7 @@ class Failures:
 
     def mark_dead(self, proc_id: str, failure: Optional[MeshFailure]) -> None:
         rt = self.rt
+        rt.loop.drain_from(proc_id)  # what it sent before it died counts (docs/transport.md)
         rt.state.dead_procs.add(proc_id)
         msg = self.dead_message(proc_id)
         rt.ports.fail_waiting(proc_id, SupervisionError(
@@ -202,20 +205,16 @@ class Failures:
         rt.health.update(m.health_name, rank, ActorState.FAILED, detail=failure.cause,
                          last_error=failure.cause, last_traceback=failure.traceback)
         self.deliver(m, failure)  # the supervisor hears of it before the waits on it fail
-        self.fail_ports_for_actor(m, rank, failure,
-                                  answered_ports(e.get("answered"), rt.inboxes.prefix))
+        self.fail_ports_for_actor(m, rank, failure)
 
-    def fail_ports_for_actor(self, m: ActorMeshRecord, rank: int, failure: MeshFailure,
-                             answered: frozenset = frozenset()) -> None:
-        """Fail the waits on an actor that failed, but for the calls it `answered` before
-        (their answers come to a thread's inbox, by another socket than its report)."""
+    def fail_ports_for_actor(self, m: ActorMeshRecord, rank: int, failure: MeshFailure) -> None:
+        """Fail the waits on an actor that failed. Its answers sent before the failure came
+        first, on the same connection: those calls are settled already."""
         proc = m.proc_ids[rank]
         ports = self.rt.ports
         msg = failure.report() + "\n" + actor_failed_message(m.cls_name, m.name, rank,
                                                               failure.cause, m.actor_name(rank))
         for pid in ports.waiting_on(proc):
-            if pid in answered:
-                continue
             failure.seen_by_waiter = True
             ports.fail(pid, SupervisionError(msg, failure), proc=proc, actor=m.actor_id)
 
@@ -223,6 +222,13 @@ class Failures:
         m = self.rt.state.actor_meshes.get(h.actor)
         if m is not None and 0 <= h.rank < len(m.proc_ids):
             self.rt.health.update(m.health_name, h.rank, ActorState.STOPPED)
+
+    def send_failed(self, addr: str, ports: list, error: str) -> None:
+        """A message could not be sent to `addr` (I/O thread): the calls it carried fail,
+        naming the peer and the error."""
+        exc = SupervisionError(f"a message to {addr} could not be sent: {error}")
+        for pid in ports:
+            self.rt.ports.fail(pid, exc)
 
     # -- supervision ------------------------------------------------------------------------
     def deliver(self, m: Optional[ActorMeshRecord], failure: MeshFailure) -> None:

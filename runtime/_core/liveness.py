@@ -56,10 +56,18 @@ class Liveness:
         self._next_ping = 0.0
 
     def start(self) -> None:
-        """Start the timers (I/O thread)."""
-        loop = self.rt.loop
-        loop.call_every(0.1, self.check)
-        loop.call_every(config.heartbeat_interval, self.send_heartbeats)
+        """Start the timer (I/O thread): one wake-up per heartbeat interval, idle or not."""
+        self.rt.loop.call_every(config.heartbeat_interval, self.tick)
+
+    def tick(self) -> None:
+        self.send_heartbeats()
+        self.check()
+
+    def on_peer_closed(self, peer: str) -> None:
+        """A peer's connection to this process ended (I/O thread): a local agent that
+        exited is found now, not at the next tick."""
+        if self.rt.state.agent_for(peer) is not None:
+            self.check()
 
     # -- out ----------------------------------------------------------------------------------
     def send_heartbeats(self) -> None:

@@ -1,7 +1,9 @@
 """Sending: session and cluster tokens, reply addresses, TCP keys, send and cast.
 
-Sends go out from the calling thread on sockets that thread owns (see transport.loop), so a
-call made in a user thread or an actor thread does not wait for the I/O thread.
+Sends go out from the calling thread on the process's one connection to each peer (see
+transport.loop), so a call made in a user thread or an actor thread does not wait for the
+I/O thread. A message that expects a reply names its port: if it cannot be sent, that
+call fails.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ class Messenger:
     def __init__(self, loop: IOLoop, proc_id: str, token: bytes,
                  keys: Optional[auth.CurveKeys]) -> None:
         self.loop = loop
-        loop.coalesce = config.coalesce_sends  # bursts of small messages go out as one
         self.proc_id = proc_id
         self.token = token
         self.keys = keys
@@ -95,7 +96,8 @@ class Messenger:
         """Send one message to `addr` from the calling thread."""
         if not header.src:
             header.src = self.proc_id
-        self.loop.send(addr, framing.build(self.token_for(addr), header, body, buffers))
+        self.loop.send(addr, framing.build(self.token_for(addr), header, body, buffers),
+                       header.port if header.reply else 0)
 
     def send_to_proc(self, address: str, route: Optional[tuple], header: Header,
                      body: bytes = b"", buffers: tuple = ()) -> None:
@@ -120,12 +122,13 @@ class Messenger:
         frames = None
         frames_tok = None
         send = self.loop.send
+        port = header.port if header.reply else 0  # the call fails if its send does
         for address, route in targets:
             if address:
                 tok = self.token_for(address)
                 if tok != frames_tok:
                     frames, frames_tok = framing.build(tok, header, body, buffers), tok
-                send(address, frames)
+                send(address, frames, port)
             elif route:
                 by_agent.setdefault(route[0], []).append(route[1])
         if by_agent:
@@ -135,4 +138,5 @@ class Messenger:
                 if gather and len(procs) > 1 and self._gathers(agent_addr):
                     extra["gather"] = True
                 h = Header(Kind.FANOUT, src=self.proc_id, extra=extra)
-                send(agent_addr, framing.build(self.token_for(agent_addr), h, body, buffers))
+                send(agent_addr, framing.build(self.token_for(agent_addr), h, body, buffers),
+                     port)

@@ -15,12 +15,10 @@ from typing import Any, Callable, Optional
 
 from .._process import hostname
 from ..config import config
-from .. import future
 from ..future import Future
 from ..supervision.health import HealthModel
 from ..transport import auth
 from ..transport.framing import Header, Kind
-from ..transport.inbox import ThreadInboxes
 from ..transport.loop import IOLoop
 from .failures import Failures
 from .liveness import Liveness
@@ -60,15 +58,14 @@ class Runtime:
         keys = keys if keys is not None else auth.keys_from_env()
         self.loop = IOLoop(self.proc_id, self.token, self._dispatch, keys=keys,
                            max_message_bytes=config.max_message_bytes)
-        future.set_before_block(self.loop.before_block)  # a waiting thread sends what it holds
         self.messenger = Messenger(self.loop, self.proc_id, self.token, keys)
         self.messenger.address = self.loop.bind(f"ipc://{self.rundir}/{self.proc_id}")
         self.state = State(self.loop)
         self.ports = Ports()
-        self.inboxes = ThreadInboxes(self.loop, f"ipc://{self.rundir}/{self.proc_id}",
-                                     self.loop.tokens, self.ports.deliver_any)
         self.failures = Failures(self)
         self.liveness = Liveness(self)
+        self.loop.on_send_failed = self.failures.send_failed
+        self.loop.on_peer_closed = self.liveness.on_peer_closed
         self.output_sink: Optional[Callable[[str, str, str], None]] = None
         self.output = ProcOutput(self)
         self.this_host_mesh: Any = None  # the HostMesh of this_host(), once made
@@ -117,14 +114,6 @@ class Runtime:
     def send_to_proc(self, address: str, route: Optional[tuple], header: Header,
                      body: bytes = b"", buffers: tuple = ()) -> None:
         self.messenger.send_to_proc(address, route, header, body, buffers)
-
-    def reply_inbox(self, target_addr: str) -> Any:
-        """The calling thread's own reply inbox for a call to a local proc, or None (the
-        replies come to this process's inbox): see docs/architecture.md for the rules."""
-        if target_addr[:6] != "ipc://" or self.ports.before_resolve is not None or \
-                self.role.is_proc or not config.caller_reads_replies:
-            return None
-        return self.inboxes.for_this_thread()
 
     def reply_address_for(self, target_addr: str) -> str:
         return self.messenger.reply_address_for(target_addr)
@@ -268,10 +257,7 @@ class Runtime:
         out = self.state.sizes()
         out["ports"] = len(self.ports)
         out["health_meshes"] = len(self.health)
-        loop = self.loop
-        out["send_sockets"] = len(loop._out) + sum(len(s.socks) for s in list(loop._senders))
-        out["forgotten_peers"] = len(self.loop._forgotten)
-        out.update(self.inboxes.sizes())
+        out.update(self.loop.stats.sizes())
         server = getattr(self.role, "server", None)
         if server is not None:
             out.update(server.sizes())
@@ -332,6 +318,5 @@ class Runtime:
                 except subprocess.TimeoutExpired:
                     pass
         self.loop.stop()
-        future.clear_before_block(self.loop.before_block)
         if self._own_rundir:
             shutil.rmtree(self.rundir, ignore_errors=True)

@@ -304,7 +304,6 @@ def _releasing(futs: Any, keep: Optional[list]) -> Any:
 
 
 _NO_ARGUMENTS = dumps(((), {}))[0]
-_NO_RANKS: frozenset = frozenset()
 
 #: how long call() waits for the other ranks after one rank's actor failed
 FAILED_RANKS_GRACE_S = 0.5
@@ -327,12 +326,11 @@ class _Interrupt:
 
 class _Collector:
     """Gathers the replies of one call. Started (and its messages sent) in the caller's
-    thread; replies arrive on the thread that drains the reply inbox (the caller itself
-    while it waits in get(), else the I/O thread), failures on the I/O thread: `lock`
-    makes each of them one step."""
+    thread; replies and failures arrive on the I/O thread, in the order their senders sent
+    them; `lock` makes each of them one step against the caller's thread."""
 
     __slots__ = ("ep", "rt", "rec", "ranks", "values", "index", "remaining", "mode", "futs",
-                 "fut", "next_stream", "body", "bufs", "port", "error", "done", "failing",
+                 "fut", "next_stream", "body", "bufs", "port", "error", "done",
                  "lock", "procs")
 
     def __init__(self, ep: EndpointRef, ranks: list[int], body: bytes, bufs: list, mode: str,
@@ -358,8 +356,6 @@ class _Collector:
         # answered or failed (so each failure has reached its supervisor by then)
         self.error: Optional[BaseException] = None
         self.done = False
-        self.failing: frozenset | set = _NO_RANKS  # ranks whose failure waits for the
-        # inbox's replies (a set once there are some)
         self.lock = threading.Lock()
 
     def start(self) -> None:
@@ -373,16 +369,14 @@ class _Collector:
         # them alive, or in a cycle with it, for the garbage collector
         interrupt = _Interrupt(rt, self.procs, port) if config.interrupt_remote else None
         first = targets[0][0] or (targets[0][1] or ("",))[0]
-        inbox = rt.reply_inbox(first)
         for f in (self.futs if type(self.futs) is list else (self.fut,)):
             f._ports = (port,)
             f._on_interrupt = interrupt
-            f._inbox = inbox
         inflight = rec.inflight
         for r in ranks:
             inflight[r] += 1
         h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self.ep._name,
-                   reply=inbox.address if inbox is not None else rt.reply_address_for(first),
+                   reply=rt.reply_address_for(first),
                    port=port, extra=self.ep._call_extra())
         body, bufs = self.body, self.bufs
         self.body = self.bufs = None
@@ -407,8 +401,6 @@ class _Collector:
             self._on_reply(h, body, buffers)
 
     def _on_reply(self, h: Header, body: Any, buffers: list) -> None:
-        if h.status == ERROR and h.rank in self.failing:
-            return  # the failure of its actor, deferred behind the inbox, answers instead
         r = h.rank
         if r not in self.remaining:
             if r == -1 and h.status == ERROR and self.remaining:  # a proc answered for an
@@ -482,28 +474,11 @@ class _Collector:
 
     def on_fail(self, exc: BaseException, proc: Optional[str] = None,
                 actor: Optional[str] = None) -> None:
-        """A proc (or, with `actor`, an actor) this call waits on failed (I/O thread).
-        With a thread's reply inbox, the replies already in it are delivered first: an
-        answer its actor sent before failing (`abort()`) still counts."""
-        inbox = self.fut._inbox
-        ranks = self._failing_ranks(proc, actor)
-        if inbox is not None and not self.done and ranks:
-            self.failing = self.failing | ranks  # their error replies meanwhile say less
-            inbox.after_replies(lambda: self._fail_now(exc, proc, actor))
-            return
-        self._fail_now(exc, proc, actor)
-
-    def _failing_ranks(self, proc: Optional[str], actor: Optional[str]) -> set:
-        """The ranks still waited on that a failure of `proc` (or of `actor`) concerns."""
-        if actor is not None and actor != self.rec.actor_id:
-            return set()
-        proc_ids = self.rec.proc_ids
-        return {r for r in list(self.remaining) if proc is None or proc_ids[r] == proc}
-
-    def _fail_now(self, exc: BaseException, proc: Optional[str],
-                  actor: Optional[str]) -> None:
+        """A proc (or, with `actor`, an actor) this call waits on failed (I/O thread). Every
+        answer its actor sent before failing has been delivered by now: the failure comes
+        after them on the same connection, or after the dead proc's stream was read
+        (docs/transport.md)."""
         with self.lock:
-            self.failing -= self._failing_ranks(proc, actor)
             self._on_fail(exc, proc, actor)
 
     def _on_fail(self, exc: BaseException, proc: Optional[str], actor: Optional[str]) -> None:

@@ -20,7 +20,6 @@ from ..errors import MeshStoppedError
 from ..future import Future, resolved
 from ..shapes import MeshTrait, Shape
 from ..transport.framing import Header, Kind
-from ..transport.loop import lane_env
 
 if TYPE_CHECKING:
     from .proc_mesh import ProcMesh
@@ -75,7 +74,6 @@ def _start_local_agent(rt: Runtime) -> AgentRecord:
     agent_id = rt.new_id("agent")
     env = child_env()
     env[TOKEN_ENV] = rt.token.hex()
-    env.update(lane_env(rt.loop))  # it talks to this process by ipc: the same lane setting
     cmd = [sys.executable, "-m", "runtime.host", "--owner", rt.address, "--rundir", rt.rundir,
            "--agent-id", agent_id, "--parent-pid", str(os.getpid())]
 

@@ -12,13 +12,13 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from typing import Any, Optional
 
 from .. import _process
 from ..transport import framing
 from ..transport.framing import Header, Kind
-from ..transport.loop import lane_env
 from .gather import ReplyGather
 from .output import ProcPipes
 from .zygote import zygote_main
@@ -67,6 +67,7 @@ class Agent:
         self.by_pid: dict[int, str] = {}
         self.pending_spawn: dict[str, dict] = {}
         self.stopping = False
+        self.stopped = threading.Event()  # set once _shutdown has ended the procs
         # fork the zygote while this process is still single-threaded
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
@@ -113,10 +114,7 @@ class Agent:
     def run(self) -> None:
         self.loop.start()
         self.loop.call_soon(self._setup)
-        while not self.stopping:
-            time.sleep(0.2)
-            if self.args.parent_pid and os.getppid() != self.args.parent_pid:
-                self.loop.call_soon(self._shutdown, "owner process died")
+        self.stopped.wait()
         self.loop.stop()
         if self.own_rundir:
             import shutil
@@ -126,7 +124,17 @@ class Agent:
     def _setup(self) -> None:
         self.zsock.setblocking(False)
         self.loop.add_reader(self.zsock.fileno(), self._on_zygote)
-        self.loop.call_every(0.25, self._tick)
+        if self.args.parent_pid:  # readable when the process that started this agent exits
+            try:
+                self.parent_fd = os.pidfd_open(self.args.parent_pid)
+            except OSError:
+                self._shutdown("owner process died")
+                return
+            self.loop.add_reader(self.parent_fd,
+                                 lambda: self._shutdown("owner process died"))
+        from ..config import config
+
+        self.loop.call_every(config.heartbeat_interval, self._tick)
         if self.owner:
             self._send(self.owner, Header(Kind.HELLO, extra={
                 "pid": os.getpid(), "host": socket.gethostname(), "address": self.address,
@@ -208,8 +216,7 @@ class Agent:
                 "key_file": self.key_file, "listen_ip": self.listen_ip,
             }
             self.pending_spawn[p["proc_id"]] = {"mesh": p["mesh"], "owner": owner}
-            # its procs talk to this agent by ipc: they run with its lane setting
-            env = {**(p.get("env") or {}), **lane_env(self.loop)}
+            env = dict(p.get("env") or {})
             msg = {"op": "spawn", "cfg": cfg, "env": env, "cwd": e.get("cwd")}
             if p.get("gpu"):  # one GPU per proc, chosen from this host's devices
                 msg["env"], msg["error"] = _with_gpu(p["gpu"], msg["env"])
@@ -250,6 +257,7 @@ class Agent:
         if pp is None:
             return
         pp.finish()
+        self.loop.drain_from(pp.proc_id)  # its last replies first (docs/transport.md)
         self.gather.proc_exited(pp.proc_id)
         if os.path.basename(pp.proc_id) == pp.proc_id:
             try:  # the proc's inbox socket file: removed now, not when the run ends
@@ -302,6 +310,7 @@ class Agent:
             os.waitpid(self.zygote_pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+        self.stopped.set()
 
 
 def _alive(pid: int) -> bool:

@@ -207,38 +207,147 @@ def split_reply_batch(h: Header, body: Any, buffers: list) -> list[tuple[Header,
     return out
 
 
-# -- coalesced messages ------------------------------------------------------------------------
-#: The first bytes of a frame that carries several one-frame messages (a thread's burst to
-#: one address, sent as one: runtime/transport/coalesce.py). A message's head frame starts
-#: with a random session token, so a real message cannot start this way (2**-64).
-COALESCED = b"\x00MNBATCH"
-_LEN = struct.Struct("<I")
+# -- the stream wire (runtime/transport/stream.py) -------------------------------------------
+#: Each message on a stream connection is `count (u32) | size (u64) x count | frames`; the
+#: first message of a connection is its preamble: one frame, `PREAMBLE | token length (u16)
+#: | token | sender id` (who sent everything that follows).
+PREAMBLE = b"MNSTRM01"
+MAX_FRAMES = 1000  # a message's frames, plus its prefix, fit one sendmsg (IOV_MAX 1024)
+_COUNT = struct.Struct("<I")
+_U16 = struct.Struct("<H")
 
 
-def pack_coalesced(messages: Sequence[bytes]) -> bytes:
-    """One frame carrying `messages` (each a complete one-frame message), in order."""
-    parts = [COALESCED]
-    for m in messages:
-        parts.append(_LEN.pack(len(m)))
-        parts.append(m)
-    return b"".join(parts)
+def nbytes(f: Any) -> int:
+    """The size of one frame (bytes or any buffer)."""
+    return len(f) if isinstance(f, (bytes, bytearray)) else memoryview(f).nbytes
 
 
-def unpack_coalesced(frame: bytes) -> list[bytes]:
-    """The one-frame messages a coalesced frame carries, in order (pure logic; raises
-    FrameError when the lengths do not add up). Each is then parsed, and its token checked,
-    as if it had come alone."""
-    if frame[:len(COALESCED)] != COALESCED:
-        raise FrameError("not a coalesced frame")
-    out = []
-    off, size, n = len(COALESCED), len(frame), _LEN.size
-    while off < size:
-        if off + n > size:
-            raise FrameError("coalesced frame cut short")
-        (k,) = _LEN.unpack_from(frame, off)
-        off += n
-        if off + k > size:
-            raise FrameError("coalesced frame cut short")
-        out.append(frame[off:off + k])
-        off += k
-    return out
+def stream_message(frames: Sequence[Any]) -> list[Any]:
+    """The buffers that put one message on a stream: its prefix, then its frames (no copy)."""
+    n = len(frames)
+    if not 0 < n <= MAX_FRAMES:
+        raise FrameError(f"a message has 1 to {MAX_FRAMES} frames, not {n}")
+    return [struct.pack(f"<I{n}Q", n, *[nbytes(f) for f in frames]), *frames]
+
+
+def preamble(token: bytes, sender: str) -> list[Any]:
+    """The first message of a connection: who sends what follows (`parse_preamble`)."""
+    return stream_message([b"".join((PREAMBLE, _U16.pack(len(token)), token,
+                                     sender.encode()))])
+
+
+def parse_preamble(frames: Sequence[Any], tokens: Sequence[bytes]) -> str:
+    """The sender id of a preamble whose token is one of `tokens`; FrameError otherwise."""
+    head = _as_bytes(frames[0]) if len(frames) == 1 else b""
+    n = len(PREAMBLE) + _U16.size
+    if head[:len(PREAMBLE)] != PREAMBLE or len(head) < n:
+        raise FrameError("a connection that does not begin with a preamble")
+    (k,) = _U16.unpack_from(head, len(PREAMBLE))
+    if not any(_compare(head[n:n + k], t) for t in tokens):
+        raise FrameError("wrong session token")
+    try:
+        return head[n + k:].decode()
+    except UnicodeDecodeError:
+        raise FrameError("bad sender id in preamble") from None
+
+
+def advance(bufs: list[Any], n: int) -> list[Any]:
+    """What is left of `bufs` once their first `n` bytes were written (a partial send)."""
+    i = 0
+    while i < len(bufs):
+        size = nbytes(bufs[i])
+        if n < size:
+            break
+        n -= size
+        i += 1
+    rest = bufs[i:]
+    if rest and n:
+        rest[0] = memoryview(rest[0]).cast("B")[n:]
+    return rest
+
+
+class StreamDecoder:
+    """Cuts the bytes of one stream connection into messages (lists of frames). Pure: the
+    caller reads into `buffer()` and says with `feed(n)` how many bytes came; `feed`
+    returns the messages completed. A frame larger than half the read buffer is read into a
+    buffer of its own (no second copy). Raises FrameError for a stream that is not ours."""
+
+    def __init__(self, max_frame: int, chunk: int = 256 << 10) -> None:
+        self.max_frame = max_frame
+        self.buf = bytearray(chunk)
+        self.view = memoryview(self.buf)
+        self.start = self.end = 0
+        self.sizes: list[int] = []  # frame sizes of the message being read, reversed
+        self.frames: list[Any] = []
+        self.big: Optional[bytearray] = None  # a large frame being filled
+        self.big_off = 0
+
+    def mid_message(self) -> bool:
+        """Whether a message has begun and not ended (its sender died while sending)."""
+        return bool(self.sizes or self.frames or self.big is not None or
+                    self.end > self.start)
+
+    def buffer(self) -> memoryview:
+        """Where the next bytes go."""
+        if self.big is not None:
+            return memoryview(self.big)[self.big_off:]
+        if len(self.buf) - self.end < (len(self.buf) >> 2):  # make room: move what is left
+            n = self.end - self.start
+            self.buf[:n] = self.view[self.start:self.end]
+            self.start, self.end = 0, n
+        return self.view[self.end:]
+
+    def feed(self, n: int) -> list[list[Any]]:
+        """`n` bytes came into `buffer()`: the messages now complete, in order."""
+        if self.big is not None:
+            self.big_off += n
+            if self.big_off < len(self.big):
+                return []
+            self.frames.append(self.big)
+            self.big = None
+        else:
+            self.end += n
+        out: list[list[Any]] = []
+        while self._step(out):
+            pass
+        return out
+
+    def _step(self, out: list) -> bool:
+        """Take one header or frame from the buffer; False when more bytes are needed."""
+        buf, start, avail = self.buf, self.start, self.end - self.start
+        sizes = self.sizes
+        if not sizes:
+            if self.frames:
+                out.append(self.frames)
+                self.frames = []
+            if avail < 4:
+                return False
+            (count,) = _COUNT.unpack_from(buf, start)
+            if not 0 < count <= MAX_FRAMES:
+                raise FrameError(f"a message of {count} frames")
+            if avail < 4 + 8 * count:
+                return False
+            got = struct.unpack_from(f"<{count}Q", buf, start + 4)
+            if max(got) > self.max_frame:
+                raise FrameError(f"a frame of {max(got)} bytes (limit {self.max_frame})")
+            self.sizes = sizes = list(reversed(got))
+            self.start = start = start + 4 + 8 * count
+            avail -= 4 + 8 * count
+        size = sizes[-1]
+        if size <= avail:
+            sizes.pop()
+            f = self.view[start:start + size]
+            self.frames.append(bytes(f) if not self.frames else bytearray(f))
+            self.start = start + size
+            if not sizes:
+                out.append(self.frames)
+                self.frames = []
+            return True
+        if size <= len(buf) >> 1:
+            return False  # a small frame: the rest comes into this buffer
+        sizes.pop()
+        big = self.big = bytearray(size)  # a large frame: read into its own buffer
+        big[:avail] = self.view[start:self.end]
+        self.big_off = avail
+        self.start = self.end = 0
+        return False

@@ -1,12 +1,11 @@
-"""The I/O thread: one zmq poller loop that owns the inbox and receives every message.
+"""The I/O thread: one poller loop per process that reads every connection and runs timers.
 
-Every socket has exactly one owning thread. The loop owns the inbox, the extra listeners
-and its own send sockets; any other thread that sends (a caller in the controller, an actor
-thread in a proc) owns send sockets of its own (`ThreadSenders`), made on its first send to
-an address and closed when the thread ends. Sending from the calling thread saves the
-hand-off to the loop and back. Callbacks reach the loop with `call_soon` (eventfd wake-up).
-Incoming frame lists are checked (token, header) before a handler sees them; bad ones are
-dropped with a log line.
+Receiving is this thread's alone: it reads each inbound stream connection (peers on this
+host, runtime/transport/stream.py) and the TCP inbox (zmq PULL with CurveZMQ, peers on other
+hosts), checks each message (token, header) and hands it to the process's handler, which
+resolves futures or fills actor mailboxes. Sending is any thread's: a message goes on the
+one connection this process has to that peer (`Outbound` for ipc:// addresses, a locked
+zmq PUSH socket for tcp://), at once and without blocking. docs/transport.md has the rules.
 """
 
 from __future__ import annotations
@@ -18,25 +17,26 @@ import logging
 import os
 import threading
 import time
-import weakref
 from typing import Any, Callable, Optional
 
 import zmq
 
-from ..config import SETTINGS, config
-from . import framing, receive
+from . import framing, stream
 from .auth import CurveKeys
-from .datagram import SWEEP_S, LaneInbox, Lanes, LaneSender
 from .listen import Listener
-from .senders import ThreadSenders, send_frames
 
 log = logging.getLogger("runtime.transport")
 
 Handler = Callable[[framing.Header, Any, list], None]
+_NOBLOCK = int(zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
+_POLLIN = int(zmq.POLLIN)
+#: messages taken from the TCP inbox per readiness event before other sockets get a turn
+_BATCH = 256
 
 
 class IOLoop:
-    """A poller loop on its own daemon thread, with a bound inbox and outgoing PUSH sockets."""
+    """A poller loop on its own daemon thread: listeners, connections, timers."""
 
     def __init__(self, name: str, token: bytes, on_message: Handler,
                  keys: Optional[CurveKeys] = None, max_message_bytes: int = 0) -> None:
@@ -46,84 +46,83 @@ class IOLoop:
         self.on_message = on_message
         self.keys = keys
         self.max_message_bytes = max_message_bytes
-        self.ctx = zmq.Context(io_threads=1)
-        self.inbox = self.ctx.socket(zmq.PULL)
-        self.inbox.setsockopt(zmq.RCVHWM, 0)
-        self.inbox.setsockopt(zmq.LINGER, 0)
+        self.max_frame = (max_message_bytes or (1 << 40)) + (1 << 20)
         self.address = ""
-        self._extra: list = []
         self.peer_keys: dict[str, CurveKeys] = {}  # TCP peers of another cluster key
-        self._out: dict[str, zmq.Socket] = {}
-        self._tls = threading.local()
-        self._senders: "weakref.WeakSet[ThreadSenders]" = weakref.WeakSet()
-        self._forgotten: collections.OrderedDict = collections.OrderedDict()
-        self._forget_gen = 0
-        #: hold a thread's bursts of small messages to one address and send them as one
-        #: (runtime/transport/senders.py); set before threads send
-        self.coalesce = True
-        #: ipc inboxes get a datagram lane, and sends to them use it (transport/datagram.py)
-        self.lane = config.datagram_lane
+        #: fn(address, ports, error): a send failed, the calls on `ports` must fail
+        self.on_send_failed: stream.SendFailed = _log_send_failed
+        #: fn(peer id): a peer's connection to this process ended (EOF)
+        self.on_peer_closed: Callable[[str], None] = lambda peer: None
+        self._peers: dict[str, Any] = {}  # address -> Outbound or ZmqPeer
+        self._peers_lock = threading.Lock()
+        self._inbound: dict[str, list[stream.Inbound]] = {}  # peer id -> its connections
+        self._ctx: Optional[zmq.Context] = None  # made for the first TCP socket
+        self._listener: Optional[Listener] = None
+        self._zmq_inboxes: list[zmq.Socket] = []
+        self._unix: list[Any] = []  # listening AF_UNIX sockets
         self._calls: collections.deque = collections.deque()
         self.timers = Timers(name)
-        self._readers: dict[int, Callable[[], None]] = {}
-        self._writers: dict[int, Callable[[], None]] = {}
-        self.lanes = Lanes()  # this process's datagram lanes (transport/datagram.py)
+        self._fds: dict[int, Callable[[int], None]] = {}
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._sleeping = False
         self._stopping = False
         self._thread: Optional[threading.Thread] = None
-        self.listener = Listener(self.ctx, max_message_bytes)
         self.poller = zmq.Poller()
         self.stats = LoopStats(self)
         self.thread_id: Optional[int] = None
         self.on_close: list[Callable[[], None]] = []  # run on the loop thread as it stops
-        self.shared_inbox: Any = None  # transport.inbox.SharedInbox: actor threads read too
 
     # -- set-up --------------------------------------------------------------------------
+    @property
+    def ctx(self) -> zmq.Context:
+        if self._ctx is None:
+            self._ctx = zmq.Context(io_threads=1)
+        return self._ctx
+
+    @property
+    def listener(self) -> Listener:
+        """Checks and CurveZMQ set-up for TCP inboxes (made on first use)."""
+        if self._listener is None:
+            self._listener = Listener(self.ctx, self.max_message_bytes)
+        return self._listener
+
     def bind(self, addr: str) -> str:
-        """Bind the inbox; returns the resolved address (ephemeral TCP ports filled in). An
-        ipc inbox gets its datagram lane beside it (transport/datagram.py)."""
-        self.address = self.listener.bind(self.inbox, addr, self.keys)
-        if self.lane and self.address.startswith("ipc://"):
-            self.inbox = LaneInbox(self.inbox, self.address, self.tokens, self.stats)
-            self.lanes.add_inbox(self.inbox, None)
+        """Listen at this process's address; returns it (an ephemeral TCP port filled in)."""
+        self.address = self.bind_extra(addr)
         return self.address
 
     def bind_extra(self, addr: str, keys: Optional[CurveKeys] = None) -> str:
-        """Listen on a second address too (e.g. TCP with CurveZMQ besides the ipc inbox;
-        on ipc with a datagram lane, as every ipc inbox)."""
-        s = self.ctx.socket(zmq.PULL)
-        s.setsockopt(zmq.RCVHWM, 0)
-        s.setsockopt(zmq.LINGER, 0)
+        """Listen at `addr`: an AF_UNIX stream socket for ipc://PATH, else a zmq PULL
+        socket (CurveZMQ with `keys` or the loop's for TCP)."""
+        if addr.startswith("ipc://"):
+            s = stream.listen(addr)
+            self._unix.append(s)
+            self._watch_soon(s.fileno(), lambda ev, s=s: self._accept(s))
+            return addr
+        z = self.ctx.socket(zmq.PULL)
+        z.setsockopt(zmq.RCVHWM, 0)
+        z.setsockopt(zmq.LINGER, 0)
         try:
-            addr = self.listener.bind(s, addr, keys or self.keys)
-            if self.lane and addr.startswith("ipc://"):
-                s = LaneInbox(s, addr, self.tokens, self.stats)
-                self.lanes.add_inbox(s, None)
+            addr = self.listener.bind(z, addr, keys or self.keys)
         except BaseException:
-            s.close()
+            z.close()
             raise
-        self._extra.append(s)
+        self._zmq_inboxes.append(z)
         if self._thread is not None:
-            self.call_soon(self._watch_extra, s)
+            self.call_soon(self.poller.register, z, zmq.POLLIN)
         return addr
 
-    def _watch_extra(self, s: Any) -> None:
-        if isinstance(s, LaneInbox):
-            self.add_reader(s.fd, lambda: self.drain_inbox(s))
+    def _watch_soon(self, fd: int, fn: Callable[[int], None]) -> None:
+        if self._thread is None:
+            self._fds[fd] = fn
+            self.poller.register(fd, _POLLIN)
         else:
-            self.poller.register(s, zmq.POLLIN)
+            self.call_soon(self.watch, fd, _POLLIN, fn)
 
     def start(self) -> None:
-        if self.shared_inbox is None:  # a lane's descriptor, or the zmq socket itself
-            self.poller.register(_pollable(self.inbox), zmq.POLLIN)
-        else:  # it watches the inbox's descriptor, and drains it when no actor reads
-            self.call_soon(self.shared_inbox.start)
+        for z in self._zmq_inboxes:
+            self.poller.register(z, zmq.POLLIN)
         self.poller.register(self._wake_fd, zmq.POLLIN)
-        for s in self._extra:
-            self._watch_extra(s)
-        if self.lane:  # strays of lane inboxes: none without the lane
-            self.call_soon(self.call_every, SWEEP_S, self.lanes.sweep)
         self._thread = threading.Thread(target=self._run, name=f"monarch-io-{self.name}",
                                         daemon=True)
         self._thread.start()
@@ -132,40 +131,46 @@ class IOLoop:
     def in_loop(self) -> bool:
         return threading.get_ident() == self.thread_id
 
-    def send(self, addr: str, frames: list) -> None:
-        """Send a frame list to `addr` now, on a socket the calling thread owns (any thread).
-
-        Messages from one thread to one address arrive in the order they were sent."""
+    def send(self, addr: str, frames: list, port: int = 0) -> None:
+        """Send a frame list to `addr` (any thread, never blocks). Everything this process
+        sends one peer arrives in the order of these calls; if it cannot be sent, the call
+        waiting on `port` (a reply port of this process) fails (`on_send_failed`)."""
         if self._stopping:
             log.debug("%s: loop stopped; message to %s dropped", self.name, addr)
+            if port:
+                self.on_send_failed(addr, [port], "this process's runtime is stopping")
             return
-        if threading.get_ident() == self.thread_id:
-            self._send_from_loop(addr, frames)
-            return
-        senders = self._tls.__dict__.get("s")
-        if senders is None:
-            senders = self._tls.s = ThreadSenders(self, self.coalesce)
-            self._senders.add(senders)
-        senders.send(addr, frames)
+        peer = self._peers.get(addr)
+        if peer is None:
+            peer = self._new_peer(addr)
+        peer.send(frames, port)
 
-    def before_block(self) -> None:
-        """The calling thread is about to wait (or hand work to the loop): what it holds of
-        a burst of small messages goes out now (runtime/transport/senders.py)."""
-        senders = self._tls.__dict__.get("s")
-        if senders is not None:
-            senders.before_block()
+    def _new_peer(self, addr: str) -> Any:
+        with self._peers_lock:
+            peer = self._peers.get(addr)
+            if peer is None:
+                if addr.startswith("ipc://"):
+                    hello = framing.preamble(self._token_for_ipc(addr), self.name)
+                    peer = stream.Outbound(self, addr, hello)
+                else:
+                    peer = ZmqPeer(self, addr)
+                self._peers[addr] = peer
+        return peer
+
+    def _token_for_ipc(self, addr: str) -> bytes:
+        keys = self.peer_keys.get(addr)
+        if keys is not None:  # an ipc worker of a cluster
+            from .auth import cluster_token
+
+            return cluster_token(keys)
+        return self.token
 
     def call_soon(self, fn: Callable, *args: Any) -> None:
-        """Run `fn(*args)` on the loop thread (any thread); what the calling thread holds
-        goes out first, so that what the loop sends for it follows."""
-        self.before_block()
+        """Run `fn(*args)` on the loop thread (any thread)."""
         self.schedule(fn, *args)
 
     def schedule(self, fn: Callable, *args: Any) -> None:
-        """`call_soon` without the flush, and without a lock: what finalizers and weakref
-        callbacks use (the collector runs them at any allocation, maybe inside this
-        thread's own send, whose lock they must not wait for), and a sender arming its own
-        late flush."""
+        """Run `fn(*args)` on the loop thread (any thread, finalizers included: no lock)."""
         self._calls.append((fn, args))
         if self._sleeping:
             self._wake()
@@ -185,39 +190,43 @@ class IOLoop:
         """Run `fn()` every `period` seconds on the loop thread (loop thread only)."""
         self.timers.every(period, fn, lambda: self._stopping)
 
-    def add_reader(self, fd: int, fn: Callable[[], None]) -> None:
-        """Call `fn()` when `fd` is readable (loop thread only)."""
-        self._readers[fd] = fn
-        self.poller.register(fd, zmq.POLLIN)
+    def watch(self, fd: int, events: int, fn: Callable[[int], None]) -> None:
+        """Call `fn(events)` when `fd` is ready for `events` (zmq.POLLIN/POLLOUT; loop
+        thread only); watching it again changes the events."""
+        self._fds[fd] = fn
+        self.poller.register(fd, events)
 
-    def remove_reader(self, fd: int) -> None:
-        """Stop watching `fd` (a reader's or a writer's)."""
-        if self._readers.pop(fd, None) is not None or self._writers.pop(fd, None) is not None:
+    def unwatch(self, fd: int) -> None:
+        """Stop watching `fd` (loop thread only)."""
+        if self._fds.pop(fd, None) is not None:
             try:
                 self.poller.unregister(fd)
             except KeyError:
                 pass
 
-    remove_writer = remove_reader
+    def add_reader(self, fd: int, fn: Callable[[], None]) -> None:
+        """Call `fn()` when `fd` is readable (loop thread only)."""
+        self.watch(fd, _POLLIN, lambda events: fn())
 
-    def add_writer(self, fd: int, fn: Callable[[], None]) -> None:
-        """Call `fn()` when `fd` is writable (loop thread only; never also a reader's fd)."""
-        if fd not in self._writers:
-            self._writers[fd] = fn
-            self.poller.register(fd, zmq.POLLOUT)
+    remove_reader = unwatch
 
     def forget_peer(self, addr: str) -> None:
-        """Close the sockets to a peer that is gone, dropping what they had queued (loop
-        thread; other threads close theirs on their next send)."""
-        s = self._out.pop(addr, None)
-        if s is not None:
-            s.close(linger=0)
-        gen = self._forget_gen + 1
-        _remember_forgotten(self._forgotten, addr, gen, self._senders)
-        self._forget_gen = gen  # published after the address is recorded
+        """A peer is gone (loop thread): close the connection to it; what waited to be
+        written is dropped and the calls it carried fail."""
+        with self._peers_lock:
+            peer = self._peers.pop(addr, None)
+        if peer is not None:
+            peer.close(f"{addr} is gone")
+
+    def drain_from(self, peer: str) -> None:
+        """Read and dispatch everything `peer` has sent this process so far (loop thread):
+        called before its death fails the calls waiting on it, so that an answer it sent
+        first always counts. A dead process writes nothing more, so this ends."""
+        for inbound in list(self._inbound.get(peer, ())):
+            inbound.read()
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Flush pending sends, stop the thread and close every socket."""
+        """Write what waits, stop the thread and close every socket."""
         if self._thread is None or self._stopping:
             return
         self._stopping = True
@@ -231,36 +240,78 @@ class IOLoop:
         except (BlockingIOError, OSError):
             pass
 
-    # -- the loop ---------------------------------------------------------------------------
-    def new_push_socket(self, addr: str) -> zmq.Socket:
-        """A PUSH socket connected to `addr` (CurveZMQ for TCP peers), for one owning thread."""
-        return _push_socket(self.ctx, addr, self.peer_keys.get(addr, self.keys))
-
-    def new_sender(self, addr: str, lock: Optional[threading.Lock]) -> Any:
-        """What one owner sends to `addr` with: the datagram lane to an ipc inbox (the
-        owner's sends under `lock`; None: the loop's own), else a PUSH socket."""
-        if self.lane and addr[:6] == "ipc://":
-            return LaneSender(self, addr, lock)
-        return self.new_push_socket(addr)
-
-    def _send_from_loop(self, addr: str, frames: list) -> None:
-        s = self._out.get(addr)
+    # -- connections (loop thread) ------------------------------------------------------------
+    def send_failed(self, addr: str, ports: list, error: str) -> None:
+        """A send failed: the calls waiting on `ports` fail, naming the peer and the error."""
         try:
-            if s is None:
-                s = self._out[addr] = self.new_sender(addr, None)
-            send_frames(s, frames)
-            self.stats.loop_sent += 1
-        except zmq.ZMQError as e:
-            log.warning("send to %s failed: %s", addr, e)
+            self.on_send_failed(addr, ports, error)
+        except Exception:
+            log.exception("%s: failing the calls of a lost send raised", self.name)
 
-    def drain_inbox(self, sock: zmq.Socket) -> None:
-        """Receive and dispatch what waits in `sock` (loop thread)."""
-        receive.drain(self, sock)
+    def _accept(self, lsock: Any) -> None:
+        for _ in range(64):
+            try:
+                sock, _ = lsock.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:  # out of descriptors: back off, the peers wait in backlog
+                log.warning("%s: accept failed (%s); again in 0.1 s", self.name, e)
+                fd = lsock.fileno()
+                fn = self._fds.get(fd)
+                self.unwatch(fd)
+                if fn is not None:
+                    self.call_later(0.1, self.watch, fd, _POLLIN, fn)
+                return
+            sock.setblocking(False)
+            inbound = stream.Inbound(self, sock)
+            self.watch(inbound.fd, _POLLIN, inbound.readable)
 
+    def inbound_from(self, inbound: stream.Inbound) -> None:
+        """A connection's preamble named its sender."""
+        self._inbound.setdefault(inbound.peer, []).append(inbound)
+
+    def inbound_closed(self, inbound: stream.Inbound) -> None:
+        self.unwatch(inbound.fd)
+        conns = self._inbound.get(inbound.peer)
+        if conns is not None and inbound in conns:
+            conns.remove(inbound)
+            if not conns:
+                del self._inbound[inbound.peer]
+        if inbound.peer and not self._stopping:
+            try:
+                self.on_peer_closed(inbound.peer)
+            except Exception:
+                log.exception("%s: peer-closed hook failed", self.name)
+
+    def dispatch(self, frames: list) -> None:
+        """Check one received message and hand it to `on_message`."""
+        try:
+            header, body, buffers = framing.parse(frames, self.tokens)
+        except framing.FrameError as e:
+            self.stats.dropped += 1
+            log.warning("%s: dropped a message that is not from this session (%s): %s",
+                        self.name, e, framing.summarize(frames))
+            return
+        self.stats.received += 1
+        try:
+            self.on_message(header, body, buffers)
+        except Exception:
+            log.exception("%s: handler failed for message kind %s", self.name, header.kind)
+
+    def _drain_zmq(self, sock: zmq.Socket) -> None:
+        for _ in range(_BATCH):
+            try:
+                frames = [sock.recv(_NOBLOCK)]
+            except zmq.Again:
+                return
+            if sock.getsockopt(_RCVMORE):
+                frames += sock.recv_multipart(flags=_NOBLOCK, copy=False)
+            self.dispatch(frames)
+
+    # -- the loop -----------------------------------------------------------------------------
     def _run_calls(self) -> None:
         calls = self._calls
-        n = len(calls)
-        for _ in range(n):
+        for _ in range(len(calls)):
             fn, args = calls.popleft()
             try:
                 fn(*args)
@@ -270,10 +321,7 @@ class IOLoop:
     def _run(self) -> None:
         self.thread_id = threading.get_ident()
         wake_fd = self._wake_fd
-        inbox = self.inbox
-        # what the poller reports for the inbox, when this thread watches it (a shared
-        # inbox's descriptor is a reader's: transport.inbox.SharedInbox takes its lock)
-        inbox_fd = _pollable(inbox) if self.shared_inbox is None else None
+        fds = self._fds
         try:
             while True:
                 self._run_calls()
@@ -287,23 +335,21 @@ class IOLoop:
                     continue
                 events = self.poller.poll(int(timeout * 1000) + 1)
                 self._sleeping = False
-                for what, _ in events:
-                    if what == inbox_fd:
-                        self.drain_inbox(inbox)
-                    elif isinstance(what, zmq.Socket):
-                        self.drain_inbox(what)
-                    elif what == wake_fd:
+                for what, ev in events:
+                    if what == wake_fd:
                         try:
                             os.eventfd_read(wake_fd)
                         except BlockingIOError:
                             pass
+                    elif isinstance(what, zmq.Socket):
+                        self._drain_zmq(what)
                     else:
-                        fn = self._readers.get(what) or self._writers.get(what)
+                        fn = fds.get(what)
                         if fn is not None:
                             try:
-                                fn()
+                                fn(ev)
                             except Exception:
-                                log.exception("%s: reader for fd %s failed", self.name, what)
+                                log.exception("%s: handler for fd %s failed", self.name, what)
         finally:
             self._close()
 
@@ -313,37 +359,82 @@ class IOLoop:
                 fn()
             except Exception:
                 log.exception("%s: close hook %r failed", self.name, fn)
-        for senders in list(self._senders):  # threads still alive: their sockets end here
-            senders.close(linger=200)
-        for s in [*self._out.values(), *self._extra, self.inbox]:
+        with self._peers_lock:
+            peers, self._peers = list(self._peers.values()), {}
+        for peer in peers:  # what the kernel takes now goes; the rest is reported
+            peer.finish()
+        for conns in list(self._inbound.values()):
+            for inbound in list(conns):
+                inbound.sock.close()
+        for s in self._unix:
             try:
-                s.close(linger=0 if s is self.inbox or s in self._extra else 200)
+                os.unlink(s.getsockname())
+            except (OSError, TypeError):
+                pass
+            s.close()
+        for z in self._zmq_inboxes:
+            z.close(linger=0)
+        if self._listener is not None:
+            self._listener.close()
+        if self._ctx is not None:
+            try:
+                self._ctx.term()
             except zmq.ZMQError:
                 pass
-        self._out.clear()
-        self.lanes.finish()  # backlogs still waiting for room: out now, or dropped
-        self.listener.close()
-        try:
-            self.ctx.term()
-        except zmq.ZMQError:
-            pass
         try:
             os.close(self._wake_fd)
         except OSError:
             pass
 
 
-def lane_env(loop: IOLoop) -> dict[str, str]:
-    """The environment that gives a child the datagram lane setting `loop` runs with: the
-    processes that talk by ipc must agree on it (an agent pins its procs' to its own, as a
-    controller pins its local agents', whatever their environment or configure() says)."""
-    return {SETTINGS["datagram_lane"].env: "1" if loop.lane else "0"}
+class ZmqPeer:
+    """The zmq PUSH socket this process sends one TCP peer with (any thread, under a lock:
+    one socket per peer keeps this process's messages to it in order)."""
+
+    def __init__(self, loop: IOLoop, addr: str) -> None:
+        self.loop = loop
+        self.addr = addr
+        self.lock = threading.Lock()
+        self.sent = 0
+        self.error = ""
+        self.sock: Optional[zmq.Socket] = _push_socket(loop.ctx, addr,
+                                                        loop.peer_keys.get(addr, loop.keys))
+
+    def send(self, frames: list, port: int = 0) -> None:
+        error = ""
+        with self.lock:
+            if self.sock is None:
+                error = self.error
+            else:
+                try:
+                    if len(frames) == 1:
+                        self.sock.send(frames[0], _NOBLOCK)
+                    else:
+                        self.sock.send_multipart(frames, copy=False, flags=_NOBLOCK)
+                    self.sent += 1
+                except zmq.ZMQError as e:
+                    error = f"send to {self.addr} failed: {e}"
+                    log.warning("%s: %s", self.loop.name, error)
+        if error and port:
+            self.loop.schedule(self.loop.send_failed, self.addr, [port], error)
+
+    def close(self, why: str = "", linger: int = 0) -> None:
+        with self.lock:
+            sock, self.sock = self.sock, None
+            self.error = why or f"{self.addr} is closed"
+        if sock is not None:
+            sock.close(linger=linger)
+
+    def finish(self) -> None:
+        """The loop stops: queued messages get up to 2 s to leave."""
+        self.close("this process's runtime stopped", linger=2000)
+
+    def pending(self) -> int:
+        return 0
 
 
-def _pollable(inbox: Any) -> Any:
-    """What the poller watches for an inbox: a lane's (level-triggered) descriptor, or the
-    zmq socket itself (never its edge-triggered `fd`, which zmq's poll handles)."""
-    return inbox.fd if isinstance(inbox, LaneInbox) else inbox
+def _log_send_failed(addr: str, ports: list, error: str) -> None:
+    log.warning("a send to %s failed (%s); %d call(s) lost", addr, error, len(ports))
 
 
 def _run_on_loop(loop: IOLoop, fn: Callable, args: tuple, timeout: float) -> Any:
@@ -390,7 +481,7 @@ class Timers:
         self.later(period, tick)
 
     def run_due(self) -> float:
-        """Run what is due; returns the seconds until the next timer (1 s when none)."""
+        """Run what is due; returns the seconds until the next timer (60 s when none)."""
         now = time.monotonic()
         heap = self.heap
         while heap and heap[0][0] <= now:
@@ -401,7 +492,7 @@ class Timers:
                 log.exception("%s: timer %r failed", self.name, fn)
         if heap:
             return max(0.0, heap[0][0] - time.monotonic())
-        return 1.0
+        return 60.0
 
 
 def _push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.Socket:
@@ -409,7 +500,7 @@ def _push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.
     s.setsockopt(zmq.SNDHWM, 0)
     s.setsockopt(zmq.LINGER, 2000)
     s.setsockopt(zmq.RECONNECT_IVL, 10)
-    s.setsockopt(zmq.RECONNECT_IVL_MAX, 0)  # constant 10 ms: procs bind soon after spawn
+    s.setsockopt(zmq.RECONNECT_IVL_MAX, 0)  # constant 10 ms: peers bind soon after spawn
     if addr.startswith("tcp://") and keys is not None:
         s.curve_serverkey = keys.public
         s.curve_publickey = keys.public
@@ -418,39 +509,27 @@ def _push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.
     return s
 
 
-def _remember_forgotten(forgotten: collections.OrderedDict, addr: str, gen: int,
-                        senders: "weakref.WeakSet[ThreadSenders]") -> None:
-    """Record `addr` as forgotten at generation `gen`, and keep only the addresses some
-    sending thread still has a socket for (that thread closes it on its next send): the
-    table stays as small as what is left to close, even when threads sit idle."""
-    forgotten.pop(addr, None)
-    forgotten[addr] = gen
-    try:
-        held = [t.socks for t in list(senders)]  # dict membership reads are atomic
-    except RuntimeError:  # a thread made its senders meanwhile: trim next time
-        return
-    for a in [a for a in forgotten if not any(a in socks for socks in held)]:
-        del forgotten[a]
-    while len(forgotten) > 4096:
-        forgotten.popitem(last=False)
-
-
 class LoopStats:
     """Counters of one loop: messages sent (by every thread), received and dropped."""
 
-    __slots__ = ("loop", "loop_sent", "retired_sent", "received", "dropped", "actor_read")
+    __slots__ = ("loop", "received", "dropped")
 
     def __init__(self, loop: IOLoop) -> None:
         self.loop = loop
-        self.loop_sent = 0
-        self.retired_sent = 0
-        self.received = 0  # every message received, by any thread
+        self.received = 0  # every message received
         self.dropped = 0
-        self.actor_read = 0  # of those, read by an actor thread (transport.inbox.SharedInbox)
 
     def __getitem__(self, key: str) -> int:
         if key == "sent":
-            return self.loop_sent + self.retired_sent + sum(s.sent for s in list(self.loop._senders))
-        if key in ("received", "dropped", "actor_read"):
+            return sum(p.sent for p in list(self.loop._peers.values()))
+        if key in ("received", "dropped"):
             return getattr(self, key)
         raise KeyError(key)
+
+    def sizes(self) -> dict[str, int]:
+        """Connections and what waits in them (runtime.table_sizes)."""
+        loop = self.loop
+        peers = list(loop._peers.values())
+        return {"send_sockets": len(peers),
+                "inbound_connections": sum(len(c) for c in list(loop._inbound.values())),
+                "queued_messages": sum(p.pending() for p in peers)}

@@ -1,0 +1,321 @@
+"""Connections between the processes of one host: one AF_UNIX stream per sender and peer.
+
+Everything one process sends another on this host goes on one connection that the sender
+dialed (`Outbound`), in the order its threads called `send`, whole messages, large bodies
+included: the kernel keeps that order, keeps what a dead sender wrote, and ends the stream
+with EOF after it. The receiving process reads each connection it accepted (`Inbound`) on
+its I/O thread only. docs/transport.md states the rules and draws the states.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import os
+import socket
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from . import framing
+
+if TYPE_CHECKING:
+    from .loop import IOLoop
+
+log = logging.getLogger("runtime.transport")
+
+#: the first retry of a connect to a socket not listening yet (a proc starting), doubling
+#: up to CONNECT_RETRY_MAX_S while the peer has not bound; the peer's death ends it
+CONNECT_RETRY_S = 0.002
+CONNECT_RETRY_MAX_S = 0.05
+#: reads of one connection per readiness event before other connections get a turn
+READS_PER_EVENT = 16
+SNDBUF = 4 << 20  # fewer wake-ups for large messages (the kernel caps it at wmem_max)
+_RETRY = (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN)
+_IN, _OUT = 1, 2  # zmq.POLLIN, zmq.POLLOUT (the loop polls with zmq.Poller)
+
+#: fn(address, ports, error text): a send failed; the calls on `ports` must fail (I/O thread)
+SendFailed = Callable[[str, list, str], None]
+
+
+def path_of(addr: str) -> str:
+    """The socket file of an `ipc://PATH` address."""
+    return addr[6:]
+
+
+def listen(addr: str) -> socket.socket:
+    """A listening AF_UNIX stream socket at an `ipc://PATH` address, file mode 0600."""
+    path = path_of(addr)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK |
+                      socket.SOCK_CLOEXEC)
+    try:
+        s.bind(path)
+        os.chmod(path, 0o600)
+        s.listen(socket.SOMAXCONN)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+class Outbound:
+    """The connection this process dialed to one peer (any thread sends; whole messages in
+    call order). States: connecting -> open -> broken (docs/transport.md). A message the
+    kernel does not take at once waits in `queue`, written by the I/O thread when the
+    socket is writable; a send never blocks. A broken connection fails the calls of every
+    message it had not written, and of every later one (`on_failed`)."""
+
+    def __init__(self, loop: "IOLoop", addr: str, hello: list) -> None:
+        self.loop = loop
+        self.addr = addr
+        self.lock = threading.Lock()
+        self.queue: collections.deque = collections.deque()  # [buffers, port] not written
+        self.state = "connecting"
+        self.error = ""
+        self.sender: Optional[int] = None  # the thread inside send (a finalizer re-enters)
+        self.watching = 0  # the events the I/O thread polls for
+        self.retry = CONNECT_RETRY_S
+        self.hello: Optional[list] = None  # the preamble while it waits for the connect
+        self.sent = 0
+        self.sock = self._connect()
+        if self.sock is not None:
+            self.state = "open"
+            self._write_now(hello, 0)
+        else:
+            self.hello = [hello, 0]
+            self.queue.append(self.hello)
+        loop.schedule(self._watch)
+
+    def send(self, frames: list, port: int = 0) -> None:
+        """Send one message (any thread); `port`: the reply port of the call it carries."""
+        if self.sender == threading.get_ident():  # a finalizer inside this thread's send
+            self.loop.schedule(self.send, frames, port)
+            return
+        bufs = framing.stream_message(frames)
+        failed = ""
+        with self.lock:
+            self.sender = threading.get_ident()
+            self.sent += 1
+            try:
+                if self.state == "broken":
+                    failed = self.error
+                elif self.queue or self.state != "open":
+                    self.queue.append([bufs, port])
+                else:
+                    failed = self._write_now(bufs, port)
+            finally:
+                self.sender = None
+        if failed and port:
+            self.loop.schedule(self.loop.send_failed, self.addr, [port], failed)
+
+    def _write_now(self, bufs: list, port: int) -> str:
+        """Write a message to the empty queue's socket (lock held); what the kernel did not
+        take is queued for the I/O thread. Returns an error text if the connection broke."""
+        try:
+            n = self.sock.sendmsg(bufs)
+        except BlockingIOError:
+            n = 0
+        except OSError as e:
+            return self._break(f"send to {self.addr} failed: {e}")
+        if n < sum(framing.nbytes(b) for b in bufs):
+            self.queue.append([framing.advance(bufs, n), port])
+            self.loop.schedule(self._watch)
+        return ""
+
+    # -- the I/O thread ------------------------------------------------------------------
+    def _watch(self) -> None:
+        """Poll for what this connection waits for: writable while messages wait, EOF."""
+        if self.state == "broken":
+            return
+        if self.sock is None:
+            self._connect_later()
+            return
+        want = _IN | (_OUT if self.queue else 0)
+        if want != self.watching:
+            self.watching = want
+            self.loop.watch(self.sock.fileno(), want, self._ready)
+
+    def _connect(self) -> Optional[socket.socket]:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK |
+                          socket.SOCK_CLOEXEC)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SNDBUF)
+            s.connect(path_of(self.addr))
+            return s
+        except OSError as e:
+            s.close()
+            if e.errno not in _RETRY:
+                self._break(f"connect to {self.addr} failed: {e}")
+            return None
+
+    def _connect_later(self) -> None:
+        def again() -> None:
+            if self.state != "connecting":
+                return
+            s = self._connect()
+            if s is None:
+                if self.state == "connecting":
+                    self.retry = min(self.retry * 2, CONNECT_RETRY_MAX_S)
+                    self.loop.call_later(self.retry, again)
+                return
+            with self.lock:
+                self.sock, self.state = s, "open"
+            self._watch()
+
+        self.loop.call_later(self.retry, again)
+
+    def _ready(self, events: int) -> None:
+        if events & ~_OUT:  # readable: the peer closed (it never writes here), or an error
+            try:
+                data = self.sock.recv(1)
+            except BlockingIOError:
+                data = b"?"
+            except OSError as e:
+                data, reason = b"", f"{e}"
+            else:
+                reason = "it closed the connection"
+            if not data:
+                self._break(f"{self.addr}: {reason}")
+                return
+        if events & _OUT:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what waits, as far as the socket takes it (I/O thread)."""
+        with self.lock:
+            queue = self.queue
+            while queue and self.state == "open":
+                bufs: list = []
+                for item in queue:
+                    if len(bufs) + len(item[0]) > framing.MAX_FRAMES + 1 and bufs:
+                        break
+                    bufs += item[0]
+                try:
+                    n = self.sock.sendmsg(bufs)
+                except BlockingIOError:
+                    break
+                except OSError as e:
+                    self._break(f"send to {self.addr} failed: {e}")
+                    break
+                while queue and n:
+                    size = sum(framing.nbytes(b) for b in queue[0][0])
+                    if n < size:
+                        queue[0][0] = framing.advance(queue[0][0], n)
+                        break
+                    n -= size
+                    queue.popleft()
+            failed = self.error if self.state == "broken" else ""
+        if failed:
+            self._report()
+        else:
+            self._watch()
+
+    def _break(self, why: str) -> str:
+        """The connection is broken for good; the calls not written fail (lock held or
+        not: the state only ever moves forward)."""
+        if self.state != "broken":
+            self.state, self.error = "broken", why
+            self.loop.schedule(self._report)
+        return why
+
+    def _report(self) -> None:
+        """Fail the calls whose messages were not written; stop watching (I/O thread)."""
+        with self.lock:
+            items, self.queue = list(self.queue), collections.deque()
+        ports = [port for _, port in items if port]
+        if [it for it in items if it is not self.hello]:
+            log.warning("%s: %d message(s) to %s not sent: %s", self.loop.name, len(items),
+                        self.addr, self.error)
+        if ports:
+            self.loop.send_failed(self.addr, ports, self.error)
+        if self.sock is not None and self.watching:
+            self.loop.unwatch(self.sock.fileno())
+            self.watching = 0
+
+    def close(self, why: str = "") -> None:
+        """Close for good (I/O thread): what waits is dropped and its calls fail."""
+        self._break(why or f"{self.addr} is closed")
+        self._report()
+        if self.sock is not None:
+            self.sock.close()
+
+    def finish(self, timeout: float = 2.0) -> None:
+        """The loop stops (I/O thread): what waits gets up to `timeout` to be written."""
+        if self.state == "open" and self.queue:
+            self.sock.settimeout(timeout)
+            with self.lock:
+                try:
+                    for bufs, _ in self.queue:
+                        for b in bufs:
+                            self.sock.sendall(b)
+                    self.queue.clear()
+                except OSError as e:
+                    self.error = f"{self.addr}: not all sent before this process stopped: {e}"
+        self.close()
+
+    def pending(self) -> int:
+        """Messages waiting to be written."""
+        return len(self.queue)
+
+
+class Inbound:
+    """A connection a peer dialed to this process (I/O thread only): read, cut into
+    messages, handed on in order. Its first message names the sender (`peer`)."""
+
+    def __init__(self, loop: "IOLoop", sock: socket.socket) -> None:
+        self.loop = loop
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.decoder = framing.StreamDecoder(loop.max_frame)
+        self.peer = ""  # set by the preamble
+        self.closed = False
+
+    def readable(self, events: int = _IN) -> None:
+        self.read(READS_PER_EVENT)
+
+    def read(self, limit: int = 0) -> None:
+        """Read and dispatch what has come, up to `limit` reads (0: until none waits)."""
+        n_reads = 0
+        while not self.closed:
+            try:
+                n = self.sock.recv_into(self.decoder.buffer())
+            except BlockingIOError:
+                return
+            except ConnectionResetError:
+                continue  # the peer died with unread data of its own: read on to EOF
+            except OSError as e:
+                self.close(f"read failed: {e}")
+                return
+            if n == 0:
+                self.close("")
+                return
+            try:
+                messages = self.decoder.feed(n)
+            except framing.FrameError as e:
+                self.close(f"not a stream of this runtime ({e}); connection dropped")
+                return
+            for frames in messages:
+                if not self.peer:
+                    try:
+                        self.peer = framing.parse_preamble(frames, self.loop.tokens)
+                    except framing.FrameError as e:
+                        self.close(f"{e}; connection dropped")
+                        return
+                    self.loop.inbound_from(self)
+                    continue
+                self.loop.dispatch(frames)
+            n_reads += 1
+            if limit and n_reads >= limit:
+                return
+
+    def close(self, why: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if why:
+            log.warning("%s: connection from %s: %s", self.loop.name, self.peer or "?", why)
+        elif self.decoder.mid_message():
+            log.warning("%s: %s ended in the middle of a message (it died while sending); "
+                        "that message is dropped", self.loop.name, self.peer or "a peer")
+        self.loop.inbound_closed(self)
+        self.sock.close()
