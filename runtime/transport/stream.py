@@ -312,10 +312,13 @@ class Inbound:
         if self.closed:
             return
         self.closed = True
+        if not why and not self.peer and self.decoder.mid_message():
+            why = "it ended before its preamble; connection dropped"
         if why:
+            self.loop.stats.dropped += 1
             log.warning("%s: connection from %s: %s", self.loop.name, self.peer or "?", why)
         elif self.decoder.mid_message():
             log.warning("%s: %s ended in the middle of a message (it died while sending); "
-                        "that message is dropped", self.loop.name, self.peer or "a peer")
+                        "that message is dropped", self.loop.name, self.peer)
         self.loop.inbound_closed(self)
         self.sock.close()

@@ -20,7 +20,6 @@ import runtime
 from runtime import ActorError, MessageTooLargeError, SupervisionError, this_host
 from runtime.config import config
 from runtime.transport import framing
-from runtime.transport.datagram import BULK, lane_path
 from runtime.transport.framing import Header, Kind
 from _actors import Cleaner, Echo, Parent
 
@@ -228,32 +227,27 @@ def test_unauthenticated_frames_are_dropped(mesh, tmp_path, failures):
     targets = [rt.address, pm.procs[0].address, host_agent_address()]
     ctx = zmq.Context()
     before = rt.stats["dropped"]
+    call = framing.encode_header(Header(Kind.CALL, actor="w", method="ping", reply=rt.address,
+                                        port=1))
     try:
         for addr in targets:
+            # a zmq peer (its greeting is no stream of ours), random bytes, our framing
+            # without the preamble, a preamble with a wrong token: each connection dropped
             s = ctx.socket(zmq.PUSH)
             s.connect(addr)
-            s.send_multipart([os.urandom(37)])
-            s.send_multipart([os.urandom(16), os.urandom(20), evil])
-            s.send_multipart([b"x" * 16, framing.encode_header(
-                Header(Kind.CALL, actor="w", method="ping", reply=rt.address, port=1)), evil])
-            s.send_multipart([rt.token[:8] + b"\0" * 8, framing.encode_header(
-                Header(Kind.REPLY, port=1)), evil])
+            s.send_multipart([b"x" * 16, call, evil])
             s.close(linger=1000)
-            if not config.datagram_lane:
-                continue
-            # the same on the inbox's datagram lane (runtime/transport/datagram.py), and a
-            # pointer to a zmq message without the session's token (not waited for)
-            d = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            d.connect(lane_path(addr))
-            d.send(os.urandom(37))
-            d.send(b"x" * 16 + framing.encode_header(Header(Kind.CALL, actor="w",
-                                                             method="ping")) + evil)
-            d.send(rt.token[:8] + b"\0" * 8 + evil)
-            d.send(BULK + b"k" * 16 + b"t" * len(rt.token))
-            d.close()
+            for data in (os.urandom(37),
+                         b"".join(framing.stream_message([b"x" * 16 + call, evil])),
+                         b"".join(framing.preamble(b"t" * len(rt.token), "intruder") +
+                                  framing.stream_message([b"t" * 16 + call, evil]))):
+                d = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                d.connect(addr[len("ipc://"):])
+                d.sendall(data)
+                d.close()
     finally:
         ctx.term()
-    expected = before + (8 if config.datagram_lane else 4)
+    expected = before + 4  # the controller's own (procs and the agent count theirs)
     deadline = time.monotonic() + 5
     while rt.stats["dropped"] < expected and time.monotonic() < deadline:
         time.sleep(0.05)
