@@ -64,8 +64,8 @@ class Runtime:
         self.ports = Ports()
         self.failures = Failures(self)
         self.liveness = Liveness(self)
-        self.loop.on_send_failed = self.failures.send_failed
-        self.loop.on_peer_closed = self.liveness.on_peer_closed
+        self.loop.peers.on_send_failed = self.failures.send_failed
+        self.loop.peers.on_closed = self.liveness.on_peer_closed
         self.output_sink: Optional[Callable[[str, str, str], None]] = None
         self.output = ProcOutput(self)
         self.this_host_mesh: Any = None  # the HostMesh of this_host(), once made

@@ -126,7 +126,7 @@ class AdminServer:
         poller.register(self._wake_r, zmq.POLLIN)
         while not self._stop.is_set():
             try:
-                events = dict(poller.poll(500))
+                events = dict(poller.poll())  # close() and replies wake it (the pipe)
             except zmq.ZMQError:
                 break
             if self._wake_r in events:

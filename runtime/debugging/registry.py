@@ -24,6 +24,7 @@ from .selectors import RankSelector, parse_selector
 log = logging.getLogger("runtime.debugging")
 
 NOTE_AFTER = 1.0  # seconds a breakpoint waits unattended before a note is printed
+TICK_S = 0.25  # how often sessions are checked (notes, timeouts, dead procs) while there are any
 
 
 @dataclass
@@ -131,6 +132,7 @@ class DebugRegistry(FrontEndHooks):
         self.rt = rt
         self._cond = threading.Condition()
         self._sessions: dict[str, Session] = {}
+        self._ticking = False  # `tick` runs every TICK_S while there are sessions
         self._pm_errors: dict[str, str] = {}
         self.notify: Callable[[str], None] = _default_note
         # (time, what, label, where): a short history for views
@@ -181,6 +183,9 @@ class DebugRegistry(FrontEndHooks):
                             endpoint=str(e.get("endpoint", "")))
                 self._sessions[sid] = s
                 s.attached = self._claimed(s)
+                if not self._ticking:  # the checks run while there are sessions
+                    self._ticking = True
+                    self.rt.loop.call_soon(self.tick)
             s.file = str(e.get("file", s.file))
             s.line = int(e.get("line", s.line) or 0)
             s.function = str(e.get("function", s.function))
@@ -214,7 +219,10 @@ class DebugRegistry(FrontEndHooks):
         self._emit("ended", s)
 
     def tick(self) -> None:
-        """Periodic (I/O thread): notes for unattended breakpoints, the timeout, dead procs."""
+        """Every TICK_S while sessions last (I/O thread): notes, timeouts, dead procs."""
+        self._ticking = bool(self._sessions)
+        if self._ticking:
+            self.rt.loop.call_later(TICK_S, self.tick)
         now = time.monotonic()
         dead = getattr(self.rt, "dead_procs", set())
         notes, expired = [], []
@@ -459,7 +467,6 @@ def install(rt: Any) -> DebugRegistry:
             return _registry
         reg = DebugRegistry(rt)
         rt.register_handler(Kind.DEBUG, reg.on_message)
-        rt.loop.call_soon(lambda: rt.loop.call_every(0.25, reg.tick))
         _registry = reg
         from .dap_client import client  # structured requests, breakpoint pushes
 

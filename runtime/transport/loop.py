@@ -24,6 +24,7 @@ import zmq
 from . import framing, stream
 from .auth import CurveKeys
 from .listen import Listener
+from .peers import Peers
 
 log = logging.getLogger("runtime.transport")
 
@@ -49,13 +50,7 @@ class IOLoop:
         self.max_frame = (max_message_bytes or (1 << 40)) + (1 << 20)
         self.address = ""
         self.peer_keys: dict[str, CurveKeys] = {}  # TCP peers of another cluster key
-        #: fn(address, ports, error): a send failed, the calls on `ports` must fail
-        self.on_send_failed: stream.SendFailed = _log_send_failed
-        #: fn(peer id): a peer's connection to this process ended (EOF)
-        self.on_peer_closed: Callable[[str], None] = lambda peer: None
-        self._peers: dict[str, Any] = {}  # address -> Outbound or ZmqPeer
-        self._peers_lock = threading.Lock()
-        self._inbound: dict[str, list[stream.Inbound]] = {}  # peer id -> its connections
+        self.peers = Peers(self)  # the connections (runtime/transport/peers.py)
         self._ctx: Optional[zmq.Context] = None  # made for the first TCP socket
         self._listener: Optional[Listener] = None
         self._zmq_inboxes: list[zmq.Socket] = []
@@ -65,7 +60,7 @@ class IOLoop:
         self._fds: dict[int, Callable[[int], None]] = {}
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._sleeping = False
-        self._stopping = False
+        self.stopping = False
         self._thread: Optional[threading.Thread] = None
         self.poller = zmq.Poller()
         self.stats = LoopStats(self)
@@ -97,7 +92,7 @@ class IOLoop:
         if addr.startswith("ipc://"):
             s = stream.listen(addr)
             self._unix.append(s)
-            self._watch_soon(s.fileno(), lambda ev, s=s: self._accept(s))
+            self._watch_soon(s.fileno(), lambda ev, s=s: self.peers.accept(s))
             return addr
         z = self.ctx.socket(zmq.PULL)
         z.setsockopt(zmq.RCVHWM, 0)
@@ -132,38 +127,22 @@ class IOLoop:
         return threading.get_ident() == self.thread_id
 
     def send(self, addr: str, frames: list, port: int = 0) -> None:
-        """Send a frame list to `addr` (any thread, never blocks). Everything this process
-        sends one peer arrives in the order of these calls; if it cannot be sent, the call
-        waiting on `port` (a reply port of this process) fails (`on_send_failed`)."""
-        if self._stopping:
+        """Send a frame list to `addr` from the calling thread (`Peers.send`): in order per
+        peer; if it cannot be sent, the call waiting on `port` fails."""
+        if self.stopping:
             log.debug("%s: loop stopped; message to %s dropped", self.name, addr)
             if port:
-                self.on_send_failed(addr, [port], "this process's runtime is stopping")
+                self.peers.send_failed(addr, [port], "this process's runtime is stopping")
             return
-        peer = self._peers.get(addr)
-        if peer is None:
-            peer = self._new_peer(addr)
-        peer.send(frames, port)
+        self.peers.send(addr, frames, port)
 
-    def _new_peer(self, addr: str) -> Any:
-        with self._peers_lock:
-            peer = self._peers.get(addr)
-            if peer is None:
-                if addr.startswith("ipc://"):
-                    hello = framing.preamble(self._token_for_ipc(addr), self.name)
-                    peer = stream.Outbound(self, addr, hello)
-                else:
-                    peer = ZmqPeer(self, addr)
-                self._peers[addr] = peer
-        return peer
+    def forget_peer(self, addr: str) -> None:
+        """A peer is gone (loop thread): `Peers.forget`."""
+        self.peers.forget(addr)
 
-    def _token_for_ipc(self, addr: str) -> bytes:
-        keys = self.peer_keys.get(addr)
-        if keys is not None:  # an ipc worker of a cluster
-            from .auth import cluster_token
-
-            return cluster_token(keys)
-        return self.token
+    def drain_from(self, sender: str) -> None:
+        """Everything `sender` sent so far, dispatched now (loop thread): `Peers.drain_from`."""
+        self.peers.drain_from(sender)
 
     def call_soon(self, fn: Callable, *args: Any) -> None:
         """Run `fn(*args)` on the loop thread (any thread)."""
@@ -178,7 +157,7 @@ class IOLoop:
     def run_sync(self, fn: Callable, *args: Any, timeout: float = 30.0) -> Any:
         """Run `fn(*args)` on the loop thread and return its result (any thread). Before
         the loop starts or after it stopped, runs it in the calling thread."""
-        if self._thread is None or self._stopping or self.in_loop():
+        if self._thread is None or self.stopping or self.in_loop():
             return fn(*args)
         return _run_on_loop(self, fn, args, timeout)
 
@@ -188,7 +167,7 @@ class IOLoop:
 
     def call_every(self, period: float, fn: Callable[[], Any]) -> None:
         """Run `fn()` every `period` seconds on the loop thread (loop thread only)."""
-        self.timers.every(period, fn, lambda: self._stopping)
+        self.timers.every(period, fn, lambda: self.stopping)
 
     def watch(self, fd: int, events: int, fn: Callable[[int], None]) -> None:
         """Call `fn(events)` when `fd` is ready for `events` (zmq.POLLIN/POLLOUT; loop
@@ -210,26 +189,11 @@ class IOLoop:
 
     remove_reader = unwatch
 
-    def forget_peer(self, addr: str) -> None:
-        """A peer is gone (loop thread): close the connection to it; what waited to be
-        written is dropped and the calls it carried fail."""
-        with self._peers_lock:
-            peer = self._peers.pop(addr, None)
-        if peer is not None:
-            peer.close(f"{addr} is gone")
-
-    def drain_from(self, peer: str) -> None:
-        """Read and dispatch everything `peer` has sent this process so far (loop thread):
-        called before its death fails the calls waiting on it, so that an answer it sent
-        first always counts. A dead process writes nothing more, so this ends."""
-        for inbound in list(self._inbound.get(peer, ())):
-            inbound.read()
-
     def stop(self, timeout: float = 2.0) -> None:
         """Write what waits, stop the thread and close every socket."""
-        if self._thread is None or self._stopping:
+        if self._thread is None or self.stopping:
             return
-        self._stopping = True
+        self.stopping = True
         self._wake()
         if threading.get_ident() != self.thread_id:
             self._thread.join(timeout)
@@ -239,49 +203,6 @@ class IOLoop:
             os.eventfd_write(self._wake_fd, 1)
         except (BlockingIOError, OSError):
             pass
-
-    # -- connections (loop thread) ------------------------------------------------------------
-    def send_failed(self, addr: str, ports: list, error: str) -> None:
-        """A send failed: the calls waiting on `ports` fail, naming the peer and the error."""
-        try:
-            self.on_send_failed(addr, ports, error)
-        except Exception:
-            log.exception("%s: failing the calls of a lost send raised", self.name)
-
-    def _accept(self, lsock: Any) -> None:
-        for _ in range(64):
-            try:
-                sock, _ = lsock.accept()
-            except BlockingIOError:
-                return
-            except OSError as e:  # out of descriptors: back off, the peers wait in backlog
-                log.warning("%s: accept failed (%s); again in 0.1 s", self.name, e)
-                fd = lsock.fileno()
-                fn = self._fds.get(fd)
-                self.unwatch(fd)
-                if fn is not None:
-                    self.call_later(0.1, self.watch, fd, _POLLIN, fn)
-                return
-            sock.setblocking(False)
-            inbound = stream.Inbound(self, sock)
-            self.watch(inbound.fd, _POLLIN, inbound.readable)
-
-    def inbound_from(self, inbound: stream.Inbound) -> None:
-        """A connection's preamble named its sender."""
-        self._inbound.setdefault(inbound.peer, []).append(inbound)
-
-    def inbound_closed(self, inbound: stream.Inbound) -> None:
-        self.unwatch(inbound.fd)
-        conns = self._inbound.get(inbound.peer)
-        if conns is not None and inbound in conns:
-            conns.remove(inbound)
-            if not conns:
-                del self._inbound[inbound.peer]
-        if inbound.peer and not self._stopping:
-            try:
-                self.on_peer_closed(inbound.peer)
-            except Exception:
-                log.exception("%s: peer-closed hook failed", self.name)
 
     def dispatch(self, frames: list) -> None:
         """Check one received message and hand it to `on_message`."""
@@ -326,7 +247,7 @@ class IOLoop:
             while True:
                 self._run_calls()
                 timeout = self.timers.run_due()
-                if self._stopping:
+                if self.stopping:
                     self._run_calls()
                     break
                 self._sleeping = True
@@ -359,13 +280,7 @@ class IOLoop:
                 fn()
             except Exception:
                 log.exception("%s: close hook %r failed", self.name, fn)
-        with self._peers_lock:
-            peers, self._peers = list(self._peers.values()), {}
-        for peer in peers:  # what the kernel takes now goes; the rest is reported
-            peer.finish()
-        for conns in list(self._inbound.values()):
-            for inbound in list(conns):
-                inbound.sock.close()
+        self.peers.finish()
         for s in self._unix:
             try:
                 os.unlink(s.getsockname())
@@ -385,56 +300,6 @@ class IOLoop:
             os.close(self._wake_fd)
         except OSError:
             pass
-
-
-class ZmqPeer:
-    """The zmq PUSH socket this process sends one TCP peer with (any thread, under a lock:
-    one socket per peer keeps this process's messages to it in order)."""
-
-    def __init__(self, loop: IOLoop, addr: str) -> None:
-        self.loop = loop
-        self.addr = addr
-        self.lock = threading.Lock()
-        self.sent = 0
-        self.error = ""
-        self.sock: Optional[zmq.Socket] = _push_socket(loop.ctx, addr,
-                                                        loop.peer_keys.get(addr, loop.keys))
-
-    def send(self, frames: list, port: int = 0) -> None:
-        error = ""
-        with self.lock:
-            if self.sock is None:
-                error = self.error
-            else:
-                try:
-                    if len(frames) == 1:
-                        self.sock.send(frames[0], _NOBLOCK)
-                    else:
-                        self.sock.send_multipart(frames, copy=False, flags=_NOBLOCK)
-                    self.sent += 1
-                except zmq.ZMQError as e:
-                    error = f"send to {self.addr} failed: {e}"
-                    log.warning("%s: %s", self.loop.name, error)
-        if error and port:
-            self.loop.schedule(self.loop.send_failed, self.addr, [port], error)
-
-    def close(self, why: str = "", linger: int = 0) -> None:
-        with self.lock:
-            sock, self.sock = self.sock, None
-            self.error = why or f"{self.addr} is closed"
-        if sock is not None:
-            sock.close(linger=linger)
-
-    def finish(self) -> None:
-        """The loop stops: queued messages get up to 2 s to leave."""
-        self.close("this process's runtime stopped", linger=2000)
-
-    def pending(self) -> int:
-        return 0
-
-
-def _log_send_failed(addr: str, ports: list, error: str) -> None:
-    log.warning("a send to %s failed (%s); %d call(s) lost", addr, error, len(ports))
 
 
 def _run_on_loop(loop: IOLoop, fn: Callable, args: tuple, timeout: float) -> Any:
@@ -495,20 +360,6 @@ class Timers:
         return 60.0
 
 
-def _push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.Socket:
-    s = ctx.socket(zmq.PUSH)
-    s.setsockopt(zmq.SNDHWM, 0)
-    s.setsockopt(zmq.LINGER, 2000)
-    s.setsockopt(zmq.RECONNECT_IVL, 10)
-    s.setsockopt(zmq.RECONNECT_IVL_MAX, 0)  # constant 10 ms: peers bind soon after spawn
-    if addr.startswith("tcp://") and keys is not None:
-        s.curve_serverkey = keys.public
-        s.curve_publickey = keys.public
-        s.curve_secretkey = keys.secret
-    s.connect(addr)
-    return s
-
-
 class LoopStats:
     """Counters of one loop: messages sent (by every thread), received and dropped."""
 
@@ -521,15 +372,7 @@ class LoopStats:
 
     def __getitem__(self, key: str) -> int:
         if key == "sent":
-            return sum(p.sent for p in list(self.loop._peers.values()))
+            return self.loop.peers.sent()
         if key in ("received", "dropped"):
             return getattr(self, key)
         raise KeyError(key)
-
-    def sizes(self) -> dict[str, int]:
-        """Connections and what waits in them (runtime.table_sizes)."""
-        loop = self.loop
-        peers = list(loop._peers.values())
-        return {"send_sockets": len(peers),
-                "inbound_connections": sum(len(c) for c in list(loop._inbound.values())),
-                "queued_messages": sum(p.pending() for p in peers)}

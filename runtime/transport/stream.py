@@ -69,6 +69,7 @@ class Outbound:
         self.loop = loop
         self.addr = addr
         self.lock = threading.Lock()
+        self.written = threading.Condition(self.lock)  # notified as the queue drains
         self.queue: collections.deque = collections.deque()  # [buffers, port] not written
         self.state = "connecting"
         self.error = ""
@@ -80,47 +81,61 @@ class Outbound:
         self.sock = self._connect()
         if self.sock is not None:
             self.state = "open"
-            self._write_now(hello, 0)
+            self._write_now(hello, 0)  # an empty socket takes it whole
         else:
             self.hello = [hello, 0]
             self.queue.append(self.hello)
         loop.schedule(self._watch)
 
     def send(self, frames: list, port: int = 0) -> None:
-        """Send one message (any thread); `port`: the reply port of the call it carries."""
-        if self.sender == threading.get_ident():  # a finalizer inside this thread's send
+        """Send one message (any thread); `port`: the reply port of the call it carries.
+
+        On an open connection a thread other than the I/O thread returns once the kernel
+        holds the whole message, so it arrives even if this process dies right after (a
+        proc killed after answering): a message the kernel does not take at once is
+        written by the I/O thread while the sender waits. The I/O thread never waits."""
+        me = threading.get_ident()
+        if self.sender == me:  # a finalizer inside this thread's send
             self.loop.schedule(self.send, frames, port)
             return
         bufs = framing.stream_message(frames)
         failed = ""
+        item: Optional[list] = None
         with self.lock:
-            self.sender = threading.get_ident()
+            self.sender = me
             self.sent += 1
             try:
                 if self.state == "broken":
                     failed = self.error
                 elif self.queue or self.state != "open":
-                    self.queue.append([bufs, port])
+                    item = [bufs, port]
+                    self.queue.append(item)
                 else:
-                    failed = self._write_now(bufs, port)
+                    failed, item = self._write_now(bufs, port)
+                if item is not None and self.state == "open" and me != self.loop.thread_id:
+                    while item[0] and self.state == "open":  # written: emptied by flush
+                        self.written.wait()  # (broken: _report fails its port)
             finally:
                 self.sender = None
         if failed and port:
-            self.loop.schedule(self.loop.send_failed, self.addr, [port], failed)
+            self.loop.schedule(self.loop.peers.send_failed, self.addr, [port], failed)
 
-    def _write_now(self, bufs: list, port: int) -> str:
+    def _write_now(self, bufs: list, port: int) -> tuple[str, Optional[list]]:
         """Write a message to the empty queue's socket (lock held); what the kernel did not
-        take is queued for the I/O thread. Returns an error text if the connection broke."""
+        take is queued for the I/O thread: (error text if the connection broke, the queued
+        item or None)."""
         try:
             n = self.sock.sendmsg(bufs)
         except BlockingIOError:
             n = 0
         except OSError as e:
-            return self._break(f"send to {self.addr} failed: {e}")
+            return self._break(f"send to {self.addr} failed: {e}"), None
         if n < sum(framing.nbytes(b) for b in bufs):
-            self.queue.append([framing.advance(bufs, n), port])
+            item = [framing.advance(bufs, n), port]
+            self.queue.append(item)
             self.loop.schedule(self._watch)
-        return ""
+            return "", item
+        return "", None
 
     # -- the I/O thread ------------------------------------------------------------------
     def _watch(self) -> None:
@@ -203,7 +218,8 @@ class Outbound:
                         queue[0][0] = framing.advance(queue[0][0], n)
                         break
                     n -= size
-                    queue.popleft()
+                    queue.popleft()[0] = []  # written: its sender may go on
+                self.written.notify_all()
             failed = self.error if self.state == "broken" else ""
         if failed:
             self._report()
@@ -222,12 +238,13 @@ class Outbound:
         """Fail the calls whose messages were not written; stop watching (I/O thread)."""
         with self.lock:
             items, self.queue = list(self.queue), collections.deque()
+            self.written.notify_all()
         ports = [port for _, port in items if port]
         if [it for it in items if it is not self.hello]:
             log.warning("%s: %d message(s) to %s not sent: %s", self.loop.name, len(items),
                         self.addr, self.error)
         if ports:
-            self.loop.send_failed(self.addr, ports, self.error)
+            self.loop.peers.send_failed(self.addr, ports, self.error)
         if self.sock is not None and self.watching:
             self.loop.unwatch(self.sock.fileno())
             self.watching = 0
@@ -301,7 +318,7 @@ class Inbound:
                     except framing.FrameError as e:
                         self.close(f"{e}; connection dropped")
                         return
-                    self.loop.inbound_from(self)
+                    self.loop.peers.identified(self)
                     continue
                 self.loop.dispatch(frames)
             n_reads += 1
@@ -320,5 +337,5 @@ class Inbound:
         elif self.decoder.mid_message():
             log.warning("%s: %s ended in the middle of a message (it died while sending); "
                         "that message is dropped", self.loop.name, self.peer)
-        self.loop.inbound_closed(self)
+        self.loop.peers.closed(self)
         self.sock.close()

@@ -1,0 +1,208 @@
+"""A process's connections: one outgoing connection per peer address, the incoming ones by
+sender, and what happens when one fails (docs/transport.md).
+
+- To a peer on this host (`ipc://PATH`): an AF_UNIX stream this process dialed
+  (`stream.Outbound`); to a peer on another host (`tcp://`): a zmq PUSH socket with
+  CurveZMQ (`ZmqPeer`). Any thread sends, under the connection's lock.
+- From peers on this host: the connections they dialed (`stream.Inbound`), accepted and
+  read by the I/O thread, known by the sender id of their preamble.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import zmq
+
+from . import framing, stream
+from .auth import CurveKeys, cluster_token
+
+if TYPE_CHECKING:
+    from .loop import IOLoop
+
+log = logging.getLogger("runtime.transport")
+_NOBLOCK = int(zmq.NOBLOCK)
+_POLLIN = int(zmq.POLLIN)
+
+
+class Peers:
+    """The connections of one I/O loop's process."""
+
+    def __init__(self, loop: "IOLoop") -> None:
+        self.loop = loop
+        #: fn(address, ports, error): a send failed, the calls on `ports` must fail
+        self.on_send_failed: stream.SendFailed = _log_send_failed
+        #: fn(peer id): a peer's connection to this process ended (EOF)
+        self.on_closed: Callable[[str], None] = lambda peer: None
+        self.out: dict[str, Any] = {}  # address -> Outbound or ZmqPeer
+        self.lock = threading.Lock()
+        self.inbound: dict[str, list[stream.Inbound]] = {}  # peer id -> its connections
+
+    # -- sending (any thread) --------------------------------------------------------------
+    def send(self, addr: str, frames: list, port: int = 0) -> None:
+        """Send a frame list to `addr`. Everything this process sends one peer arrives in
+        the order of these calls; if it cannot be sent, the call waiting on `port` (a reply
+        port of this process) fails (`on_send_failed`)."""
+        peer = self.out.get(addr)
+        if peer is None:
+            peer = self._new(addr)
+        peer.send(frames, port)
+
+    def _new(self, addr: str) -> Any:
+        with self.lock:
+            peer = self.out.get(addr)
+            if peer is None:
+                loop = self.loop
+                if addr.startswith("ipc://"):
+                    keys = loop.peer_keys.get(addr)  # an ipc worker of a cluster: its token
+                    token = cluster_token(keys) if keys is not None else loop.token
+                    peer = stream.Outbound(loop, addr, framing.preamble(token, loop.name))
+                else:
+                    peer = ZmqPeer(loop, addr)
+                self.out[addr] = peer
+        return peer
+
+    # -- the I/O thread -----------------------------------------------------------------------
+    def forget(self, addr: str) -> None:
+        """A peer is gone: close the connection to it; what waited to be written is dropped
+        and the calls it carried fail."""
+        with self.lock:
+            peer = self.out.pop(addr, None)
+        if peer is not None:
+            peer.close(f"{addr} is gone")
+
+    def drain_from(self, sender: str) -> None:
+        """Read and dispatch everything `sender` has sent this process so far: called before
+        its death fails the calls waiting on it, so that an answer it sent first always
+        counts. A dead process writes nothing more, so this ends."""
+        for inbound in list(self.inbound.get(sender, ())):
+            inbound.read()
+
+    def send_failed(self, addr: str, ports: list, error: str) -> None:
+        """A send failed: the calls waiting on `ports` fail, naming the peer and the error."""
+        try:
+            self.on_send_failed(addr, ports, error)
+        except Exception:
+            log.exception("%s: failing the calls of a lost send raised", self.loop.name)
+
+    def accept(self, lsock: Any) -> None:
+        """Accept what waits on a listening socket."""
+        loop = self.loop
+        for _ in range(64):
+            try:
+                sock, _ = lsock.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:  # out of descriptors: back off, the peers wait in backlog
+                log.warning("%s: accept failed (%s); again in 0.1 s", loop.name, e)
+                fd = lsock.fileno()
+                loop.unwatch(fd)
+                loop.call_later(0.1, loop.watch, fd, _POLLIN, lambda ev: self.accept(lsock))
+                return
+            sock.setblocking(False)
+            inbound = stream.Inbound(loop, sock)
+            loop.watch(inbound.fd, _POLLIN, inbound.readable)
+
+    def identified(self, inbound: stream.Inbound) -> None:
+        """A connection's preamble named its sender."""
+        self.inbound.setdefault(inbound.peer, []).append(inbound)
+
+    def closed(self, inbound: stream.Inbound) -> None:
+        """An incoming connection ended."""
+        self.loop.unwatch(inbound.fd)
+        conns = self.inbound.get(inbound.peer)
+        if conns is not None and inbound in conns:
+            conns.remove(inbound)
+            if not conns:
+                del self.inbound[inbound.peer]
+        if inbound.peer and not self.loop.stopping:
+            try:
+                self.on_closed(inbound.peer)
+            except Exception:
+                log.exception("%s: peer-closed hook failed", self.loop.name)
+
+    def finish(self) -> None:
+        """The loop stops: what the kernel takes now is written, the rest reported."""
+        with self.lock:
+            out, self.out = list(self.out.values()), {}
+        for peer in out:
+            peer.finish()
+        for conns in list(self.inbound.values()):
+            for inbound in list(conns):
+                inbound.sock.close()
+
+    def sent(self) -> int:
+        return sum(p.sent for p in list(self.out.values()))
+
+    def sizes(self) -> dict[str, int]:
+        """Connections and what waits in them (runtime.table_sizes)."""
+        out = list(self.out.values())
+        return {"send_sockets": len(out),
+                "inbound_connections": sum(len(c) for c in list(self.inbound.values())),
+                "queued_messages": sum(p.pending() for p in out)}
+
+
+class ZmqPeer:
+    """The zmq PUSH socket this process sends one TCP peer with (any thread, under a lock:
+    one socket per peer keeps this process's messages to it in order)."""
+
+    def __init__(self, loop: "IOLoop", addr: str) -> None:
+        self.loop = loop
+        self.addr = addr
+        self.lock = threading.Lock()
+        self.sent = 0
+        self.error = ""
+        keys: Optional[CurveKeys] = loop.peer_keys.get(addr, loop.keys)
+        self.sock: Optional[zmq.Socket] = _push_socket(loop.ctx, addr, keys)
+
+    def send(self, frames: list, port: int = 0) -> None:
+        error = ""
+        with self.lock:
+            if self.sock is None:
+                error = self.error
+            else:
+                try:
+                    if len(frames) == 1:
+                        self.sock.send(frames[0], _NOBLOCK)
+                    else:
+                        self.sock.send_multipart(frames, copy=False, flags=_NOBLOCK)
+                    self.sent += 1
+                except zmq.ZMQError as e:
+                    error = f"send to {self.addr} failed: {e}"
+                    log.warning("%s: %s", self.loop.name, error)
+        if error and port:
+            self.loop.schedule(self.loop.peers.send_failed, self.addr, [port], error)
+
+    def close(self, why: str = "", linger: int = 0) -> None:
+        with self.lock:
+            sock, self.sock = self.sock, None
+            self.error = why or f"{self.addr} is closed"
+        if sock is not None:
+            sock.close(linger=linger)
+
+    def finish(self) -> None:
+        """The loop stops: queued messages get up to 2 s to leave."""
+        self.close("this process's runtime stopped", linger=2000)
+
+    def pending(self) -> int:
+        return 0
+
+
+def _log_send_failed(addr: str, ports: list, error: str) -> None:
+    log.warning("a send to %s failed (%s); %d call(s) lost", addr, error, len(ports))
+
+
+def _push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.Socket:
+    s = ctx.socket(zmq.PUSH)
+    s.setsockopt(zmq.SNDHWM, 0)
+    s.setsockopt(zmq.LINGER, 2000)
+    s.setsockopt(zmq.RECONNECT_IVL, 10)
+    s.setsockopt(zmq.RECONNECT_IVL_MAX, 0)  # constant 10 ms: peers bind soon after spawn
+    if addr.startswith("tcp://") and keys is not None:
+        s.curve_serverkey = keys.public
+        s.curve_publickey = keys.public
+        s.curve_secretkey = keys.secret
+    s.connect(addr)
+    return s
