@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -324,7 +323,9 @@ class Job(JobTrait, ABC):
         """Kill, then remove the job's private directory (keys, logs, address files)."""
         self.kill()
         if self.workdir is not None:  # always a fresh directory of ours (private_dir)
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            from .. import rundir
+
+            rundir.remove_dir(self.workdir)  # and its lock, if it is in the runtime root
 
     def _diagnostics(self) -> str:
         return ""
