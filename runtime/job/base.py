@@ -136,8 +136,12 @@ class Job(JobTrait, ABC):
         self.progress = progress
         self._workdir_arg = workdir
         self._key_file_arg = Path(key_file) if key_file is not None else None
-        if self._key_file_arg is not None and not self._key_file_arg.is_file():
-            raise ValueError(f"key_file {str(self._key_file_arg)!r} does not exist")
+        if self._key_file_arg is not None:
+            if not self._key_file_arg.is_file():
+                raise ValueError(f"key_file {str(self._key_file_arg)!r} does not exist")
+            from ..transport import auth
+
+            auth.check_key_file(str(self._key_file_arg), "key file (key_file=)")
         self.workdir: Path | None = None
         self.key_file: Path | None = None
         self._state: JobState | None = None
