@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import queue
 import shutil
-import signal
 import stat
 import subprocess
 import sys
