@@ -197,8 +197,9 @@ _SETTINGS: tuple[Setting, ...] = (
        "the next one (glibc arena_max=1, mmap_max=0, trim_threshold=256 MiB through "
        "GLIBC_TUNABLES): faster large arguments, at the price of RSS up to the largest "
        "recent message.", live=True),
-    _s("key_file", "path", None, "CurveZMQ cluster key file (mode 0600) for multi-host "
-       "agents and attach_to_workers().", live=True),
+    _s("key_file", "path", None, "CurveZMQ cluster key file for multi-host agents and "
+       "attach_to_workers(): owned by this user, mode 0600, in a directory of mode 0700 (no "
+       "links), else refused with PermissionError.", live=True),
     _s("user_key_file", "path", None, "The per-user CurveZMQ key file that "
        "`ca=\"trust_all_connections\"` uses (run_worker_loop_forever, attach_to_workers): "
        "made on first use, mode 0600 in a 0700 directory (default "

@@ -396,7 +396,8 @@ def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[
         if not (a.startswith("ipc://") or (u.scheme == "tcp" and u.hostname and u.port)):
             raise ValueError(f"agent address {a!r} is not of the form tcp://HOST:PORT "
                              "(or ipc://PATH)")
-    keys = auth.read_key_file(key_file) if key_file else auth.keys_from_env()
+    keys = auth.read_key_file(key_file, "key file (key_file=)") if key_file else \
+        auth.keys_from_env()
     if keys is None:
         raise PermissionError("attach_to_workers needs the cluster's key file (key_file= or "
                               f"MONARCH_KEY_FILE), or ca='{auth.TRUST_ALL}' for this user's")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -48,26 +47,20 @@ def runtime_dir(create: bool = True) -> Path:
 
 
 def write_connection_file(info: ConnectionInfo, directory: Optional[Path] = None) -> Path:
-    """Write `info` atomically to `<dir>/admin-<pid>-<start>-<port>.json` with mode 0600
-    (named after its controller, so `runtime.rundir.sweep()` removes it once that is gone)."""
+    """Write `info` atomically to `<dir>/admin-<pid>-<start>_<port>.json` with mode 0600,
+    locked by this process while it lives (`runtime.rundir.write_file`): `sweep()` removes
+    it once this process is gone; `remove_connection_file` removes it before."""
     d = Path(directory) if directory is not None else runtime_dir()
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
     port = info.address.rsplit(":", 1)[-1]
     start = rundir.process_start_time(info.pid) or 0
-    path = d / f"{PREFIX}{info.pid}-{start}-{port}{SUFFIX}"
-    fd, tmp = tempfile.mkstemp(prefix=f".admin-{rundir.tag()}-", dir=d)  # 0600
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(asdict(info), f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    name = f"{PREFIX}{info.pid}-{start}_{port}{SUFFIX}"
+    return rundir.write_file(d, name, json.dumps(asdict(info)).encode())
+
+
+def remove_connection_file(path: str | os.PathLike[str]) -> None:
+    """Remove a connection file this process wrote, and release its lock."""
+    rundir.remove_file(path)
 
 
 def read_connection_file(path: str | os.PathLike[str]) -> ConnectionInfo:
@@ -98,12 +91,11 @@ def list_connection_files(directory: Optional[Path] = None) -> list[Path]:
         return []
     out = []
     for p in d.glob(f"{PREFIX}*{SUFFIX}"):
-        who = rundir.creator(p.name)
         try:
             mtime = p.stat().st_mtime
         except OSError:
             continue
-        if who is not None and rundir.creator_alive(who[1], who[2]):
+        if rundir.alive(p):  # its writer holds its lock (or, older files, its pid runs)
             out.append((mtime, p))
     return [p for _, p in sorted(out, reverse=True)]
 

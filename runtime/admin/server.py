@@ -30,7 +30,8 @@ from typing import Any, Callable, Optional
 import zmq
 
 from runtime.admin.codec import encode_snapshot
-from runtime.admin.connection import ConnectionInfo, write_connection_file
+from runtime.admin.connection import (ConnectionInfo, remove_connection_file,
+                                      write_connection_file)
 
 log = logging.getLogger("runtime.admin")
 
@@ -236,10 +237,7 @@ class AdminServer:
             except OSError:
                 pass
         if self.connection_file is not None:
-            try:
-                self.connection_file.unlink()
-            except FileNotFoundError:
-                pass
+            remove_connection_file(self.connection_file)
         atexit.unregister(self.close)
 
     def __enter__(self) -> "AdminServer":

@@ -49,6 +49,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     if not args.token:
         args.token = os.environ.pop(TOKEN_ENV, "")  # a secret: procs do not inherit it
+    from ..transport import auth
+
+    # a key file this user does not own privately is refused (PermissionError) before
+    # anything is swept, made, forked or bound
+    if args.key_file:
+        auth.check_key_file(args.key_file, "key file (--key-file)")
+    else:
+        auth.keys_from_env()
     if args.parent_pid:
         _process.die_with_parent(args.parent_pid)
     _process.set_process_name("monarch-agent")

@@ -60,5 +60,7 @@ def run_worker_loop_forever(address: str, *, ca: Any = None, private_key: Any = 
     if not listen.startswith(("tcp://", "ipc://")):
         raise ValueError(f"worker address {address!r}: expected tcp://HOST:PORT, "
                          "tcp://HOST:fdN, ipc://PATH or dial_to@bind_to")
+    # refused here, before anything is swept, made, forked or bound
+    auth.check_key_file(path, "key file (key_file=)" if key_file else "key file")
     argv = ["--listen", listen, "--key-file", path, "--exit-on-shutdown"]
     main(argv + (["--advertise", dial] if dial else []))

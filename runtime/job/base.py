@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -137,8 +136,12 @@ class Job(JobTrait, ABC):
         self.progress = progress
         self._workdir_arg = workdir
         self._key_file_arg = Path(key_file) if key_file is not None else None
-        if self._key_file_arg is not None and not self._key_file_arg.is_file():
-            raise ValueError(f"key_file {str(self._key_file_arg)!r} does not exist")
+        if self._key_file_arg is not None:
+            if not self._key_file_arg.is_file():
+                raise ValueError(f"key_file {str(self._key_file_arg)!r} does not exist")
+            from ..transport import auth
+
+            auth.check_key_file(str(self._key_file_arg), "key file (key_file=)")
         self.workdir: Path | None = None
         self.key_file: Path | None = None
         self._state: JobState | None = None
@@ -324,7 +327,9 @@ class Job(JobTrait, ABC):
         """Kill, then remove the job's private directory (keys, logs, address files)."""
         self.kill()
         if self.workdir is not None:  # always a fresh directory of ours (private_dir)
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            from .. import rundir
+
+            rundir.remove_dir(self.workdir)  # and its lock, if it is in the runtime root
 
     def _diagnostics(self) -> str:
         return ""

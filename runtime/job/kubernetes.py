@@ -17,6 +17,9 @@ from .base import Job, JobError, slots
 
 _DNS_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 KEY_MOUNT = "/etc/monarch"
+# sh -c KEY_COPY sh KEY PYTHON ARGS...: run the agent with a private copy of the key
+KEY_COPY = ('set -eu; umask 077; d=$(mktemp -d); cat "$1" > "$d/cluster.key"; '
+            'py=$2; shift 2; exec "$py" -m runtime.host "$@" --key-file "$d/cluster.key"')
 
 
 def _dns_label(kind: str, value: str, limit: int = 63) -> str:
@@ -85,9 +88,10 @@ class KubernetesJob(Job):
         container: dict[str, Any] = {
             "name": "agent",
             "image": self.image,
-            "command": [self.python, "-m", "runtime.host",
-                        "--listen", f"tcp://$(POD_IP):{self.port}",
-                        "--key-file", f"{KEY_MOUNT}/cluster.key"],
+            # a mounted Secret is a link in a directory others can read: the agent refuses
+            # such a key file, so it gets a private copy (0600 in a 0700 directory)
+            "command": ["sh", "-c", KEY_COPY, "sh", f"{KEY_MOUNT}/cluster.key", self.python,
+                        "--listen", f"tcp://$(POD_IP):{self.port}"],
             "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
             "ports": [{"name": "agent", "containerPort": self.port, "protocol": "TCP"}],
             "volumeMounts": [{"name": "key", "mountPath": KEY_MOUNT, "readOnly": True}],

@@ -7,7 +7,6 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import shutil
 import socket
 import struct
 import threading
@@ -79,7 +78,7 @@ class DataServer:
                 sock.close()
             except OSError:
                 pass
-        shutil.rmtree(self._rundir, ignore_errors=True)
+        rundir.remove_dir(self._rundir)
 
     def _accept_loop(self, guard: AcceptGuard) -> None:
         """Accept until closed; errors (EMFILE...) back off instead of ending the loop."""

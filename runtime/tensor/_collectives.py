@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
@@ -45,7 +44,7 @@ class _Comm:
 
             self.dir = rundir.make_dir("collectives")
             self.rdv: tuple = ("file", self.dir)
-            weakref.finalize(engine, shutil.rmtree, self.dir, True)  # also run at exit
+            weakref.finalize(engine, rundir.remove_dir, self.dir)  # also run at exit
         else:  # procs on other hosts: a TCPStore they reach, as torch.distributed uses
             from ..config import config
 
@@ -77,7 +76,9 @@ class _Comm:
     def close(self) -> None:
         """Remove the rendezvous directory / stop the store (the engine's mesh stopped)."""
         if self.dir is not None:
-            shutil.rmtree(self.dir, True)
+            from .. import rundir
+
+            rundir.remove_dir(self.dir)
         self.store = None
 
     def renew(self) -> None:

@@ -1,14 +1,21 @@
 """Authentication material: session tokens, the private run directory, CurveZMQ key files.
 
 Local meshes use ipc sockets in a directory only the user can read, plus a random session
-token in every message. Anything on TCP uses CurveZMQ with a keypair stored in a file of
-mode 0600 (or in MONARCH_KEY_FILE); only peers holding that keypair are accepted. Monarch's
-`ca="trust_all_connections"` uses the per-user key file (`user_keys`): every process of this
-user that can read it is trusted, other users are not.
+token in every message. Anything on TCP uses CurveZMQ with a keypair stored in a key file;
+only peers holding that keypair are accepted. Monarch's `ca="trust_all_connections"` uses the
+per-user key file (`user_keys`): every process of this user that can read it is trusted,
+other users are not.
+
+Every key file is checked the same way wherever it comes from (`--key-file`, `key_file=`,
+MONARCH_KEY_FILE, the per-user key): it must be a regular file (not a link) owned by this
+user (the effective uid) with no group or other permission bits, in a directory (not a
+link) with the same properties; otherwise it is refused with a `PermissionError` that names
+the file and the reason (`check_key_file`).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -62,15 +69,60 @@ def write_key_file(path: str, keys: Optional[CurveKeys] = None) -> CurveKeys:
     return keys
 
 
-def read_key_file(path: str) -> CurveKeys:
-    """Load a key file; refuses one that others can read."""
-    st = os.stat(path)
+def _check_private(path: str, st: os.stat_result, what: str, kind: int) -> None:
+    """Refuse a key file or its directory that is not this user's and private."""
+    uid, is_dir = os.geteuid(), kind == stat.S_IFDIR
+    if stat.S_IFMT(st.st_mode) != kind:
+        raise PermissionError(f"{what} {path} is not a {'directory' if is_dir else 'regular file'}"
+                              " (a link or other file): refusing to trust it")
+    if st.st_uid != uid:
+        raise PermissionError(f"{what} {path} belongs to uid {st.st_uid}, not to this user "
+                              f"(uid {uid}): refusing to trust it")
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise PermissionError(
-            f"key file {path} is readable by others (mode {oct(st.st_mode & 0o777)}); "
-            "chmod 600 it"
-        )
-    with open(path) as f:
+        raise PermissionError(f"{what} {path} has mode {oct(st.st_mode & 0o777)}, so it is "
+                              f"readable by others; chmod {'700' if is_dir else '600'} it")
+
+
+def _key_dir(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path))
+
+
+def check_key_dir(path: str, what: str = "key file") -> None:
+    """Refuse (PermissionError) the directory of key file `path` unless it is a directory,
+    not a link, owned by this user, with no group or other permission bits."""
+    d = _key_dir(path)
+    _check_private(d, os.lstat(d), f"the directory of {what} {path},", stat.S_IFDIR)
+
+
+def _open_key_file(path: str, what: str) -> int:
+    """An fd of key file `path`, once it and its directory have passed the checks."""
+    check_key_dir(path, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise PermissionError(f"{what} {path} is not a regular file (a symbolic link): "
+                              "refusing to trust it") from None
+    try:
+        _check_private(path, os.fstat(fd), what, stat.S_IFREG)  # the file that was opened
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_key_file(path: str, what: str = "key file") -> None:
+    """Refuse (PermissionError naming `path` and why) a key file that is not a regular
+    file owned by this user with no group or other bits, in a directory that is the same."""
+    os.close(_open_key_file(os.fspath(path), what))
+
+
+def read_key_file(path: str, what: str = "key file") -> CurveKeys:
+    """Load a key file, after the checks of `check_key_file` (PermissionError if refused)."""
+    path = os.fspath(path)
+    fd = _open_key_file(path, what)
+    with os.fdopen(fd) as f:
         d = json.load(f)
     return CurveKeys(d["public"].encode(), d["secret"].encode())
 
@@ -95,7 +147,7 @@ def keys_from_env() -> Optional[CurveKeys]:
     """The keys of the cluster key file named by config.key_file (MONARCH_KEY_FILE), if any."""
     path = config.key_file
     if path:
-        return read_key_file(path)
+        return read_key_file(str(path), "key file (MONARCH_KEY_FILE)")
     return None
 
 
@@ -108,20 +160,6 @@ def user_key_path() -> str:
         return os.path.abspath(os.path.expanduser(str(config.user_key_file)))
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(cache, "monarch", "user.key")
-
-
-def _check_private(path: str, st: os.stat_result, what: str, kind: int) -> None:
-    """Refuse a key file or its directory that is not this user's and private."""
-    uid, is_dir = os.getuid(), kind == stat.S_IFDIR
-    if stat.S_IFMT(st.st_mode) != kind:
-        raise PermissionError(f"{what} {path} is not a {'directory' if is_dir else 'regular file'}"
-                              " (a link or other file): refusing to trust it")
-    if st.st_uid != uid:
-        raise PermissionError(f"{what} {path} belongs to uid {st.st_uid}, not to this user "
-                              f"(uid {uid}): refusing to trust it")
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise PermissionError(f"{what} {path} has mode {oct(st.st_mode & 0o777)}, so other "
-                              f"users can reach it; chmod {'700' if is_dir else '600'} it")
 
 
 def user_keys() -> tuple[str, CurveKeys]:
@@ -145,18 +183,26 @@ def user_keys() -> tuple[str, CurveKeys]:
                 os.unlink(tmp)
             except OSError:
                 pass
-    _check_private(path, os.lstat(path), "the user key file", stat.S_IFREG)
-    return path, read_key_file(path)
+    return path, read_key_file(path, "the user key file")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m runtime.transport.auth keygen PATH`: write a new cluster key file."""
+    """`python -m runtime.transport.auth keygen PATH`: write a new cluster key file (its
+    directory is made 0700 if missing; a directory others can reach is refused)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] != "keygen":
         print("usage: python -m runtime.transport.auth keygen PATH", file=sys.stderr)
         return 2
-    write_key_file(argv[1])
-    print(f"wrote {argv[1]} (mode 600)")
+    path = argv[1]
+    try:
+        os.makedirs(_key_dir(path), mode=0o700, exist_ok=True)
+        check_key_dir(path)
+        write_key_file(path)
+        check_key_file(path)
+    except PermissionError as e:
+        print(f"keygen: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {path} (mode 600)")
     return 0
 
 
