@@ -33,8 +33,10 @@ class CellCommands:
         entry = self.ctx.runners.get(id(root))
         if entry is None or entry[0] is not root or entry[1].stopped:
             key = f"{root.name}-{uuid.uuid4().hex[:8]}"
-            runner = root.spawn(root.name, CellRunner, key)
-            completer = root.spawn(f"{root.name}_completer", CellCompleter, key)
+            # internal meshes: no view lists them and they take none of the user's names;
+            # the runner's actors are named like the proc mesh, as pdb and logs show them
+            runner = root.spawn_internal(root.name, CellRunner, key)
+            completer = root.spawn_internal("cell_completer", CellCompleter, key)
             entry = (root, runner, completer)
             self.ctx.runners[id(root)] = entry
         runner = entry[1]

@@ -139,7 +139,7 @@ def setup_torch_elastic_env(proc_mesh: Any, master_addr: Optional[str] = None,
                             use_ipaddr: Optional[Any] = None) -> Any:
     """Spawn SPMDActor on `proc_mesh` and set torchrun's variables in every proc (the
     first proc's host and a free port unless given); returns the actor mesh."""
-    actors = proc_mesh.spawn("_SPMDActor", SPMDActor)
+    actors = proc_mesh.spawn_internal("spmd", SPMDActor)
     if master_addr is None or master_port is None:
         first = actors.slice(**dict.fromkeys(proc_mesh._labels, 0))
         addr, port = first.get_host_port.call_one(use_ipaddr).get()
@@ -153,7 +153,7 @@ async def setup_torch_elastic_env_async(proc_mesh: Any, master_addr: Optional[st
                                         master_port: Optional[int] = None,
                                         use_ipaddr: Optional[Any] = None) -> Any:
     """`setup_torch_elastic_env` for async code: awaits the calls instead of blocking."""
-    actors = proc_mesh.spawn("_SPMDActor", SPMDActor)
+    actors = proc_mesh.spawn_internal("spmd", SPMDActor)
     if master_addr is None or master_port is None:
         first = actors.slice(**dict.fromkeys(proc_mesh._labels, 0))
         addr, port = await first.get_host_port.call_one(use_ipaddr)
