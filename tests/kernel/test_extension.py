@@ -254,6 +254,41 @@ def test_views_show_only_the_users_meshes(ip):
         ip.run_line_magic("mesh", "stop trainers")
 
 
+def test_a_rank_that_dies_in_a_cell_is_reported_in_the_users_words(ip):
+    from monarch_kernel.folding import MeshCellError
+
+    with capture_output():
+        ip.run_line_magic("mesh", "alloc dying --per-host procs=3 --no-progress")
+    pids = [p.pid for p in ip.user_ns["dying"].procs]
+    code = ("import os, signal, sys\n"
+            "if current_rank().rank == 1:\n"
+            "    print('going down', file=sys.stderr, flush=True)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "current_rank().rank * 10")
+    with pytest.raises(MeshCellError) as e, capture_output():
+        ip.run_cell_magic("mesh", "dying -o out", code)
+    report = str(e.value)
+    assert report.startswith("1 of 3 ranks failed on dying: ProcDied"), report
+    assert f"the proc of dying rank 1 was killed by SIGKILL (host " in report
+    assert f"pid {pids[1]}); the cell did not finish there" in report
+    assert "going down" in report  # its last lines of stderr
+    for internal in ("CellRunner", "cell_runner", "<root>", "Endpoint call", "SupervisionError"):
+        assert internal not in report
+    results = e.value.results  # the ranks that finished keep their results
+    assert [r.value if r is not None else None for r in results.values()] == [0, None, 20]
+    assert ip.user_ns["out"] is e.value
+    with capture_output():
+        ip.run_line_magic("mesh", "stop dying")
+        ip.run_line_magic("mesh", "alloc dying2 --per-host procs=2 --no-progress")
+    fut = ip.run_cell_magic("mesh", "dying2 --noblock", code)
+    with pytest.raises(MeshCellError) as e:
+        fut.get(timeout=60)
+    assert "the proc of dying2 rank 1 was killed by SIGKILL" in str(e.value)
+    assert "CellRunner" not in str(e.value)
+    with capture_output():
+        ip.run_line_magic("mesh", "stop dying2")
+
+
 def test_magic_lines_complete_in_a_plain_ipython(ip):
     """The mesh-aware matcher is part of the extension, not only of the kernel."""
     from IPython.core.completer import provisionalcompleter
