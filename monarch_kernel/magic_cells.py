@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import time
 import uuid
-from typing import Any
+from typing import Any, Optional
 
 from IPython.core.error import UsageError
 
@@ -33,8 +34,10 @@ class CellCommands:
         entry = self.ctx.runners.get(id(root))
         if entry is None or entry[0] is not root or entry[1].stopped:
             key = f"{root.name}-{uuid.uuid4().hex[:8]}"
-            runner = root.spawn(root.name, CellRunner, key)
-            completer = root.spawn(f"{root.name}_completer", CellCompleter, key)
+            # internal meshes: no view lists them and they take none of the user's names;
+            # the runner's actors are named like the proc mesh, as pdb and logs show them
+            runner = root.spawn_internal(root.name, CellRunner, key)
+            completer = root.spawn_internal("cell_completer", CellCompleter, key)
             entry = (root, runner, completer)
             self.ctx.runners[id(root)] = entry
         runner = entry[1]
@@ -64,27 +67,21 @@ class CellCommands:
         self.cells += 1
         mark = uuid.uuid4().hex
         n = runner.size()
-        fut = runner.run.call(code, str(self.cells), mark if not a.noblock else "")
         label = procs.name
         if a.noblock:
-            out = _chain(fut, lambda vm: _finish(vm, label), f"%%mesh {label}")
+            fut = runner.run.call(code, str(self.cells), "")
+            out = _chain(fut, lambda vm: _finish(vm, label), f"%%mesh {label}",
+                         lambda e: _died_error(e, procs.root, n, label))
             if a.out:
                 self.ctx.ns[a.out] = out
             return None if a.quiet else out
-        try:
-            vm = fut.get(timeout=a.timeout)
-        except TimeoutError:
-            hook = fut.interrupt_hook  # set when interrupts reach remote actors (the default)
-            if hook is not None:
-                hook()
-            what = ("the remote cell was interrupted" if hook is not None
-                    else "it goes on running remotely: %mesh interrupt is 'local'")
-            raise UsageError(f"%%mesh: the cell did not finish within {a.timeout:g} s "
-                             f"({what})") from None
-        self.ctx.session.router.wait_marks(mark, 2 * n, OUTPUT_DRAIN_S)
+        # a future per rank: a rank whose proc dies leaves the others' results
+        futs = list(runner.run.stream(code, str(self.cells), mark))
+        vm, died = _gather(runner, futs, a.timeout)
+        self.ctx.session.router.wait_marks(mark, 2 * (n - len(died)), OUTPUT_DRAIN_S)
         self.ctx.session.router.flush()
         try:
-            result = _finish(vm, label)
+            result = _finish(vm, label, [_proc_died(e, procs.root) for e in died])
         except MeshCellError as e:
             if a.out:
                 self.ctx.ns[a.out] = e
@@ -94,14 +91,70 @@ class CellCommands:
         return None if a.quiet else result
 
 
-def _finish(vm: Any, mesh: str) -> Any:
+def _gather(runner: Any, futs: list, timeout: Optional[float]) -> tuple[Any, list]:
+    """Wait for every rank's reply (futures in arrival order): (ValueMesh of the CellResults
+    by rank, None where a rank's proc died; the SupervisionErrors of those ranks). After
+    `timeout` seconds the remote cell is interrupted and a UsageError raised."""
+    from runtime import Shape, SupervisionError, ValueMesh
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    index = {g: i for i, g in enumerate(runner.shape.global_ranks())}
+    values: list = [None] * len(index)
+    died = []
+    for f in futs:
+        try:
+            r = f.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            values[index.get(r.rank, 0)] = r
+        except SupervisionError as e:
+            died.append(e)
+        except TimeoutError:
+            hook = f.interrupt_hook  # set when interrupts reach remote actors (the default)
+            if hook is not None:
+                hook()
+            what = ("the remote cell was interrupted" if hook is not None
+                    else "it goes on running remotely: %mesh interrupt is 'local'")
+            raise UsageError(f"%%mesh: the cell did not finish within {timeout:g} s "
+                             f"({what})") from None
+    sizes = runner.sizes
+    return ValueMesh(Shape(tuple(sizes), tuple(sizes.values())), values), died
+
+
+def _proc_died(e: BaseException, root: Any) -> RankFailure:
+    """A rank whose proc died (or stopped answering) while it ran the cell, in the user's
+    words: which rank of their proc mesh, how, where, and its last lines of stderr."""
+    import signal as _signal
+
+    f = getattr(e, "failure", None)
+    rank = f.ranks[0] if f is not None and f.ranks else -1
+    info = {p.rank: p for p in root.procs}.get(rank)
+    coords = root.shape.coords_of(rank) if 0 <= rank < len(root.procs) else {}
+    if f is not None and f.signal:
+        try:
+            how = f"was killed by {_signal.Signals(f.signal).name}"
+        except ValueError:
+            how = f"was killed by signal {f.signal}"
+    elif f is not None and f.exit_code is not None:
+        how = f"exited with code {f.exit_code}"
+    else:
+        how = f"failed: {f.cause if f is not None else e}"
+    host = (f.host if f is not None and f.host else getattr(info, "host", "")) or "?"
+    pid = (f.pid if f is not None and f.pid else getattr(info, "pid", 0)) or "?"
+    lines = [f"the proc of {root.name} rank {rank} {how} (host {host}, pid {pid}); "
+             "the cell did not finish there"]
+    if f is not None and f.stderr_tail:
+        lines.append("last lines of its stderr:")
+        lines.extend("  " + ln for ln in f.stderr_tail)
+    return RankFailure(rank, dict(coords), "ProcDied", lines[0], "\n".join(lines) + "\n")
+
+
+def _finish(vm: Any, mesh: str, died: Optional[list] = None) -> Any:
     """ValueMesh of CellResults -> ValueMesh of values (None if no rank had a value);
-    raises MeshCellError, folded, if any rank failed."""
+    raises MeshCellError, folded, if any rank failed (`died`: ranks whose proc died)."""
     from runtime import ValueMesh
 
     results = list(vm.values())
     failures = [RankFailure(r.rank, dict(r.coords), r.error_type, r.error_message, r.traceback)
-                for r in results if not r.ok]
+                for r in results if r is not None and not r.ok] + list(died or [])
     if failures:
         raise MeshCellError(failures, total=len(results), mesh=mesh, results=vm)
     if not any(r.has_value for r in results):
@@ -109,9 +162,19 @@ def _finish(vm: Any, mesh: str) -> Any:
     return ValueMesh(vm.shape, [r.value for r in results])
 
 
-def _chain(fut: Any, fn: Any, label: str = "") -> Any:
-    """A Future resolved with fn(result of `fut`) (or its error); Ctrl-C on it interrupts
-    the remote call like a wait on `fut` would."""
+def _died_error(e: BaseException, root: Any, total: int, mesh: str) -> BaseException:
+    """A --noblock cell's SupervisionError (a proc died) as a MeshCellError in the mesh's
+    words; any other error as it is."""
+    from runtime import SupervisionError
+
+    if isinstance(e, SupervisionError) and getattr(e, "failure", None) is not None:
+        return MeshCellError([_proc_died(e, root)], total=total, mesh=mesh)
+    return e
+
+
+def _chain(fut: Any, fn: Any, label: str = "", on_error: Any = None) -> Any:
+    """A Future resolved with fn(result of `fut`) (or its error, through `on_error` if
+    given); Ctrl-C on it interrupts the remote call like a wait on `fut` would."""
     from runtime import Future
 
     out: Future = Future(label)
@@ -120,7 +183,7 @@ def _chain(fut: Any, fn: Any, label: str = "") -> Any:
     def done(f: Any) -> None:
         exc = f.exception()
         if exc is not None:
-            out.set_exception(exc)
+            out.set_exception(on_error(exc) if on_error is not None else exc)
             return
         try:
             out.set_result(fn(f.get()))

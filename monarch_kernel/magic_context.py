@@ -1,5 +1,6 @@
 """What every %mesh command shares: the shell, the notebook session, the kernel's own
-cell-runner meshes, and the lookups of notebook variables (errors as UsageError)."""
+cell-runner meshes (internal meshes: `ProcMesh.spawn_internal`, so no view lists them), and
+the lookups of notebook variables (errors as UsageError)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,3 @@ class MagicContext:
 
         self.session.install_sink()
         return get_runtime()
-
-    def hidden(self, obj: Any) -> bool:
-        """The kernel's own cell-runner meshes (rt.meshes() lists the spawned objects)."""
-        return any(obj is r or obj is c for _, r, c in self.runners.values())

@@ -30,9 +30,7 @@ class InventoryCommands:
         rt = _running_runtime()
         t = Table(["name", "variable", "kind", "shape", "state"], title="meshes")
         if rt is not None:
-            for obj in rt.meshes():
-                if self.ctx.hidden(obj):
-                    continue
+            for obj in rt.meshes():  # the user's: internal meshes are left out
                 if isinstance(obj, ProcMesh):
                     active = getattr(self.ctx.session, "active_mesh", None)
                     mark = " (active)" if active is not None and active[1] is obj else ""
@@ -53,7 +51,7 @@ class InventoryCommands:
                      or m.name.split("~")[0] == a.name]
             if not snaps:
                 live = [m for m in (rt.meshes() if rt is not None else [])
-                        if getattr(m, "name", None) == a.name and not self.ctx.hidden(m)]
+                        if getattr(m, "name", None) == a.name]
                 if not live:
                     raise UsageError(f"%mesh status: no mesh named {a.name!r}; "
                                      "see %mesh list")
@@ -145,8 +143,7 @@ class InventoryCommands:
             return [obj]
         rt = _running_runtime()
         found = [m for m in (rt.meshes() if rt is not None else [])
-                 if name in (getattr(m, "name", None), getattr(m, "health_name", None))
-                 and not self.ctx.hidden(m)]
+                 if name in (getattr(m, "name", None), getattr(m, "health_name", None))]
         if not found:
             what = (f"is a {type(obj).__name__}, not a mesh" if name in self.ctx.ns
                     else "is neither a mesh variable nor a live mesh's name")

@@ -9,7 +9,8 @@ from .actor import (Actor, ActorContext, CreatorInstance, concurrent_endpoint, c
                     current_actor_name, current_rank, current_size, endpoint)
 from .channel import Accumulator, Channel, Port, PortReceiver
 from ._core import get_runtime, shutdown
-from .config import configure, configured
+from .config import (clear_runtime_config, configure, configured, get_global_config,
+                     get_runtime_config)
 from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, SerializationError,
                      SupervisionError)
 from .future import Future
@@ -167,7 +168,8 @@ __all__ = [
     "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape",
     "ShapeError", "SupervisionError", "ValueMesh", "add_startup_hook", "attach_to_workers",
-    "configure", "configured", "context", "CreatorInstance", "current_actor_name",
+    "clear_runtime_config", "configure", "configured", "get_global_config",
+    "get_runtime_config", "context", "CreatorInstance", "current_actor_name",
     "current_rank", "current_runtime", "current_size",
     "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "shutdown_context",
     "proc_mesh", "run_worker_loop_forever", "this_host", "this_proc", "unhandled_fault_hook",

@@ -43,8 +43,9 @@ class EndpointDef:
     answers through it (later, or from another actor) instead of returning the answer.
     `concurrent`: an async method run as a task on the actor's event loop, so the actor
     takes its next message while this one waits (`@concurrent_endpoint`).
-    `propagate` and `instrument` are Monarch's keywords, kept for its code; they change
-    nothing here (no tensor engine, no tracing spans)."""
+    `propagate` (Monarch's keyword) gives the shapes of the results for `rref`, the tensor
+    engine's adverb; `instrument` is kept for Monarch's code and changes nothing (no
+    tracing spans)."""
 
     def __init__(self, fn: Callable[..., Any], propagate: Any = None,
                  explicit_response_port: bool = False, instrument: bool = True,

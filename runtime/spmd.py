@@ -135,14 +135,29 @@ class SPMDActor(Actor):
 
 
 def setup_torch_elastic_env(proc_mesh: Any, master_addr: Optional[str] = None,
-                            master_port: Optional[int] = None) -> Any:
+                            master_port: Optional[int] = None,
+                            use_ipaddr: Optional[Any] = None) -> Any:
     """Spawn SPMDActor on `proc_mesh` and set torchrun's variables in every proc (the
     first proc's host and a free port unless given); returns the actor mesh."""
-    actors = proc_mesh.spawn("_SPMDActor", SPMDActor)
+    actors = proc_mesh.spawn_internal("spmd", SPMDActor)
     if master_addr is None or master_port is None:
         first = actors.slice(**dict.fromkeys(proc_mesh._labels, 0))
-        addr, port = first.get_host_port.call_one(None).get()
+        addr, port = first.get_host_port.call_one(use_ipaddr).get()
         master_addr = master_addr if master_addr is not None else addr
         master_port = master_port if master_port is not None else port
     actors.setup_env.call(master_addr, master_port).get()
+    return actors
+
+
+async def setup_torch_elastic_env_async(proc_mesh: Any, master_addr: Optional[str] = None,
+                                        master_port: Optional[int] = None,
+                                        use_ipaddr: Optional[Any] = None) -> Any:
+    """`setup_torch_elastic_env` for async code: awaits the calls instead of blocking."""
+    actors = proc_mesh.spawn_internal("spmd", SPMDActor)
+    if master_addr is None or master_port is None:
+        first = actors.slice(**dict.fromkeys(proc_mesh._labels, 0))
+        addr, port = await first.get_host_port.call_one(use_ipaddr)
+        master_addr = master_addr if master_addr is not None else addr
+        master_port = master_port if master_port is not None else port
+    await actors.setup_env.call(master_addr, master_port)
     return actors

@@ -162,3 +162,13 @@ def test_connection_file_checks(tmp_path):
 def test_client_refuses_non_loopback():
     with pytest.raises(ValueError, match="127.0.0.1 only"):
         AdminClient("tcp://10.0.0.1:5555", "x")
+
+
+def test_snapshot_leaves_internal_meshes_out_unless_asked(server):
+    server.rt.health.add_mesh("trainers.cells", "procs", {"gpus": 2}, [
+        ActorHealth("trainers.cells", r, {"gpus": r}, ActorState.IDLE) for r in range(2)],
+        internal=True)
+    with AdminClient.from_connection_file(server.connection_file, timeout=5) as c:
+        assert [m.name for m in c.snapshot()] == ["trainers"]
+        both = {m.name: m.internal for m in c.snapshot(internal=True)}
+        assert both == {"trainers": False, "trainers.cells": True}

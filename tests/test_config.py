@@ -42,17 +42,35 @@ def test_every_setting_is_declared_with_env_type_default_doc():
     assert TOKEN_ENV not in {s.env for s in SETTINGS.values()}
 
 
-def test_every_monarch_variable_in_the_code_is_declared():
-    declared = {s.env for s in SETTINGS.values()} | {TOKEN_ENV}
-    # a stdout tag, a script var, the root controller's address handed to procs
-    not_settings = {"MONARCH_AGENT_ADDRESS", "MONARCH_JOB_DIR", "MONARCH_ROOT_CONTROLLER",
-                    "MONARCH_PROC_BIND", "MONARCH_PROC_BOOTSTRAP",  # spawn_procs hand-offs
-                    "MONARCH_DEBUG_BREAKS"}  # the breakpoint table a spawn hands to its procs
+def _documented_not_settings() -> set[str]:
+    """The variables docs/configuration.md's "Not settings" section names."""
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    section = text.split("\n## Not settings\n", 1)
+    assert len(section) == 2, "docs/configuration.md lost its 'Not settings' section"
+    return set(re.findall(r"`\$?(MONARCH_[A-Z_]*[A-Z])`", section[1]))
+
+
+def test_every_monarch_variable_in_the_code_is_declared_or_documented_as_not_a_setting():
+    declared = {s.env for s in SETTINGS.values()}
+    not_settings = _documented_not_settings()
     found = set()
     for pkg in ("runtime", "monarch_kernel", "monarch_widgets"):
         for f in (ROOT / pkg).rglob("*.py"):
             found |= set(re.findall(r"\bMONARCH_[A-Z_]*[A-Z]", f.read_text()))
-    assert found - declared - not_settings == set()
+    assert found - declared - not_settings == set(), "add them to docs/configuration.md"
+    assert TOKEN_ENV in not_settings and not declared & not_settings
+
+
+def test_the_test_suite_and_scripts_variables_are_documented_as_not_settings():
+    declared = {s.env for s in SETTINGS.values()}
+    found = set()
+    for d in ("tests", "scripts"):
+        for f in (ROOT / d).rglob("*"):
+            if f.suffix in (".py", ".sh"):  # as an environment variable: quoted, $X, X=
+                found |= set(re.findall(r"(?:[\"'$]|\$\{)(MONARCH_[A-Z_]*[A-Z])\b|"
+                                        r"\b(MONARCH_[A-Z_]*[A-Z])=", f.read_text()))
+    found = {a or b for a, b in found}
+    assert found - declared - _documented_not_settings() == set()
 
 
 def test_bad_env_values_name_the_variable():

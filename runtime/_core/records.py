@@ -89,6 +89,10 @@ class ActorMeshRecord:
     owner_name: str = "<root>"  # the spawner's Monarch name (`<root>.<mod.Cls name{..}>`)
     qual_cls: str = ""  # `module.Class` of the actors
     propagates: dict = field(default_factory=dict)  # endpoint -> its propagate= (rref)
+    #: spawned by the runtime or a front-end for its own work (`ProcMesh.spawn_internal`):
+    #: views leave it out, and its failures are reported against `serves`
+    internal: bool = False
+    serves: str = ""  # for an internal mesh: the user's proc mesh it works for
 
     def actor_name(self, rank: int) -> str:
         """Monarch's name of the actor at `rank`: its spawner's name, then `<mod.Cls name{..}>`."""

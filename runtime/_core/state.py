@@ -198,8 +198,18 @@ class State:
     def running_procs(self) -> list[ProcRecord]:
         return [p for p in self.procs.values() if p.state == "running"]
 
-    def health_names(self) -> set[str]:
-        return {m.health_name for m in self.actor_meshes.all_values() if not m.stopped}
+    def health_names(self, internal: Optional[bool] = None) -> set[str]:
+        """The health-model names of the live actor meshes: all of them, or only the
+        internal (`internal=True`) or the user's (`internal=False`) ones."""
+        return {m.health_name for m in self.actor_meshes.all_values()
+                if not m.stopped and (internal is None or m.internal == internal)}
+
+    def actor_mesh_of_failure(self, failure: Any) -> Optional[ActorMeshRecord]:
+        """The record that holds `failure` (a MeshFailure) among its failed ranks, if any."""
+        for m in self.actor_meshes.all_values():
+            if any(f is failure for f in m.failed.values()):
+                return m
+        return None
 
     # -- user-facing mesh objects (any thread) ----------------------------------------------
     def register_mesh(self, obj: Any) -> None:
@@ -208,11 +218,13 @@ class State:
                                   if (o := r()) is not None and not o.stopped]
             self._mesh_objects.append(weakref.ref(obj))
 
-    def live_meshes(self) -> list:
-        """The ProcMesh and ActorMesh objects of this process that are not stopped."""
+    def live_meshes(self, internal: bool = False) -> list:
+        """The ProcMesh and ActorMesh objects of this process that are not stopped; the
+        internal ones (`ProcMesh.spawn_internal`) only with `internal=True`."""
         out = []
         for ref in list(self._mesh_objects):
             obj = ref()
-            if obj is not None and not obj.stopped:
+            if obj is not None and not obj.stopped and (
+                    internal or not getattr(obj, "internal", False)):
                 out.append(obj)
         return out

@@ -58,6 +58,12 @@ class ActorMesh(MeshTrait):
         return self._rec.health_name
 
     @property
+    def internal(self) -> bool:
+        """True for a mesh the runtime or a front-end spawned for its own work
+        (`ProcMesh.spawn_internal`): views and `runtime.get_runtime().meshes()` leave it out."""
+        return self._rec.internal
+
+    @property
     def class_name(self) -> str:
         """The name of the actor class."""
         return self._rec.cls_name
@@ -176,6 +182,7 @@ class ActorMesh(MeshTrait):
             "proc_ids": r.proc_ids, "addresses": r.addresses, "hosts": r.hosts,
             "routes": r.routes, "sizes": r.sizes, "sigs": r.sigs, "shape": self._shape,
             "methods": r.methods, "explicit_ports": r.explicit_ports,
+            "internal": r.internal, "serves": r.serves,
         }
         return (_rebuild_actor_mesh, (state,))
 
@@ -206,6 +213,7 @@ def _rebuild_actor_mesh(state: dict) -> ActorMesh:
             health_name="", sigs=state["sigs"], routes=state.get("routes") or [],
             methods=state.get("methods") or {},
             explicit_ports=state.get("explicit_ports") or frozenset(),
+            internal=bool(state.get("internal")), serves=state.get("serves") or "",
         )
         rec = rt.state.change(rt.state.add_actor_mesh, rec)
     return ActorMesh(rt, rec, state["shape"], None)

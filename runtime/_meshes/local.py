@@ -35,7 +35,7 @@ class ThisProcMesh(ProcMesh):
     never the process itself."""
 
     def stop(self, reason: str = "stopped by client") -> Future:
-        futs = [type(m).stop(m) for m in self._rt.meshes()
+        futs = [type(m).stop(m) for m in self._rt.state.live_meshes(internal=True)
                 if getattr(m, "_proc_mesh", None) is self and not m.stopped]
         self._stopped_flag = True
         out: Future = Future("this_proc.stop")

@@ -117,6 +117,19 @@ class ProcMesh(MeshTrait):
 
     def spawn(self, name: str, actor_class: type, *args: Any, **kwargs: Any) -> "ActorMesh":
         """Start one `actor_class(*args, **kwargs)` per proc (non-blocking)."""
+        return self._spawn(name, actor_class, args, kwargs, internal=False)
+
+    def spawn_internal(self, name: str, actor_class: type, *args: Any,
+                       **kwargs: Any) -> "ActorMesh":
+        """`spawn` for the runtime's or a front-end's own work on these procs (a notebook's
+        cell runner, the tensor engine, SPMD set-up): the mesh is internal, so views,
+        `get_runtime().meshes()` and the health snapshot leave it out, its name never
+        takes one of the user's (its health name is `<proc mesh>.<name>`), and its
+        failures are reported against this proc mesh."""
+        return self._spawn(name, actor_class, args, kwargs, internal=True)
+
+    def _spawn(self, name: str, actor_class: type, args: tuple, kwargs: dict,
+               internal: bool) -> "ActorMesh":
         from .actor_mesh import ActorMesh
 
         if not isinstance(name, str) or not name:
@@ -155,6 +168,7 @@ class ProcMesh(MeshTrait):
             sigs=_signatures(actor_class), initialized=Future(f"{name}.initialized"),
             propagates={n: ep.propagate for n, ep in endpoints_of(actor_class).items()
                         if ep.propagate is not None},
+            internal=internal, serves=self.name if internal else "",
         )
         rec.methods = _method_signatures(actor_class)
         rec.explicit_ports = frozenset(n for n, ep in endpoints_of(actor_class).items()
@@ -165,17 +179,12 @@ class ProcMesh(MeshTrait):
 
         def add() -> list:
             """On the I/O thread: record the mesh; the ranks whose proc is already dead."""
-            health_name, k = name, 1
-            taken = rt.state.health_names()
-            while health_name in taken:
-                k += 1
-                health_name = f"{name}~{k}"
-            rec.health_name = health_name
+            rec.health_name = health_name = _claim_health_name(rt, rec, self.name)
             rt.state.add_actor_mesh(rec)
             rt.health.add_mesh(health_name, self.name, rec.sizes, [
                 ActorHealth(health_name, i, shape.coords_of(i), ActorState.STARTING,
                             proc_id=p.proc_id, host=p.host, pid=p.pid)
-                for i, p in enumerate(procs)])
+                for i, p in enumerate(procs)], internal=internal)
             dead = []
             for i, p in enumerate(procs):
                 if p.proc_id in rt.state.dead_procs or p.state in ("failed", "stopped"):
@@ -427,3 +436,28 @@ def active_mesh_names() -> list[str]:
     thread of this process, for views: the tensor engine runs torch on them."""
     with _active_lock:
         return sorted(_active)
+
+
+def _claim_health_name(rt: Any, rec: ActorMeshRecord, proc_mesh: str) -> str:
+    """The health-model name of a new actor mesh (on the I/O thread). The user's names are
+    unique among themselves (`name`, then `name~2`, ...) and win over internal ones: an
+    internal mesh holding the name moves to the next free one. An internal mesh's name is
+    `<proc mesh>.<name>`, clear of every name in use."""
+    if rec.internal:
+        return _unused(f"{proc_mesh}.{rec.name}", rt.state.health_names())
+    name = _unused(rec.name, rt.state.health_names(internal=False))
+    for m in rt.state.actor_meshes.all_values():
+        if m.internal and not m.stopped and m.health_name == name:
+            moved = _unused(name, rt.state.health_names() | {name})
+            rt.health.rename_mesh(name, moved)
+            m.health_name = moved
+    return name
+
+
+def _unused(name: str, taken: set) -> str:
+    """`name`, or `name~2`, `name~3`, ... : the first not in `taken`."""
+    out, k = name, 1
+    while out in taken:
+        k += 1
+        out = f"{name}~{k}"
+    return out

@@ -73,8 +73,9 @@ class AdminClient:
     def ping(self) -> dict[str, Any]:
         return self.call("ping")
 
-    def snapshot(self) -> list[MeshHealth]:
-        return decode_snapshot(self.call("snapshot"))
+    def snapshot(self, internal: bool = False) -> list[MeshHealth]:
+        """The controller's health snapshot; its internal meshes too with `internal=True`."""
+        return decode_snapshot(self.call("snapshot", {"internal": True} if internal else None))
 
     def output_tail(self, proc_id: str, n: int = 200) -> list[str]:
         return list(self.call("output_tail", {"proc_id": proc_id, "n": n}))

@@ -33,7 +33,8 @@ def decode_snapshot(data: Any) -> list[MeshHealth]:
             procs = tuple(ProcStats(**p) for p in m.get("procs", ()))
             out.append(MeshHealth(name=m["name"], proc_mesh=m["proc_mesh"],
                                   sizes={str(k): int(v) for k, v in m["sizes"].items()},
-                                  actors=actors, procs=procs))
+                                  actors=actors, procs=procs,
+                                  internal=bool(m.get("internal", False))))
     except (KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"malformed snapshot: {e}") from None
     return out

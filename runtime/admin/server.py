@@ -87,7 +87,7 @@ class AdminServer:
         self.register("requests", self.requests)
         if self.rt is None:
             return
-        self.register("snapshot", lambda: encode_snapshot(self.rt.health.snapshot()))
+        self.register("snapshot", self._snapshot)
         self.register("output_tail", self._output_tail)
         self.register("dump_stack", self._dump_stack)
         self.register("stop_mesh", self._stop_mesh)
@@ -96,6 +96,10 @@ class AdminServer:
     # -- default handlers ---------------------------------------------------------------
     def _ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "argv": list(sys.argv), "time": time.time()}
+
+    def _snapshot(self, internal: bool = False) -> list[dict[str, Any]]:
+        """The health snapshot; the runtime's and front-ends' internal meshes on request."""
+        return encode_snapshot(self.rt.health.snapshot(internal=bool(internal)))
 
     def _output_tail(self, proc_id: str, n: int = 200) -> list[str]:
         lines = list(self.rt.output_tail(proc_id))

@@ -49,9 +49,21 @@ class MeshFailure:
     call: str = ""
     # True once a waiting future has raised SupervisionError for it (the user saw it)
     seen_by_waiter: bool = False
+    #: set when the actor that failed belongs to an internal mesh (one the runtime or a
+    #: front-end spawned for its own work, such as a notebook's cell runner): that mesh's
+    #: name; `mesh` then names the user's proc mesh it served, and no report names it
+    internal: str = ""
+
+    def serve(self, proc_mesh: str, internal: str) -> "MeshFailure":
+        """Make this failure of an internal mesh the user's: reported against proc mesh
+        `proc_mesh`, which the internal mesh `internal` served. Returns self."""
+        self.mesh, self.internal, self.actor_name, self.call = proc_mesh, internal, "", ""
+        return self
 
     def report(self) -> str:
         """A readable multi-line report."""
+        if self.internal:
+            return self._proc_report()
         lines = [f"MeshFailure: mesh {self.mesh!r} rank(s) {self.ranks} failed: {self.cause}"]
         if self.point:
             lines.append(f"  actor {self.mesh}{self.point}")
@@ -77,6 +89,28 @@ class MeshFailure:
         if self.caused_by is not None:
             lines.append("  caused by:")
             lines.extend("    " + ln for ln in self.caused_by.report().splitlines())
+        return "\n".join(lines)
+
+    def _proc_report(self) -> str:
+        """The report of an internal mesh's failure, about the user's proc mesh only."""
+        ranks = ", ".join(map(str, self.ranks))
+        lines = [f"MeshFailure: proc mesh {self.mesh!r} rank {ranks} failed: {self.cause}"]
+        if self.point:
+            lines.append(f"  proc {self.mesh}{self.point}")
+        if self.host or self.pid:
+            lines.append(f"  host {self.host}, pid {self.pid}, proc {self.proc_id}")
+        if self.signal:
+            from .._process import describe_status
+
+            lines.append(f"  {describe_status(None, self.signal)}")
+        elif self.exit_code is not None:
+            lines.append(f"  the process exited with code {self.exit_code}")
+        if self.traceback:
+            lines.append("  traceback:")
+            lines.extend("    " + ln for ln in self.traceback.rstrip().splitlines())
+        if self.stderr_tail:
+            lines.append("  last lines of stderr:")
+            lines.extend("    " + ln for ln in self.stderr_tail)
         return "\n".join(lines)
 
     def _name(self) -> str:

@@ -63,6 +63,8 @@ class MeshHealth:
     sizes: dict[str, int]
     actors: tuple[ActorHealth, ...]
     procs: tuple[ProcStats, ...] = ()
+    #: spawned by the runtime or a front-end for its own work: views leave it out
+    internal: bool = False
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -119,13 +121,27 @@ class HealthModel:
 
     # -- writers (runtime) -------------------------------------------------------------
     def add_mesh(self, name: str, proc_mesh: str, sizes: dict[str, int],
-                 actors: list[ActorHealth]) -> None:
+                 actors: list[ActorHealth], internal: bool = False) -> None:
+        """Add (or replace) mesh `name`; `internal` marks one that views leave out."""
         with self._lock:
-            self._meshes[name] = {"proc_mesh": proc_mesh, "sizes": dict(sizes)}
+            self._meshes[name] = {"proc_mesh": proc_mesh, "sizes": dict(sizes),
+                                  "internal": bool(internal)}
             self._actors[name] = {a.rank: a for a in actors}
             self.version += 1
         for a in actors:
             self._emit(HealthEvent(name, a.rank, None, a.state, time.time()))
+
+    def rename_mesh(self, old: str, new: str) -> None:
+        """Move mesh `old` to the name `new` (its actors' records follow); no event."""
+        with self._lock:
+            if old not in self._meshes or new in self._meshes:
+                return
+            self._meshes[new] = self._meshes.pop(old)
+            self._actors[new] = {r: replace(a, mesh=new)
+                                 for r, a in self._actors.pop(old).items()}
+            if old in self._pending:
+                self._pending[new] = self._pending.pop(old)
+            self.version += 1
 
     def remove_mesh(self, name: str) -> None:
         with self._lock:
@@ -187,11 +203,14 @@ class HealthModel:
                     actors[rank] = replace(actors[rank], **fields)
         self._pending.clear()
 
-    def snapshot(self) -> list[MeshHealth]:
+    def snapshot(self, internal: bool = False) -> list[MeshHealth]:
+        """Every mesh's health; the internal meshes too only with `internal=True`."""
         with self._lock:
             self._apply_pending()
             out = []
             for name, meta in self._meshes.items():
+                if meta.get("internal") and not internal:
+                    continue
                 actors = tuple(sorted(self._actors[name].values(), key=lambda a: a.rank))
                 pids = []
                 seen = set()
@@ -200,11 +219,12 @@ class HealthModel:
                         seen.add(a.proc_id)
                         pids.append(self._procs[a.proc_id])
                 out.append(MeshHealth(name, meta["proc_mesh"], meta["sizes"], actors,
-                                      tuple(pids)))
+                                      tuple(pids), bool(meta.get("internal"))))
             return out
 
     def mesh(self, name: str) -> Optional[MeshHealth]:
-        for m in self.snapshot():
+        """The health of mesh `name` (internal or not), or None."""
+        for m in self.snapshot(internal=True):
             if m.name == name:
                 return m
         return None

@@ -41,7 +41,7 @@ class Engine:
 
     def __init__(self, root: "ProcMesh") -> None:
         self.root = root
-        self.workers: "ActorMesh" = root.spawn("tensor_engine", Worker)
+        self.workers: "ActorMesh" = root.spawn_internal("tensor_engine", Worker)
         self.targets: dict[tuple, "ActorMesh"] = {}
         self.broken: dict[tuple, BaseException] = {}
         # Mesh tensors free their shards from weakref callbacks that stop when the at-exit

@@ -204,6 +204,91 @@ def test_mesh_activate_runs_later_cells_on_the_mesh(ip):
     ip.run_line_magic("mesh", "stop act")
 
 
+def test_views_show_only_the_users_meshes(ip):
+    """After a %%mesh cell, an activated torch op and an SPMD set-up, every view lists the
+    user's meshes only; the user's actor mesh named like its proc mesh keeps its name."""
+    import monarch_widgets
+    from runtime.spmd import setup_torch_elastic_env
+
+    ip.run_cell("from runtime import Actor, endpoint\n"
+                "class Mine(Actor):\n"
+                "    @endpoint\n"
+                "    def ok(self):\n"
+                "        return True\n")
+    with capture_output():
+        ip.run_line_magic("mesh", "alloc trainers --per-host procs=2 --no-progress")
+    assert list(ip.run_cell_magic("mesh", "trainers", "current_rank().rank").values()) == [0, 1]
+    procs = ip.user_ns["trainers"]
+    ip.run_cell("mine = trainers.spawn('trainers', Mine)\nmine.initialized.get()")
+    with capture_output():
+        ip.run_line_magic("mesh", "activate trainers")
+    ip.run_cell("import torch\nz = torch.ones(2) + 1")
+    assert runtime.inspect(ip.user_ns["z"], procs=1).tolist() == [2.0, 2.0]
+    with capture_output():
+        ip.run_line_magic("mesh", "deactivate")
+    setup_torch_elastic_env(procs)
+    rt = runtime.get_runtime()
+    internal = [m for m in rt.health.snapshot(internal=True)
+                if m.internal and m.proc_mesh == "trainers"]
+    assert len(internal) == 4, internal  # cell runner and completer, tensor engine, spmd
+    assert ip.user_ns["mine"].health_name == "trainers"
+    names = {m.name for m in rt.health.snapshot() if m.proc_mesh == "trainers"}
+    assert names == {"trainers"}
+    listed = repr(ip.run_line_magic("mesh", "list"))
+    rows = [ln for ln in listed.splitlines() if ln.lstrip().startswith("trainers")]
+    assert len(rows) == 2 and "actors (Mine)" in listed, listed  # the procs, the actors
+    for hidden in ("CellRunner", "CellCompleter", "Worker", "SPMDActor", "tensor_engine",
+                   "spmd", "completer", "~2"):
+        assert hidden not in listed
+        text = repr(ip.run_line_magic("mesh", "status --text"))
+        assert hidden not in text
+        assert hidden not in repr(ip.run_line_magic("mesh", "status --text trainers"))
+        assert hidden not in monarch_widgets.mesh_html(procs, "proc_mesh")
+        assert hidden not in repr(monarch_widgets.dashboard(rt))
+    assert "mesh trainers [procs=2] on trainers" in text
+    from monarch_widgets import controls
+
+    with pytest.raises(KeyError, match="no live mesh named 'trainers.trainers'"):
+        controls.stop_mesh("trainers.trainers", rt)  # the cell runner's health name
+    with capture_output():
+        ip.run_line_magic("mesh", "stop trainers")
+
+
+def test_a_rank_that_dies_in_a_cell_is_reported_in_the_users_words(ip):
+    from monarch_kernel.folding import MeshCellError
+
+    with capture_output():
+        ip.run_line_magic("mesh", "alloc dying --per-host procs=3 --no-progress")
+    pids = [p.pid for p in ip.user_ns["dying"].procs]
+    code = ("import os, signal, sys\n"
+            "if current_rank().rank == 1:\n"
+            "    print('going down', file=sys.stderr, flush=True)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "current_rank().rank * 10")
+    with pytest.raises(MeshCellError) as e, capture_output():
+        ip.run_cell_magic("mesh", "dying -o out", code)
+    report = str(e.value)
+    assert report.startswith("1 of 3 ranks failed on dying: ProcDied"), report
+    assert f"the proc of dying rank 1 was killed by SIGKILL (host " in report
+    assert f"pid {pids[1]}); the cell did not finish there" in report
+    assert "going down" in report  # its last lines of stderr
+    for internal in ("CellRunner", "cell_runner", "<root>", "Endpoint call", "SupervisionError"):
+        assert internal not in report
+    results = e.value.results  # the ranks that finished keep their results
+    assert [r.value if r is not None else None for r in results.values()] == [0, None, 20]
+    assert ip.user_ns["out"] is e.value
+    with capture_output():
+        ip.run_line_magic("mesh", "stop dying")
+        ip.run_line_magic("mesh", "alloc dying2 --per-host procs=2 --no-progress")
+    fut = ip.run_cell_magic("mesh", "dying2 --noblock", code)
+    with pytest.raises(MeshCellError) as e:
+        fut.get(timeout=60)
+    assert "the proc of dying2 rank 1 was killed by SIGKILL" in str(e.value)
+    assert "CellRunner" not in str(e.value)
+    with capture_output():
+        ip.run_line_magic("mesh", "stop dying2")
+
+
 def test_magic_lines_complete_in_a_plain_ipython(ip):
     """The mesh-aware matcher is part of the extension, not only of the kernel."""
     from IPython.core.completer import provisionalcompleter

@@ -191,7 +191,6 @@ def test_interrupt_stops_the_wait_and_the_remote_work(kernel):
     msg_id = kernel.kc.execute("%%mesh workers\nimport time\nfor i in range(600):\n"
                                "    time.sleep(0.05)\n'finished'\n")
     time.sleep(1.5)
-    t0 = time.monotonic()
     kernel.km.interrupt_kernel()
     ename = None
     while True:
@@ -202,14 +201,13 @@ def test_interrupt_stops_the_wait_and_the_remote_work(kernel):
             ename = msg["content"]["ename"]
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
-    assert ename == "KeyboardInterrupt"
-    assert time.monotonic() - t0 < 3.0
-    # The remote loop was interrupted too: the actors take the next cell at once
-    # (an actor runs one message at a time; otherwise this would wait ~30 s).
-    t1 = time.monotonic()
-    r = kernel.execute("%%mesh workers\n'again'", timeout=20)
+    assert ename == "KeyboardInterrupt"  # not the cell's end: its loop runs 30 s
+    # The remote loop was interrupted too: the actors take the next cell (an actor runs
+    # one message at a time; otherwise this cell would wait for the loop's ~28 s left and
+    # time out)
+    r = kernel.execute("%%mesh workers --timeout 15\n'again'", timeout=20)
+    assert r["error"] is None, r["error"]
     assert r["results"] == ["ValueMesh({'procs': 2}, {{procs=0}: 'again', {procs=1}: 'again'})"]
-    assert time.monotonic() - t1 < 5.0
 
 
 def interrupt_cell(kernel, code: str, after: float = 1.5) -> tuple[str, float]:
@@ -244,12 +242,11 @@ def test_interrupt_an_awaited_call_interrupts_the_actor(kernel):
         "        return 'pong'\n")
     assert r["error"] is None, r["error"]
     kernel.execute("%mesh spawn workers Sleeper --as sleepers")
-    ename, took = interrupt_cell(kernel, "await sleepers.nap.call(30)")
-    assert ename in ("KeyboardInterrupt", "CancelledError") and took < 3.0, (ename, took)
-    t1 = time.monotonic()
-    r = kernel.execute("sleepers.ping.call().get(timeout=20)", timeout=25)
+    ename, _ = interrupt_cell(kernel, "await sleepers.nap.call(30)")
+    assert ename in ("KeyboardInterrupt", "CancelledError"), ename  # not the 30 s nap's end
+    # the nap was interrupted on both actors: they answer (else ~28 s of nap are left)
+    r = kernel.execute("sleepers.ping.call().get(timeout=15)", timeout=20)
     assert r["error"] is None, r["error"]
-    assert time.monotonic() - t1 < 5.0  # the nap was interrupted on both actors
 
 
 def test_local_interrupt_mode_leaves_remote_work_running(kernel):

@@ -58,8 +58,14 @@ def test_quickstart(tmp_path):
     assert "2 of 4 ranks failed on trainers" in err
     assert "ValueError: rank 0 does not like this input" in err
     assert "ZeroDivisionError: division by zero" in err
-    assert "counters  counters  actors (Counter)" in output_of(cells, "%mesh list")
-    assert "mesh counters [procs=4] on trainers: idle" in output_of(cells, "%mesh status --text")
+    listed = output_of(cells, "%mesh list")
+    assert "counters  counters  actors (Counter)" in listed
+    status = output_of(cells, "%mesh status --text")
+    assert "mesh counters [procs=4] on trainers: idle" in status
+    # the %%mesh cells' runner and completer are internal: neither view shows them
+    assert [ln for ln in status.splitlines() if ln.startswith("mesh ")] == [
+        "mesh counters [procs=4] on trainers: idle (4 idle)"], status
+    assert "CellRunner" not in listed and "CellCompleter" not in listed, listed
     assert output_of(cells, "%mesh stop trainers").strip() == "stopped 1 mesh: trainers"
     assert cells[-1].outputs and "(no meshes)" in cell_text(cells[-1])
 
