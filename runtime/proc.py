@@ -342,7 +342,7 @@ class ActorInstance:
     def _stop(self, h: Optional[Header]) -> None:
         _endpoints.cancel_all(self)  # concurrent endpoint tasks end before __cleanup__
         # children first: meshes this actor owns
-        for obj in list(self.rt.meshes()):
+        for obj in list(self.rt.meshes(internal=True)):
             if getattr(obj, "_owner_actor", None) == self.actor_id and hasattr(obj, "_stop_now"):
                 try:
                     obj._stop_now(timeout=config.stop_timeout)

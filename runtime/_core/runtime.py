@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -42,6 +41,7 @@ class Runtime:
                  start: bool = True) -> None:
         self.proc_id = proc_id or f"ctl-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.token = token or auth.new_token()
+        keys = keys if keys is not None else auth.keys_from_env()  # refused: nothing made
         if rundir is None:  # a controller: first remove what crashed controllers left
             from .. import rundir as rundirs
 
@@ -55,7 +55,6 @@ class Runtime:
         self.host = hostname()
         self.health = HealthModel()
         self.role = role or ControllerRole()
-        keys = keys if keys is not None else auth.keys_from_env()
         self.loop = IOLoop(self.proc_id, self.token, self._dispatch, keys=keys,
                            max_message_bytes=config.max_message_bytes)
         self.messenger = Messenger(self.loop, self.proc_id, self.token, keys)
@@ -263,9 +262,10 @@ class Runtime:
             out.update(server.sizes())
         return out
 
-    def meshes(self) -> list:
-        """The live ProcMesh and ActorMesh objects created in this process."""
-        return self.state.live_meshes()
+    def meshes(self, internal: bool = False) -> list:
+        """The live ProcMesh and ActorMesh objects created in this process (the runtime's
+        and front-ends' own, `ProcMesh.spawn_internal`, only with `internal=True`)."""
+        return self.state.live_meshes(internal)
 
     def register_mesh(self, obj: Any) -> None:
         """Remember a user-facing mesh object (weakly) and run the start-up hooks once."""
@@ -319,4 +319,6 @@ class Runtime:
                     pass
         self.loop.stop()
         if self._own_rundir:
-            shutil.rmtree(self.rundir, ignore_errors=True)
+            from .. import rundir as rundirs
+
+            rundirs.remove_dir(self.rundir)

@@ -117,9 +117,9 @@ class Agent:
         self.stopped.wait()
         self.loop.stop()
         if self.own_rundir:
-            import shutil
+            from .. import rundir
 
-            shutil.rmtree(self.rundir, ignore_errors=True)
+            rundir.remove_dir(self.rundir)
 
     def _setup(self) -> None:
         self.zsock.setblocking(False)
