@@ -233,9 +233,3 @@ class Ledger(Actor):
         time.sleep(s)
         return s
 
-    @endpoint
-    def read_by_actors(self) -> tuple:
-        import runtime
-
-        stats = runtime.get_runtime().stats
-        return stats["actor_read"], stats["received"]

@@ -63,11 +63,23 @@ class Liveness:
         self.send_heartbeats()
         self.check()
 
-    def on_peer_closed(self, peer: str) -> None:
-        """A peer's connection to this process ended (I/O thread): a local agent that
-        exited is found now, not at the next tick."""
-        if self.rt.state.agent_for(peer) is not None:
+    def watch_exit(self, pid: int) -> None:
+        """Check at once when this child (a local host agent) exits, not at the next tick
+        (a pidfd the I/O thread polls; I/O thread)."""
+        import os
+
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # gone already, or no pidfd: the next tick finds it
+            return
+        loop = self.rt.loop
+
+        def exited() -> None:
+            loop.remove_reader(fd)
+            os.close(fd)
             self.check()
+
+        loop.add_reader(fd, exited)
 
     # -- out ----------------------------------------------------------------------------------
     def send_heartbeats(self) -> None:

@@ -64,7 +64,6 @@ class Runtime:
         self.failures = Failures(self)
         self.liveness = Liveness(self)
         self.loop.peers.on_send_failed = self.failures.send_failed
-        self.loop.peers.on_closed = self.liveness.on_peer_closed
         self.output_sink: Optional[Callable[[str, str, str], None]] = None
         self.output = ProcOutput(self)
         self.this_host_mesh: Any = None  # the HostMesh of this_host(), once made
@@ -256,7 +255,7 @@ class Runtime:
         out = self.state.sizes()
         out["ports"] = len(self.ports)
         out["health_meshes"] = len(self.health)
-        out.update(self.loop.stats.sizes())
+        out.update(self.loop.peers.sizes())
         server = getattr(self.role, "server", None)
         if server is not None:
             out.update(server.sizes())

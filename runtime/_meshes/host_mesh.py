@@ -81,6 +81,7 @@ def _start_local_agent(rt: Runtime) -> AgentRecord:
         p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, close_fds=True)
         rec = AgentRecord(agent_id, f"ipc://{rt.rundir}/{agent_id}", rt.host, popen=p)
         rt.state.add_agent(rec)
+        rt.liveness.watch_exit(p.pid)
         return rec
 
     return rt.state.change(start)

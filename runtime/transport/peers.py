@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import zmq
 
@@ -34,8 +34,6 @@ class Peers:
         self.loop = loop
         #: fn(address, ports, error): a send failed, the calls on `ports` must fail
         self.on_send_failed: stream.SendFailed = _log_send_failed
-        #: fn(peer id): a peer's connection to this process ended (EOF)
-        self.on_closed: Callable[[str], None] = lambda peer: None
         self.out: dict[str, Any] = {}  # address -> Outbound or ZmqPeer
         self.lock = threading.Lock()
         self.inbound: dict[str, list[stream.Inbound]] = {}  # peer id -> its connections
@@ -117,11 +115,6 @@ class Peers:
             conns.remove(inbound)
             if not conns:
                 del self.inbound[inbound.peer]
-        if inbound.peer and not self.loop.stopping:
-            try:
-                self.on_closed(inbound.peer)
-            except Exception:
-                log.exception("%s: peer-closed hook failed", self.loop.name)
 
     def finish(self) -> None:
         """The loop stops: what the kernel takes now is written, the rest reported."""

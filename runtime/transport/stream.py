@@ -62,8 +62,8 @@ class Outbound:
     """The connection this process dialed to one peer (any thread sends; whole messages in
     call order). States: connecting -> open -> broken (docs/transport.md). A message the
     kernel does not take at once waits in `queue`, written by the I/O thread when the
-    socket is writable; a send never blocks. A broken connection fails the calls of every
-    message it had not written, and of every later one (`on_failed`)."""
+    socket is writable (the I/O thread never waits). A broken connection fails the calls
+    of every message it had not written, and of every later one."""
 
     def __init__(self, loop: "IOLoop", addr: str, hello: list) -> None:
         self.loop = loop
@@ -182,7 +182,7 @@ class Outbound:
     def _ready(self, events: int) -> None:
         if events & ~_OUT:  # readable: the peer closed (it never writes here), or an error
             try:
-                data = self.sock.recv(1)
+                data = self.sock.recv(1 << 16)
             except BlockingIOError:
                 data = b"?"
             except OSError as e:
@@ -251,16 +251,18 @@ class Outbound:
 
     def close(self, why: str = "") -> None:
         """Close for good (I/O thread): what waits is dropped and its calls fail."""
-        self._break(why or f"{self.addr} is closed")
+        with self.lock:  # no sender is inside sendmsg once we hold it
+            self._break(why or f"{self.addr} is closed")
+            sock = self.sock
         self._report()
-        if self.sock is not None:
-            self.sock.close()
+        if sock is not None:
+            sock.close()
 
     def finish(self, timeout: float = 2.0) -> None:
         """The loop stops (I/O thread): what waits gets up to `timeout` to be written."""
-        if self.state == "open" and self.queue:
-            self.sock.settimeout(timeout)
-            with self.lock:
+        with self.lock:
+            if self.state == "open" and self.queue:
+                self.sock.settimeout(timeout)
                 try:
                     for bufs, _ in self.queue:
                         for b in bufs:

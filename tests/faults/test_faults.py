@@ -64,7 +64,7 @@ def _wait_error(fut, timeout=10.0):
 def test_sigkill_during_call(mesh, failures, record_detection):
     pm, am = mesh
     pid = pm.procs[1].pid
-    fut = am.sleep.call(30)
+    fut = am.sleep.call(3)  # rank 0 answers the ping below once this is done
     time.sleep(0.2)
     t0 = time.monotonic()
     os.kill(pid, signal.SIGKILL)
@@ -172,7 +172,7 @@ def test_sigkill_of_host_agent(failures, record_detection):
     am = pm.spawn("onagent", Echo)
     pids = [p for p in am.whoami.call().get(timeout=30).values()]
     agent = host._agents[0]
-    fut = am.sleep.call(30)
+    fut = am.sleep.call(3)  # rank 0 answers the ping below once this is done
     t0 = time.monotonic()
     agent.popen.send_signal(signal.SIGKILL)
     err, _ = _wait_error(fut)
