@@ -172,7 +172,7 @@ def test_sigkill_of_host_agent(failures, record_detection):
     am = pm.spawn("onagent", Echo)
     pids = [p for p in am.whoami.call().get(timeout=30).values()]
     agent = host._agents[0]
-    fut = am.sleep.call(3)  # rank 0 answers the ping below once this is done
+    fut = am.sleep.call(30)
     t0 = time.monotonic()
     agent.popen.send_signal(signal.SIGKILL)
     err, _ = _wait_error(fut)
