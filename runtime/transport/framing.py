@@ -222,12 +222,26 @@ def nbytes(f: Any) -> int:
     return len(f) if isinstance(f, (bytes, bytearray)) else memoryview(f).nbytes
 
 
-def stream_message(frames: Sequence[Any]) -> list[Any]:
-    """The buffers that put one message on a stream: its prefix, then its frames (no copy)."""
+_ONE = struct.Struct("<IQ")
+
+
+def stream_parts(frames: Sequence[Any]) -> tuple[list[Any], int]:
+    """The buffers that put one message on a stream (its prefix, then its frames, no
+    copy) and their total size."""
     n = len(frames)
+    if n == 1:
+        f = frames[0]
+        size = len(f) if type(f) is bytes else nbytes(f)
+        return [_ONE.pack(1, size), f], size + 12
     if not 0 < n <= MAX_FRAMES:
         raise FrameError(f"a message has 1 to {MAX_FRAMES} frames, not {n}")
-    return [struct.pack(f"<I{n}Q", n, *[nbytes(f) for f in frames]), *frames]
+    sizes = [nbytes(f) for f in frames]
+    return [struct.pack(f"<I{n}Q", n, *sizes), *frames], 4 + 8 * n + sum(sizes)
+
+
+def stream_message(frames: Sequence[Any]) -> list[Any]:
+    """The buffers that put one message on a stream (`stream_parts` without the size)."""
+    return stream_parts(frames)[0]
 
 
 def preamble(token: bytes, sender: str) -> list[Any]:
@@ -322,6 +336,12 @@ class StreamDecoder:
                 self.frames = []
             if avail < 4:
                 return False
+            if avail >= 12:  # the common case: a one-frame message, whole in the buffer
+                count, size = _ONE.unpack_from(buf, start)
+                if count == 1 and size <= avail - 12 and size <= self.max_frame:
+                    self.start = start + 12 + size
+                    out.append([bytes(self.view[start + 12:self.start])])
+                    return True
             (count,) = _COUNT.unpack_from(buf, start)
             if not 0 < count <= MAX_FRAMES:
                 raise FrameError(f"a message of {count} frames")

@@ -70,7 +70,7 @@ class Outbound:
         self.addr = addr
         self.lock = threading.Lock()
         self.written = threading.Condition(self.lock)  # notified as the queue drains
-        self.queue: collections.deque = collections.deque()  # [buffers, port] not written
+        self.queue: collections.deque = collections.deque()  # [buffers, port, bytes left]
         self.state = "connecting"
         self.error = ""
         self.sender: Optional[int] = None  # the thread inside send (a finalizer re-enters)
@@ -81,9 +81,9 @@ class Outbound:
         self.sock = self._connect()
         if self.sock is not None:
             self.state = "open"
-            self._write_now(hello, 0)  # an empty socket takes it whole
+            self._write_now(hello, 0, sum(framing.nbytes(b) for b in hello))
         else:
-            self.hello = [hello, 0]
+            self.hello = [hello, 0, sum(framing.nbytes(b) for b in hello)]
             self.queue.append(self.hello)
         loop.schedule(self._watch)
 
@@ -98,7 +98,7 @@ class Outbound:
         if self.sender == me:  # a finalizer inside this thread's send
             self.loop.schedule(self.send, frames, port)
             return
-        bufs = framing.stream_message(frames)
+        bufs, size = framing.stream_parts(frames)
         failed = ""
         item: Optional[list] = None
         with self.lock:
@@ -108,10 +108,10 @@ class Outbound:
                 if self.state == "broken":
                     failed = self.error
                 elif self.queue or self.state != "open":
-                    item = [bufs, port]
+                    item = [bufs, port, size]
                     self.queue.append(item)
                 else:
-                    failed, item = self._write_now(bufs, port)
+                    failed, item = self._write_now(bufs, port, size)
                 if item is not None and self.state == "open" and me != self.loop.thread_id:
                     while item[0] and self.state == "open":  # written: emptied by flush
                         self.written.wait()  # (broken: _report fails its port)
@@ -120,7 +120,7 @@ class Outbound:
         if failed and port:
             self.loop.schedule(self.loop.peers.send_failed, self.addr, [port], failed)
 
-    def _write_now(self, bufs: list, port: int) -> tuple[str, Optional[list]]:
+    def _write_now(self, bufs: list, port: int, size: int) -> tuple[str, Optional[list]]:
         """Write a message to the empty queue's socket (lock held); what the kernel did not
         take is queued for the I/O thread: (error text if the connection broke, the queued
         item or None)."""
@@ -130,8 +130,8 @@ class Outbound:
             n = 0
         except OSError as e:
             return self._break(f"send to {self.addr} failed: {e}"), None
-        if n < sum(framing.nbytes(b) for b in bufs):
-            item = [framing.advance(bufs, n), port]
+        if n < size:
+            item = [framing.advance(bufs, n), port, size - n]
             self.queue.append(item)
             self.loop.schedule(self._watch)
             return "", item
@@ -213,11 +213,12 @@ class Outbound:
                     self._break(f"send to {self.addr} failed: {e}")
                     break
                 while queue and n:
-                    size = sum(framing.nbytes(b) for b in queue[0][0])
-                    if n < size:
-                        queue[0][0] = framing.advance(queue[0][0], n)
+                    item = queue[0]
+                    if n < item[2]:
+                        item[0] = framing.advance(item[0], n)
+                        item[2] -= n
                         break
-                    n -= size
+                    n -= item[2]
                     queue.popleft()[0] = []  # written: its sender may go on
                 self.written.notify_all()
             failed = self.error if self.state == "broken" else ""
@@ -239,7 +240,7 @@ class Outbound:
         with self.lock:
             items, self.queue = list(self.queue), collections.deque()
             self.written.notify_all()
-        ports = [port for _, port in items if port]
+        ports = [port for _, port, _ in items if port]
         if [it for it in items if it is not self.hello]:
             log.warning("%s: %d message(s) to %s not sent: %s", self.loop.name, len(items),
                         self.addr, self.error)
@@ -264,7 +265,7 @@ class Outbound:
             if self.state == "open" and self.queue:
                 self.sock.settimeout(timeout)
                 try:
-                    for bufs, _ in self.queue:
+                    for bufs, _, _ in self.queue:
                         for b in bufs:
                             self.sock.sendall(b)
                     self.queue.clear()
