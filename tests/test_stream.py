@@ -197,8 +197,9 @@ def test_messages_to_a_peer_not_listening_yet_arrive_once_it_is(rundir):
 
 
 def test_a_send_that_fails_fails_the_call_it_carried_naming_the_peer(rundir):
-    """A peer that accepts and closes the connection: the next sends break it, and the
-    calls they carried are reported (never a log line alone)."""
+    """A peer that accepts the connection, then goes (closes it and its listening socket):
+    the sends after that fail, and the calls they carried are reported, never a log line
+    alone (a dial after a broken connection does not wait for a listener)."""
     path = str(rundir / "closer")
     lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     lsock.bind(path)
@@ -208,6 +209,7 @@ def test_a_send_that_fails_fails_the_call_it_carried_naming_the_peer(rundir):
         src.send(f"ipc://{path}", _msg(0, 0), port=5)
         conn, _ = lsock.accept()
         conn.close()
+        lsock.close()
         i = 1
         deadline = time.monotonic() + 10
         while not any(7 in ports for _, ports, _ in failed):

@@ -160,6 +160,7 @@ class Liveness:
                     rt.failures.proc_failed(p, cause)
                 if agent.popen is not None:  # a local agent that exited: gone for good
                     rt.state.drop_agent(agent)
+                    rt.loop.forget_peer(agent.address)
         for rec in list(rt.state.procs.values()):
             if rec.state == "running" and now - rec.last_seen > timeout and not rec.stopping:
                 rt.failures.proc_failed(

@@ -10,6 +10,7 @@ sender, and what happens when one fails (docs/transport.md).
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 from typing import TYPE_CHECKING, Any, Optional
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("runtime.transport")
 _NOBLOCK = int(zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
+GONE_KEPT = 4096
 
 
 class Peers:
@@ -37,6 +39,12 @@ class Peers:
         self.out: dict[str, Any] = {}  # address -> Outbound or ZmqPeer
         self.lock = threading.Lock()
         self.inbound: dict[str, list[stream.Inbound]] = {}  # peer id -> its connections
+        #: addresses of peers known dead (`forget`), the latest GONE_KEPT: a send there
+        #: fails its call at once instead of dialing a socket that will never listen
+        self.gone: collections.OrderedDict = collections.OrderedDict()
+        #: addresses whose connection broke after it was open: dialed again on the next
+        #: send, but a peer not listening there now is gone (no retry)
+        self.broke: collections.OrderedDict = collections.OrderedDict()
 
     # -- sending (any thread) --------------------------------------------------------------
     def send(self, addr: str, frames: list, port: int = 0) -> None:
@@ -45,6 +53,10 @@ class Peers:
         port of this process) fails (`on_send_failed`)."""
         peer = self.out.get(addr)
         if peer is None:
+            if addr in self.gone:
+                if port:
+                    self.loop.schedule(self.send_failed, addr, [port], f"{addr} is gone")
+                return
             peer = self._new(addr)
         peer.send(frames, port)
 
@@ -56,7 +68,8 @@ class Peers:
                 if addr.startswith("ipc://"):
                     keys = loop.peer_keys.get(addr)  # an ipc worker of a cluster: its token
                     token = cluster_token(keys) if keys is not None else loop.token
-                    peer = stream.Outbound(loop, addr, framing.preamble(token, loop.name))
+                    peer = stream.Outbound(loop, addr, framing.preamble(token, loop.name),
+                                           wait_for_listener=addr not in self.broke)
                 else:
                     peer = ZmqPeer(loop, addr)
                 self.out[addr] = peer
@@ -68,8 +81,18 @@ class Peers:
         and the calls it carried fail."""
         with self.lock:
             peer = self.out.pop(addr, None)
+            _remember(self.gone, addr)
         if peer is not None:
             peer.close(f"{addr} is gone")
+
+    def dropped(self, peer: Any) -> None:
+        """A connection broke (the peer closed it, a send failed): the next send to its
+        address makes a new one (a worker restarted at the same path)."""
+        with self.lock:
+            if self.out.get(peer.addr) is peer:
+                del self.out[peer.addr]
+                if peer.opened:
+                    _remember(self.broke, peer.addr)
 
     def drain_from(self, sender: str) -> None:
         """Read and dispatch everything `sender` has sent this process so far: called before
@@ -132,7 +155,7 @@ class Peers:
     def sizes(self) -> dict[str, int]:
         """Connections and what waits in them (runtime.table_sizes)."""
         out = list(self.out.values())
-        return {"send_sockets": len(out),
+        return {"send_sockets": len(out), "forgotten_peers": len(self.gone),
                 "inbound_connections": sum(len(c) for c in list(self.inbound.values())),
                 "queued_messages": sum(p.pending() for p in out)}
 
@@ -181,6 +204,14 @@ class ZmqPeer:
 
     def pending(self) -> int:
         return 0
+
+
+def _remember(table: collections.OrderedDict, addr: str) -> None:
+    """Add `addr` to a table of the latest GONE_KEPT addresses."""
+    table[addr] = True
+    table.move_to_end(addr)
+    while len(table) > GONE_KEPT:
+        table.popitem(last=False)
 
 
 def _log_send_failed(addr: str, ports: list, error: str) -> None:

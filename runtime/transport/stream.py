@@ -65,9 +65,14 @@ class Outbound:
     socket is writable (the I/O thread never waits). A broken connection fails the calls
     of every message it had not written, and of every later one."""
 
-    def __init__(self, loop: "IOLoop", addr: str, hello: list) -> None:
+    def __init__(self, loop: "IOLoop", addr: str, hello: list,
+                 wait_for_listener: bool = True) -> None:
         self.loop = loop
         self.addr = addr
+        #: a first dial waits for the peer to listen (it is starting); a dial after a
+        #: broken connection does not (nobody listening: the peer is gone)
+        self.wait_for_listener = wait_for_listener
+        self.opened = False
         self.lock = threading.Lock()
         self.written = threading.Condition(self.lock)  # notified as the queue drains
         self.queue: collections.deque = collections.deque()  # [buffers, port, bytes left]
@@ -80,7 +85,7 @@ class Outbound:
         self.sent = 0
         self.sock = self._connect()
         if self.sock is not None:
-            self.state = "open"
+            self.state, self.opened = "open", True
             self._write_now(hello, 0, sum(framing.nbytes(b) for b in hello))
         else:
             self.hello = [hello, 0, sum(framing.nbytes(b) for b in hello)]
@@ -159,7 +164,7 @@ class Outbound:
             return s
         except OSError as e:
             s.close()
-            if e.errno not in _RETRY:
+            if e.errno not in _RETRY or not self.wait_for_listener:
                 self._break(f"connect to {self.addr} failed: {e}")
             return None
 
@@ -174,7 +179,7 @@ class Outbound:
                     self.loop.call_later(self.retry, again)
                 return
             with self.lock:
-                self.sock, self.state = s, "open"
+                self.sock, self.state, self.opened = s, "open", True
             self._watch()
 
         self.loop.call_later(self.retry, again)
@@ -249,6 +254,7 @@ class Outbound:
         if self.sock is not None and self.watching:
             self.loop.unwatch(self.sock.fileno())
             self.watching = 0
+        self.loop.peers.dropped(self)  # the next send to this address dials anew
 
     def close(self, why: str = "") -> None:
         """Close for good (I/O thread): what waits is dropped and its calls fail."""

@@ -160,8 +160,8 @@ def test_the_host_agent_outlives_the_faults(healthy):
 
 
 def test_a_send_that_fails_fails_the_call_naming_the_peer(tmp_path):
-    """A call whose message cannot be written (the peer's socket closes the connection):
-    the call's future fails with the address and the error, instead of waiting forever."""
+    """A peer that accepts our connection, then goes (closes it and its listening socket):
+    a call sent there fails with the address and the error, instead of waiting forever."""
     import socket
 
     from runtime.transport.framing import Header, Kind
@@ -183,6 +183,7 @@ def test_a_send_that_fails_fails_the_call_naming_the_peer(tmp_path):
         rt.send(addr, Header(Kind.LOG))  # connects
         conn, _ = lsock.accept()
         conn.close()
+        lsock.close()
         deadline = time.monotonic() + 20
         while not done.is_set():
             assert time.monotonic() < deadline
