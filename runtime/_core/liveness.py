@@ -6,6 +6,7 @@ Runs on the I/O thread, on timers the runtime starts.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from typing import TYPE_CHECKING, Any, Optional
@@ -60,14 +61,13 @@ class Liveness:
         self.rt.loop.call_every(config.heartbeat_interval, self.tick)
 
     def tick(self) -> None:
+        """Heartbeats out, then the checks of what stopped answering (I/O thread)."""
         self.send_heartbeats()
         self.check()
 
     def watch_exit(self, pid: int) -> None:
         """Check at once when this child (a local host agent) exits, not at the next tick
         (a pidfd the I/O thread polls; I/O thread)."""
-        import os
-
         try:
             fd = os.pidfd_open(pid)
         except OSError:  # gone already, or no pidfd: the next tick finds it
