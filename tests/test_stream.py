@@ -134,7 +134,7 @@ class Sink:
 def _source(name: str = "source") -> tuple[IOLoop, list]:
     failed: list = []
     loop = IOLoop(name, TOKEN, lambda h, b, bufs: None)
-    loop.peers.on_send_failed = lambda addr, ports, error: failed.append((addr, ports, error))
+    loop.peers.on_send_failed = lambda addr, ports, error, gone: failed.append((addr, ports, error))
     loop.start()
     return loop, failed
 

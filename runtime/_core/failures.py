@@ -223,11 +223,17 @@ class Failures:
         if m is not None and 0 <= h.rank < len(m.proc_ids):
             self.rt.health.update(m.health_name, h.rank, ActorState.STOPPED)
 
-    def send_failed(self, addr: str, ports: list, error: str) -> None:
+    def send_failed(self, addr: str, ports: list, error: str, gone: bool) -> None:
         """A message could not be sent to `addr` (I/O thread): the calls it carried fail,
-        naming the peer and the error."""
+        naming the peer and the error. When the peer went away and the call waits on a
+        proc this process owns and believes alive, its exit report (which its agent sends
+        once the proc is reaped, or the agent's own death) fails the call instead, with
+        the cause (a signal, an exit code) rather than a broken pipe."""
         exc = SupervisionError(f"a message to {addr} could not be sent: {error}")
+        state = self.rt.state
         for pid in ports:
+            if gone and any(state.is_running(p) for p in self.rt.ports.procs_of(pid)):
+                continue
             self.rt.ports.fail(pid, exc)
 
     # -- supervision ------------------------------------------------------------------------

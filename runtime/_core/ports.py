@@ -116,6 +116,11 @@ class Ports:
         if entry is not None and entry.on_fail is not None:
             entry.on_fail(exc, proc=proc, actor=actor)
 
+    def procs_of(self, pid: int) -> frozenset:
+        """The procs whose death fails port `pid` (none for an unknown port)."""
+        w = self._ports.get(pid)
+        return w.procs if w is not None and w.on_fail is not None else frozenset()
+
     def waiting_on(self, proc_id: str) -> list[int]:
         """Ports that wait for an answer from `proc_id`."""
         return [pid for pid, w in list(self._ports.items())

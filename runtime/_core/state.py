@@ -185,6 +185,12 @@ class State:
         """The record of a proc, or None."""
         return self.procs.get(proc_id)
 
+    def is_running(self, proc_id: str) -> bool:
+        """Whether `proc_id` is a proc this process owns and has not seen end: its exit
+        (or its agent's death) is still to be reported here."""
+        rec = self.procs.get(proc_id)
+        return rec is not None and rec.state in ("starting", "running")
+
     def agent_for(self, src: str) -> Optional[AgentRecord]:
         return self.agents.get(src) or self.agent_alias.get(src)
 

@@ -132,7 +132,8 @@ class IOLoop:
         if self.stopping:
             log.debug("%s: loop stopped; message to %s dropped", self.name, addr)
             if port:
-                self.peers.send_failed(addr, [port], "this process's runtime is stopping")
+                self.peers.send_failed(addr, [port], "this process's runtime is stopping",
+                                       False)
             return
         self.peers.send(addr, frames, port)
 

@@ -55,7 +55,7 @@ class Peers:
         if peer is None:
             if addr in self.gone:
                 if port:
-                    self.loop.schedule(self.send_failed, addr, [port], f"{addr} is gone")
+                    self.loop.schedule(self.send_failed, addr, [port], f"{addr} is gone", True)
                 return
             peer = self._new(addr)
         peer.send(frames, port)
@@ -101,10 +101,11 @@ class Peers:
         for inbound in list(self.inbound.get(sender, ())):
             inbound.read()
 
-    def send_failed(self, addr: str, ports: list, error: str) -> None:
-        """A send failed: the calls waiting on `ports` fail, naming the peer and the error."""
+    def send_failed(self, addr: str, ports: list, error: str, gone: bool = False) -> None:
+        """A send failed: the calls waiting on `ports` fail, naming the peer and the error
+        (`gone`: because the peer went away)."""
         try:
-            self.on_send_failed(addr, ports, error)
+            self.on_send_failed(addr, ports, error, gone)
         except Exception:
             log.exception("%s: failing the calls of a lost send raised", self.loop.name)
 
@@ -170,6 +171,7 @@ class ZmqPeer:
         self.lock = threading.Lock()
         self.sent = 0
         self.error = ""
+        self.gone = False
         keys: Optional[CurveKeys] = loop.peer_keys.get(addr, loop.keys)
         self.sock: Optional[zmq.Socket] = _push_socket(loop.ctx, addr, keys)
 
@@ -189,18 +191,19 @@ class ZmqPeer:
                     error = f"send to {self.addr} failed: {e}"
                     log.warning("%s: %s", self.loop.name, error)
         if error and port:
-            self.loop.schedule(self.loop.peers.send_failed, self.addr, [port], error)
+            self.loop.schedule(self.loop.peers.send_failed, self.addr, [port], error,
+                               self.gone and self.sock is None)
 
-    def close(self, why: str = "", linger: int = 0) -> None:
+    def close(self, why: str = "", linger: int = 0, gone: bool = True) -> None:
         with self.lock:
             sock, self.sock = self.sock, None
-            self.error = why or f"{self.addr} is closed"
+            self.error, self.gone = why or f"{self.addr} is closed", gone
         if sock is not None:
             sock.close(linger=linger)
 
     def finish(self) -> None:
         """The loop stops: queued messages get up to 2 s to leave."""
-        self.close("this process's runtime stopped", linger=2000)
+        self.close("this process's runtime stopped", linger=2000, gone=False)
 
     def pending(self) -> int:
         return 0
@@ -214,7 +217,7 @@ def _remember(table: collections.OrderedDict, addr: str) -> None:
         table.popitem(last=False)
 
 
-def _log_send_failed(addr: str, ports: list, error: str) -> None:
+def _log_send_failed(addr: str, ports: list, error: str, gone: bool) -> None:
     log.warning("a send to %s failed (%s); %d call(s) lost", addr, error, len(ports))
 
 

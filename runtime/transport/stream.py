@@ -32,10 +32,13 @@ CONNECT_RETRY_MAX_S = 0.05
 READS_PER_EVENT = 16
 SNDBUF = 4 << 20  # fewer wake-ups for large messages (the kernel caps it at wmem_max)
 _RETRY = (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN)
+#: errors that say the peer is gone (closed its end, exited), not a fault of this side
+_GONE = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.ENOENT, errno.ECONNREFUSED)
 _IN, _OUT = 1, 2  # zmq.POLLIN, zmq.POLLOUT (the loop polls with zmq.Poller)
 
-#: fn(address, ports, error text): a send failed; the calls on `ports` must fail (I/O thread)
-SendFailed = Callable[[str, list, str], None]
+#: fn(address, ports, error text, gone): a send failed; the calls on `ports` must fail (I/O
+#: thread). `gone`: the peer closed its end or no longer listens (it exited or is exiting)
+SendFailed = Callable[[str, list, str, bool], None]
 
 
 def path_of(addr: str) -> str:
@@ -78,6 +81,7 @@ class Outbound:
         self.queue: collections.deque = collections.deque()  # [buffers, port, bytes left]
         self.state = "connecting"
         self.error = ""
+        self.gone = False  # broken because the peer went away (not an error of ours)
         self.sender: Optional[int] = None  # the thread inside send (a finalizer re-enters)
         self.watching = 0  # the events the I/O thread polls for
         self.retry = CONNECT_RETRY_S
@@ -123,7 +127,8 @@ class Outbound:
             finally:
                 self.sender = None
         if failed and port:
-            self.loop.schedule(self.loop.peers.send_failed, self.addr, [port], failed)
+            self.loop.schedule(self.loop.peers.send_failed, self.addr, [port], failed,
+                               self.gone)
 
     def _write_now(self, bufs: list, port: int, size: int) -> tuple[str, Optional[list]]:
         """Write a message to the empty queue's socket (lock held); what the kernel did not
@@ -134,7 +139,7 @@ class Outbound:
         except BlockingIOError:
             n = 0
         except OSError as e:
-            return self._break(f"send to {self.addr} failed: {e}"), None
+            return self._break(f"send to {self.addr} failed: {e}", e.errno in _GONE), None
         if n < size:
             item = [framing.advance(bufs, n), port, size - n]
             self.queue.append(item)
@@ -165,7 +170,7 @@ class Outbound:
         except OSError as e:
             s.close()
             if e.errno not in _RETRY or not self.wait_for_listener:
-                self._break(f"connect to {self.addr} failed: {e}")
+                self._break(f"connect to {self.addr} failed: {e}", e.errno in _GONE)
             return None
 
     def _connect_later(self) -> None:
@@ -195,7 +200,7 @@ class Outbound:
             else:
                 reason = "it closed the connection"
             if not data:
-                self._break(f"{self.addr}: {reason}")
+                self._break(f"{self.addr}: {reason}", True)
                 return
         if events & _OUT:
             self.flush()
@@ -215,7 +220,7 @@ class Outbound:
                 except BlockingIOError:
                     break
                 except OSError as e:
-                    self._break(f"send to {self.addr} failed: {e}")
+                    self._break(f"send to {self.addr} failed: {e}", e.errno in _GONE)
                     break
                 while queue and n:
                     item = queue[0]
@@ -232,11 +237,11 @@ class Outbound:
         else:
             self._watch()
 
-    def _break(self, why: str) -> str:
+    def _break(self, why: str, gone: bool = False) -> str:
         """The connection is broken for good; the calls not written fail (lock held or
         not: the state only ever moves forward)."""
         if self.state != "broken":
-            self.state, self.error = "broken", why
+            self.state, self.error, self.gone = "broken", why, gone
             self.loop.schedule(self._report)
         return why
 
@@ -250,16 +255,16 @@ class Outbound:
             log.warning("%s: %d message(s) to %s not sent: %s", self.loop.name, len(items),
                         self.addr, self.error)
         if ports:
-            self.loop.peers.send_failed(self.addr, ports, self.error)
+            self.loop.peers.send_failed(self.addr, ports, self.error, self.gone)
         if self.sock is not None and self.watching:
             self.loop.unwatch(self.sock.fileno())
             self.watching = 0
         self.loop.peers.dropped(self)  # the next send to this address dials anew
 
-    def close(self, why: str = "") -> None:
+    def close(self, why: str = "", gone: bool = True) -> None:
         """Close for good (I/O thread): what waits is dropped and its calls fail."""
         with self.lock:  # no sender is inside sendmsg once we hold it
-            self._break(why or f"{self.addr} is closed")
+            self._break(why or f"{self.addr} is closed", gone)
             sock = self.sock
         self._report()
         if sock is not None:
@@ -277,7 +282,7 @@ class Outbound:
                     self.queue.clear()
                 except OSError as e:
                     self.error = f"{self.addr}: not all sent before this process stopped: {e}"
-        self.close()
+        self.close("this process's runtime stopped", gone=False)
 
     def pending(self) -> int:
         """Messages waiting to be written."""
