@@ -248,6 +248,24 @@ class DeactivateArgs:
 
 
 @dataclass
+class SyncArgs:
+    """`%mesh sync [MESH] [--dir D ...] [--reload]`."""
+
+    mesh: Optional[str] = None  # a HostMesh or ProcMesh variable (default: this host)
+    dirs: list[str] = field(default_factory=list)  # default: the working directory
+    reload: bool = False
+    timeout: Optional[float] = None
+
+
+@dataclass
+class ReloadArgs:
+    """`%mesh reload ACTORS [--class EXPR]`."""
+
+    actors: str
+    cls: Optional[str] = None  # default: the notebook name of the mesh's class
+
+
+@dataclass
 class CellArgs:
     mesh: str
     ranks: Optional[dict[str, RankSel]] = None
@@ -258,7 +276,7 @@ class CellArgs:
 
 
 MeshCommand = Union[AllocArgs, JobAllocArgs, SpawnArgs, ListArgs, StatusArgs, StopArgs, InterruptArgs,
-                    AttachArgs, AdminArgs, ActivateArgs, DeactivateArgs]
+                    AttachArgs, AdminArgs, ActivateArgs, DeactivateArgs, SyncArgs, ReloadArgs]
 
 
 _COMMANDS = {
@@ -273,6 +291,8 @@ _COMMANDS = {
     "admin": "serve the admin endpoint for the terminal admin (monarch-admin)",
     "activate": "make a proc mesh active: torch in the cells that follow runs on its procs",
     "deactivate": "end '%mesh activate': torch runs locally again",
+    "sync": "copy the workspace to the hosts of a mesh; --reload: live procs run the new code",
+    "reload": "live actors of a mesh take their class as re-defined in the notebook",
 }
 
 
@@ -373,6 +393,26 @@ def _command_parsers() -> dict[str, _Parser]:
                     help="a ProcMesh variable (a slice bound to a variable works too)")
     ps["deactivate"] = _Parser(prog="%mesh deactivate",
                                description="End '%mesh activate': torch runs locally again.")
+    sy = ps["sync"] = _Parser(
+        prog="%mesh sync",
+        description="Copy the workspace directories to every host of MESH "
+                    "(HostMesh.sync_workspace): only changed files travel; progress per host.")
+    sy.add_argument("mesh", metavar="MESH", nargs="?", type=_arg_type(parse_identifier),
+                    help="a HostMesh or ProcMesh variable (default: this host)")
+    sy.add_argument("--dir", dest="dirs", action="append", default=[], metavar="DIR",
+                    help="a workspace directory (repeatable; default: the working directory)")
+    sy.add_argument("--reload", action="store_true",
+                    help="live procs on those hosts reload the changed modules")
+    sy.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
+                    help="how long to wait for each host (default: workspace_timeout)")
+    rl = ps["reload"] = _Parser(
+        prog="%mesh reload",
+        description="The live actors of ACTORS take their class as the notebook defines it "
+                    "now (re-run its cell first); their state is kept.")
+    rl.add_argument("actors", metavar="ACTORS", type=_arg_type(parse_identifier),
+                    help="an ActorMesh variable")
+    rl.add_argument("--class", dest="cls", metavar="EXPR",
+                    help="the new class (default: the notebook name of the mesh's class)")
     return ps
 
 
@@ -490,6 +530,10 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
         return ActivateArgs(name=ns.name)
     if cmd == "deactivate":
         return DeactivateArgs()
+    if cmd == "sync":
+        return SyncArgs(mesh=ns.mesh, dirs=list(ns.dirs), reload=ns.reload, timeout=ns.timeout)
+    if cmd == "reload":
+        return ReloadArgs(actors=ns.actors, cls=ns.cls)
     raise MagicArgError(f"%mesh: unknown command {cmd!r}")  # pragma: no cover
 
 

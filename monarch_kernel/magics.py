@@ -18,6 +18,7 @@ from monarch_kernel.magic_alloc import AllocCommands
 from monarch_kernel.magic_cells import CellCommands
 from monarch_kernel.magic_context import MagicContext
 from monarch_kernel.magic_inventory import InventoryCommands
+from monarch_kernel.magic_workspace import WorkspaceCommands
 
 
 @magics_class
@@ -29,6 +30,7 @@ class MeshMagics(Magics):
         self.session = session
         self.ctx = MagicContext(shell, session)
         alloc, inventory = AllocCommands(self.ctx), InventoryCommands(self.ctx)
+        workspace = WorkspaceCommands(self.ctx)
         self.cells = CellCommands(self.ctx)
         self._handlers = {
             "alloc": alloc.alloc, "joballoc": alloc.joballoc,
@@ -37,6 +39,7 @@ class MeshMagics(Magics):
             "status": inventory.status, "stop": inventory.stop,
             "attach": inventory.attach, "admin": inventory.admin,
             "interrupt": inventory.interrupt,
+            "sync": workspace.sync, "reload": workspace.reload,
         }
 
     # -- entry points ----------------------------------------------------------------------

@@ -18,6 +18,9 @@ from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, Pr
                       active_mesh_names, as_endpoint, attach_to_workers,
                       get_or_spawn_controller, send, this_host, this_proc)
 from ._meshes.legacy import proc_mesh
+from ._meshes.workspace_sync import (HostSync, ProcReload, SyncResult, WorkspaceSyncError,
+                                     reload_actor_class)
+from .workspace import Workspace, WorkspaceError, WorkspaceTooLarge
 from .host.worker import run_worker_loop_forever
 from .shapes import Extent, Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
@@ -173,4 +176,6 @@ __all__ = [
     "current_rank", "current_runtime", "current_size",
     "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "shutdown_context",
     "proc_mesh", "run_worker_loop_forever", "this_host", "this_proc", "unhandled_fault_hook",
+    "Workspace", "WorkspaceError", "WorkspaceTooLarge", "WorkspaceSyncError", "SyncResult",
+    "HostSync", "ProcReload", "reload_actor_class",
 ]

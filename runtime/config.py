@@ -207,6 +207,13 @@ _SETTINGS: tuple[Setting, ...] = (
     _s("runtime_dir", "path", None, "The per-user runtime root: run directories, RDMA "
        "directories, admin connection files (default $XDG_RUNTIME_DIR/monarch, else "
        "<tmp>/monarch-<uid>).", live=True),
+    _s("workspace_max_bytes", "int", 256 << 20, "Largest workspace (bytes of its files) "
+       "HostMesh.sync_workspace copies; over it the sync fails naming the largest files.",
+       live=True, minimum=1),
+    _s("workspace_timeout", "float", 60.0, "How long sync_workspace waits for each answer "
+       "of a host (a dead or silent host fails the sync there, named) and for live procs "
+       "to reach a point between messages to reload.", live=True, minimum=0, strict=True,
+       seconds=True),
     _s("debug_policy", "str", "fail", "What an unattended breakpoint does: fail the call or "
        "continue the actor.", live=True, choices=("fail", "continue")),
     _s("debug_timeout", "float", 600.0, "Seconds an unattended breakpoint waits before the "

@@ -23,7 +23,7 @@ import traceback
 import types
 from typing import Any, Optional
 
-from . import _context, _endpoints, _supervise, _features, logs
+from . import _context, _endpoints, _reload, _supervise, _features, logs
 from .actor import (ROOT_ID, ActorContext, CreatorInstance, _message_view, _set_context,
                     endpoints_of, root_creator)
 from .config import config
@@ -146,6 +146,8 @@ class ActorInstance:
                 self._handle_call(item[1], item[2], item[3])
             elif what == "supervise":
                 _supervise.on_mailbox_entry(self)
+            elif what == "run":  # between two messages: a reload's pause, a class swap
+                item[1](self)
             elif what == _STOP:
                 self._stop(item[1])
                 self.rt.loop.call_soon(self.server.actor_stopped, self)
@@ -418,7 +420,8 @@ class ProcServer:
         """Message kind -> handler, for the proc's runtime."""
         return {Kind.LOG_LEVEL: self._on_log_level, Kind.CALL: self._on_call, Kind.SPAWN_ACTOR: self._on_spawn,
                 Kind.STOP_ACTOR: self._on_stop_actor, Kind.STOP_PROC: self._on_stop_proc,
-                Kind.DUMP_STACK: self._on_dump_stack, Kind.INTERRUPT: self._on_interrupt}
+                Kind.DUMP_STACK: self._on_dump_stack, Kind.INTERRUPT: self._on_interrupt,
+                Kind.WORKSPACE: lambda h, b, bufs: _reload.on_message(self, h, b, bufs)}
 
     def _on_call(self, h: Header, body: Any, buffers: list) -> None:
         a = self.actors.get(h.actor)
@@ -784,6 +787,8 @@ def main(cfg: dict) -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
                         format="%(levelname)s %(name)s: %(message)s")
     _apply_proc_bind()
+    if cfg.get("workspace"):  # the host's synced workspace, first on sys.path
+        _reload.startup(cfg["workspace"])
     _run_bootstrap(os.environ.pop("MONARCH_PROC_BOOTSTRAP", ""))
     keys = None
     if cfg.get("key_file"):

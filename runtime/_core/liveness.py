@@ -158,6 +158,8 @@ class Liveness:
                 agent.lost = agent.remote and agent.popen is None and agent.hello
                 for p in list(agent.procs):
                     rt.failures.proc_failed(p, cause)
+                # requests to the agent itself (workspace sync) fail with it
+                rt.ports.fail_waiting(agent.agent_id, SupervisionError(cause))
                 if agent.popen is not None:  # a local agent that exited: gone for good
                     rt.state.drop_agent(agent)
                     rt.loop.forget_peer(agent.address)

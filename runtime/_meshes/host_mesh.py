@@ -213,6 +213,29 @@ class HostMesh(MeshTrait):
         self._spawned.add(pm)
         return pm
 
+    def sync_workspace(self, workspace: Any, conda: bool = False, auto_reload: bool = False,
+                       *, progress: Optional[Callable[[str, int, int, int, int], None]] = None,
+                       timeout: Optional[float] = None) -> Any:
+        """Monarch's `HostMesh.sync_workspace`: copy the directories of `workspace` (a
+        `Workspace(dirs=[...])`) to every host of this mesh, into the host's private
+        workspace directory that procs import from (new ones, and live ones after a
+        reload); only contents the host lacks travel. With `auto_reload`, live procs on
+        these hosts reload the changed modules between messages (docs/runtime.md).
+        `progress(host, files, of_files, bytes, of_bytes)` is called as contents arrive.
+        Returns a SyncResult; raises WorkspaceSyncError naming each host, proc and module
+        that failed (the rest is done), WorkspaceTooLarge over `workspace_max_bytes`."""
+        from .workspace_sync import sync_workspace
+
+        self._check_not_shut_down()
+        if conda:
+            raise NotImplementedError("sync_workspace(conda=True): syncing a conda "
+                                      "environment is not supported; only code directories")
+        if self._reference:
+            raise RuntimeError("sync_workspace on a HostMesh received by reference: only "
+                               "its owner syncs")
+        agents = [self._agents[r] for r in self._shape.global_ranks()]
+        return sync_workspace(self._rt, agents, workspace, auto_reload, progress, timeout)
+
     def with_python_executable(self, python_executable: str) -> "HostMesh":
         """Monarch's per-mesh interpreter: not supported here (deliberately), says why."""
         raise NotImplementedError(

@@ -21,6 +21,7 @@ from ..transport import framing
 from ..transport.framing import Header, Kind
 from .gather import ReplyGather
 from .output import ProcPipes
+from .workspace import WorkspaceStore
 from .zygote import zygote_main
 
 log = logging.getLogger("runtime.host")
@@ -104,11 +105,12 @@ class Agent:
                            "host": socket.gethostname(), "pid": os.getpid()}, f)
             os.replace(tmp, args.address_file)
         self.gather = ReplyGather(self.address, self.loop.send, self.token)
+        self.workspace = WorkspaceStore(self.rundir, self.agent_id, self._send)
         self._handlers = {
             Kind.HEARTBEAT: self._on_heartbeat, Kind.SPAWN_PROCS: self._spawn,
             Kind.KILL_PROCS: self._on_kill, Kind.AGENT_ATTACH: self._attach,
             Kind.AGENT_STOP: self._on_stop, Kind.FANOUT: self._on_fanout,
-            Kind.REPLY: self.gather.on_reply,
+            Kind.REPLY: self.gather.on_reply, Kind.WORKSPACE: self.workspace.on_message,
         }
 
     def run(self) -> None:
@@ -214,6 +216,7 @@ class Agent:
                 "token": self.token.hex(), "rundir": self.rundir, "owner": owner,
                 "agent": self.address, "host_id": self.agent_id,
                 "key_file": self.key_file, "listen_ip": self.listen_ip,
+                "workspace": self.workspace.active,  # synced code: on the proc's sys.path
             }
             self.pending_spawn[p["proc_id"]] = {"mesh": p["mesh"], "owner": owner}
             env = dict(p.get("env") or {})

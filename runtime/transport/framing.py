@@ -46,6 +46,7 @@ class Kind(enum.IntEnum):
     SUPERVISE = 24  # owner-side delivery of a failure to a supervising actor
     REPLY_BATCH = 25  # agent -> caller: the replies of several local procs to one call
     LOG_LEVEL = 40  # to a proc: the level its Actor.logger records print at (logging_option)
+    WORKSPACE = 41  # to an agent: sync workspace files; to a proc: reload changed modules
 
 
 class Header(msgspec.Struct, array_like=True, omit_defaults=False, gc=False):

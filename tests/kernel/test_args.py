@@ -136,3 +136,17 @@ def test_value_parsers():
     assert parse_ranks("procs=-1") == {"procs": -1}
     with pytest.raises(MagicArgError):
         parse_ranks("")
+
+
+def test_sync_and_reload_commands():
+    from monarch_kernel.args import MagicArgError, ReloadArgs, SyncArgs, parse_mesh_line
+
+    assert parse_mesh_line("sync") == SyncArgs()
+    assert parse_mesh_line("sync procs --dir a --dir b --reload --timeout 5") == SyncArgs(
+        mesh="procs", dirs=["a", "b"], reload=True, timeout=5.0)
+    assert parse_mesh_line("reload g") == ReloadArgs(actors="g")
+    assert parse_mesh_line("reload g --class mod.Greeter") == ReloadArgs("g", "mod.Greeter")
+    with pytest.raises(MagicArgError):
+        parse_mesh_line("reload")
+    with pytest.raises(MagicArgError):
+        parse_mesh_line("sync 1bad")

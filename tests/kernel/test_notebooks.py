@@ -185,3 +185,19 @@ def test_visual_debugging(tmp_path):
                 f"line 13, self.loss = {loss}") in text, text
     assert "results: ValueMesh({'procs': 2}, {{procs=0}: 9.5, {procs=1}: 9.4})" in text
     assert "{procs=0}: 9.025, {procs=1}: 8.83" in output_of(cells, "panel.close()")
+
+
+@pytest.mark.timeout(180)
+def test_workspace_reload(tmp_path):
+    status, printed, cells = execute("workspace_reload.ipynb", tmp_path)
+    assert status == 0, printed
+    assert "all cells ran" in printed
+    synced = [cell_text(c) for c in cells if "".join(c.source).startswith("%mesh sync")]
+    assert "sent 1 (" in synced[0] and "reloaded in 2 procs: trainer" in synced[1], synced
+    before = output_of(cells, 't = procs.spawn("t", trainer.Trainer)')
+    assert "'lr': 0.1, 'steps': 1, 'weight': 0.9" in before, before
+    after = output_of(cells, "# the same actors")
+    assert "'lr': 0.5, 'steps': 2, 'weight': 0.4" in after, after
+    assert "hello #1" in output_of(cells, "class Greeter(Actor):")
+    assert "2 live actors now run Greeter" in output_of(cells, "%mesh reload g")
+    assert "bonjour #2" in output_of(cells, "g.hello.call().get()")

@@ -1,0 +1,1 @@
+"""Monarch's `monarch.tools` names that programs import here: `tools.config.workspace`."""
