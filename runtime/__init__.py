@@ -17,6 +17,7 @@ from .future import Future
 from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, ProcMesh,
                       active_mesh_names, as_endpoint, attach_to_workers,
                       get_or_spawn_controller, send, this_host, this_proc)
+from ._meshes.proc_logs import ProcLog, ProcLogs, read_logs
 from ._meshes.legacy import proc_mesh
 from .host.worker import run_worker_loop_forever
 from .shapes import Extent, Point, Shape, ShapeError
@@ -166,11 +167,11 @@ __all__ = [
     "as_endpoint", "concurrent_endpoint", "get_or_spawn_controller", "send", "ActorError",
     "ActorMesh", "ActorState", "Accumulator", "Channel", "Extent", "Future", "HostMesh",
     "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
-    "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape",
+    "Port", "PortReceiver", "ProcInfo", "ProcLog", "ProcLogs", "ProcMesh", "SerializationError", "Shape",
     "ShapeError", "SupervisionError", "ValueMesh", "add_startup_hook", "attach_to_workers",
     "clear_runtime_config", "configure", "configured", "get_global_config",
     "get_runtime_config", "context", "CreatorInstance", "current_actor_name",
     "current_rank", "current_runtime", "current_size",
     "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "shutdown_context",
-    "proc_mesh", "run_worker_loop_forever", "this_host", "this_proc", "unhandled_fault_hook",
+    "proc_mesh", "read_logs", "run_worker_loop_forever", "this_host", "this_proc", "unhandled_fault_hook",
 ]
