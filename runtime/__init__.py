@@ -18,6 +18,7 @@ from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, Pr
                       active_mesh_names, as_endpoint, attach_to_workers,
                       get_or_spawn_controller, send, this_host, this_proc)
 from ._meshes.proc_logs import ProcLog, ProcLogs, read_logs
+from .telemetry import get_meter, span, traced
 from ._meshes.legacy import proc_mesh
 from .host.worker import run_worker_loop_forever
 from .shapes import Extent, Point, Shape, ShapeError
@@ -173,5 +174,5 @@ __all__ = [
     "get_runtime_config", "context", "CreatorInstance", "current_actor_name",
     "current_rank", "current_runtime", "current_size",
     "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "shutdown_context",
-    "proc_mesh", "read_logs", "run_worker_loop_forever", "this_host", "this_proc", "unhandled_fault_hook",
+    "proc_mesh", "read_logs", "run_worker_loop_forever", "get_meter", "span", "traced", "this_host", "this_proc", "unhandled_fault_hook",
 ]
