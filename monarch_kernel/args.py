@@ -149,6 +149,16 @@ def _split_commas(text: str) -> list[str]:
     return [p for p in (s.strip() for s in (text or "").split(",")) if p]
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise MagicArgError(f"expected an integer >= 0, got {text!r}") from None
+    if n < 0:
+        raise MagicArgError(f"expected an integer >= 0, got {text!r}")
+    return n
+
+
 def _positive_float(text: str) -> float:
     try:
         v = float(text)
@@ -266,6 +276,18 @@ class ReloadArgs:
 
 
 @dataclass
+class LogsArgs:
+    """`%mesh logs MESH [--rank R] [--tail N] [--grep PAT] [--job VAR | --hosts VAR]`."""
+
+    mesh: str
+    rank: Optional[int] = None
+    tail: Optional[int] = None
+    grep: Optional[str] = None
+    job: Optional[str] = None
+    hosts: Optional[str] = None
+
+
+@dataclass
 class CellArgs:
     mesh: str
     ranks: Optional[dict[str, RankSel]] = None
@@ -276,7 +298,8 @@ class CellArgs:
 
 
 MeshCommand = Union[AllocArgs, JobAllocArgs, SpawnArgs, ListArgs, StatusArgs, StopArgs, InterruptArgs,
-                    AttachArgs, AdminArgs, ActivateArgs, DeactivateArgs, SyncArgs, ReloadArgs]
+                    AttachArgs, AdminArgs, ActivateArgs, DeactivateArgs, SyncArgs, ReloadArgs,
+                    LogsArgs]
 
 
 _COMMANDS = {
@@ -293,6 +316,7 @@ _COMMANDS = {
     "deactivate": "end '%mesh activate': torch runs locally again",
     "sync": "copy the workspace to the hosts of a mesh; --reload: live procs run the new code",
     "reload": "live actors of a mesh take their class as re-defined in the notebook",
+    "logs": "what a mesh's procs wrote, from their log files (exited procs too)",
 }
 
 
@@ -413,6 +437,22 @@ def _command_parsers() -> dict[str, _Parser]:
                     help="an ActorMesh variable")
     rl.add_argument("--class", dest="cls", metavar="EXPR",
                     help="the new class (default: the notebook name of the mesh's class)")
+    lg = ps["logs"] = _Parser(
+        prog="%mesh logs",
+        description="Print what the procs of MESH wrote, read from the log files their host "
+                    "agents keep (on by default for jobs; file_capture=True for this_host()), "
+                    "also for procs that have exited and after Job.load().")
+    lg.add_argument("mesh", metavar="MESH", help="a ProcMesh (or ActorMesh) variable, or a "
+                                                 "proc mesh's name")
+    lg.add_argument("--rank", type=_arg_type(_non_negative_int), help="one rank (default: all)")
+    lg.add_argument("--tail", type=_arg_type(_non_negative_int),
+                    help="the last N lines of each proc")
+    lg.add_argument("--grep", metavar="PAT", help="only lines matching this regular expression")
+    where = lg.add_mutually_exclusive_group()
+    where.add_argument("--job", metavar="VAR", type=_arg_type(parse_identifier),
+                       help="a Job variable whose hosts hold the files (for a name)")
+    where.add_argument("--hosts", metavar="VAR", type=_arg_type(parse_identifier),
+                       help="a HostMesh variable whose hosts hold the files (for a name)")
     return ps
 
 
@@ -534,6 +574,9 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
         return SyncArgs(mesh=ns.mesh, dirs=list(ns.dirs), reload=ns.reload, timeout=ns.timeout)
     if cmd == "reload":
         return ReloadArgs(actors=ns.actors, cls=ns.cls)
+    if cmd == "logs":
+        return LogsArgs(mesh=ns.mesh, rank=ns.rank, tail=ns.tail, grep=ns.grep, job=ns.job,
+                        hosts=ns.hosts)
     raise MagicArgError(f"%mesh: unknown command {cmd!r}")  # pragma: no cover
 
 

@@ -19,6 +19,7 @@ from monarch_kernel.magic_cells import CellCommands
 from monarch_kernel.magic_context import MagicContext
 from monarch_kernel.magic_inventory import InventoryCommands
 from monarch_kernel.magic_workspace import WorkspaceCommands
+from monarch_kernel.magic_logs import LogsCommands
 
 
 @magics_class
@@ -38,7 +39,7 @@ class MeshMagics(Magics):
             "deactivate": alloc.deactivate, "list": inventory.list,
             "status": inventory.status, "stop": inventory.stop,
             "attach": inventory.attach, "admin": inventory.admin,
-            "interrupt": inventory.interrupt,
+            "interrupt": inventory.interrupt, "logs": LogsCommands(self.ctx).logs,
             "sync": workspace.sync, "reload": workspace.reload,
         }
 

@@ -17,6 +17,8 @@ from .future import Future
 from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, ProcMesh,
                       active_mesh_names, as_endpoint, attach_to_workers,
                       get_or_spawn_controller, send, this_host, this_proc)
+from ._meshes.proc_logs import ProcLog, ProcLogs, read_logs
+from .telemetry import get_meter, span, traced
 from ._meshes.legacy import proc_mesh
 from ._meshes.workspace_sync import (HostSync, ProcReload, SyncResult, WorkspaceSyncError,
                                      reload_actor_class)
@@ -169,13 +171,14 @@ __all__ = [
     "as_endpoint", "concurrent_endpoint", "get_or_spawn_controller", "send", "ActorError",
     "ActorMesh", "ActorState", "Accumulator", "Channel", "Extent", "Future", "HostMesh",
     "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
-    "Port", "PortReceiver", "ProcInfo", "ProcMesh", "SerializationError", "Shape",
+    "Port", "PortReceiver", "ProcInfo", "ProcLog", "ProcLogs", "ProcMesh", "SerializationError", "Shape",
     "ShapeError", "SupervisionError", "ValueMesh", "add_startup_hook", "attach_to_workers",
     "clear_runtime_config", "configure", "configured", "get_global_config",
     "get_runtime_config", "context", "CreatorInstance", "current_actor_name",
     "current_rank", "current_runtime", "current_size",
     "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "shutdown_context",
-    "proc_mesh", "run_worker_loop_forever", "this_host", "this_proc", "unhandled_fault_hook",
+    "proc_mesh", "read_logs", "run_worker_loop_forever", "get_meter", "span", "traced",
+    "this_host", "this_proc", "unhandled_fault_hook",
     "Workspace", "WorkspaceError", "WorkspaceTooLarge", "WorkspaceSyncError", "SyncResult",
     "HostSync", "ProcReload", "reload_actor_class",
 ]

@@ -154,10 +154,10 @@ class Setting:
 
     def to_text(self, value: Any) -> str:
         """`value` as environment text that parse() reads back to the same value."""
-        if self.type == "bool":
-            return "1" if value else "0"
         if value is None:
             return ""
+        if self.type == "bool":
+            return "1" if value else "0"
         return repr(value) if self.type == "float" else str(value)
 
 
@@ -175,6 +175,18 @@ _SETTINGS: tuple[Setting, ...] = (
        "be sent: larger call arguments and endpoint results leave their arrays and tensors "
        "on the data plane (RDMABuffer), anything else raises MessageTooLargeError.", minimum=1,
        monarch="codec_max_frame_length"),
+    _s("file_capture", "bool", None, "Host agents append each proc's stdout and stderr "
+       "to a file of its own (runtime/host/logfiles.py; read with Job.logs(), "
+       "runtime.read_logs() or %mesh logs). Unset: on for the agents of jobs (started with "
+       "--listen), off for a controller's own this_host() agent.", live=True,
+       monarch="enable_file_capture"),
+    _s("log_dir", "path", None, "Where host agents write proc log files, one 0700 "
+       "directory per agent inside (default <runtime root>/logs; jobs on this machine use "
+       "their job directory, removed by kill()).", live=True),
+    _s("log_file_max_bytes", "int", 64 << 20, "Size at which a proc's log file is rotated "
+       "(.log -> .log.1 -> ...).", live=True, minimum=1),
+    _s("log_file_backups", "int", 2, "Rotated files kept per proc besides the current one "
+       "(0: the file is emptied at the cap).", live=True, minimum=0),
     _s("stderr_tail_lines", "int", 20, "Lines of a proc's stderr kept for failure reports.",
        minimum=0, monarch="tail_log_lines"),
     _s("interrupt_remote", "bool", True, "Ctrl-C during a wait also interrupts the remote "
@@ -270,7 +282,6 @@ UNMAPPED: dict[str, str] = {
     "default_transport": "transports are chosen by topology (ipc locally, CurveZMQ tcp "
                          "across hosts)",
     "enable_log_forwarding": "proc output is always forwarded to the controller",
-    "enable_file_capture": "output is not written to per-host files",
     "message_delivery_timeout": "a message fails when its proc or host fails "
                                 "(heartbeat_timeout), not after a delivery timeout",
     "host_spawn_ready_timeout": "spawn waits are bounded by the caller's .get(timeout)",
@@ -320,7 +331,8 @@ UNMAPPED: dict[str, str] = {
     "remote_alloc_allowed_port_range": "no remote allocator; agents bind the address given "
                                        "to `python -m runtime.host --listen`",
     "read_log_buffer": "host agents forward proc output line by line",
-    "force_file_log": "output is not written to per-host files",
+    "force_file_log": "this_host()'s agent writes proc log files with file_capture=True "
+                      "(jobs' agents write them by default)",
     "prefix_with_rank": "forwarded output is always prefixed with its mesh and rank",
     "rdma_allow_tcp_fallback": "rdma_transport=auto falls back to process_vm or TCP "
                                "without an ibverbs device; rdma_transport forces one",

@@ -23,7 +23,7 @@ import traceback
 import types
 from typing import Any, Optional
 
-from . import _context, _endpoints, _reload, _supervise, _features, logs
+from . import _context, _endpoints, _reload, _supervise, _features, logs, telemetry
 from .actor import (ROOT_ID, ActorContext, CreatorInstance, _message_view, _set_context,
                     endpoints_of, root_creator)
 from .config import config
@@ -800,6 +800,7 @@ def main(cfg: dict) -> None:
     server.rt = rt
     set_runtime(rt)
     _features.call("debugging.install_in_proc", rt)  # debugging is above this layer
+    telemetry.start_in_proc(cfg["proc_id"], cfg.get("mesh", ""), cfg.get("rank", 0))
     if cfg.get("listen_ip") and keys is not None:
         rt.enable_tcp(cfg["listen_ip"])
     rt.start()
@@ -810,6 +811,7 @@ def main(cfg: dict) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     server.stopped.wait()  # SIGTERM's handler or a STOP_PROC sets it
     _graceful_exit(server, config.stop_timeout / 2)
+    telemetry.shutdown(timeout=config.stop_timeout / 2)  # os._exit skips OpenTelemetry's atexit
     try:
         rt.loop.stop(timeout=1.0)
         rdma_server = sys.modules.get("runtime.rdma.server")

@@ -180,10 +180,15 @@ def test_configured_restores_previous_values(clean):
 def test_monarch_names(clean):
     assert ALIASES == {"codec_max_frame_length": "max_message_bytes",
                                "tail_log_lines": "stderr_tail_lines",
-                               "stop_actor_timeout": "stop_timeout"}
+                               "stop_actor_timeout": "stop_timeout",
+                               "enable_file_capture": "file_capture"}
     with configured(codec_max_frame_length=1 << 20, stop_actor_timeout="10s", tail_log_lines=5):
         assert config.max_message_bytes == 1 << 20 and config.stop_timeout == 10.0
         assert config.stderr_tail_lines == 5
+    assert config.file_capture is None  # unset: on for jobs' agents, off for this_host()
+    with configured(enable_file_capture=True):
+        assert config.file_capture is True and config.to_env()["MONARCH_FILE_CAPTURE"] == "1"
+    assert config.file_capture is None and "MONARCH_FILE_CAPTURE" not in config.to_env()
     with pytest.warns(UserWarning, match="'enable_log_forwarding' has no equivalent"):
         configure(enable_log_forwarding=True)
     assert config.explicit() == {} and "enable_log_forwarding" in UNMAPPED

@@ -20,6 +20,7 @@ from .. import _process
 from ..transport import framing
 from ..transport.framing import Header, Kind
 from .gather import ReplyGather
+from .logfiles import AgentLogs, capture_wanted
 from .output import ProcPipes
 from .workspace import WorkspaceStore
 from .zygote import zygote_main
@@ -69,6 +70,7 @@ class Agent:
         self.pending_spawn: dict[str, dict] = {}
         self.stopping = False
         self.stopped = threading.Event()  # set once _shutdown has ended the procs
+        self.logs = AgentLogs(getattr(args, "log_dir", None), os.getpid(), time.time())
         # fork the zygote while this process is still single-threaded
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
@@ -111,6 +113,7 @@ class Agent:
             Kind.KILL_PROCS: self._on_kill, Kind.AGENT_ATTACH: self._attach,
             Kind.AGENT_STOP: self._on_stop, Kind.FANOUT: self._on_fanout,
             Kind.REPLY: self.gather.on_reply, Kind.WORKSPACE: self.workspace.on_message,
+            Kind.AGENT_QUERY: self._on_query,
         }
 
     def run(self) -> None:
@@ -218,7 +221,9 @@ class Agent:
                 "key_file": self.key_file, "listen_ip": self.listen_ip,
                 "workspace": self.workspace.active,  # synced code: on the proc's sys.path
             }
-            self.pending_spawn[p["proc_id"]] = {"mesh": p["mesh"], "owner": owner}
+            self.pending_spawn[p["proc_id"]] = {
+                "mesh": p["mesh"], "owner": owner, "rank": p["rank"],
+                "capture": capture_wanted(p.get("env"), bool(self.args.listen))}
             env = dict(p.get("env") or {})
             msg = {"op": "spawn", "cfg": cfg, "env": env, "cwd": e.get("cwd")}
             if p.get("gpu"):  # one GPU per proc, chosen from this host's devices
@@ -248,7 +253,8 @@ class Agent:
                 info = self.pending_spawn.pop(msg["proc_id"], {"mesh": "", "owner": self.owner})
                 out_fd, err_fd = fds
                 pp = ProcPipes(msg["proc_id"], msg["pid"], info["mesh"], info["owner"],
-                               out_fd, err_fd, 200, self.loop, self._forward)
+                               out_fd, err_fd, 200, self.loop, self._forward,
+                               self.logs.for_proc(info, msg["pid"], self._forward))
                 self.procs[pp.proc_id] = pp
                 self.by_pid[pp.pid] = pp.proc_id
             elif msg["op"] == "exit":
@@ -270,6 +276,12 @@ class Agent:
         self._send(pp.owner, Header(Kind.PROC_EXIT, extra={
             "proc": pp.proc_id, "pid": pp.pid, "code": msg["code"], "signal": msg["signal"],
             "stderr": list(pp.stderr_tail)}))
+
+    def _on_query(self, h: Header, body: Any, buffers: list) -> None:
+        from .queries import answer  # on a thread of its own: files are read there
+
+        threading.Thread(target=answer, args=(self, h), daemon=True,
+                         name="agent-query").start()
 
     def _forward(self, owner: str, proc_id: str, stream: str, label: str, text: str) -> None:
         self._send(owner, Header(Kind.LOG, extra={"proc": proc_id, "stream": stream,

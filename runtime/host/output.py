@@ -1,13 +1,15 @@
 """Output pipes: the agent reads each proc's stdout/stderr pipe, splits it into labelled
-lines, forwards them to the proc's owner, and keeps the last lines of stderr."""
+lines, forwards them to the proc's owner, keeps the last lines of stderr, and appends them
+to the proc's log file when file capture is on (`logfiles.LogFile`)."""
 
 from __future__ import annotations
 
 import collections
 import os
-from typing import Callable
+from typing import Callable, Optional
 
 from .. import logs
+from .logfiles import LogFile
 
 #: send(owner, proc_id, stream, label, text)
 Forward = Callable[[str, str, str, str, str], None]
@@ -17,8 +19,10 @@ class ProcPipes:
     """The output pipes of one proc, read on the agent's I/O thread."""
 
     def __init__(self, proc_id: str, pid: int, mesh: str, owner: str, out_fd: int,
-                 err_fd: int, tail_lines: int, loop: object, forward: Forward) -> None:
+                 err_fd: int, tail_lines: int, loop: object, forward: Forward,
+                 log_file: Optional[LogFile] = None) -> None:
         self.proc_id = proc_id
+        self.log_file = log_file
         self.pid = pid
         self.owner = owner
         self.loop = loop
@@ -66,6 +70,8 @@ class ProcPipes:
         for fd in list(self.fds):
             self.read(fd, final=True)
         self.flush()
+        if self.log_file is not None:
+            self.log_file.close()
 
     def flush(self) -> None:
         self.flush_scheduled = False
@@ -85,6 +91,13 @@ class ProcPipes:
 
     def _send(self, stream: str, parts: list) -> None:
         for label, text in parts:
+            if self.log_file is not None:
+                if logs.CONTROL_MARK in text:
+                    self.log_file.write("".join(
+                        ln for ln in text.splitlines(keepends=True)
+                        if not ln.startswith(logs.CONTROL_MARK)).encode())
+                else:
+                    self.log_file.write(text.encode())
             if stream == "stderr":
                 self.stderr_tail.extend(ln for ln in text.splitlines()
                                         if not ln.startswith(logs.CONTROL_MARK))

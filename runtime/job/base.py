@@ -310,6 +310,19 @@ class Job(JobTrait, ABC):
             self.dump(path)
         return state
 
+    def logs(self, mesh: Any, rank: int | None = None, tail: int | None = None,
+             grep: str | None = None, timeout: float = 10.0) -> Any:
+        """What the procs of proc mesh `mesh` (a ProcMesh or its name) wrote, read from the
+        log files on the job's hosts by their agents (`runtime.read_logs`): a `ProcLogs`
+        list, one `ProcLog` per proc (rank `rank`, or all), each with its last `tail`
+        lines matching `grep`. Works for procs that have exited and after `Job.load()`."""
+        from .._meshes import read_logs
+
+        state = self._state if self._state is not None else self.state()
+        name = mesh if isinstance(mesh, str) else getattr(mesh, "name", None)
+        return read_logs(list(state.values()), name, rank=rank, tail=tail, grep=grep,
+                         timeout=timeout)
+
     def kill(self) -> None:
         """Shut the attached meshes down and cancel the job (idempotent)."""
         if self._killed:

@@ -3,7 +3,7 @@
 import pytest
 
 from monarch_kernel.args import (
-    ActivateArgs, AdminArgs, AttachArgs, DeactivateArgs, AllocArgs, JobAllocArgs, CellArgs, InterruptArgs, ListArgs, MagicArgError, MagicHelp, SpawnArgs,
+    ActivateArgs, AdminArgs, AttachArgs, DeactivateArgs, AllocArgs, JobAllocArgs, CellArgs, InterruptArgs, ListArgs, LogsArgs, MagicArgError, MagicHelp, SpawnArgs,
     StatusArgs, StopArgs, parse_mesh_cell, parse_mesh_line, parse_ranks, parse_sizes,
 )
 
@@ -52,6 +52,10 @@ def test_simple_commands():
     assert parse_mesh_line("interrupt local") == InterruptArgs("local")
     assert parse_mesh_line("activate trainers") == ActivateArgs("trainers")
     assert parse_mesh_line("deactivate") == DeactivateArgs()
+    assert parse_mesh_line("logs trainers") == LogsArgs("trainers")
+    assert parse_mesh_line("logs trainers --rank 1 --tail 20 --grep 'loss [0-9]' --job j") == \
+        LogsArgs("trainers", rank=1, tail=20, grep="loss [0-9]", job="j")
+    assert parse_mesh_line("logs t --hosts h").hosts == "h"
     with pytest.raises(MagicArgError, match="not a valid Python identifier"):
         parse_mesh_line("activate 3x")
     with pytest.raises(MagicArgError, match="activate"):
@@ -67,7 +71,8 @@ def test_cell_args():
 
 @pytest.mark.parametrize("line", ["--help", "-h", "help", "alloc --help", "spawn --help",
                                   "list --help", "status -h", "stop --help",
-                                  "interrupt --help", "attach --help", "admin --help"])
+                                  "interrupt --help", "attach --help", "admin --help",
+                                  "logs --help"])
 def test_every_line_command_has_help(line):
     with pytest.raises(MagicHelp) as e:
         parse_mesh_line(line)
@@ -102,6 +107,9 @@ def test_cell_help():
     ("attach trainers one", "invalid int value"),
     ("attach trainers", "required: RANK"),
     ("alloc t --per-host 'procs=1", "cannot split"),
+    ("logs", "required: MESH"),
+    ("logs t --tail -1", "integer >= 0"),
+    ("logs t --job a --hosts b", "not allowed with"),
 ])
 def test_line_errors_are_one_line(line, needle):
     with pytest.raises(MagicArgError) as e:

@@ -171,6 +171,28 @@ def test_alloc_on_a_new_local_job_and_stop_ends_it(ip):
     assert not wait_gone(agents, timeout=10)  # the job's agents are gone
 
 
+def test_mesh_logs_reads_the_job_hosts_files(ip):
+    ip.run_line_magic("mesh", "alloc lgs --job local --hosts 1 --per-host procs=2 --no-progress")
+    try:
+        ip.run_cell_magic("mesh", "lgs", "import os\nfor i in range(3): print('step', i)\n"
+                                         "os.write(2, b'from C\\n')\nNone")
+        with capture_output() as cap:
+            ip.run_line_magic("mesh", "logs lgs --rank 1 --grep step --tail 2")
+        lines = cap.stdout.splitlines()
+        assert lines[0].startswith("== lgs rank 1 (pid ") and lines[1:] == ["step 1", "step 2"]
+        with capture_output() as cap:  # a name, on the hosts of a Job variable
+            ip.run_line_magic("mesh", "logs lgs --job lgs_job --grep 'from C'")
+        assert [ln for ln in cap.stdout.splitlines() if not ln.startswith("==")] == \
+            ["from C", "from C"]
+        with capture_output() as cap:
+            ip.run_line_magic("mesh", "logs nobody --job lgs_job")
+        assert "no log files of 'nobody'" in cap.stdout
+        with pytest.raises(UsageError, match="%mesh logs: read_logs: "):
+            ip.run_line_magic("mesh", "logs lgs --grep '('")
+    finally:
+        ip.run_line_magic("mesh", "stop lgs")
+
+
 @pytest.mark.parametrize("line,message", [
     ("alloc j --job local", "--hosts N is required"),
     ("alloc j --job local --hosts 1 --partition gpu", "--partition does not apply"),

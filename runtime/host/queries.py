@@ -1,0 +1,55 @@
+"""Questions a controller asks a host agent (`Kind.AGENT_QUERY`), answered on a thread of
+their own with one REPLY to the asking port: JSON, status ERROR with the message when the
+question cannot be answered.
+
+- `{"op": "logs", "mesh": M, "rank": R | None, "tail": N | None, "grep": PAT | None}`:
+  the log files of mesh `M`'s procs on this host (`logfiles.read`), as
+  `{"host", "dir", "procs": [{mesh, rank, pid, start, lines, truncated}]}`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+from typing import TYPE_CHECKING, Any
+
+from ..transport.framing import ERROR, OK, Header, Kind
+from . import logfiles
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+log = logging.getLogger("runtime.host")
+
+
+def _logs(agent: "Agent", q: dict) -> dict[str, Any]:
+    rank, tail, grep = q.get("rank"), q.get("tail"), q.get("grep")
+    if grep:
+        re.compile(grep)  # a bad pattern is the caller's error (ValueError below)
+    d = agent.logs.dir  # None: this agent has written no log file
+    procs = logfiles.read(d, str(q.get("mesh", "")), None if rank is None else int(rank),
+                          None if tail is None else int(tail), grep) if d is not None else []
+    return {"host": socket.gethostname(), "dir": str(d or ""), "procs": procs}
+
+
+_OPS = {"logs": _logs}
+
+
+def answer(agent: "Agent", h: Header) -> None:
+    """Answer query `h` (any thread): the REPLY goes to `h.reply`, port `h.port`."""
+    q = h.extra or {}
+    status, body = OK, b""
+    try:
+        fn = _OPS.get(q.get("op", ""))
+        if fn is None:
+            raise ValueError(f"unknown agent query {q.get('op')!r}; known: {sorted(_OPS)}")
+        body = json.dumps(fn(agent, q)).encode()
+    except (ValueError, TypeError, re.error, OSError) as e:
+        status, body = ERROR, f"{type(e).__name__}: {e}".encode()
+    except Exception as e:  # noqa: BLE001 - the asker gets it rather than a timeout
+        log.exception("agent query failed")
+        status, body = ERROR, f"{type(e).__name__}: {e}".encode()
+    if h.reply and h.port:
+        agent._send(h.reply, Header(Kind.REPLY, port=h.port, status=status), body)
