@@ -168,7 +168,9 @@ class Cluster:
     def leftovers(self) -> list[str]:
         """What of this cluster still exists: live pids, namespaces, the bridge, the directory."""
         left = [f"pid {p}" for p in self.pids if pid_alive(p)]
-        left += [f"started pid {p.pid}" for p in self._started if pid_alive(p.pid)]
+        # poll(), not pid_alive(): a reaped child's pid may belong to another process by now
+        # (pid_max is 32768 here, and a full test run starts thousands)
+        left += [f"started pid {p.pid}" for p in self._started if p.poll() is None]
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         ours = {f"{self.prefix}ctl", *self.nodes}
         left += [f"netns {line.split()[0]}" for line in names.splitlines()
