@@ -3,7 +3,8 @@ the RDMA data server survives a descriptor flood.
 
 - churn: a few hundred cycles of each pattern of benchmarks/bench_soak.py (mesh, actor
   mesh, RDMABuffer) in this controller; runtime tables, files under the runtime root, fds
-  and threads must not grow beyond a small constant;
+  and threads must not grow beyond a small constant, nor any type of object in the
+  controller or a proc (counted by the garbage collector);
 - a SIGKILLed controller's run directory, RDMA directories and admin connection file are
   removed by the next controller of the user (and nothing of a live process, or not named
   by the runtime, is);
