@@ -1,6 +1,6 @@
-"""Soak: N cycles of each churn pattern in one controller; what grows per 1,000 cycles.
+"""Soak: N cycles of each churn pattern in one controller; what grows per cycle.
 
-    python benchmarks/bench_soak.py [--cycles 2000] [--every 1000] [--patterns mesh,actor,rdma]
+    python benchmarks/bench_soak.py [--cycles 2000] [--every 100] [--patterns mesh,actor,rdma]
 
 Patterns (each in the same controller, one after the other):
 - mesh:  spawn 2 procs and 1 actor mesh, call it, stop the proc mesh;
@@ -9,15 +9,21 @@ Patterns (each in the same controller, one after the other):
 
 For each pattern, after a warm-up, it samples every `--every` cycles: controller and proc
 RSS, open fds and threads (the host agent's for `mesh`, whose procs do not persist), files
-under the runtime root, and the size of every runtime table (controller and proc). The
-table gives growth per 1,000 cycles (RSS: KB per cycle, least-squares slope). Targets:
-files and tables flat, RSS under 0.5 KB per cycle. Progress goes to stderr, the table to
-stdout.
+under the runtime root, the size of every runtime table (controller and proc) and the
+number of objects the garbage collector tracks (controller and persistent proc). RSS and
+objects grow by the least-squares slope over the last three quarters of the cycles
+(cycles 500-2,000 of 2,000: the first quarter is warm-up). Targets: files and tables flat;
+RSS per cycle under 0.5 KB in the controller (`mesh`, `actor`) and under 1 KB per actor
+mesh in the proc (`actor`). RSS depends on the allocator (glibc arenas, trim threshold,
+huge pages: `keep_message_memory`, `hugepages`); the object counts do not. Progress goes
+to stderr, the tables to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import gc
 import os
 import sys
 import time
@@ -42,12 +48,35 @@ class Echo(Actor):
         return x
 
 
+def object_counts() -> dict[str, int]:
+    """Objects the garbage collector tracks in this process, by type (`module.qualname`),
+    after a collection; plus `fds` and `threads` (what churn must not grow)."""
+    gc.collect()
+    out = dict(collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}"
+                                   for o in gc.get_objects()))
+    me = psutil.Process()
+    out["fds"], out["threads"] = me.num_fds(), me.num_threads()
+    return out
+
+
 class Probe(Actor):
-    """Reports its proc's table sizes; reads RDMA buffers for the rdma pattern."""
+    """Reports its proc's table sizes and objects; reads RDMA buffers for the rdma
+    pattern."""
 
     @endpoint
     def tables(self) -> dict:
         return runtime.get_runtime().table_sizes()
+
+    @endpoint
+    def objects(self) -> dict:
+        """This proc's `object_counts()`."""
+        return object_counts()
+
+    @endpoint
+    def usage(self) -> dict:
+        """This proc's RSS, fds, threads and number of gc-tracked objects."""
+        gc.collect()
+        return {**_usage(psutil.Process()), "objects": len(gc.get_objects())}
 
     @endpoint
     def hold(self) -> bool:
@@ -87,6 +116,13 @@ def _usage(p: psutil.Process) -> dict:
         return {"rss": 0, "fds": 0, "threads": 0}
 
 
+def _ctl_usage() -> dict:
+    gc.collect()  # before RSS: what cycles of garbage held is freed
+    objs = gc.get_objects()
+    mine = sum(1 for o in objs if type(o) is Sample)  # the samples this benchmark keeps
+    return {**_usage(psutil.Process()), "objects": len(objs) - mine}
+
+
 class Soak:
     """Runs the churn patterns in this controller and samples what they leave."""
 
@@ -94,6 +130,7 @@ class Soak:
         self.rt = runtime.get_runtime()
         self.host = this_host()
         self.me = psutil.Process()
+        self.cycle_pids: list[int] = []
         self.procs = self.host.spawn_procs(per_host={"procs": 2}, name="soak-keep")
         self.probe = self.procs.spawn("soak-probe", Probe)
         self.probe.initialized.get(60)
@@ -109,10 +146,14 @@ class Soak:
         self.data = torch.ones(64 << 10, dtype=torch.uint8)
 
     def cycle(self, pattern: str, i: int) -> None:
+        """One cycle of `pattern` (its `i`-th)."""
         if pattern == "mesh":
             pm = self.host.spawn_procs(per_host={"procs": 2}, name="soak-mesh")
-            am = pm.spawn("soak-echo", Echo)
-            assert list(am.ping.call(i).get(60).values()) == [i, i]
+            try:
+                am = pm.spawn("soak-echo", Echo)
+                assert list(am.ping.call(i).get(60).values()) == [i, i]
+            finally:
+                self.cycle_pids = [p.pid for p in pm.procs if p.pid]  # for a clean-up
             pm.stop().get(60)
         elif pattern == "actor":
             am = self.procs.spawn("soak-echo", Echo)
@@ -127,9 +168,22 @@ class Soak:
         else:
             raise ValueError(f"unknown pattern {pattern!r}")
 
-    def sample(self, pattern: str, cycle: int) -> Sample:
-        import gc
+    def pids(self) -> list[int]:
+        """Pids of the persistent procs and of the last mesh cycle's (a test's clean-up)."""
+        return [p.pid for p in self.procs.procs if p.pid] + self.cycle_pids
 
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Objects by type, fds, threads and tables (`table.<name>`) of the controller
+        ("ctl") and of the persistent proc 0 ("proc")."""
+        time.sleep(0.05)  # late replies and exit reports land
+        ctl = object_counts()
+        ctl.update({f"table.{k}": v for k, v in self.rt.table_sizes().items()})
+        probe = self.probe.slice(procs=0)
+        proc = probe.objects.call_one().get(60)
+        proc.update({f"table.{k}": v for k, v in probe.tables.call_one().get(60).items()})
+        return {"ctl": ctl, "proc": proc}
+
+    def sample(self, pattern: str, cycle: int) -> Sample:
         gc.collect()
         time.sleep(0.05)  # late replies and exit reports land
         tables = {f"ctl.{k}": v for k, v in self.rt.table_sizes().items()}
@@ -139,8 +193,9 @@ class Soak:
 
         srv = current_server()
         tables["ctl.rdma_buffers"] = len(srv.registry) if srv is not None else 0
-        other = _usage(self.agent_ps if pattern == "mesh" else self.proc_ps)
-        return Sample(cycle, time.monotonic(), _usage(self.me), other, rundir.count_files(),
+        other = (_usage(self.agent_ps) if pattern == "mesh"
+                 else self.probe.slice(procs=0).usage.call_one().get(60))
+        return Sample(cycle, time.monotonic(), _ctl_usage(), other, rundir.count_files(),
                       tables)
 
     def run(self, pattern: str, cycles: int, every: int,
@@ -178,13 +233,17 @@ def slope(xs: list[float], ys: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
 
 
-def growth(samples: list[Sample]) -> dict:
-    """RSS KB/cycle and the change of every other figure from the first sample."""
+def growth(samples: list[Sample], since: int = 0) -> dict:
+    """RSS KB/cycle and objects/cycle (least-squares slopes over the samples from cycle
+    `since` on), and the change of every other figure from the first sample."""
     first, last = samples[0], samples[-1]
-    xs = [s.cycle for s in samples]
+    tail = [s for s in samples if s.cycle >= since] or samples
+    xs = [s.cycle for s in tail]
     out = {
-        "ctl_rss_kb_per_cycle": slope(xs, [s.ctl["rss"] / 1024 for s in samples]),
-        "other_rss_kb_per_cycle": slope(xs, [s.other["rss"] / 1024 for s in samples]),
+        "ctl_rss_kb_per_cycle": slope(xs, [s.ctl["rss"] / 1024 for s in tail]),
+        "other_rss_kb_per_cycle": slope(xs, [s.other["rss"] / 1024 for s in tail]),
+        "ctl_objects_per_cycle": slope(xs, [s.ctl.get("objects", 0) for s in tail]),
+        "other_objects_per_cycle": slope(xs, [s.other.get("objects", 0) for s in tail]),
         "ctl_fds": last.ctl["fds"] - first.ctl["fds"],
         "ctl_threads": last.ctl["threads"] - first.ctl["threads"],
         "other_fds": last.other["fds"] - first.other["fds"],
@@ -196,50 +255,78 @@ def growth(samples: list[Sample]) -> dict:
     return out
 
 
-def print_table(pattern: str, samples: list[Sample], before: Optional[Sample] = None) -> None:
+#: RSS targets per cycle (KB): the controller's, and the proc's per actor mesh
+TARGETS = {"ctl": 0.5, "proc": 1.0}
+
+
+def print_table(pattern: str, samples: list[Sample], before: Optional[Sample] = None,
+                since: int = 0) -> dict:
+    """Print one pattern's samples and slopes; returns `growth(samples, since)`."""
     other = "agent" if pattern == "mesh" else "proc"
     print(f"\n## {pattern}: {samples[-1].cycle} cycles")
-    print(f"| cycles | ctl RSS MB | ctl fds | ctl thr | {other} RSS MB | {other} fds | "
-          f"{other} thr | files | changed tables (vs. start) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print(f"| cycles | ctl RSS MB | ctl objects | ctl fds | ctl thr | {other} RSS MB | "
+          f"{other} objects | {other} fds | {other} thr | files | changed tables (vs. start) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     base = samples[0].tables
     for s in samples:
         diff = ", ".join(f"{k} {base.get(k, 0)}->{v}" for k, v in s.tables.items()
                          if v != base.get(k, 0)) or "none"
-        print(f"| {s.cycle} | {s.ctl['rss'] / 2**20:.1f} | {s.ctl['fds']} | "
-              f"{s.ctl['threads']} | {s.other['rss'] / 2**20:.1f} | {s.other['fds']} | "
-              f"{s.other['threads']} | {s.files} | {diff} |")
-    g = growth(samples)
+        print(f"| {s.cycle} | {s.ctl['rss'] / 2**20:.2f} | {s.ctl.get('objects', '-')} | "
+              f"{s.ctl['fds']} | {s.ctl['threads']} | {s.other['rss'] / 2**20:.2f} | "
+              f"{s.other.get('objects', '-')} | {s.other['fds']} | {s.other['threads']} | "
+              f"{s.files} | {diff} |")
+    g = growth(samples, since)
     if before is not None:  # what the warm-up cycles added: allocator and caches filling
         n = -before.cycle
         print(f"\nper cycle during the {n} warm-up cycles: controller RSS "
               f"{(samples[0].ctl['rss'] - before.ctl['rss']) / 1024 / n:+.3f} KB, {other} RSS "
               f"{(samples[0].other['rss'] - before.other['rss']) / 1024 / n:+.3f} KB")
-    print(f"\nper cycle after warm-up: controller RSS {g['ctl_rss_kb_per_cycle']:+.3f} KB, "
-          f"{other} RSS {g['other_rss_kb_per_cycle']:+.3f} KB (target < 0.5 KB)")
+    last = samples[-1].cycle
+    ctl_ok = "met" if g["ctl_rss_kb_per_cycle"] < TARGETS["ctl"] else "MISSED"
+    print(f"\n{pattern}: slope over cycles {since}-{last}: controller RSS "
+          f"{g['ctl_rss_kb_per_cycle']:+.3f} KB/cycle (target < {TARGETS['ctl']}: {ctl_ok}), "
+          f"objects {g['ctl_objects_per_cycle']:+.3f}/cycle")
+    if pattern == "mesh":
+        print(f"{pattern}: slope over cycles {since}-{last}: agent RSS "
+              f"{g['other_rss_kb_per_cycle']:+.3f} KB/cycle")
+    else:
+        proc_ok = ("met" if g["other_rss_kb_per_cycle"] < TARGETS["proc"] or pattern != "actor"
+                   else "MISSED")
+        target = f" (target < {TARGETS['proc']}: {proc_ok})" if pattern == "actor" else ""
+        print(f"{pattern}: slope over cycles {since}-{last}: proc RSS "
+              f"{g['other_rss_kb_per_cycle']:+.3f} KB/cycle{target}, objects "
+              f"{g['other_objects_per_cycle']:+.3f}/cycle")
     tables = ", ".join(f"{k} {samples[0].tables[k]}" for k in sorted(samples[0].tables))
     print(f"table sizes at start: {tables}")
+    return g
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cycles", type=int, default=2000)
-    ap.add_argument("--every", type=int, default=1000, help="sample every N cycles")
-    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--cycles", type=int, default=2000, help="cycles per pattern")
+    ap.add_argument("--every", type=int, default=100, help="sample every N cycles")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="cycles before the first sample (the slopes skip the first quarter "
+                         "of the cycles anyway)")
     ap.add_argument("--patterns", default=",".join(PATTERNS))
     args = ap.parse_args(argv)
+    since = args.cycles // 4  # slopes over the last three quarters: 500-2,000 of 2,000
     patterns = [p for p in args.patterns.split(",") if p]
     for p in patterns:
         if p not in PATTERNS:
             ap.error(f"unknown pattern {p!r} (have {', '.join(PATTERNS)})")
+    from runtime.config import config
+
     print(f"# bench_soak: {args.cycles} cycles per pattern, sample every {args.every}, "
-          f"warm-up {args.warmup}; runtime root {rundir.root()}")
+          f"warm-up {args.warmup}, slopes over cycles {since}-{args.cycles}; runtime root "
+          f"{rundir.root()}; procs' malloc: keep_message_memory={config.keep_message_memory}"
+          f", hugepages={config.hugepages}; {time.strftime('%Y-%m-%d')}")
     soak = Soak()
     try:
         for p in patterns:
             print(f"{p}: warm-up {args.warmup} cycles", file=sys.stderr, flush=True)
             before, samples = soak.run(p, args.cycles, args.every, args.warmup)
-            print_table(p, samples, before)
+            print_table(p, samples, before, since)
             sys.stdout.flush()
     finally:
         soak.close()

@@ -399,6 +399,10 @@ class ProcServer:
         self.actors: dict[str, ActorInstance] = {}
         self.stopped_actors: collections.OrderedDict = collections.OrderedDict()
         self.early: dict[str, list] = {}  # actor id -> calls that came before its spawn
+        # actor id -> [(deadline, STOP_ACTOR header)]: stops the actor has not finished; an
+        # entry leaves when the actor stops, so a stopped actor is not kept for the timeout
+        self.stops_due: dict[str, list] = {}
+        self._stop_check_armed = False
         self.supervise_waiting: dict[str, ActorInstance] = {}  # actors with pending failures
         self.stopped = threading.Event()
         self.stopping = False  # stop() has begun interrupting the actors still busy
@@ -468,7 +472,9 @@ class ProcServer:
         if a is not None:
             a.mailbox.put((_STOP, h))
             if h.reply:
-                self.rt.loop.call_later(config.stop_timeout + 1.0, self._stop_overdue, a, h)
+                deadline = time.monotonic() + config.stop_timeout + 1.0
+                self.stops_due.setdefault(h.actor, []).append((deadline, h))
+                self._arm_stop_check()
         elif h.reply:  # already gone (it stopped itself): answer as a stop would
             self._answer_stop(h)
 
@@ -478,23 +484,43 @@ class ProcServer:
             self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=OK,
                                          actor=h.actor), dumps(None)[0])
 
-    def _stop_overdue(self, a: "ActorInstance", h: Header) -> None:
+    def _arm_stop_check(self) -> None:
+        """One timer, at the earliest deadline of the stops not finished (I/O thread)."""
+        if self.stops_due and not self._stop_check_armed:
+            first = min(due[0][0] for due in self.stops_due.values())
+            self._stop_check_armed = True
+            self.rt.loop.call_later(max(0.0, first - time.monotonic()), self._check_stops)
+
+    def _check_stops(self) -> None:
+        """Give up the actors whose stop is overdue; re-arm for the others (I/O thread)."""
+        self._stop_check_armed = False
+        now = time.monotonic()
+        for actor_id, due in list(self.stops_due.items()):
+            a = self.actors.get(actor_id)
+            if a is None:
+                self.stops_due.pop(actor_id, None)
+            elif due[0][0] <= now:
+                self._stop_overdue(a)
+        self._arm_stop_check()
+
+    def _stop_overdue(self, a: "ActorInstance") -> None:
         """An actor still not stopped after the stop timeout (its `__init__` or an endpoint
         never returns) is given up: declared stopped now, so the stop completes; its thread
         stops (running `__cleanup__`) if it ever gets free (I/O thread)."""
-        if self.actors.get(a.actor_id) is not a:
-            return
+        stops = self.stops_due.get(a.actor_id, ())
         log.warning("actor %s[%d] did not stop within %.1f s (%s); declared stopped, its "
                     "thread is left to end on its own", a.name, a.rank, config.stop_timeout,
                     "still in __init__" if a.state == "starting" else f"state {a.state}")
         self.actor_stopped(a)  # forgets it and answers the calls queued for it
         a.mailbox.put((_STOP, None))
-        self._answer_stop(h)
+        for _, h in stops:
+            self._answer_stop(h)
 
     def actor_stopped(self, a: "ActorInstance") -> None:
         """An actor's thread ended: forget it, remember its id, and answer the calls that
         reached its mailbox after the stop (I/O thread)."""
         self.actors.pop(a.actor_id, None)
+        self.stops_due.pop(a.actor_id, None)
         self.stopped_actors[a.actor_id] = a.rank  # replies for it still name its rank
         while len(self.stopped_actors) > 1024:  # a bounded memory of stopped ids
             self.stopped_actors.popitem(last=False)
@@ -533,7 +559,7 @@ class ProcServer:
     def sizes(self) -> dict[str, int]:
         """Entries in this proc's actor tables (soak tests)."""
         return {"actors": len(self.actors), "stopped_actor_ids": len(self.stopped_actors),
-                "early_calls": len(self.early),
+                "early_calls": len(self.early), "stops_due": len(self.stops_due),
                 "threads": threading.active_count()}
 
     def heartbeat_extra(self) -> dict:

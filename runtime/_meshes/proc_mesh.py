@@ -8,6 +8,7 @@ import inspect
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generator, Optional
 
@@ -361,9 +362,28 @@ def _signatures(actor_class: type) -> dict:
     return sigs
 
 
+# function -> {explicit_port: caller signature}: every spawn of a class shares its
+# signatures (immutable), so what keys on them (adverbs' arity cache) does not grow with
+# spawns; an entry goes with its function (a class redefined in a cell).
+_SIGNATURES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
 def _caller_signature(fn: Any, explicit_port: bool) -> Optional[inspect.Signature]:
     """What a caller passes: the method's parameters without `self` (and without the
     response port of an explicit-port endpoint); None where it cannot be read."""
+    try:
+        known = _SIGNATURES.get(fn)
+    except TypeError:  # not weakly referable
+        return _read_caller_signature(fn, explicit_port)
+    if known is not None and explicit_port in known:
+        return known[explicit_port]
+    sig = _read_caller_signature(fn, explicit_port)
+    _SIGNATURES.setdefault(fn, {})[explicit_port] = sig
+    return sig
+
+
+def _read_caller_signature(fn: Any, explicit_port: bool) -> Optional[inspect.Signature]:
+    """`_caller_signature` without the cache."""
     try:
         sig = plain_signature(fn)
     except (TypeError, ValueError):
