@@ -29,6 +29,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from runtime.transport.peers import GONE_KEPT
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -52,11 +54,15 @@ def test_churn_leaves_tables_files_fds_and_threads_flat():
         for pattern, cycles in (("mesh", 120), ("actor", 300), ("rdma", 300)):
             _, samples = soak.run(pattern, cycles, every=cycles, warmup=10)
             first, last = samples[0], samples[-1]
+            # the bounded memories: ids of stopped actors (a late call is answered at once)
+            # and addresses of dead peers (a late send fails at once, nothing is dialed)
+            bounded = {"proc.stopped_actor_ids": 1024, "ctl.forgotten_peers": GONE_KEPT,
+                       "proc.forgotten_peers": GONE_KEPT}
             grown = {k: (first.tables.get(k, 0), v) for k, v in last.tables.items()
-                     if v - first.tables.get(k, 0) > 1 and k != "proc.stopped_actor_ids"}
+                     if v - first.tables.get(k, 0) > 1 and k not in bounded}
             assert not grown, f"{pattern}: tables grew over {cycles} cycles: {grown}"
-            # the one bounded memory: ids of stopped actors (answers late calls at once)
-            assert last.tables.get("proc.stopped_actor_ids", 0) <= 1024
+            for k, limit in bounded.items():
+                assert last.tables.get(k, 0) <= limit, (k, last.tables.get(k))
             assert last.files - first.files <= 0, f"{pattern}: files under the runtime root"
             assert last.ctl["fds"] - first.ctl["fds"] <= 2, (pattern, first.ctl, last.ctl)
             assert last.ctl["threads"] - first.ctl["threads"] <= 1, (pattern, first.ctl,
@@ -87,8 +93,9 @@ def _grown(a: dict, b: dict, c: dict, limit: int, keys=None) -> dict:
             if c.get(k, 0) - a.get(k, 0) > limit and b.get(k, 0) >= a.get(k, 0)}
 
 
-# bounded by design: the last 1,024 stopped actor ids; the last registered (stopped) mesh
-_BOUNDED = {"table.stopped_actor_ids", "table.mesh_objects"}
+# bounded by design: the last 1,024 stopped actor ids; the last registered (stopped) mesh;
+# the addresses of the last GONE_KEPT dead peers (a late send to one fails at once)
+_BOUNDED = {"table.stopped_actor_ids", "table.mesh_objects", "table.forgotten_peers"}
 # the runtime's own objects and what they own, counted exactly (+2 for one in flight)
 _OWN = ("runtime.", "socket.socket", "zmq.sugar.socket.Socket", "threading.Thread",
         "inspect.Signature", "weakref.finalize", "fds", "threads", "table.")
@@ -122,6 +129,7 @@ def test_churn_leaves_no_objects_in_the_controller_or_the_proc():
                     f"{pattern}: {who}'s objects grew over 150 cycles (at 50, 125, 200): "
                     f"{_grown(a, b, c, 20, every)}")
                 assert c.get("table.stopped_actor_ids", 0) <= 1024
+                assert c.get("table.forgotten_peers", 0) <= GONE_KEPT
     finally:
         pids = soak.pids()
         try:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("runtime.transport")
 _NOBLOCK = int(zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
-GONE_KEPT = 4096
+GONE_KEPT = 1024
 
 
 class Peers:
