@@ -136,7 +136,7 @@ class SlurmJob(Job):
         index = " ".join(str(i) for _, i in slots(self.meshes))
         agent = ('ADDR=$(' + self.address_cmd + '); '
                  f'exec "$0" -m runtime.host --listen "tcp://$ADDR:{self.port}" '
-                 '--key-file "$1" --address-file "$2"')
+                 '--key-file "$1" --address-file "$2" --log-dir "$3"')
         lines += [
             "set -u",
             f"JOBDIR={q(str(workdir))}",
@@ -151,7 +151,7 @@ class SlurmJob(Job):
             '  srun --nodes=1 --ntasks=1 --nodelist="${HOSTS[$i]}" --kill-on-bad-exit=0 \\',
             '    --output="$JOBDIR/agent-$slot.log" \\',
             f"    bash -c {q(agent)} {q(self.python)} {q(str(key_file))} "
-            '"$JOBDIR/addrs/$slot.addr" &',
+            '"$JOBDIR/addrs/$slot.addr" "$JOBDIR/logs" &',  # proc logs: with the job
             "done",
             "wait",
         ]
