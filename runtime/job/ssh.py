@@ -34,7 +34,7 @@ def remote_script(python: str = "python3", port: int = 0,
         'read -r n', 'head -c "$n" > "$d/key"',
         f"a=$({address_cmd})",
         f'{cd}{q(python)} -m runtime.host --listen "tcp://$a:{port}" --key-file "$d/key" '
-        '--address-file "$d/addr" </dev/null >&2 & pid=$!',
+        '--address-file "$d/addr" --log-dir "$d/logs" </dev/null >&2 & pid=$!',
         'while [ ! -s "$d/addr" ]; do kill -0 $pid 2>/dev/null || exit 1; sleep 0.1; done',
         f'echo "{ADDRESS_TAG}$(cat "$d/addr")"',
         # stdin closes when the ssh session ends: stop the agent then.
