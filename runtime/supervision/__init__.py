@@ -65,14 +65,7 @@ class MeshFailure:
         if self.internal:
             return self._proc_report()
         lines = [f"MeshFailure: mesh {self.mesh!r} rank(s) {self.ranks} failed: {self.cause}"]
-        if self.point:
-            lines.append(f"  actor {self.mesh}{self.point}")
-        if self.host or self.pid:
-            lines.append(f"  host {self.host}, pid {self.pid}, proc {self.proc_id}")
-        if self.signal:
-            from .._process import describe_status
-
-            lines.append(f"  {describe_status(None, self.signal)}")
+        lines += self._where("actor")
         # Monarch's failure report: who failed with all its descendants, and why
         lines.append(f"  The actor {self._name()} and all its descendants have failed:")
         lines.append(f"    {self._monarch_reason()}")
@@ -80,12 +73,7 @@ class MeshFailure:
             lines.append(f"  This occurred because the actor {self.caused_by._name()} failed.")
         elif not self.signal and self.exit_code is None:
             lines.append("  This occurred because the actor itself failed.")
-        if self.traceback:
-            lines.append("  traceback:")
-            lines.extend("    " + ln for ln in self.traceback.rstrip().splitlines())
-        if self.stderr_tail:
-            lines.append("  last lines of stderr:")
-            lines.extend("    " + ln for ln in self.stderr_tail)
+        lines += self._evidence()
         if self.caused_by is not None:
             lines.append("  caused by:")
             lines.extend("    " + ln for ln in self.caused_by.report().splitlines())
@@ -95,23 +83,33 @@ class MeshFailure:
         """The report of an internal mesh's failure, about the user's proc mesh only."""
         ranks = ", ".join(map(str, self.ranks))
         lines = [f"MeshFailure: proc mesh {self.mesh!r} rank {ranks} failed: {self.cause}"]
-        if self.point:
-            lines.append(f"  proc {self.mesh}{self.point}")
+        lines += self._where("proc")
+        if not self.signal and self.exit_code is not None:
+            lines.append(f"  the process exited with code {self.exit_code}")
+        return "\n".join(lines + self._evidence())
+
+    def _where(self, what: str) -> list[str]:
+        """Report lines: which actor (or proc) of the mesh, on which host and pid, killed
+        by which signal."""
+        lines = [f"  {what} {self.mesh}{self.point}"] if self.point else []
         if self.host or self.pid:
             lines.append(f"  host {self.host}, pid {self.pid}, proc {self.proc_id}")
         if self.signal:
             from .._process import describe_status
 
             lines.append(f"  {describe_status(None, self.signal)}")
-        elif self.exit_code is not None:
-            lines.append(f"  the process exited with code {self.exit_code}")
+        return lines
+
+    def _evidence(self) -> list[str]:
+        """Report lines: the traceback and the last lines of stderr."""
+        lines = []
         if self.traceback:
             lines.append("  traceback:")
             lines.extend("    " + ln for ln in self.traceback.rstrip().splitlines())
         if self.stderr_tail:
             lines.append("  last lines of stderr:")
             lines.extend("    " + ln for ln in self.stderr_tail)
-        return "\n".join(lines)
+        return lines
 
     def _name(self) -> str:
         """The failed actor's Monarch name, else its mesh and point."""
