@@ -9,7 +9,6 @@ import os
 import signal
 import threading
 
-
 import pytest
 
 import runtime

@@ -14,10 +14,9 @@ import logging
 from typing import Any, Callable, Iterable, Optional, Protocol
 
 from ..transport import framing
-from ..transport.framing import Header, Kind
+from ..transport.framing import Header
 
 log = logging.getLogger("runtime.ports")
-_REPLY, _PORT_SEND = int(Kind.REPLY), int(Kind.PORT_SEND)
 
 Handler = Callable[[Header, Any, list], None]
 #: on_fail(exc, proc=dead proc id or None, actor=failed actor id or None)
@@ -97,18 +96,6 @@ class Ports:
             return
         for rh, rbody, rbufs in replies:
             entry.on_reply(rh, rbody, rbufs)
-
-    def deliver_any(self, h: Header, body: Any, buffers: list) -> None:
-        """A message in a thread's reply inbox (runtime/transport/inbox.py): only replies
-        belong there; anything else is dropped with a log line."""
-        kind = h.kind
-        if kind == _REPLY or kind == _PORT_SEND:
-            self.deliver(h, body, buffers)
-        elif kind == Kind.REPLY_BATCH:
-            self.deliver_batch(h, body, buffers)
-        else:
-            log.warning("a message of kind %s from %s reached a reply inbox; dropped",
-                        h.kind, h.src)
 
     def fail(self, pid: int, exc: BaseException, proc: Optional[str] = None,
              actor: Optional[str] = None) -> None:
