@@ -270,3 +270,26 @@ def test_drain_from_reads_everything_a_closed_peer_sent(rundir):
         assert got == list(range(50))
     finally:
         loop.stop()
+
+
+def test_a_forgotten_tcp_address_is_dialed_again(rundir):
+    """A TCP host:port names no one process (an agent started later may listen there): after
+    its peer is forgotten, a send there dials again (an ipc address would fail at once)."""
+    got: list = []
+    sink = IOLoop("tcpsink", TOKEN, lambda h, b, bufs: got.append(h.extra["i"]))
+    addr = sink.bind("tcp://127.0.0.1:0")
+    sink.start()
+    src, failed = _source()
+    try:
+        src.send(addr, _msg(0, 1))
+        _wait(lambda: got == [1])
+        src.run_sync(src.forget_peer, addr)
+        src.send(addr, _msg(0, 2))
+        _wait(lambda: got == [1, 2])
+        gone = f"ipc://{rundir}/gone"
+        src.run_sync(src.forget_peer, gone)
+        src.send(gone, _msg(0, 3), port=9)
+        _wait(lambda: [f[1] for f in failed] == [[9]])
+    finally:
+        src.stop()
+        sink.stop()

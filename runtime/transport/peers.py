@@ -39,8 +39,9 @@ class Peers:
         self.out: dict[str, Any] = {}  # address -> Outbound or ZmqPeer
         self.lock = threading.Lock()
         self.inbound: dict[str, list[stream.Inbound]] = {}  # peer id -> its connections
-        #: addresses of peers known dead (`forget`), the latest GONE_KEPT: a send there
-        #: fails its call at once instead of dialing a socket that will never listen
+        #: ipc addresses of peers known dead (`forget`), the latest GONE_KEPT: a send there
+        #: fails its call at once instead of dialing a socket that will never listen (not
+        #: TCP ones: another agent may listen at the same host and port later)
         self.gone: collections.OrderedDict = collections.OrderedDict()
         #: addresses whose connection broke after it was open: dialed again on the next
         #: send, but a peer not listening there now is gone (no retry)
@@ -56,6 +57,9 @@ class Peers:
             if addr in self.gone:
                 if port:
                     self.loop.schedule(self.send_failed, addr, [port], f"{addr} is gone", True)
+                else:
+                    log.debug("%s: a message to %s, a peer known dead, dropped",
+                              self.loop.name, addr)
                 return
             peer = self._new(addr)
         peer.send(frames, port)
@@ -81,7 +85,8 @@ class Peers:
         and the calls it carried fail."""
         with self.lock:
             peer = self.out.pop(addr, None)
-            _remember(self.gone, addr)
+            if addr.startswith("ipc://"):  # unique per process; a TCP host:port is reused
+                _remember(self.gone, addr)
         if peer is not None:
             peer.close(f"{addr} is gone")
 
