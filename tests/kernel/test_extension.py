@@ -3,6 +3,8 @@ with real procs, remote output is routed with prefixes, and bad input is a Usage
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from IPython.core.error import UsageError
 from IPython.testing.globalipapp import start_ipython
@@ -17,6 +19,9 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture(scope="module")
 def ip():
     shell = start_ipython()
+    # IPython's test shell keeps its history in a NamedTemporaryFile(delete=False) in /tmp;
+    # its exit handler removes the shell's tempfiles after it closes the history session
+    shell.tempfiles.append(Path(shell.history_manager.hist_file))
     shell.run_line_magic("load_ext", "monarch_kernel")
     shell.run_line_magic("load_ext", "monarch_kernel")  # loading twice is harmless
     try:
