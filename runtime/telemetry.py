@@ -36,11 +36,18 @@ _installed: dict[str, Any] = {}  # pid, meter_provider, tracer_provider of this 
 _resource: dict[str, Any] = {}  # attributes of this process (proc id, mesh, rank)
 
 
+_found: list = []  # the API's (metrics, trace) modules, or None, once looked for
+
+
 def _api() -> Optional[tuple[Any, Any]]:
+    if _found:
+        return _found[0]
     try:
         from opentelemetry import metrics, trace
     except ImportError:
+        _found.append(None)
         return None
+    _found.append((metrics, trace))
     return metrics, trace
 
 
