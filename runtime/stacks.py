@@ -35,18 +35,22 @@ class StacksError(RuntimeError):
         self.searched = list(searched or [])
 
 
-def find_py_spy() -> tuple[Optional[str], list[str]]:
-    """(the py-spy executable, every place looked at): the `py_spy` setting, `PYSPY_BIN`,
+def find_py_spy(explicit: Optional[str] = None) -> tuple[Optional[str], list[str]]:
+    """(the py-spy executable, every place looked at): `explicit` alone when given (the
+    controller's `py_spy` setting), else this process's `py_spy` setting, `PYSPY_BIN`,
     this Python environment's bin/, then each directory of PATH."""
     searched: list[str] = []
     candidates: list[str] = []
-    if config.py_spy:
-        candidates.append(str(config.py_spy))
-    if os.environ.get(PYSPY_ENV):
-        candidates.append(os.environ[PYSPY_ENV])
-    candidates.append(os.path.join(os.path.dirname(sys.executable), "py-spy"))
-    candidates += [os.path.join(d or ".", "py-spy")
-                   for d in os.environ.get("PATH", "").split(os.pathsep)]
+    if explicit:
+        candidates.append(str(explicit))
+    else:
+        if config.py_spy:
+            candidates.append(str(config.py_spy))
+        if os.environ.get(PYSPY_ENV):
+            candidates.append(os.environ[PYSPY_ENV])
+        candidates.append(os.path.join(os.path.dirname(sys.executable), "py-spy"))
+        candidates += [os.path.join(d or ".", "py-spy")
+                       for d in os.environ.get("PATH", "").split(os.pathsep)]
     for c in candidates:
         if c in searched:
             continue
@@ -56,9 +60,9 @@ def find_py_spy() -> tuple[Optional[str], list[str]]:
     return None, searched
 
 
-def _has_cap_sys_ptrace() -> Optional[bool]:
+def _has_cap_sys_ptrace(status_path: str = "/proc/self/status") -> Optional[bool]:
     try:
-        with open("/proc/self/status") as f:
+        with open(status_path) as f:
             for line in f:
                 if line.startswith("CapEff:"):
                     return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
@@ -67,11 +71,13 @@ def _has_cap_sys_ptrace() -> Optional[bool]:
     return None
 
 
-def ptrace_diagnosis(pid: int, scope_path: str = YAMA_SCOPE) -> str:
+def ptrace_diagnosis(pid: int, scope_path: str = YAMA_SCOPE,
+                     status_path: str = "/proc/self/status") -> str:
     """Why this process may not be allowed to trace `pid`, naming the setting and what to
-    change (Yama's ptrace_scope, CAP_SYS_PTRACE, the proc's owner)."""
+    change (Yama's ptrace_scope at `scope_path`, CAP_SYS_PTRACE as `status_path` shows it,
+    the proc's owner)."""
     parts: list[str] = []
-    cap = _has_cap_sys_ptrace()
+    cap = _has_cap_sys_ptrace(status_path)
     try:
         with open(scope_path) as f:
             scope: Optional[int] = int(f.read().strip())
@@ -108,18 +114,20 @@ def ptrace_diagnosis(pid: int, scope_path: str = YAMA_SCOPE) -> str:
     return "; ".join(parts)
 
 
-def run_py_spy(pid: int, native: bool = False, timeout: float = 10.0) -> dict[str, Any]:
+def run_py_spy(pid: int, native: bool = False, timeout: float = 10.0,
+               exe: Optional[str] = None) -> dict[str, Any]:
     """`py-spy dump --pid pid --json [--native]`, bounded by `timeout` seconds: its threads
     as py-spy's JSON (a list of {thread_name, owns_gil, active, frames, ...}); raises
     StacksError (not found, not permitted, timed out, failed). The target continues after
     (SIGCONT if py-spy had to be killed while it held the target stopped)."""
     if timeout <= 0:
         raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
-    exe, searched = find_py_spy()
-    if exe is None:
+    found, searched = find_py_spy(exe)
+    if found is None:
         raise StacksError("py-spy not found; looked at " + ", ".join(searched) +
-                          f" (pip install py-spy, or set {PYSPY_ENV} or MONARCH_PY_SPY)",
-                          searched)
+                          " (pip install 'monarch-notebook[stacks]' or py-spy where the host "
+                          f"agent runs, or set {PYSPY_ENV} or MONARCH_PY_SPY)", searched)
+    exe = found
     cmd = [exe, "dump", "--pid", str(int(pid)), "--json"] + (["--native"] if native else [])
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL, start_new_session=True)

@@ -115,8 +115,9 @@ class Timeline:
     def to_chrome_trace(self) -> dict[str, Any]:
         """The Chrome trace event format (JSON object form), which chrome://tracing and
         Perfetto (ui.perfetto.dev) open: a process per proc, a complete event ("X") per
-        record, microseconds since the timeline's start."""
+        record, microseconds since the timeline's start (or its first record's, if earlier)."""
         events: list[dict[str, Any]] = []
+        base = min([self.start_ns] + [r[0] for r in self.records])  # no negative time
         for i, lane in enumerate(self.lanes):
             pid = lane.pid or i + 1
             events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
@@ -127,7 +128,7 @@ class Timeline:
                 ev: dict[str, Any] = {
                     "name": name, "cat": kind, "ph": "X", "pid": pid,
                     "tid": 1 if kind == "call" else 2,
-                    "ts": (start - self.start_ns) / 1000.0,
+                    "ts": (start - base) / 1000.0,
                     "dur": max(0.0, (end - start) / 1000.0),
                     "args": {"actor": actor, "rank": rank, "failed": bool(failed)}}
                 if failed:
@@ -137,7 +138,7 @@ class Timeline:
                 events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
                                "args": {"name": tname}})
         return {"traceEvents": events, "displayTimeUnit": "ms",
-                "otherData": {"mesh": self.mesh, "start_unix_ns": self.start_ns}}
+                "otherData": {"mesh": self.mesh, "start_unix_ns": base}}
 
     def save_chrome_trace(self, path: str) -> str:
         """Write `to_chrome_trace()` as JSON to `path` (0600); returns the path."""

@@ -10,6 +10,7 @@ import time
 from typing import Any, Optional
 
 from .._core import Runtime, get_runtime
+from ..config import config
 from ..future import Future
 from ..stacks import ProcStacks, StacksError, threads_from
 from ..transport.framing import ERROR, Header, Kind
@@ -31,7 +32,8 @@ def _ask(rt: Runtime, rec: Any, native: bool, timeout: float) -> tuple[Future, i
     rt.send(rec.agent.address, Header(Kind.AGENT_QUERY,
                                       reply=rt.reply_address_for(rec.agent.address), port=port,
                                       extra={"op": "stacks", "proc": rec.proc_id,
-                                             "native": bool(native), "timeout": timeout}))
+                                             "native": bool(native), "timeout": timeout,
+                                             "py_spy": str(config.py_spy or "") or None}))
     return fut, port
 
 
@@ -80,6 +82,10 @@ def proc_stacks(mesh: Any, rank: Optional[int] = None, native: bool = False,
     from .proc_timeline import _proc_mesh
 
     pm = _proc_mesh(mesh)
+    try:  # procs just spawned: their agent knows their pids once they started
+        pm.initialized.get(timeout=timeout)
+    except Exception:  # noqa: BLE001 - a proc that died or is slow: its entry says so
+        pass
     recs = list(enumerate(pm._view_procs()))
     if rank is not None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(recs):

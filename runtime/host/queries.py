@@ -5,8 +5,8 @@ question cannot be answered.
 - `{"op": "logs", "mesh": M, "rank": R | None, "tail": N | None, "grep": PAT | None}`:
   the log files of mesh `M`'s procs on this host (`logfiles.read`), as
   `{"host", "dir", "procs": [{mesh, rank, pid, start, lines, truncated}]}`.
-- `{"op": "stacks", "proc": PROC_ID, "native": bool, "timeout": S}`: that proc's threads
-  taken from outside by py-spy (`runtime.stacks.run_py_spy`), as
+- `{"op": "stacks", "proc": PROC_ID, "native": bool, "timeout": S, "py_spy": PATH | None}`:
+  that proc's threads taken from outside by py-spy (`runtime.stacks.run_py_spy`), as
   `{"host", "pid", "native", "py_spy", "threads": [py-spy's JSON threads]}`.
 """
 
@@ -43,7 +43,8 @@ def _stacks(agent: "Agent", q: dict) -> dict[str, Any]:
     pp = agent.procs.get(proc_id)
     if pp is None:
         raise ValueError(f"no running proc {proc_id!r} on this host")
-    got = stacks.run_py_spy(pp.pid, bool(q.get("native")), float(q.get("timeout") or 10.0))
+    got = stacks.run_py_spy(pp.pid, bool(q.get("native")), float(q.get("timeout") or 10.0),
+                            q.get("py_spy") or None)
     return {"host": socket.gethostname(), **got}
 
 

@@ -133,6 +133,9 @@ def fork_proc(sock: socket.socket, rfd: int, wfd: int, msg: dict) -> tuple[int, 
             from ..config import config
 
             config.reload()  # settings the spawn request carries (configure() in the owner)
+            from .. import timeline
+
+            timeline.reset()  # a ring of the configured size (timeline_records)
             cwd = msg.get("cwd")
             if cwd:
                 try:
