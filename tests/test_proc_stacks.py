@@ -90,6 +90,19 @@ def test_a_proc_stuck_in_c_with_the_gil_held(one_proc, tmp_path):
 
 
 @needs_py_spy
+def test_monarch_admin_takes_py_spy_stacks_through_the_admin_endpoint(one_proc):
+    from runtime.admin import AdminClient, serve
+
+    pm, w = one_proc
+    w.step.call_one(1).get(timeout=30)
+    server = serve(runtime.get_runtime())
+    with AdminClient(server.address, server.token, timeout=30) as c:
+        text = c.py_spy_stack(pm.procs[0].proc_id, native=True)
+        assert "== stk rank 0" in text and "'actor-w-0'" in text and "[native, " in text
+        assert "unknown proc nope" in str(pytest.raises(Exception, c.py_spy_stack, "nope").value)
+
+
+@needs_py_spy
 def test_a_python_deadlock_shows_both_waiting_threads_and_two_dumps_at_once(one_proc):
     pm, w = one_proc
     assert w.deadlock.call_one().get(timeout=30) == ["deadlock-a", "deadlock-b"]
