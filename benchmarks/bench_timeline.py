@@ -7,8 +7,9 @@ Per call, the proc does `t0 = timeline.now_ns()` before the endpoint and
 table times that pair against a floor measured in the same run: the same loop calling an
 empty function with the same arguments (what any hook costs). The medians of `--rounds`
 rounds are printed, with their difference (the recording's own cost) and ratio; then a
-user span (`runtime.span`) against `contextlib.nullcontext()`, and the bytes one full ring
-of `timeline_records` records holds.
+user span (`runtime.span`, mostly OpenTelemetry's own cost when its API is installed)
+and the timeline's part of it against `contextlib.nullcontext()`, and the bytes one full
+ring of `timeline_records` records holds.
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ def record_loop(n: int) -> float:
     return (time.perf_counter() - t) / n
 
 
+def record_span_loop(n: int) -> float:
+    now, record = timeline.now_ns, timeline.record_span
+    t = time.perf_counter()
+    for _ in range(n):
+        t0 = now()
+        record(t0, "step", False)
+    return (time.perf_counter() - t) / n
+
+
 def null_span_loop(n: int) -> float:
     t = time.perf_counter()
     for _ in range(n):
@@ -84,21 +94,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     a = ap.parse_args()
     timeline.reset(config.timeline_records)
-    floor, rec, nspan, sspan = [], [], [], []
+    floor, rec, nspan, sspan, rspan = [], [], [], [], []
     for _ in range(a.rounds):  # interleaved, so machine load hits both alike
         floor.append(floor_loop(a.n))
         rec.append(record_loop(a.n))
         nspan.append(null_span_loop(a.n // 4))
         sspan.append(span_loop(a.n // 4))
+        rspan.append(record_span_loop(a.n))
     f, r = statistics.median(floor), statistics.median(rec)
-    ns, ss = statistics.median(nspan), statistics.median(sspan)
+    ns, ss, rs = statistics.median(nspan), statistics.median(sspan), statistics.median(rspan)
+    try:
+        import opentelemetry  # noqa: F401
+        otel = "OTel API"
+    except ImportError:
+        otel = "no OTel"
     print(f"per call, median of {a.rounds} rounds of {a.n:,} (Python {sys.version.split()[0]})")
     print(f"{'what':<44}{'ns/call':>10}{'x floor':>10}")
     print(f"{'floor: empty hook call, same arguments':<44}{f * 1e9:>10.0f}{1.0:>10.2f}")
     print(f"{'now_ns() + record_call() (the proc hook)':<44}{r * 1e9:>10.0f}{r / f:>10.2f}")
     print(f"{'  recording itself (difference)':<44}{(r - f) * 1e9:>10.0f}")
     print(f"{'nullcontext() with-block':<44}{ns * 1e9:>10.0f}{1.0:>10.2f}")
-    print(f"{'runtime.span() with-block':<44}{ss * 1e9:>10.0f}{ss / ns:>10.2f}")
+    print(f"{'runtime.span() with-block (' + otel + ')':<44}{ss * 1e9:>10.0f}{ss / ns:>10.2f}")
+    print(f"{'  of which the timeline: record_span()':<44}{rs * 1e9:>10.0f}{rs / ns:>10.2f}")
     n = config.timeline_records
     b = ring_bytes(n)
     print(f"memory: a full ring of {n:,} records (timeline_records) holds {b / 1e6:.2f} MB "
