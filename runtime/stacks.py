@@ -16,6 +16,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -77,6 +79,14 @@ def ptrace_diagnosis(pid: int, scope_path: str = YAMA_SCOPE,
     change (Yama's ptrace_scope at `scope_path`, CAP_SYS_PTRACE as `status_path` shows it,
     the proc's owner)."""
     parts: list[str] = []
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            tracer = next((int(ln.split()[1]) for ln in f if ln.startswith("TracerPid:")), 0)
+        if tracer:
+            return (f"proc {pid} is already traced by pid {tracer} (a debugger, strace or "
+                    "another py-spy; a process has one tracer at a time): detach it first")
+    except (OSError, ValueError, IndexError):
+        pass
     cap = _has_cap_sys_ptrace(status_path)
     try:
         with open(scope_path) as f:
@@ -129,6 +139,31 @@ def run_py_spy(pid: int, native: bool = False, timeout: float = 10.0,
                           f"agent runs, or set {PYSPY_ENV} or MONARCH_PY_SPY)", searched)
     exe = found
     cmd = [exe, "dump", "--pid", str(int(pid)), "--json"] + (["--native"] if native else [])
+    deadline = time.monotonic() + timeout
+    with _locks_lock:  # a process has one tracer at a time: dumps of one pid take turns
+        entry = _locks.setdefault(int(pid), [threading.Lock(), 0])
+        entry[1] += 1
+    try:
+        if not entry[0].acquire(timeout=timeout):
+            raise StacksError(f"another stack dump of pid {pid} took the whole {timeout:g} s")
+        try:
+            return _run(cmd, int(pid), native, exe, max(0.1, deadline - time.monotonic()),
+                        timeout)
+        finally:
+            entry[0].release()
+    finally:
+        with _locks_lock:
+            entry[1] -= 1
+            if entry[1] == 0:
+                _locks.pop(int(pid), None)
+
+
+_locks: dict[int, list] = {}  # pid -> [lock, users]
+_locks_lock = threading.Lock()
+
+
+def _run(cmd: list[str], pid: int, native: bool, exe: str, timeout: float,
+         bound: float) -> dict[str, Any]:
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -137,7 +172,7 @@ def run_py_spy(pid: int, native: bool = False, timeout: float = 10.0,
         p.kill()
         p.communicate()
         _resume(pid)
-        raise StacksError(f"py-spy gave no stacks of pid {pid} within {timeout:g} s "
+        raise StacksError(f"py-spy gave no stacks of pid {pid} within {bound:g} s "
                           f"(killed; the proc was resumed)") from None
     text = err.decode("utf-8", "replace").strip()
     if p.returncode != 0:
