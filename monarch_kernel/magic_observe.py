@@ -44,6 +44,7 @@ class ObserveCommands:
         return live
 
     def timeline(self, a: margs.TimelineArgs) -> None:
+        """Draw (or summarise, --text) each mesh's timeline; --save writes a Chrome trace."""
         from monarch_widgets.timeline_view import timeline_html
         from runtime import read_timeline
 
@@ -69,6 +70,7 @@ class ObserveCommands:
                                               if a.save else ""), text)
 
     def stacks(self, a: margs.StacksArgs) -> None:
+        """Print every thread of the mesh's procs, taken by py-spy from their host agents."""
         from runtime import proc_stacks
 
         meshes = self._meshes(a.mesh, "stacks")

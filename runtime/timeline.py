@@ -110,6 +110,7 @@ class Timeline:
 
     @property
     def records(self) -> list[Record]:
+        """Every lane's records, lane after lane."""
         return [r for lane in self.lanes for r in lane.records]
 
     def to_chrome_trace(self) -> dict[str, Any]:
