@@ -288,6 +288,26 @@ class LogsArgs:
 
 
 @dataclass
+class TimelineArgs:
+    """`%mesh timeline [MESH] [--last S] [--save PATH] [--text]`."""
+
+    mesh: Optional[str] = None  # default: every live proc mesh
+    last: float = 300.0
+    save: Optional[str] = None
+    text: bool = False
+
+
+@dataclass
+class StacksArgs:
+    """`%mesh stacks MESH [--rank R] [--native] [--timeout S]`."""
+
+    mesh: str
+    rank: Optional[int] = None
+    native: bool = False
+    timeout: float = 10.0
+
+
+@dataclass
 class CellArgs:
     mesh: str
     ranks: Optional[dict[str, RankSel]] = None
@@ -299,7 +319,7 @@ class CellArgs:
 
 MeshCommand = Union[AllocArgs, JobAllocArgs, SpawnArgs, ListArgs, StatusArgs, StopArgs, InterruptArgs,
                     AttachArgs, AdminArgs, ActivateArgs, DeactivateArgs, SyncArgs, ReloadArgs,
-                    LogsArgs]
+                    LogsArgs, TimelineArgs, StacksArgs]
 
 
 _COMMANDS = {
@@ -317,6 +337,8 @@ _COMMANDS = {
     "sync": "copy the workspace to the hosts of a mesh; --reload: live procs run the new code",
     "reload": "live actors of a mesh take their class as re-defined in the notebook",
     "logs": "what a mesh's procs wrote, from their log files (exited procs too)",
+    "timeline": "per rank, the endpoint calls and spans of the last minutes; --save: a Chrome trace",
+    "stacks": "every thread of a mesh's procs, taken from outside by py-spy (GIL holder, --native)",
 }
 
 
@@ -437,6 +459,30 @@ def _command_parsers() -> dict[str, _Parser]:
                     help="an ActorMesh variable")
     rl.add_argument("--class", dest="cls", metavar="EXPR",
                     help="the new class (default: the notebook name of the mesh's class)")
+    tl = ps["timeline"] = _Parser(
+        prog="%mesh timeline",
+        description="Draw, one lane per rank, the endpoint calls and user spans "
+                    "(runtime.span, @traced) the procs of MESH recorded in the last seconds; "
+                    "failed ones in red. --save writes a Chrome trace (chrome://tracing, "
+                    "ui.perfetto.dev).")
+    tl.add_argument("mesh", metavar="MESH", nargs="?", default=None,
+                    help="a ProcMesh or ActorMesh variable, or a proc mesh's name "
+                         "(default: every live proc mesh)")
+    tl.add_argument("--last", type=_arg_type(_positive_float), default=300.0,
+                    help="seconds before now to show (default 300)")
+    tl.add_argument("--save", metavar="PATH", help="also write the Chrome trace JSON to PATH")
+    tl.add_argument("--text", action="store_true", help="a text summary instead of the drawing")
+    sk = ps["stacks"] = _Parser(
+        prog="%mesh stacks",
+        description="Print every thread of the procs of MESH, taken from outside by py-spy "
+                    "run by their host agents (works while C code holds the GIL): which "
+                    "thread holds the GIL, native frames with --native.")
+    sk.add_argument("mesh", metavar="MESH", help="a ProcMesh or ActorMesh variable, or a proc "
+                                                 "mesh's name")
+    sk.add_argument("--rank", type=_arg_type(_non_negative_int), help="one rank (default: all)")
+    sk.add_argument("--native", action="store_true", help="native (C/C++) frames too")
+    sk.add_argument("--timeout", type=_arg_type(_positive_float), default=10.0,
+                    help="seconds py-spy may take per proc (default 10)")
     lg = ps["logs"] = _Parser(
         prog="%mesh logs",
         description="Print what the procs of MESH wrote, read from the log files their host "
@@ -577,6 +623,10 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
     if cmd == "logs":
         return LogsArgs(mesh=ns.mesh, rank=ns.rank, tail=ns.tail, grep=ns.grep, job=ns.job,
                         hosts=ns.hosts)
+    if cmd == "timeline":
+        return TimelineArgs(mesh=ns.mesh, last=ns.last, save=ns.save, text=ns.text)
+    if cmd == "stacks":
+        return StacksArgs(mesh=ns.mesh, rank=ns.rank, native=ns.native, timeout=ns.timeout)
     raise MagicArgError(f"%mesh: unknown command {cmd!r}")  # pragma: no cover
 
 

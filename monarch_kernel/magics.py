@@ -20,6 +20,7 @@ from monarch_kernel.magic_context import MagicContext
 from monarch_kernel.magic_inventory import InventoryCommands
 from monarch_kernel.magic_workspace import WorkspaceCommands
 from monarch_kernel.magic_logs import LogsCommands
+from monarch_kernel.magic_observe import ObserveCommands
 
 
 @magics_class
@@ -33,6 +34,7 @@ class MeshMagics(Magics):
         alloc, inventory = AllocCommands(self.ctx), InventoryCommands(self.ctx)
         workspace = WorkspaceCommands(self.ctx)
         self.cells = CellCommands(self.ctx)
+        observe = ObserveCommands(self.ctx)
         self._handlers = {
             "alloc": alloc.alloc, "joballoc": alloc.joballoc,
             "spawn": alloc.spawn, "activate": alloc.activate,
@@ -41,6 +43,7 @@ class MeshMagics(Magics):
             "attach": inventory.attach, "admin": inventory.admin,
             "interrupt": inventory.interrupt, "logs": LogsCommands(self.ctx).logs,
             "sync": workspace.sync, "reload": workspace.reload,
+            "timeline": observe.timeline, "stacks": observe.stacks,
         }
 
     # -- entry points ----------------------------------------------------------------------

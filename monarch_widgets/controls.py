@@ -74,3 +74,32 @@ def attach(mesh: str, rank: int) -> str:
                            "(monarch_widgets.controls.set_attach_handler)")
     res = fn(mesh, int(rank))
     return res if isinstance(res, str) else f"attached to {mesh}[{rank}]"
+
+
+def stacks_text(mesh: str, rank: int, runtime: Any = None, native: bool = False,
+                timeout: float = 10.0) -> str:
+    """Every thread of the proc under actor `mesh[rank]`, taken from outside by py-spy
+    (`runtime.proc_stacks`; works while C code holds its GIL), as text."""
+    from runtime import ActorMesh, proc_stacks
+
+    rt = _runtime(runtime)
+    found = [m for m in rt.meshes() if isinstance(m, ActorMesh) and mesh in _names(m)
+             and m.proc_mesh is not None]
+    if not found:
+        raise KeyError(f"no live actor mesh named {mesh!r}")
+    return "\n\n".join(str(s) for s in proc_stacks(found[0].proc_mesh, rank=int(rank),
+                                                    native=native, timeout=timeout))
+
+
+def timeline_html_all(runtime: Any = None, last: float = 300.0) -> str:
+    """The timeline (`runtime.read_timeline`) of every live proc mesh, drawn as HTML (the
+    dashboard's timeline tab)."""
+    from monarch_widgets.timeline_view import timeline_html
+    from runtime import ProcMesh, read_timeline
+
+    rt = _runtime(runtime)
+    meshes = [m for m in rt.meshes() if isinstance(m, ProcMesh) and not m.stopped
+              and m.root is m]
+    if not meshes:
+        return "<div class='mw-hint'>no live proc mesh</div>"
+    return "".join(timeline_html(read_timeline(m, last=last)) for m in meshes)

@@ -36,6 +36,26 @@ class Source(Protocol):
     def kill_proc(self, proc_id: str) -> bool: ...
 
 
+def stack_text(source: Any, proc_id: str, native: bool = False) -> str:
+    """A proc's stacks for the stack view: py-spy's from outside when the source offers
+    them (`py_spy_stack`), else, or when py-spy fails, the proc's own dump after its reason."""
+    parts: list[str] = []
+    spy = getattr(source, "py_spy_stack", None)
+    if spy is not None:
+        try:
+            text = str(spy(proc_id, native=native))
+        except Exception as e:
+            text = f"py-spy stacks failed: {type(e).__name__}: {e}"
+        if "\n!! " not in text and not text.startswith("py-spy stacks failed"):
+            return text
+        parts += [text, "", "-- the proc's own dump (needs its GIL) --"]
+    try:
+        parts.append(source.dump_stack(proc_id))
+    except Exception as e:
+        parts.append(f"stack dump failed: {type(e).__name__}: {e}")
+    return "\n".join(parts)
+
+
 class ConfirmScreen(ModalScreen[bool]):
     """Asks yes or no before a destructive action."""
 
@@ -114,6 +134,7 @@ class AdminApp(App[None]):
     BINDINGS = [
         Binding("r", "refresh", "Refresh"),
         Binding("s", "stack", "Stack"),
+        Binding("S", "stack(True)", "Native stack", show=False),
         Binding("k", "stop_proc", "Stop proc"),
         Binding("x", "stop_mesh", "Stop mesh"),
         Binding("q", "quit", "Quit"),
@@ -324,7 +345,9 @@ class AdminApp(App[None]):
         out.write_lines([ln.rstrip("\n") for ln in lines])
 
     # -- actions --------------------------------------------------------------------------
-    def action_stack(self) -> None:
+    def action_stack(self, native: bool = False) -> None:
+        """`s`: the selected proc's threads, taken from outside by py-spy when the source
+        offers it (`S`: with native frames), else (or when py-spy fails) the proc's own dump."""
         proc = self._selected_proc()
         if not proc:
             self.notify("select a proc or an actor first", severity="warning")
@@ -334,15 +357,11 @@ class AdminApp(App[None]):
         stack.border_title = f"stack of {proc}"
         stack.clear()
         stack.write_line("dumping stacks ...")
-        self._dump(proc)
+        self._dump(proc, native)
 
     @work(thread=True, group="stack")
-    def _dump(self, proc_id: str) -> None:
-        try:
-            text = self.source.dump_stack(proc_id)
-        except Exception as e:
-            text = f"stack dump failed: {type(e).__name__}: {e}"
-        self.call_from_thread(self._show_stack, proc_id, text)
+    def _dump(self, proc_id: str, native: bool = False) -> None:
+        self.call_from_thread(self._show_stack, proc_id, stack_text(self.source, proc_id, native))
 
     def _show_stack(self, proc_id: str, text: str) -> None:
         stack = self.query_one("#stack", Log)

@@ -34,6 +34,9 @@ class Dashboard(anywidget.AnyWidget):
     _css = _STATIC / "dashboard.css"
     # compact JSON of monarch_widgets.state.build_state, sent as one binary buffer
     payload = traitlets.Bytes(b"{}").tag(sync=True)
+    # the timeline tab's drawing (HTML with an SVG) and the actor detail's py-spy stacks
+    timeline = traitlets.Unicode("").tag(sync=True)
+    stacks = traitlets.Unicode("").tag(sync=True)  # JSON {mesh, rank, text}
 
     def __repr__(self) -> str:
         """Plain-text frontends (nbclient, a terminal) see the text rendering."""
@@ -125,13 +128,23 @@ class Dashboard(anywidget.AnyWidget):
                          name="monarch-dashboard-action").start()
 
     def handle_action(self, content: dict[str, Any]) -> str:
-        """Run one front-end action ({"action": "stop_mesh"|"attach", ...}); returns its notice."""
+        """Run one front-end action ({"action": "stop_mesh"|"attach"|"timeline"|"stacks",
+        ...}); returns its notice."""
         action = content.get("action")
         try:
             if action == "stop_mesh":
                 msg = controls.stop_mesh(str(content["mesh"]), runtime=self._runtime)
             elif action == "attach":
                 msg = controls.attach(str(content["mesh"]), int(content["rank"]))
+            elif action == "timeline":
+                self.timeline = controls.timeline_html_all(self._runtime)
+                msg = "timeline drawn"
+            elif action == "stacks":
+                mesh, rank = str(content["mesh"]), int(content["rank"])
+                text = controls.stacks_text(mesh, rank, self._runtime,
+                                            native=bool(content.get("native")))
+                self.stacks = json.dumps({"mesh": mesh, "rank": rank, "text": text})
+                msg = f"stacks of {mesh}[{rank}] taken by py-spy"
             else:
                 msg = f"unknown action {action!r}"
         except Exception as e:

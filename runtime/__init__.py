@@ -18,6 +18,10 @@ from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, Pr
                       active_mesh_names, as_endpoint, attach_to_workers,
                       get_or_spawn_controller, send, this_host, this_proc)
 from ._meshes.proc_logs import ProcLog, ProcLogs, read_logs
+from ._meshes.proc_stacks import proc_stacks
+from ._meshes.proc_timeline import read_timeline
+from .stacks import ProcStacks, StacksError
+from .timeline import Timeline
 from .telemetry import get_meter, span, traced
 from ._meshes.legacy import proc_mesh
 from ._meshes.workspace_sync import (HostSync, ProcReload, SyncResult, WorkspaceSyncError,
@@ -91,6 +95,12 @@ def _tensor_rref(endpoint: object, args: tuple, kwargs: dict) -> object:
     return rref(endpoint, args, kwargs)
 
 
+def _stacks_of_proc(rt: object, proc_id: str, native: bool, timeout: float) -> object:
+    from ._meshes.proc_stacks import stacks_of_proc
+
+    return stacks_of_proc(rt, proc_id, native, timeout)
+
+
 def _shutdown_runtime(timeout: float) -> None:
     _core.get_runtime().shutdown(timeout=timeout)
 
@@ -107,6 +117,7 @@ _features.provide("tensor.activate", _tensor_activate)  # _meshes: ProcMesh.acti
 _features.provide("tensor.rref", _tensor_rref)          # _meshes: endpoint.rref()
 _features.provide("this_proc", this_proc)               # actor: context().actor_instance.proc
 _features.provide("runtime.shutdown", _shutdown_runtime)  # supervision: fail fast
+_features.provide("stacks.of_proc", _stacks_of_proc)    # admin: py_spy_stack
 # the user may replace `runtime.unhandled_fault_hook` (below): read it at each failure
 _features.provide("unhandled_fault_hook", lambda: globals().get("unhandled_fault_hook"))  # _core
 
@@ -177,7 +188,8 @@ __all__ = [
     "get_runtime_config", "context", "CreatorInstance", "current_actor_name",
     "current_rank", "current_runtime", "current_size",
     "endpoint", "get_runtime", "hooks", "set_display_hook", "shutdown", "shutdown_context",
-    "proc_mesh", "read_logs", "run_worker_loop_forever", "get_meter", "span", "traced",
+    "proc_mesh", "read_logs", "read_timeline", "proc_stacks", "ProcStacks", "StacksError",
+    "Timeline", "run_worker_loop_forever", "get_meter", "span", "traced",
     "this_host", "this_proc", "unhandled_fault_hook",
     "Workspace", "WorkspaceError", "WorkspaceTooLarge", "WorkspaceSyncError", "SyncResult",
     "HostSync", "ProcReload", "reload_actor_class",

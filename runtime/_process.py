@@ -9,6 +9,7 @@ import socket
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
+PR_SET_PTRACER = 0x59616D61  # Yama: 'Yama'
 
 
 def die_with_parent(expected_ppid: int | None = None, sig: int = signal.SIGKILL) -> None:
@@ -20,6 +21,17 @@ def die_with_parent(expected_ppid: int | None = None, sig: int = signal.SIGKILL)
         pass
     if expected_ppid is not None and os.getppid() != expected_ppid:
         os._exit(1)
+
+
+def allow_tracer(pid: int) -> bool:
+    """Declare `pid` (and its descendants) this process's tracer for Yama's
+    ptrace_scope=1, so the host agent's py-spy may read a proc's stacks (True if the
+    kernel took it; False without Yama, where same-user tracing needs no declaration)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PTRACER, int(pid), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def set_process_name(name: str) -> None:

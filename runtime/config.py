@@ -187,6 +187,13 @@ _SETTINGS: tuple[Setting, ...] = (
        "(.log -> .log.1 -> ...).", live=True, minimum=1),
     _s("log_file_backups", "int", 2, "Rotated files kept per proc besides the current one "
        "(0: the file is emptied at the cap).", live=True, minimum=0),
+    _s("timeline_records", "int", 10000, "Endpoint calls and spans each process keeps for "
+       "%mesh timeline and runtime.read_timeline (a ring: the oldest is dropped; about 150 "
+       "bytes each; 0 records nothing).", minimum=0),
+    _s("py_spy", "path", None, "The py-spy executable host agents run for stacks taken from "
+       "outside a proc (runtime.proc_stacks, %mesh stacks); set in the controller, it is sent "
+       "with each request and used alone. Unset: the agent's PYSPY_BIN, its Python "
+       "environment's bin/, then its PATH.", live=True),
     _s("stderr_tail_lines", "int", 20, "Lines of a proc's stderr kept for failure reports.",
        minimum=0, monarch="tail_log_lines"),
     _s("interrupt_remote", "bool", True, "Ctrl-C during a wait also interrupts the remote "

@@ -23,7 +23,7 @@ import traceback
 import types
 from typing import Any, Optional
 
-from . import _context, _endpoints, _reload, _supervise, _features, logs, telemetry
+from . import _context, _endpoints, _reload, _supervise, _features, logs, telemetry, timeline
 from .actor import (ROOT_ID, ActorContext, CreatorInstance, _message_view, _set_context,
                     endpoints_of, root_creator)
 from .config import config
@@ -242,6 +242,7 @@ class ActorInstance:
                     mesh=self.name, rank=self.rank, endpoint=name))
             return
         self._set_state("busy", name)
+        t0, errors0 = timeline.now_ns(), self.errors  # the timeline's record (%mesh timeline)
         self.current_port = h.port
         self.current_reply = h.reply if h.extra is None else extra_get(h, "caller", h.reply)
         ok = False
@@ -267,6 +268,8 @@ class ActorInstance:
             _message_view.reset(token)
             self.current_port = -1
             self.handled += 1
+            timeline.record_call(t0, name, self.name, self.rank,
+                                 self.errors != errors0 or self.failed is not None)
             if self.failed is None:
                 self._set_state("idle")
         if ok and h.port:
@@ -425,6 +428,7 @@ class ProcServer:
         return {Kind.LOG_LEVEL: self._on_log_level, Kind.CALL: self._on_call, Kind.SPAWN_ACTOR: self._on_spawn,
                 Kind.STOP_ACTOR: self._on_stop_actor, Kind.STOP_PROC: self._on_stop_proc,
                 Kind.DUMP_STACK: self._on_dump_stack, Kind.INTERRUPT: self._on_interrupt,
+                Kind.TIMELINE: self._on_timeline,
                 Kind.WORKSPACE: lambda h, b, bufs: _reload.on_message(self, h, b, bufs)}
 
     def _on_call(self, h: Header, body: Any, buffers: list) -> None:
@@ -537,6 +541,10 @@ class ProcServer:
 
     def _on_dump_stack(self, h: Header, body: Any, buffers: list) -> None:
         self.rt.send(h.reply, Header(Kind.REPLY, port=h.port), dump_stacks().encode())
+
+    def _on_timeline(self, h: Header, body: Any, buffers: list) -> None:
+        self.rt.send(h.reply, Header(Kind.REPLY, port=h.port),
+                     timeline.encode(int(extra_get(h, "since", 0) or 0)))
 
     def _on_interrupt(self, h: Header, body: Any, buffers: list) -> None:
         for a in self.actors.values():

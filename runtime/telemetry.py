@@ -26,6 +26,7 @@ import os
 import threading
 from typing import Any, Callable, Iterable, Optional
 
+from . import timeline
 from ._context import get_context
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -35,11 +36,18 @@ _installed: dict[str, Any] = {}  # pid, meter_provider, tracer_provider of this 
 _resource: dict[str, Any] = {}  # attributes of this process (proc id, mesh, rank)
 
 
+_found: list = []  # the API's (metrics, trace) modules, or None, once looked for
+
+
 def _api() -> Optional[tuple[Any, Any]]:
+    if _found:
+        return _found[0]
     try:
         from opentelemetry import metrics, trace
     except ImportError:
+        _found.append(None)
         return None
+    _found.append((metrics, trace))
     return metrics, trace
 
 
@@ -184,15 +192,35 @@ def _span_attributes(correlation_id: Optional[int]) -> dict[str, Any]:
     return attrs
 
 
+class _Recorded:
+    """A span's context manager: records it in this process's timeline (runtime/timeline.py,
+    drawn by %mesh timeline) around OpenTelemetry's span, if any."""
+
+    __slots__ = ("name", "inner", "t0")
+
+    def __init__(self, name: str, inner: Any) -> None:
+        self.name, self.inner, self.t0 = name, inner, 0
+
+    def __enter__(self) -> Any:
+        self.t0 = timeline.now_ns()
+        return self.inner.__enter__() if self.inner is not None else _NOOP
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Any:
+        timeline.record_span(self.t0, self.name, et is not None)
+        return self.inner.__exit__(et, ev, tb) if self.inner is not None else None
+
+
 def span(name: str, correlation_id: Optional[int] = None) -> Any:
     """A context manager timing a span named `name`, tagged with the calling actor's id,
-    mesh name and rank (Monarch's `span(name, correlation_id=None)`)."""
+    mesh name and rank (Monarch's `span(name, correlation_id=None)`); recorded in the
+    timeline too (`%mesh timeline`), with or without OpenTelemetry."""
     api = _api()
     if api is None:
-        return _NOOP
+        return _Recorded(name, None)
     start()
     tracer = api[1].get_tracer("monarch")
-    return tracer.start_as_current_span(name, attributes=_span_attributes(correlation_id))
+    return _Recorded(name, tracer.start_as_current_span(
+        name, attributes=_span_attributes(correlation_id)))
 
 
 def traced(fn: Any = None, *, name: Optional[str] = None) -> Any:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: system packages, a virtual environment in .venv (or $MONARCH_VENV),
-# torch (CPU build where no GPU exists), and this project with its test extras at the
+# torch (CPU build where no GPU exists), and this project with its test extras (and the
+# telemetry and stacks extras, whose tests need them) at the
 # versions of requirements/lock.txt. Safe to run repeatedly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,10 +58,10 @@ if [ "$mode" = latest ] || [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$want" ]
     echo "[setup] installing monarch-notebook with the newest releases of its dependencies" \
          "(torch kept at the build installed above)"
     "$VENV/bin/python" -c "import torch; print('torch==' + torch.__version__)" > "$VENV/.torch-pin"
-    "$VENV/bin/pip" install -q --upgrade --upgrade-strategy eager -c "$VENV/.torch-pin" -e ".[test]"
+    "$VENV/bin/pip" install -q --upgrade --upgrade-strategy eager -c "$VENV/.torch-pin" -e ".[test,telemetry,stacks]"
   else
     echo "[setup] installing monarch-notebook and its test tools (versions from $LOCK)"
-    "$VENV/bin/pip" install -q "${constraints[@]}" -e ".[test]"
+    "$VENV/bin/pip" install -q "${constraints[@]}" -e ".[test,telemetry,stacks]"
   fi
   echo "$want" > "$STAMP"
 fi

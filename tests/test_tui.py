@@ -10,7 +10,7 @@ from importlib.metadata import version
 import pytest
 from textual.widgets import Log, Static, Tree
 
-from monarch_widgets.tui import AdminApp, ConfirmScreen
+from monarch_widgets.tui import AdminApp, ConfirmScreen, stack_text
 from runtime.supervision.health import ActorHealth, ActorState, HealthModel, ProcStats
 
 pytestmark = pytest.mark.timeout(60)
@@ -137,6 +137,38 @@ async def _test_stack_on_demand():
         assert stack.has_class("shown")
         assert "in train_step" in "\n".join(stack.lines)
         assert stack.lines[-1] == "  # trainers-2"
+
+
+class SpySource(FakeSource):
+    """A source offering py-spy stacks (AdminClient.py_spy_stack); one proc cannot be read."""
+
+    def py_spy_stack(self, proc_id: str, native: bool = False, timeout: float = 10.0) -> str:
+        with self.lock:
+            self.calls.append(("py_spy_stack", f"{proc_id} native={native}"))
+        if proc_id == "trainers-3":
+            return f"== trainers rank 3 (pid 5003, host1), py-spy\n!! py-spy not found; looked at /x"
+        return (f"== {proc_id}, py-spy\nGIL held by thread 'actor-t-2'\n"
+                f"Thread 7 'actor-t-2' (holds the GIL, active)\n    spin [native, libx.so]")
+
+
+def test_stack_view_takes_py_spy_stacks_and_falls_back_with_the_reason():
+    src = SpySource()
+    assert "GIL held by thread" in stack_text(src, "trainers-2")
+    text = stack_text(src, "trainers-3")
+    assert "py-spy not found; looked at /x" in text and "in train_step" in text
+    assert "in train_step" in stack_text(FakeSource(), "trainers-1")  # no py-spy offered
+    asyncio.run(_test_native_stack_key(src))
+
+
+async def _test_native_stack_key(src):
+    app = make_app(src)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await select(pilot, ("proc", "trainers-2"))
+        await pilot.press("S")
+        await settle(pilot)
+        assert "spin [native, libx.so]" in "\n".join(app.query_one("#stack", Log).lines)
+        assert ("py_spy_stack", "trainers-2 native=True") in src.calls
 
 
 def test_stop_proc_needs_confirmation_and_shows_failure():

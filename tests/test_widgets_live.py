@@ -157,3 +157,31 @@ def test_an_answered_call_shows_idle_at_once_and_stays_idle():
         assert seen == ["idle"] * 40, seen
     finally:
         procs.stop().get(timeout=20)
+
+
+def test_dashboard_draws_the_timeline_and_takes_stacks_on_request():
+    """The timeline tab's and the actor detail's actions, as the front end sends them."""
+    import json
+
+    from runtime import stacks
+
+    procs = this_host().spawn_procs(per_host={"procs": 2}, name="wtl")
+    rt = runtime.get_runtime()
+    w = Dashboard(rt.health, runtime=rt, max_rate=10)
+    try:
+        talkers = procs.spawn("tltalkers", Talker)
+        talkers.nap.call(0.01).get(timeout=30)
+        assert w.handle_action({"action": "timeline"}) == "timeline drawn"
+        assert 'data-mesh="wtl"' in w.timeline and w.timeline.count('class="mt-lane"') >= 2
+        msg = w.handle_action({"action": "stacks", "mesh": "tltalkers", "rank": 1})
+        got = json.loads(w.stacks)
+        assert got["mesh"] == "tltalkers" and got["rank"] == 1
+        assert got["text"].startswith("== wtl rank 1")
+        if stacks.find_py_spy()[0] is not None:
+            assert msg == "stacks of tltalkers[1] taken by py-spy", msg
+            assert "'actor-tltalkers-1'" in got["text"], got["text"]
+        assert "stacks failed: KeyError" in w.handle_action(
+            {"action": "stacks", "mesh": "nobody", "rank": 0})
+    finally:
+        w.close()
+        procs.stop().get(timeout=30)

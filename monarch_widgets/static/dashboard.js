@@ -51,7 +51,16 @@ function render({ model, el: root }) {
   const procsBox = el("details", "mw-procs");
   procsBox.open = true;
   const notice = el("div", "mw-notice");
-  top.append(header, notice, meshesBox, detail, procsBox);
+  // the timeline tab: a drawing of every live proc mesh's calls and spans, on request
+  const timelineBox = el("details", "mw-timeline-tab");
+  const timelineSummary = el("summary", "", "timeline");
+  const timelineBody = el("div", "mw-timeline-body");
+  const timelineBtn = el("button", "mw-btn mw-timeline-refresh", "draw the last 5 minutes");
+  timelineBtn.onclick = () => model.send({ action: "timeline" });
+  timelineBox.append(timelineSummary, timelineBtn, timelineBody);
+  timelineBox.ontoggle = () => { if (timelineBox.open) model.send({ action: "timeline" }); };
+  const showTimeline = () => { timelineBody.innerHTML = model.get("timeline") || ""; };
+  top.append(header, notice, meshesBox, detail, timelineBox, procsBox);
   root.append(top);
 
   const meshViews = new Map(); // name -> {box, head, grid, cells, key}
@@ -105,6 +114,14 @@ function render({ model, el: root }) {
     detail.append(dl);
     if (ei >= 0) detail.append(el("div", "mw-error", state.texts[ei]));
     if (ti >= 0) detail.append(el("pre", "mw-tb", state.texts[ti]));
+    const stacksBtn = el("button", "mw-btn mw-stacks-btn", "stacks (py-spy)");
+    stacksBtn.onclick = () => model.send({ action: "stacks", mesh: m.name, rank });
+    const nativeBtn = el("button", "mw-btn mw-stacks-native", "with native frames");
+    nativeBtn.onclick = () => model.send({ action: "stacks", mesh: m.name, rank, native: true });
+    detail.append(stacksBtn, nativeBtn);
+    let taken = {};
+    try { taken = JSON.parse(model.get("stacks") || "{}"); } catch (e) { taken = {}; }
+    if (taken.mesh === m.name && taken.rank === rank) detail.append(el("pre", "mw-tb mw-stacks", taken.text));
     if (st === "paused") {
       const b = el("button", "mw-btn mw-attach", "attach debugger");
       b.onclick = () => model.send({ action: "attach", mesh: m.name, rank });
@@ -229,9 +246,17 @@ function render({ model, el: root }) {
   }
 
   model.on("change:payload", update);
+  model.on("change:timeline", showTimeline);
+  model.on("change:stacks", showDetail);
   update();
+  showTimeline();
   const timer = setInterval(() => { if (hovered || selected) showDetail(); }, 1000);
-  return () => { clearInterval(timer); model.off("change:payload", update); };
+  return () => {
+    clearInterval(timer);
+    model.off("change:payload", update);
+    model.off("change:timeline", showTimeline);
+    model.off("change:stacks", showDetail);
+  };
 }
 
 export default { render };

@@ -84,6 +84,12 @@ class AdminClient:
         return str(self.call("dump_stack", {"proc_id": proc_id, "timeout": timeout},
                              wait=timeout + 5.0))
 
+    def py_spy_stack(self, proc_id: str, native: bool = False, timeout: float = 10.0) -> str:
+        """Every thread of a proc taken from outside by py-spy (its host agent runs it):
+        the GIL holder, native frames if `native`; the reason when it cannot."""
+        return str(self.call("py_spy_stack", {"proc_id": proc_id, "native": native,
+                                              "timeout": timeout}, wait=timeout + 10.0))
+
     def stop_mesh(self, name: str) -> int:
         return int(self.call("stop_mesh", {"name": name}, wait=max(self.timeout, 35.0)))
 

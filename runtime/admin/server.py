@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
+from runtime import _features
 from runtime.admin.codec import encode_snapshot
 from runtime.admin.connection import (ConnectionInfo, remove_connection_file,
                                       write_connection_file)
@@ -90,6 +91,7 @@ class AdminServer:
         self.register("snapshot", self._snapshot)
         self.register("output_tail", self._output_tail)
         self.register("dump_stack", self._dump_stack)
+        self.register("py_spy_stack", self._py_spy_stack)
         self.register("stop_mesh", self._stop_mesh)
         self.register("kill_proc", self._kill_proc)
 
@@ -107,6 +109,12 @@ class AdminServer:
 
     def _dump_stack(self, proc_id: str, timeout: float = 10.0) -> str:
         return str(self.rt.dump_stack(proc_id).get(timeout=float(timeout)))
+
+    def _py_spy_stack(self, proc_id: str, native: bool = False, timeout: float = 10.0) -> str:
+        """A proc's threads taken by py-spy from its host agent (runtime/stacks.py), as text;
+        what went wrong (py-spy missing, ptrace refused) is in the text."""
+        return str(_features.call("stacks.of_proc", self.rt, str(proc_id), bool(native),
+                                  float(timeout)))
 
     def _kill_proc(self, proc_id: str) -> bool:
         self.rt.kill_proc(proc_id)

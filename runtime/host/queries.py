@@ -5,6 +5,9 @@ question cannot be answered.
 - `{"op": "logs", "mesh": M, "rank": R | None, "tail": N | None, "grep": PAT | None}`:
   the log files of mesh `M`'s procs on this host (`logfiles.read`), as
   `{"host", "dir", "procs": [{mesh, rank, pid, start, lines, truncated}]}`.
+- `{"op": "stacks", "proc": PROC_ID, "native": bool, "timeout": S, "py_spy": PATH | None}`:
+  that proc's threads taken from outside by py-spy (`runtime.stacks.run_py_spy`), as
+  `{"host", "pid", "native", "py_spy", "threads": [py-spy's JSON threads]}`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from ..transport.framing import ERROR, OK, Header, Kind
+from .. import stacks
 from . import logfiles
 
 if TYPE_CHECKING:
@@ -34,7 +38,17 @@ def _logs(agent: "Agent", q: dict) -> dict[str, Any]:
     return {"host": socket.gethostname(), "dir": str(d or ""), "procs": procs}
 
 
-_OPS = {"logs": _logs}
+def _stacks(agent: "Agent", q: dict) -> dict[str, Any]:
+    proc_id = str(q.get("proc", ""))
+    pp = agent.procs.get(proc_id)
+    if pp is None:
+        raise ValueError(f"no running proc {proc_id!r} on this host")
+    got = stacks.run_py_spy(pp.pid, bool(q.get("native")), float(q.get("timeout") or 10.0),
+                            q.get("py_spy") or None)
+    return {"host": socket.gethostname(), **got}
+
+
+_OPS = {"logs": _logs, "stacks": _stacks}
 
 
 def answer(agent: "Agent", h: Header) -> None:
@@ -46,7 +60,7 @@ def answer(agent: "Agent", h: Header) -> None:
         if fn is None:
             raise ValueError(f"unknown agent query {q.get('op')!r}; known: {sorted(_OPS)}")
         body = json.dumps(fn(agent, q)).encode()
-    except (ValueError, TypeError, re.error, OSError) as e:
+    except (ValueError, TypeError, re.error, OSError, stacks.StacksError) as e:
         status, body = ERROR, f"{type(e).__name__}: {e}".encode()
     except Exception as e:  # noqa: BLE001 - the asker gets it rather than a timeout
         log.exception("agent query failed")

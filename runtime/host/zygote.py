@@ -107,7 +107,7 @@ def zygote_main(sock: socket.socket) -> None:
 def fork_proc(sock: socket.socket, rfd: int, wfd: int, msg: dict) -> tuple[int, int, int]:
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    zygote_pid = os.getpid()
+    zygote_pid, agent_pid = os.getpid(), os.getppid()
     pid = os.fork()
     if pid == 0:  # the proc
         try:
@@ -124,6 +124,7 @@ def fork_proc(sock: socket.socket, rfd: int, wfd: int, msg: dict) -> tuple[int, 
             os.close(out_w)
             os.close(err_w)
             _process.die_with_parent(zygote_pid)
+            _process.allow_tracer(agent_pid)  # its py-spy under ptrace_scope=1 (stacks)
             _process.set_process_name("monarch-proc")
             if msg.get("error"):  # the agent could not prepare this proc: fail it loudly
                 raise RuntimeError(msg["error"])
@@ -132,6 +133,9 @@ def fork_proc(sock: socket.socket, rfd: int, wfd: int, msg: dict) -> tuple[int, 
             from ..config import config
 
             config.reload()  # settings the spawn request carries (configure() in the owner)
+            from .. import timeline
+
+            timeline.reset()  # a ring of the configured size (timeline_records)
             cwd = msg.get("cwd")
             if cwd:
                 try:

@@ -91,10 +91,36 @@ def lab(tmp_path):
         server.stop()
 
 
+def _check_timeline_and_stacks(page, mesh: str) -> None:
+    """The quickstart's `%mesh timeline` cell drew a lane per rank with the failed
+    divide(0) calls marked; after the kill cell, the dashboard's timeline tab draws the live
+    meshes and an actor's detail shows its proc's threads taken by py-spy."""
+    svg = page.locator(".jp-OutputArea-output .mt-timeline").first
+    svg.wait_for(timeout=30_000)
+    lanes = svg.locator(".mt-lane")
+    assert lanes.count() == 4, lanes.count()
+    assert svg.locator(".mt-call").count() >= 4
+    assert svg.locator(".mt-failed").count() >= 1 and svg.locator(".mt-fail-mark").count() >= 1
+    svg.screenshot(path=str(ARTIFACTS / "timeline.png"))
+    page.wait_for_function(  # the kill cell ended: the kernel takes the widget's messages
+        """() => { const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];
+                   return p.length && !p[p.length - 1].textContent.includes('*'); }""",
+        timeout=60_000)
+    page.click(".mw-timeline-tab > summary")
+    page.wait_for_selector(".mw-timeline-body .mt-timeline .mt-lane", timeout=30_000)
+    page.click(f".mw-cell[data-mesh='{mesh}'][data-rank='0']")
+    page.click(".mw-detail .mw-stacks-btn")
+    page.wait_for_selector(".mw-detail .mw-stacks", timeout=30_000)
+    text = page.inner_text(".mw-detail .mw-stacks")
+    if "py-spy not found" not in text:
+        assert "Thread" in text and "actor-" in text, text
+
+
 def test_dashboard_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
 
     lab.start_session("dashboard.ipynb", kernel=getattr(lab, "kernel_name", "python3"))
+    origin = notebook_cells()[1]
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -129,6 +155,8 @@ def test_dashboard_in_jupyterlab(lab):
                 time.sleep(0.3)
                 page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
                 page.locator(".mw-root").screenshot(path=str(ARTIFACTS / "dashboard-widget.png"))
+                if origin == "quickstart":
+                    _check_timeline_and_stacks(page, mesh)
             except Exception:
                 page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"))
                 raise

@@ -3,7 +3,7 @@
 import pytest
 
 from monarch_kernel.args import (
-    ActivateArgs, AdminArgs, AttachArgs, DeactivateArgs, AllocArgs, JobAllocArgs, CellArgs, InterruptArgs, ListArgs, LogsArgs, MagicArgError, MagicHelp, SpawnArgs,
+    ActivateArgs, AdminArgs, AttachArgs, DeactivateArgs, AllocArgs, JobAllocArgs, CellArgs, InterruptArgs, ListArgs, LogsArgs, MagicArgError, MagicHelp, SpawnArgs, StacksArgs, TimelineArgs,
     StatusArgs, StopArgs, parse_mesh_cell, parse_mesh_line, parse_ranks, parse_sizes,
 )
 
@@ -56,6 +56,12 @@ def test_simple_commands():
     assert parse_mesh_line("logs trainers --rank 1 --tail 20 --grep 'loss [0-9]' --job j") == \
         LogsArgs("trainers", rank=1, tail=20, grep="loss [0-9]", job="j")
     assert parse_mesh_line("logs t --hosts h").hosts == "h"
+    assert parse_mesh_line("timeline") == TimelineArgs()
+    assert parse_mesh_line("timeline t --last 30 --save t.json --text") == \
+        TimelineArgs("t", last=30.0, save="t.json", text=True)
+    assert parse_mesh_line("stacks t") == StacksArgs("t")
+    assert parse_mesh_line("stacks t --rank 2 --native --timeout 3") == \
+        StacksArgs("t", rank=2, native=True, timeout=3.0)
     with pytest.raises(MagicArgError, match="not a valid Python identifier"):
         parse_mesh_line("activate 3x")
     with pytest.raises(MagicArgError, match="activate"):
@@ -72,7 +78,7 @@ def test_cell_args():
 @pytest.mark.parametrize("line", ["--help", "-h", "help", "alloc --help", "spawn --help",
                                   "list --help", "status -h", "stop --help",
                                   "interrupt --help", "attach --help", "admin --help",
-                                  "logs --help"])
+                                  "logs --help", "timeline --help", "stacks --help"])
 def test_every_line_command_has_help(line):
     with pytest.raises(MagicHelp) as e:
         parse_mesh_line(line)
@@ -110,6 +116,9 @@ def test_cell_help():
     ("logs", "required: MESH"),
     ("logs t --tail -1", "integer >= 0"),
     ("logs t --job a --hosts b", "not allowed with"),
+    ("timeline t --last 0", "must be positive"),
+    ("stacks", "required: MESH"),
+    ("stacks t --rank -1", "integer >= 0"),
 ])
 def test_line_errors_are_one_line(line, needle):
     with pytest.raises(MagicArgError) as e:

@@ -138,7 +138,7 @@ def test_inspect_shows_the_remote_signature_and_docstring(kernel):
 
 def test_magic_lines_complete(kernel):
     c = complete(kernel, "%mesh st")
-    assert c["matches"] == ["status", "stop"], c
+    assert c["matches"] == ["status", "stop", "stacks"], c
     c = complete(kernel, "%mesh stop p")
     assert c["matches"] == ["procs"], c
     c = complete(kernel, "%%mesh pr")

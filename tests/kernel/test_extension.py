@@ -327,3 +327,34 @@ def test_magic_lines_complete_in_a_plain_ipython(ip):
     assert texts("%mesh sp") == ["spawn"]
     assert texts("%mesh interrupt re") == ["remote"]
     assert texts("%%mesh anything --ra") == ["--ranks"]
+
+
+def test_mesh_timeline_and_stacks(ip, tmp_path):
+    """%mesh timeline draws a lane per rank (text with --text) and saves a Chrome trace;
+    %mesh stacks prints every thread taken by py-spy, or why it could not."""
+    import json
+
+    from runtime import stacks
+
+    ip.run_line_magic("mesh", "alloc obs --per-host procs=2 --no-progress")
+    try:
+        ip.run_cell_magic("mesh", "obs", "x = 1\nx")
+        with capture_output() as cap:
+            ip.run_line_magic("mesh", f"timeline obs --text --save {tmp_path / 't.json'}")
+        assert "timeline of obs: 2 lanes" in cap.stdout and "rank 1: 1 calls" in cap.stdout
+        with open(tmp_path / "t.json") as f:
+            assert [e["ph"] for e in json.load(f)["traceEvents"]].count("X") == 2
+        with pytest.raises(UsageError, match="no live proc mesh 'nobody'"):
+            ip.run_line_magic("mesh", "timeline nobody")
+        with runtime.configured(py_spy=str(tmp_path / "none" / "py-spy")):
+            with capture_output() as cap:
+                ip.run_line_magic("mesh", "stacks obs --rank 1")
+        assert "== obs rank 1" in cap.stdout and "py-spy not found; looked at" in cap.stdout
+        with pytest.raises(UsageError, match="rank must be an int in 0..1"):
+            ip.run_line_magic("mesh", "stacks obs --rank 5")
+        if stacks.find_py_spy()[0] is not None:
+            with capture_output() as cap:
+                ip.run_line_magic("mesh", "stacks obs")
+            assert cap.stdout.count("Thread ") >= 4 and "== obs rank 0" in cap.stdout
+    finally:
+        ip.run_line_magic("mesh", "stop obs")

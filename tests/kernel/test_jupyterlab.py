@@ -113,12 +113,17 @@ def test_quickstart_runs_in_jupyterlab(lab):
         assert hits, f"no cell starting {start!r} in {list(by_source)}"
         return hits[0]
 
-    assert len(cells) == 19
+    assert len(cells) == 21
     assert "4/4 procs up" in out("%mesh alloc trainers")
     assert "[counters 0] value is now 15" in out("counters.incr.call(5)")
     assert "[counters 1] value is now 15" in out("counters.incr.call(5)")
     assert "[trainers 0] hello from pid" in out("%%mesh trainers\nimport os")
     assert "MeshCellError: 2 of 4 ranks failed on trainers" in out("%%mesh trainers\nif rank")
+    assert "timeline of trainers: 4 lanes" in out("%mesh timeline trainers")  # and its SVG:
+    drawn = [c for c in nb["cells"] if "".join(c["source"]).startswith("%mesh timeline")][0]
+    assert any(o.get("data", {}).get("text/html", "").count('class="mt-lane"') == 4
+               for o in drawn["outputs"]), drawn["outputs"]
+    assert "failed: ['divide']" in out("import json, os")  # its trace file is JSON
     assert "stopped 1 mesh: trainers" in out("%mesh stop trainers")
     assert "(no meshes)" in cells[-1][1]
     status = [c for c in nb["cells"] if "".join(c["source"]).strip() == "%mesh status"][0]

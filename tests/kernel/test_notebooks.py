@@ -58,6 +58,15 @@ def test_quickstart(tmp_path):
     assert "2 of 4 ranks failed on trainers" in err
     assert "ValueError: rank 0 does not like this input" in err
     assert "ZeroDivisionError: division by zero" in err
+    drawn = [c for c in cells if "".join(c.source).startswith("%mesh timeline trainers")][0]
+    html = "".join(o.get("data", {}).get("text/html", "") for o in drawn.outputs)
+    assert html.count('class="mt-lane"') == 4, html[:500]  # a lane per rank
+    assert 'class="mt-call mt-failed"' in html and "mt-fail-mark" in html  # divide(0)
+    text = cell_text(drawn)
+    assert "timeline of trainers: 4 lanes" in text and "Chrome trace written to" in text
+    assert re.search(r"rank 3: \d+ calls .*[1-9]\d* failed", text), text
+    traced = output_of(cells, "import json, os")  # the trace file loads as JSON
+    assert re.search(r"[1-9]\d* calls and spans, [1-9]\d* failed: \[.*'divide'", traced), traced
     listed = output_of(cells, "%mesh list")
     assert "counters  counters  actors (Counter)" in listed
     status = output_of(cells, "%mesh status --text")

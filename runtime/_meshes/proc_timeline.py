@@ -1,0 +1,84 @@
+"""Reading what a mesh's procs did over time (`runtime.read_timeline`, `%mesh timeline`):
+each proc is asked once (`Kind.TIMELINE`, answered on its I/O thread from its ring,
+runtime/timeline.py), like `rt.dump_stack`; a proc that does not answer within the timeout
+(dead, or its GIL held by C code) gets an empty lane naming why."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .._core import get_runtime
+from ..future import Future
+from ..timeline import Lane, Timeline, decode, make_timeline, now_ns
+from ..transport.framing import Header, Kind
+
+
+def _proc_mesh(mesh: Any) -> Any:
+    from .actor_mesh import ActorMesh
+    from .proc_mesh import ProcMesh
+
+    if isinstance(mesh, ActorMesh):
+        if mesh.proc_mesh is None:
+            raise ValueError(f"actor mesh {mesh.name!r} has no proc mesh here")
+        return mesh.proc_mesh
+    if isinstance(mesh, ProcMesh):
+        return mesh
+    raise TypeError(f"read_timeline: expected a ProcMesh or ActorMesh, got {type(mesh).__name__}")
+
+
+def _ask(rt: Any, rec: Any, since_ns: int) -> tuple[Future, int]:
+    fut: Future = Future(f"timeline of {rec.proc_id}")
+
+    def on_reply(h: Header, body: Any, buffers: list) -> None:
+        rt.close_port(port)
+        try:
+            fut.set_result(decode(bytes(body)))
+        except Exception as e:  # noqa: BLE001 - the lane says so
+            fut.set_exception(ValueError(f"bad timeline reply: {e}"))
+
+    def on_fail(exc: BaseException, **_: Any) -> None:
+        rt.close_port(port)
+        fut.set_exception(exc)
+
+    port = rt.open_port(on_reply, on_fail, {rec.proc_id})
+    reply = rt.reply_address_for(rec.address or (rec.agent.address if rec.agent else ""))
+    rt.send_to_proc(rec.address, rec.route, Header(Kind.TIMELINE, reply=reply, port=port,
+                                                    extra={"since": since_ns}))
+    return fut, port
+
+
+def read_timeline(mesh: Any, last: float = 300.0, timeout: float = 10.0) -> Timeline:
+    """The endpoint calls and spans of `mesh`'s procs (a ProcMesh or ActorMesh; every
+    rank of its view) that ended in the last `last` seconds, a lane per rank; a proc that
+    does not answer within `timeout` seconds has an empty lane with the reason."""
+    if isinstance(last, bool) or not isinstance(last, (int, float)) or last <= 0:
+        raise ValueError(f"last must be a positive number of seconds, got {last!r}")
+    pm = _proc_mesh(mesh)
+    rt = pm._rt if getattr(pm, "_rt", None) is not None else get_runtime()
+    end = now_ns()
+    since = end - int(last * 1e9)
+    asked = []
+    for rank, rec in enumerate(pm._view_procs()):
+        lane = Lane(pm.name, rank, rec.host, rec.pid, rec.proc_id)
+        if rec.state in ("failed", "stopped"):
+            lane.error = f"proc {rec.state}"
+            asked.append((lane, None, 0))
+            continue
+        asked.append((lane, *_ask(rt, rec, since)))
+    deadline = time.monotonic() + timeout
+    for lane, fut, port in asked:
+        if fut is None:
+            continue
+        try:
+            got = fut.get(timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            rt.close_port(port)
+            lane.error = f"no answer within {timeout:g} s"
+            continue
+        except Exception as e:  # noqa: BLE001 - a dead proc: its lane says so
+            lane.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            continue
+        lane.pid = got.get("pid", lane.pid)
+        lane.records = got["records"]
+    return make_timeline(pm.name, [lane for lane, _, _ in asked], last, end)
