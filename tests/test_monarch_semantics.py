@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import runtime
 from runtime import SupervisionError, this_host, this_proc
 from runtime.rdma import RDMAAction, RDMABuffer, RDMASizeError
 from _monarch_actors import BadInit, ForeverInInit, Graceful, Parent, SlowInit, Where
+from _procs import fault_hooks_done
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,11 +98,7 @@ def test_proc_stop_while_actors_are_still_in_init_reports_no_failure(failures, t
     assert _wait_for(lambda: all(Path(f"{started}{r}").exists() for r in range(2))), \
         "the actors are inside __init__"
     pm.stop().get(timeout=10)
-    # what a proc sent before it ended is read before its end is known, and a failure report
-    # runs the fault hook on a thread of its own: once those threads are done, every report
-    # has reached `failures`
-    assert _wait_for(lambda: not [t for t in threading.enumerate()
-                                  if t.name == "monarch-fault-hook"])
+    assert fault_hooks_done()  # a failure report, had there been one, reached `failures`
     assert not [f for f in failures if f.mesh == "slow_init"], [f.report() for f in failures]
     with pytest.raises(SupervisionError):
         slow.ping.call().get(timeout=10)
