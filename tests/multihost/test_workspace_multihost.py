@@ -16,8 +16,9 @@ import pytest
 
 import runtime
 from runtime import Workspace, WorkspaceSyncError
+from runtime.config import config
 
-from .agents import Agents
+from .agents import HB_TIMEOUT, Agents
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -86,11 +87,15 @@ TIMEOUT = 10.0  # the sync's timeout (workspace_timeout) in the test below
 
 
 @pytest.mark.parametrize("fault", ["killed", "cut_off"])
-def test_a_host_lost_mid_sync_fails_that_host_within_the_timeout(cluster, tmp_path, fault):
+def test_a_host_lost_mid_sync_fails_that_host_within_the_timeout(cluster, tmp_path, fault,
+                                                                monkeypatch):
     """The victim's agent is lost at a step of the sync the test chooses: its first batch of
     contents stored (so the offer was answered), its commit not yet sent (the sync thread of
     that host waits in the progress callback, which is where the fault is made). `killed`:
-    SIGKILL to its agent; `cut_off`: its node's link goes down (the agent lives on, silent)."""
+    SIGKILL to its agent; `cut_off`: its node's link goes down (the agent lives on, silent).
+    Either way the controller hears nothing more from it: the sync of that host fails when
+    the agent is declared lost (heartbeat timeout) or its answer is overdue (TIMEOUT)."""
+    monkeypatch.setattr(config, "heartbeat_timeout", HB_TIMEOUT)
     kd = tmp_path / "key"
     kd.mkdir(mode=0o700)
     key = kd / "cluster.key"
