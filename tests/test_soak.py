@@ -281,17 +281,19 @@ _SERVER = textwrap.dedent("""
 
 
 def _flood(addr: str, n: int) -> list[socket.socket]:
+    """Up to `n` connections to `addr`, held open; a connect the server's full backlog does
+    not take is given up after 0.25 s (loopback answers at once when it does)."""
     kind, _, rest = addr.partition(":")
     out = []
     for _ in range(n):
         try:
             if kind == "unix":
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.settimeout(1.0)
+                s.settimeout(0.25)
                 s.connect(rest)
             else:
                 host, _, port = rest.rpartition(":")
-                s = socket.create_connection((host.strip("[]"), int(port)), timeout=1.0)
+                s = socket.create_connection((host.strip("[]"), int(port)), timeout=0.25)
         except OSError:
             continue
         out.append(s)

@@ -36,6 +36,14 @@ class Keeper(Actor):
     def bump(self):
         self.n += 1
         return (VALUE, self.n, os.getpid(), __file__)
+
+    @endpoint
+    def value_of(self, mod, name):
+        import importlib
+        try:
+            return getattr(importlib.import_module(mod), name)
+        except ImportError as e:
+            return f"ImportError: {e}"
 '''
 
 
@@ -69,13 +77,35 @@ def test_edit_sync_reload_on_two_hosts(cluster, tmp_path):
         assert sorted(v[2] for v in after) == sorted(v[2] for v in before)
         k2 = hosts.spawn_procs(per_host={"procs": 1}).spawn("k2", mh_trainer.Keeper)
         assert [v[:2] for v in k2.bump.call().get(timeout=60).values()] == [(2, 1), (2, 1)]
+        # an added module imports; an edit that keeps size and mtime is seen
+        (d / "mh_added.py").write_text("X = 'added'\n")
+        src = d / "mh_trainer.py"
+        st = src.stat()
+        src.write_text(SOURCE.format(value=4))
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert src.stat().st_size == st.st_size
+        res = hosts.sync_workspace(Workspace(dirs=[str(d)]), auto_reload=True)
+        assert [(h.sent_files, h.changed) for h in res.hosts] == [(2, 2)] * 2
+        assert [v[:2] for v in sorted(k.bump.call().get(timeout=60).values())] == [(4, 3)] * 2
+        assert list(k.value_of.call("mh_added", "X").get(timeout=60).values()) == ["added"] * 2
+        # an unchanged tree moves no file contents
+        again = hosts.sync_workspace(Workspace(dirs=[str(d)]), auto_reload=True)
+        assert [(h.sent_files, h.sent_bytes, h.changed) for h in again.hosts] == [(0, 0, 0)] * 2
+        # a deleted module is gone
+        (d / "mh_added.py").unlink()
+        res = hosts.sync_workspace(Workspace(dirs=[str(d)]), auto_reload=True)
+        assert [h.deleted for h in res.hosts] == [1, 1]
+        assert all(not (Path(h.root) / "current" / "mhproj" / "mh_added.py").exists()
+                   for h in res.hosts)
+        gone = list(k.value_of.call("mh_added", "X").get(timeout=60).values())
+        assert all(v.startswith("ImportError") for v in gone), gone
         (d / "mh_trainer.py").write_text(SOURCE.format(value=3) + "\nbroken(:\n")
         with pytest.raises(WorkspaceSyncError) as ei:
             hosts.sync_workspace(Workspace(dirs=[str(d)]), auto_reload=True)
         for h in ei.value.result.hosts:
             assert f"host {h.host} ({h.address}) proc" in str(ei.value)
         assert "SyntaxError" in str(ei.value)
-        assert [v[:2] for v in sorted(k.bump.call().get(timeout=60).values())] == [(2, 3)] * 2
+        assert [v[:2] for v in sorted(k.bump.call().get(timeout=60).values())] == [(4, 4)] * 2
         hosts.shutdown()
     finally:
         sys.path.remove(str(d))
