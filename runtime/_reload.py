@@ -1,8 +1,9 @@
 """Reload in a live proc: the workspace modules a sync changed, and actor classes.
 
-Between messages only: every actor of the proc is paused at a point between two messages
-(a "run" entry in its mailbox), and the reload runs holding the unpickling lock, so no
-call and no unpickling is half way. Dependencies reload before their dependants (the
+Between calls only: every actor of the proc is paused at a point between two messages
+(a "run" entry in its mailbox) where none of its `@concurrent_endpoint` calls is in progress
+(one suspended in an await is waited for, up to the timeout: `between_calls`), and the
+reload runs holding the unpickling lock, so no call and no unpickling is half way. Dependencies reload before their dependants (the
 imports of the new sources), each module's old namespace is put back if its reload
 raises (the proc keeps the old code; the traceback is reported), and actors whose class
 came from a reloaded module get the new class (`instance.__class__`), their attributes
@@ -297,7 +298,7 @@ def reload_modules(server: Any, root: str, sources: dict, timeout: float) -> dic
         _applied = manifest
         return report
     gate, busy = _paused(server, timeout)
-    report["waited"] = gate.waited
+    report["waited"] = dict(gate.waited)  # a copy: a late actor may still add itself
     if busy:
         report["busy"] = [_doing(a) for a in busy]
         return report  # nothing reloaded: the next sync tries again
