@@ -43,7 +43,7 @@ class Keeper(Actor):
         try:
             return getattr(importlib.import_module(mod), name)
         except ImportError as e:
-            return f"ImportError: {e}"
+            return f"ImportError: {{e}}"
 '''
 
 
