@@ -79,6 +79,41 @@ def python_side() -> None:
               f"{wt / rt:>10.2f}", flush=True)
 
 
+def coalescing() -> None:
+    """Pushes a second of a widget under a burst of changes, against its max_rate."""
+    import threading
+
+    from monarch_widgets.widget import Dashboard
+
+    print("\nCoalescing: 4 threads change 100 actors, over and over, for 2 s")
+    print(f"{'max_rate':>8} {'changes':>8} {'pushes':>7} {'pushes/s':>9}")
+    for rate in (4.0, 10.0):
+        m = model_of(100)
+        w = Dashboard(m, max_rate=rate)
+        try:
+            start, t0, changes = w.pushes, time.monotonic(), [0]
+
+            def burst(k: int) -> None:
+                i = 0
+                while time.monotonic() - t0 < 2.0:
+                    for r in range(k, 100, 4):
+                        m.update("trainers", r, ActorState.BUSY if i % 2 else ActorState.IDLE,
+                                 handled=i)
+                        changes[0] += 1
+                    i += 1
+
+            ts = [threading.Thread(target=burst, args=(k,)) for k in range(4)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            dt = time.monotonic() - t0
+            n = w.pushes - start
+            print(f"{rate:>8g} {changes[0]:>8} {n:>7} {n / dt:>9.2f}", flush=True)
+        finally:
+            w.close()
+
+
 def browser_side() -> None:
     from playwright.sync_api import sync_playwright
 
@@ -133,5 +168,6 @@ if __name__ == "__main__":
     ap.add_argument("--browser", action="store_true", help="also time the front-end")
     args = ap.parse_args()
     python_side()
+    coalescing()
     if args.browser:
         browser_side()

@@ -88,13 +88,14 @@ def _target(shell: Any, cell: MeshCell) -> Any:
     return comp.slice(**first) if first else comp
 
 
-async def _ask(mesh: Any, method: str, *args: Any, timeout: float) -> Optional[dict]:
-    """`mesh.method.call_one(*args)`'s value within `timeout`, else None; single-flight."""
+async def _ask(mesh: Any, method: str, *args: Any, timeout: float) -> Any:
+    """`mesh.method.call_one(*args)`'s value within `timeout`, else why not (a str: answer
+    locally); single-flight."""
     key = mesh.health_name or mesh.name  # one per completer mesh, whatever the slice
     with _inflight_lock:
         pending = _inflight.get(key)
         if pending is not None and not pending.done():
-            return None  # still waiting for an earlier answer: answer locally at once
+            return "pending"  # still waiting for an earlier answer: answer locally at once
         fut = getattr(mesh, method).call_one(*args)
         _inflight[key] = fut
     loop = asyncio.get_running_loop()
@@ -114,9 +115,9 @@ async def _ask(mesh: Any, method: str, *args: Any, timeout: float) -> Optional[d
     try:
         await asyncio.wait_for(waiter, timeout)
     except asyncio.TimeoutError:
-        return None
+        return "timeout"
     if fut.exception() is not None:
-        return None
+        return "failed"
     return fut.get()
 
 
@@ -156,19 +157,23 @@ def _text_names(body: str) -> dict[str, None]:
 
 async def _ask_cell(shell: Any, code: str, cursor: int, op: str, *args: Any,
                     timeout: float) -> Optional[tuple]:
-    """(cell, body, offset in body, the proc's answer or None) for a cursor in a `%%mesh`
-    body, else None. Never raises: a failed or late answer is None (answer locally)."""
+    """(cell, body, offset in body, the proc's answer or None, why None) for a cursor in a
+    `%%mesh` body, else None. Never raises: a failed or late answer is None (answer
+    locally), why: "timeout" (none within `timeout`), "pending" (an earlier request is
+    still unanswered: no wait), "failed", "no completer"."""
     cell = split_mesh_cell(code)
     if cell is None or cursor < cell.body_start:
         return None
     body, off = code[cell.body_start:], cursor - cell.body_start
     try:
         target = _target(shell, cell)
-        out = None if target is None else await _ask(target, op, body, off, *args,
-                                                     timeout=timeout)
+        out = "no completer" if target is None else await _ask(target, op, body, off, *args,
+                                                               timeout=timeout)
     except Exception:  # completion must never fail the kernel
-        out = None
-    return cell, body, off, out
+        out = "failed"
+    if isinstance(out, str):
+        return cell, body, off, None, out
+    return cell, body, off, out, ""
 
 
 async def complete_cell(shell: Any, code: str, cursor: int,
@@ -180,13 +185,13 @@ async def complete_cell(shell: Any, code: str, cursor: int,
     asked = await _ask_cell(shell, code, cursor, "complete", timeout=timeout)
     if asked is None:
         return None
-    cell, body, off, out = asked
+    cell, body, off, out, why = asked
     if out is not None:
         source = {"source": "remote", "rank": out.get("rank"), "ms": out.get("ms"),
                   "partial": out.get("partial")}
     else:  # no jedi here: the kernel's own completer uses it on this thread
         out = complete_in(_text_names(body), body, off, jedi_budget=0)
-        source = {"source": "local"}
+        source = {"source": "local", "why": why}
     return _reply(out["items"], cursor, cell.body_start, source)
 
 
@@ -198,7 +203,7 @@ async def inspect_cell(shell: Any, code: str, cursor: int, detail_level: int = 0
     asked = await _ask_cell(shell, code, cursor, "inspect", detail_level, timeout=timeout)
     if asked is None:
         return None
-    cell, body, off, out = asked
+    cell, body, off, out, _ = asked
     if out is None:
         out = inspect_in({}, body, off, detail_level)
     elif out["found"]:

@@ -95,7 +95,7 @@ def start_concurrent(a: "ActorInstance", ep: EndpointDef, h: Any, args: tuple,
     the loop runs (between messages, and while other async endpoints await)."""
     loop = a.event_loop()
     coro = ep.fn(a.instance, *args, **kwargs)
-    task = loop.create_task(_run(a, ep, h, coro))
+    task = loop.create_task(_run(a, ep, h, coro), name=ep.name)  # the name says what runs
     a.tasks.add(task)
     task.add_done_callback(a.tasks.discard)
 

@@ -1,8 +1,9 @@
 """Reload in a live proc: the workspace modules a sync changed, and actor classes.
 
-Between messages only: every actor of the proc is paused at a point between two messages
-(a "run" entry in its mailbox), and the reload runs holding the unpickling lock, so no
-call and no unpickling is half way. Dependencies reload before their dependants (the
+Between calls only: every actor of the proc is paused at a point between two messages
+(a "run" entry in its mailbox) where none of its `@concurrent_endpoint` calls is in progress
+(one suspended in an await is waited for, up to the timeout: `between_calls`), and the
+reload runs holding the unpickling lock, so no call and no unpickling is half way. Dependencies reload before their dependants (the
 imports of the new sources), each module's old namespace is put back if its reload
 raises (the proc keeps the old code; the traceback is reported), and actors whose class
 came from a reloaded module get the new class (`instance.__class__`), their attributes
@@ -20,6 +21,7 @@ import ast
 import graphlib
 import importlib
 import json
+import logging
 import os
 import sys
 import threading
@@ -32,6 +34,7 @@ from .transport import serialization
 from .transport.framing import ERROR, OK, Header, Kind
 from .workspace import MANIFEST, module_rel
 
+log = logging.getLogger("runtime.reload")
 #: rel -> sha256 of the workspace files this proc's modules were last reconciled with
 _applied: dict[str, str] = {}
 _PROTECTED = frozenset({"runtime", "monarch_kernel", "monarch_widgets", "__main__"})
@@ -130,24 +133,99 @@ def reload_order(mods: dict[str, str]) -> list[str]:
         return sorted(mods, key=lambda n: (n.count("."), n))
 
 
-class _Gate:
-    """Holds the actors of a proc between two of their messages while a reload runs."""
+def calls_in_progress(a: Any) -> list[str]:
+    """The endpoints of actor `a`'s `@concurrent_endpoint` calls that have not ended (a
+    task suspended in an await is in the middle of its call)."""
+    return sorted(t.get_name() for t in list(a.tasks) if not t.done())
 
-    def __init__(self, actors: list) -> None:
+
+def _run_calls(a: Any, deadline: float) -> None:
+    """On actor `a`'s thread: run its event loop until its concurrent calls have all
+    ended, a message reaches its mailbox, or `deadline` (time.monotonic()) passes."""
+    import asyncio
+
+    loop = a.event_loop()
+    while calls_in_progress(a) and a.mailbox.empty():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        wake = loop.create_future()
+        a.wake = wake
+        if not a.mailbox.empty():  # arrived before the waker could see `wake`
+            a.wake = None
+            return
+        try:
+            # a.waker: mailbox.put sets `wake` (installed by the actor's first wait_idle,
+            # before any call could be in progress); without it, look at the mailbox often
+            loop.run_until_complete(asyncio.wait(
+                {wake, *a.tasks}, timeout=left if a.waker else min(left, 0.05),
+                return_when=asyncio.FIRST_COMPLETED))
+        finally:
+            a.wake = None
+
+
+def between_calls(a: Any, deadline: float, fn: Any, on_busy: Any, waited: dict) -> Any:
+    """A mailbox "run" entry that calls fn(a) on actor `a`'s thread at a point between
+    two of its messages where none of its `@concurrent_endpoint` calls is in progress.
+    While calls are in progress the actor's event loop runs them (they may end), and the
+    messages that arrive meanwhile are handled first (one of them may be what a call
+    awaits), the entry going back behind them; past `deadline`, on_busy(a) instead.
+    `waited` gets {"name[rank]": the calls in progress when it first had to wait}."""
+    def step(actor: Any) -> None:
+        calls = calls_in_progress(actor)
+        if calls:
+            label = f"{actor.name}[{actor.rank}]"
+            if label not in waited:
+                waited[label] = calls
+                log.warning("reload waits for %s: %d call%s in progress (%s), at most %.0f s",
+                            label, len(calls), "s" * (len(calls) > 1),
+                            ", ".join(f"{c}()" for c in calls),
+                            max(0.0, deadline - time.monotonic()))
+            _run_calls(actor, deadline)
+            if calls_in_progress(actor):
+                if not actor.mailbox.empty() and time.monotonic() < deadline:
+                    actor.mailbox.put(("run", step))  # its messages first, then back here
+                else:
+                    on_busy(actor)
+                return
+        fn(actor)
+
+    return step
+
+
+class _Gate:
+    """Holds the actors of a proc between two of their messages, with no concurrent call
+    in progress, while a reload runs."""
+
+    def __init__(self, actors: list, deadline: float) -> None:
         self.cv = threading.Condition()
         self.waiting = {a.actor_id: a for a in actors}
+        self.deadline = deadline
+        self.waited: dict[str, list] = {}
         self.open = False
 
-    def arrive(self, a: Any) -> None:
+    def entry(self, a: Any) -> Any:
+        """The mailbox entry that brings actor `a` to the gate."""
+        return between_calls(a, self.deadline, self._arrive, lambda _: None, self.waited)
+
+    def _arrive(self, a: Any) -> None:
         with self.cv:
             self.waiting.pop(a.actor_id, None)
             self.cv.notify_all()
             self.cv.wait_for(lambda: self.open)
 
-    def wait_all(self, timeout: float) -> list:
+    def wait_all(self) -> list:
+        """Wait until every actor is at the gate (or has ended): [] then, else the actors
+        not there at the deadline."""
         with self.cv:
-            self.cv.wait_for(lambda: not self.waiting, timeout)
-            return list(self.waiting.values())
+            while True:
+                for k, a in list(self.waiting.items()):
+                    if not a.thread.is_alive():  # it stopped meanwhile
+                        del self.waiting[k]
+                left = self.deadline - time.monotonic()
+                if not self.waiting or left <= 0:
+                    return list(self.waiting.values())
+                self.cv.wait(min(left, 0.1))
 
     def release(self) -> None:
         with self.cv:
@@ -155,16 +233,24 @@ class _Gate:
             self.cv.notify_all()
 
 
-def _paused(server: Any, timeout: float) -> tuple[Optional[_Gate], list]:
-    """Pause every actor between messages: (the gate, the actors still busy at timeout)."""
-    gate = _Gate([a for a in server.actors.values() if a.thread.is_alive()])
+def _paused(server: Any, timeout: float) -> tuple[_Gate, list]:
+    """Pause every actor between messages, none in a concurrent call: (the gate, the
+    actors still busy at timeout; the gate is open again then)."""
+    gate = _Gate([a for a in server.actors.values() if a.thread.is_alive()],
+                 time.monotonic() + timeout)
     for a in list(gate.waiting.values()):
-        a.mailbox.put(("run", gate.arrive))
-    busy = gate.wait_all(timeout)
+        a.mailbox.put(("run", gate.entry(a)))
+    busy = gate.wait_all()
     if busy:
         gate.release()
-        return None, busy
-    return gate, []
+    return gate, busy
+
+
+def _doing(a: Any) -> str:
+    calls = calls_in_progress(a)
+    if calls:
+        return f"{a.name}[{a.rank}] (calls in progress: {', '.join(c + '()' for c in calls)})"
+    return f"{a.name}[{a.rank}] ({a.endpoint or a.state})"
 
 
 def _lookup(mod: Any, qualname: str) -> Any:
@@ -212,8 +298,9 @@ def reload_modules(server: Any, root: str, sources: dict, timeout: float) -> dic
         _applied = manifest
         return report
     gate, busy = _paused(server, timeout)
-    if gate is None:
-        report["busy"] = [f"{a.name}[{a.rank}] ({a.endpoint or a.state})" for a in busy]
+    report["waited"] = dict(gate.waited)  # a copy: a late actor may still add itself
+    if busy:
+        report["busy"] = [_doing(a) for a in busy]
         return report  # nothing reloaded: the next sync tries again
     lock = serialization._unpickle_lock
     if not lock.acquire(timeout=timeout):
@@ -275,7 +362,8 @@ def swap_class(server: Any, a: Any, body: Any, buffers: list) -> dict:
 
 def on_message(server: Any, h: Header, body: Any, buffers: list) -> None:
     """A WORKSPACE message to this proc (I/O thread): a reload runs on its own thread, a
-    class swap on the actor's thread; each answers on the caller's port."""
+    class swap on the actor's thread (between two of its messages, with no concurrent
+    call in progress); each answers on the caller's port."""
     e = h.extra or {}
 
     def answer(status: int, out: Any) -> None:
@@ -301,7 +389,15 @@ def on_message(server: Any, h: Header, body: Any, buffers: list) -> None:
         if a is None:
             answer(ERROR, f"no actor {e.get('actor')} in proc {server.rt.proc_id}")
             return
-        a.mailbox.put(("run", lambda actor: run(swap_class, server, actor, body, buffers)))
+        timeout = float(e.get("timeout", 60.0))
+
+        def busy(actor: Any) -> None:
+            answer(ERROR, f"actor {actor.name}[{actor.rank}] keeps its old class: "
+                          f"{_doing(actor)} past {timeout:g} s (workspace_timeout)")
+
+        a.mailbox.put(("run", between_calls(
+            a, time.monotonic() + timeout,
+            lambda actor: run(swap_class, server, actor, body, buffers), busy, {})))
     else:
         answer(ERROR, f"unknown workspace op {e.get('op')!r}")
 

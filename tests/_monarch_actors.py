@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 
-from runtime import (Actor, Port, concurrent_endpoint, context, endpoint,
+from runtime import (Actor, Port, concurrent_endpoint, context, current_rank, endpoint,
                      get_or_spawn_controller, this_proc)
 
 
@@ -195,11 +195,14 @@ class ForeverInInit(Actor):
 
 
 class SlowInit(Actor):
-    """An `__init__` that takes `seconds` (a slow import, say), in small sleeps."""
+    """An `__init__` that takes `seconds` (a slow import, say), in small sleeps; it makes
+    the file `started` + its rank first, when given."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, started: str = "") -> None:
         import time
 
+        if started:
+            open(f"{started}{current_rank().rank}", "w").close()
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             time.sleep(0.02)
@@ -269,6 +272,7 @@ class Graceful(Actor):
     def busy(self) -> None:
         import time
 
+        open(self.path + ".busy", "w").close()  # the test knows it is inside busy() now
         try:
             while True:
                 time.sleep(0.05)
@@ -288,13 +292,19 @@ class Background(Actor):
         self.running = False
 
     @endpoint
-    async def start(self) -> None:
+    async def start(self, path: str = "") -> None:
         self.running = True
-        self.task = asyncio.create_task(self._loop())
+        self.task = asyncio.create_task(self._loop(path))
 
-    async def _loop(self) -> None:
+    async def _loop(self, path: str) -> None:
+        import os
+
         while self.running:
             self.ticks += 1
+            if path:  # the count, seen without a message to the actor
+                with open(path + ".tmp", "w") as f:
+                    f.write(str(self.ticks))
+                os.replace(path + ".tmp", path)
             await asyncio.sleep(0.01)
 
     @endpoint

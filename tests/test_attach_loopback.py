@@ -86,12 +86,9 @@ def test_agent_loss_fails_its_actors_and_survivors_work(agents, monkeypatch):
     am = pm.spawn("victims", Echo)
     am.ping.call(0).get(timeout=60)
     fut = am.slice(hosts=1).sleep.call_one(30)
-    t0 = time.monotonic()
     started[1][0].send_signal(signal.SIGKILL)
-    with pytest.raises(SupervisionError, match="unreachable|host"):
-        fut.get(timeout=30)
-    dt = time.monotonic() - t0
-    assert dt < runtime.config.config.heartbeat_timeout + 2
+    with pytest.raises(SupervisionError, match="unreachable|host"):  # by the heartbeat timeout
+        fut.get(timeout=runtime.config.config.heartbeat_timeout + 2)
     assert am.slice(hosts=0).ping.call_one(5).get(timeout=20) == 5
     assert seen and seen[0].ranks == [1]
     pm.stop().get(timeout=20)

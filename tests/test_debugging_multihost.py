@@ -139,8 +139,8 @@ def test_line_breakpoints_on_two_hosts(two_hosts):
             assert dap.request(s, "evaluate", {"expression": "host"})["result"] == repr(node)
         assert reg.continue_all() == 2
         assert sorted(fut.get(30).values()) == [(n, 2) for n in cluster.nodes]
-        runtime.debugging.set_line_breakpoints(LINES_CELL, [10])  # moved, live
-        time.sleep(0.5)
+        # moved, live; the table reaches each proc before this thread's next call does
+        runtime.debugging.set_line_breakpoints(LINES_CELL, [10])
         fut = m.work.call(2)
         sessions = _wait_paused(reg, 2)
         assert [s.line for s in sessions] == [10, 10]

@@ -14,6 +14,7 @@ from runtime.job import LocalJob, ProcessJob, TelemetryConfig
 
 from _monarch_example_actors import (EnvReader, Finisher, failing_bootstrap, set_marker,
                                      set_marker_async)
+from _procs import fault_hooks_done
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,7 +84,7 @@ def test_actor_stops_itself_without_a_failure():
         with pytest.raises(SupervisionError, match="stopped"):
             f.slice(replica=0).ping.call_one().get(timeout=60)
         assert f.slice(replica=1).ping.call_one().get(timeout=60) == 0  # rank 1 lives on
-        time.sleep(1.0)
+        assert fault_hooks_done()  # a failure report, had there been one, reached `seen`
         assert seen == []  # a stop is no failure: nothing reached the fault hook
         assert f.stop("mesh stopped by test").get(timeout=30) is None  # Monarch's reason arg
     finally:

@@ -9,6 +9,7 @@ import pytest
 
 from runtime import this_host
 from _monarch_supervise_actors import Dies
+from _procs import pid_alive
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -20,23 +21,15 @@ def hosts():
     hm.stop().get(timeout=60)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_stop_ends_the_procs_and_keeps_the_hosts(hosts):
     assert hosts.initialized.get(timeout=10) is True  # Monarch's Future[Literal[True]]
     pm = hosts.spawn_procs(per_host={"procs": 2})
     assert pm.initialized.get(timeout=60) is True
     pm.spawn("d", Dies).ok.call().get(timeout=60)  # procs are up (their pids known)
     pids = [p.pid for p in pm.procs]
-    assert all(p > 0 and _alive(p) for p in pids)
+    assert all(p > 0 and pid_alive(p) for p in pids)
     assert hosts.stop().get(timeout=30) is None
-    assert pm.stopped and not any(_alive(p) for p in pids)
+    assert pm.stopped and not any(pid_alive(p) for p in pids)
     pm2 = hosts.spawn_procs(per_host={"procs": 1})  # the host agent is still there
     assert pm2.spawn("d", Dies).ok.call_one().get(timeout=60) == 1
 

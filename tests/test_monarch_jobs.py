@@ -16,29 +16,23 @@ import pytest
 
 from runtime.job import (DEFAULT_JOB_PATH, JobError, JobState, JobTrait, LocalJob, ProcessJob,
                          SlurmJob, job_load, job_loads)
+from _procs import pid_alive
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _wait_dead(pids, seconds: float = 10) -> bool:
     deadline = time.monotonic() + seconds
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not any(_alive(p) for p in pids)
+    return not any(pid_alive(p) for p in pids)
 
 
 def _reap(pids) -> None:
     """Kill agents a failed test may have left (by pid)."""
     for p in pids:
-        if _alive(p):
+        if pid_alive(p):
             os.kill(p, signal.SIGKILL)
 
 
@@ -63,7 +57,7 @@ def test_process_job_meshes_call_and_kill():
         ranks = sorted(v["rank"] for v in echo.whoami.call().get(timeout=60).values())
         assert ranks == [0, 1, 2, 3]
         pids = list(job.agent_pids.values())
-        assert len(pids) == 3 and all(_alive(p) for p in pids)
+        assert len(pids) == 3 and all(pid_alive(p) for p in pids)
         assert job.can_run(ProcessJob({"trainers": 2, "dataloaders": 1}))
         assert not job.can_run(ProcessJob({"trainers": 3, "dataloaders": 1}))
         workdir = job.workdir
@@ -110,7 +104,7 @@ def test_a_second_controller_reattaches_from_the_cached_path(tmp_path):
         seen += first["pids"]
         assert first["calls"] == 2 and path.exists()
         assert path.stat().st_mode & 0o777 == 0o600
-        assert all(_alive(p) for p in first["pids"])
+        assert all(pid_alive(p) for p in first["pids"])
         again = _controller(path, 2, "leave")  # a re-run reuses the running job
         assert again["pids"] == first["pids"] and again["calls"] == 2
         # a different spec cannot run on the cached job: it is killed and replaced

@@ -61,11 +61,10 @@ def test_supervise_runs_while_an_async_endpoint_awaits(two_meshes):
 def test_unhandled_supervise_fails_the_owner_and_its_pending_call(two_meshes, failures):
     owners, kids = two_meshes
     owner = owners.spawn("owner", Owner, kids, handle=False)
-    t0 = time.monotonic()
+    # within 15 s, not after the 20 s sleep: the endpoint was cut short
     with pytest.raises(SupervisionError, match=r"(?s)The actor .* and all its descendants "
                                                r"have failed:.*kids"):
-        owner.fail_kids_then_sleep.call_one(20.0).get(timeout=60)
-    assert time.monotonic() - t0 < 15  # not after the 20 s sleep: the endpoint was cut short
+        owner.fail_kids_then_sleep.call_one(20.0).get(timeout=15)
     with pytest.raises(SupervisionError):
         owner.failures.call_one().get(timeout=30)
 

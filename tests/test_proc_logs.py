@@ -19,21 +19,15 @@ from pathlib import Path
 import pytest
 
 from runtime.host import logfiles
+from _procs import pid_alive
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _reap(pids) -> None:
     for p in pids:
-        if _alive(p):
+        if pid_alive(p):
             os.kill(p, signal.SIGKILL)
 
 

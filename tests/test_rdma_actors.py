@@ -34,11 +34,16 @@ class Owner(Actor):
         return sha(self.t)
 
     @endpoint
-    def busy(self, seconds: float) -> float:
-        """Hold the actor's only handler thread; transfers must still go through."""
-        t0 = time.monotonic()
-        time.sleep(seconds)
-        return time.monotonic() - t0
+    def busy(self, marker: str) -> str:
+        """Hold the actor's only handler thread (transfers must still go through): make
+        `marker`.in, then wait until `marker`.go exists (at most 60 s)."""
+        import os
+
+        open(marker + ".in", "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(marker + ".go") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return "released" if os.path.exists(marker + ".go") else "gave up"
 
     @endpoint
     def live_buffers(self) -> int:
@@ -145,12 +150,16 @@ def test_actor_to_actor_transfer_without_the_controller(procs):
 
 
 @pytest.mark.timeout(120)
-def test_transfers_proceed_while_the_owner_endpoint_is_busy(procs):
+def test_transfers_proceed_while_the_owner_endpoint_is_busy(procs, tmp_path):
     owners = procs.spawn("owner_busy", Owner, N)
     buf = owners.slice(procs=0).handle.call_one().get(timeout=60)
     want = owners.slice(procs=0).checksum.call_one().get(timeout=60)
-    busy = owners.slice(procs=0).busy.call_one(3.0)
-    time.sleep(0.3)  # the actor's handler is now inside busy()
+    marker = tmp_path / "busy"
+    busy = owners.slice(procs=0).busy.call_one(str(marker))
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "busy.in").exists():  # the actor's handler is inside busy() now
+        assert time.monotonic() < deadline and not busy.done()
+        time.sleep(0.01)
     dst = torch.empty(4 * N, dtype=torch.uint8)
     for transport in ("vm", "tcp"):
         import os
@@ -161,8 +170,9 @@ def test_transfers_proceed_while_the_owner_endpoint_is_busy(procs):
         finally:
             del os.environ["MONARCH_RDMA_TRANSPORT"]
         assert sha(dst) == want
-    assert not busy.done(), "the reads should finish while busy() still runs"
-    assert busy.get(timeout=30) >= 3.0
+    assert not busy.done(), "the reads finished while busy() still runs"
+    (tmp_path / "busy.go").touch()
+    assert busy.get(timeout=30) == "released"
     owners.stop().get(timeout=30)
 
 

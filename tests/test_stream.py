@@ -187,7 +187,9 @@ def test_messages_to_a_peer_not_listening_yet_arrive_once_it_is(rundir):
     try:
         for i in range(20):
             src.send(sink.addr, _msg(0, i))
-        time.sleep(0.05)  # the sender retries its connect meanwhile
+        from runtime.transport.stream import CONNECT_RETRY_S
+        # the sender has retried its connect (a retry failed, the next one waits longer)
+        _wait(lambda: src.peers.out[sink.addr].retry > CONNECT_RETRY_S)
         sink.bind()
         _wait(lambda: len(sink.got) == 20)
         assert [g[1] for g in sink.got] == list(range(20)) and not failed

@@ -83,8 +83,6 @@ def test_a_call_waiting_for_its_shard_lets_the_engine_run(mesh):
             slow = big @ big @ big  # keeps the worker busy with this batch
             flush()
             x = torch.ones(4) * 2   # its op comes in the next batch, behind the slow one
-            t0 = time.monotonic()
-            got = users.describe.call(x).get(timeout=50)
+            got = users.describe.call(x).get(timeout=30)  # behind the slow batch, no hang
             assert [v["sum"] for v in got.values()] == [8.0, 8.0]
-            assert time.monotonic() - t0 < 30
             del slow

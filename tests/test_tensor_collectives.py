@@ -187,12 +187,11 @@ def test_a_proc_killed_mid_reduce_fails_the_reduce_without_a_hang():
                 big.reduce_("procs")
             flush()
         os.kill(pm.procs[2].pid, signal.SIGKILL)
-        t0 = time.monotonic()
+        # fails within 20 s (a TimeoutError otherwise), not at the collective timeout
         with pytest.raises((RemoteTensorError, SupervisionError)) as info:
-            runtime.inspect(big[:1], procs=0, timeout=60)
+            runtime.inspect(big[:1], procs=0, timeout=20)
         if isinstance(info.value, RemoteTensorError):  # gloo saw the peer go
             assert "reduce_(procs" in str(info.value) and "Connection" in str(info.value)
-        assert time.monotonic() - t0 < 20, "the reduce did not fail within the heartbeat timeout"
         survivors = pm.slice(procs=slice(0, 2))
         with survivors.activate():
             fresh = torch.ones(4).reduce("procs")

@@ -100,11 +100,9 @@ def test_worker_with_another_key_is_refused(user_key, workers, tmp_path):
     while not other.exists():  # the worker made its (different) key: it is up
         assert p.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
-    t0 = time.monotonic()
     with pytest.raises(TimeoutError, match=rf"(?s)no answer within 3 s.*{port}.*"
                                            rf"{re.escape(str(user_key))}.*another key"):
         attach_to_workers(ca=TRUST_ALL, workers=[f"tcp://127.0.0.1:{port}"], timeout=3)
-    assert time.monotonic() - t0 < 10
     assert p.poll() is None  # the worker is unharmed: its owner may still attach
 
 

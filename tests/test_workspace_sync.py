@@ -2,10 +2,11 @@
 loopback TCP, each with its own workspace directory), through the public API."""
 from __future__ import annotations
 
+import importlib
 import os
-import signal
 import sys
-import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -60,8 +61,78 @@ def proj(tmp_path, request):
         yield d, mod
     finally:
         sys.path.remove(str(d))
-        for m in (mod, f"{mod}_dep"):
+        for m in (mod, f"{mod}_dep", f"{mod}_hold"):
             sys.modules.pop(m, None)
+
+
+HOLDER = '''
+import asyncio
+from runtime import Actor, concurrent_endpoint, endpoint
+
+VALUE = {value}
+
+class Holder(Actor):
+    def __init__(self):
+        self.gate = None
+
+    @concurrent_endpoint
+    async def hold(self):
+        self.gate = asyncio.Event()
+        before = VALUE
+        await self.gate.wait()  # suspended here, in the middle of the call
+        return before, VALUE
+
+    @endpoint
+    def holding(self):
+        return self.gate is not None and not self.gate.is_set()
+
+    @endpoint
+    def release(self):
+        self.gate.set()
+
+    @endpoint
+    def value(self):
+        return VALUE
+'''
+
+
+def _until(cond, timeout: float = 30.0, what: str = "") -> None:
+    """Poll `cond` until it holds; fail (not hang) after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.02)
+
+
+def _in_background(fn):
+    """Run fn() on a thread: (the thread, {"result" or "error": ...})."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["result"] = fn()
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def _holders(hosts, d, mod):
+    (d / f"{mod}_hold.py").write_text(HOLDER.format(value=1))
+    hosts.sync_workspace(Workspace(dirs=[str(d)]))
+    procs = hosts.spawn_procs(per_host={"procs": 1})
+    h = procs.spawn("h", importlib.import_module(f"{mod}_hold").Holder)
+    held = h.hold.call()
+    _until(lambda: all(h.holding.call().get(timeout=30).values()), what="hold() awaits")
+    (d / f"{mod}_hold.py").write_text(HOLDER.format(value=2))
+    return procs, h, held
+
+
+def _said(procs, text: str) -> bool:
+    rt = runtime.get_runtime()
+    return all(any(text in ln for ln in rt.output_tail(p.proc_id)) for p in procs.procs)
 
 
 def _edit(d: Path, mod: str, value: int, extra: str = "") -> None:
@@ -222,27 +293,90 @@ def test_notebook_class_redefined_and_reloaded_keeps_state(job):
     procs.stop().get(timeout=30)
 
 
-def test_a_host_killed_mid_sync_fails_that_host_by_name(proj):
-    d, _ = proj
-    (d / "blob.bin").write_bytes(os.urandom(3 << 20))
-    for i in range(40):
-        (d / f"f{i}.bin").write_bytes(os.urandom(1 << 20))
-    j = LocalJob(hosts=2, progress=False)
-    try:
-        hosts = j.state().hosts
-        victim = j.pids[1]
-        killed = []
+def test_reload_waits_for_a_concurrent_call_suspended_in_an_await(job, proj):
+    """A reload happens between calls: one that is suspended in an await finishes on the
+    old code first (the reload waits for it, saying so, and handles the messages that
+    arrive meanwhile: here the one the call awaits)."""
+    _, hosts = job
+    d, mod = proj
+    procs, h, held = _holders(hosts, d, mod)
+    t, out = _in_background(lambda: hosts.sync_workspace(Workspace(dirs=[str(d)]),
+                                                          auto_reload=True))
+    _until(lambda: _said(procs, "reload waits for h["), what="the reload waits for hold()")
+    h.release.call().get(timeout=30)  # a message while the reload waits
+    t.join(timeout=120)
+    assert not t.is_alive() and "error" not in out, out
+    assert sorted(held.get(timeout=30).values()) == [(1, 1), (1, 1)], "all old code"
+    mine = [r for r in out["result"].reloads if r.mesh == procs.name]
+    assert [r.waited for r in mine] == [{f"h[{r.rank}]": ["hold"]} for r in mine]
+    assert all(f"{mod}_hold" in r.reloaded and not r.busy for r in mine)
+    assert "waited for h[0]'s calls in progress (hold())" in str(out["result"])
+    assert list(h.value.call().get(timeout=30).values()) == [2, 2]
+    procs.stop().get(timeout=30)
 
-        def progress(host, files, of, nbytes, of_bytes):
-            if not killed:  # the first report (after the offers): nothing committed yet
-                killed.append(victim)
-                os.kill(victim, signal.SIGKILL)
 
-        with runtime.configured(workspace_timeout=10.0):
-            with pytest.raises(WorkspaceSyncError) as ei:
-                hosts.sync_workspace(Workspace(dirs=[str(d)]), progress=progress)
-        failed = [h for h in ei.value.result.hosts if h.error]
-        assert len(failed) == 1 and killed
-        assert f"host {failed[0].host} ({failed[0].address})" in str(ei.value)
-    finally:
-        j.kill()
+def test_reload_skips_a_proc_whose_concurrent_call_outlasts_the_timeout(job, proj):
+    _, hosts = job
+    d, mod = proj
+    procs, h, held = _holders(hosts, d, mod)
+    with pytest.raises(WorkspaceSyncError) as ei:
+        hosts.sync_workspace(Workspace(dirs=[str(d)]), auto_reload=True, timeout=1.0)
+    assert "nothing reloaded, actors busy past the timeout: h[0] (calls in progress: " \
+           "hold())" in str(ei.value)
+    assert all(not r.reloaded for r in ei.value.result.reloads if r.mesh == procs.name)
+    h.release.call().get(timeout=30)
+    assert sorted(held.get(timeout=30).values()) == [(1, 1), (1, 1)]
+    assert list(h.value.call().get(timeout=30).values()) == [1, 1], "old code kept"
+    hosts.sync_workspace(Workspace(dirs=[str(d)]), auto_reload=True)  # the next sync
+    assert list(h.value.call().get(timeout=30).values()) == [2, 2]
+    procs.stop().get(timeout=30)
+
+
+def test_class_reload_waits_for_a_concurrent_call_suspended_in_an_await(job):
+    _, hosts = job
+    import asyncio
+
+    from runtime import Actor, concurrent_endpoint, endpoint
+
+    def make(k: int):  # a local class: sent by value, as a notebook cell's is
+        class Waiter(Actor):
+            def __init__(self):
+                self.gate = None
+
+            def k(self):
+                return k
+
+            @concurrent_endpoint
+            async def hold(self):
+                self.gate = asyncio.Event()
+                before = self.k()
+                await self.gate.wait()
+                return before, self.k()
+
+            @endpoint
+            def holding(self):
+                return self.gate is not None and not self.gate.is_set()
+
+            @endpoint
+            def release(self):
+                self.gate.set()
+        return Waiter
+
+    procs = hosts.spawn_procs(per_host={"procs": 1})
+    w = procs.spawn("w", make(1))
+    held = w.hold.call()
+    _until(lambda: all(w.holding.call().get(timeout=30).values()), what="hold() awaits")
+    t, out = _in_background(lambda: runtime.reload_actor_class(w, make(2)))
+    _until(lambda: _said(procs, "reload waits for w["), what="the swap waits for hold()")
+    w.release.call().get(timeout=30)
+    t.join(timeout=60)
+    assert not t.is_alive() and "error" not in out, out
+    assert sorted(held.get(timeout=30).values()) == [(1, 1), (1, 1)], "all old class"
+    held = w.hold.call()
+    _until(lambda: all(w.holding.call().get(timeout=30).values()), what="hold() awaits")
+    with pytest.raises(RuntimeError, match=r"w\[0\].*keeps its old class: w\[0\] \(calls in "
+                                           r"progress: hold\(\)\)"):
+        runtime.reload_actor_class(w, make(3), timeout=1.0)
+    w.release.call().get(timeout=30)
+    assert sorted(held.get(timeout=30).values()) == [(2, 2), (2, 2)]
+    procs.stop().get(timeout=30)

@@ -76,6 +76,8 @@ class ProcReload:
     skipped: list = field(default_factory=list)  # dependants of a module that failed
     deleted: list = field(default_factory=list)
     busy: list = field(default_factory=list)  # actors that did not pause: nothing reloaded
+    #: "name[rank]" -> the @concurrent_endpoint calls in progress the reload waited for
+    waited: dict = field(default_factory=dict)
     actors: dict = field(default_factory=dict)  # actor id -> its endpoints now
     error: Optional[str] = None
 
@@ -113,6 +115,11 @@ class SyncResult:
         reloaded = sorted({m for r in self.reloads for m in r.reloaded})
         if self.reloads:
             lines.append(f"reloaded in {len(self.reloads)} procs: {', '.join(reloaded) or '-'}")
+        for r in self.reloads:
+            for actor, calls in r.waited.items():
+                lines.append(f"{r.host} proc {r.mesh}[{r.rank}]: waited for {actor}'s calls "
+                             f"in progress ({', '.join(c + '()' for c in calls)})"
+                             + (" past the timeout: not reloaded" if r.busy else ""))
         return "\n".join(lines)
 
 
@@ -260,7 +267,7 @@ def _reload_procs(rt: Runtime, agents: list[AgentRecord], roots: dict, sources: 
     for out, fut in asked:
         try:
             got = fut.get(timeout * 2 + 5)  # its actors get `timeout` to pause
-            for k in ("reloaded", "failed", "skipped", "deleted", "busy", "actors"):
+            for k in ("reloaded", "failed", "skipped", "deleted", "busy", "waited", "actors"):
                 setattr(out, k, got.get(k, getattr(out, k)))
         except TimeoutError:
             out.error = f"no answer within {timeout * 2 + 5:g} s"
@@ -320,12 +327,13 @@ def reload_actor_class(actors: Any, cls: type, timeout: Optional[float] = None) 
         address, route = rec.target(rank)
         agent = rt.state.proc(proc_id).agent
         futs.append((rank, _ask(rt, agent, f"reload {rec.name}[{rank}]", {
-            "op": "swap", "actor": rec.actor_id}, body, tuple(bufs), waits_on=proc_id,
+            "op": "swap", "actor": rec.actor_id, "timeout": timeout}, body, tuple(bufs),
+            waits_on=proc_id,
             address=address, route=route)))
     errors = []
     for rank, fut in futs:
         try:
-            fut.get(timeout)
+            fut.get(timeout + 5)  # the actor gets `timeout` for its calls in progress
         except Exception as e:  # noqa: BLE001 - collected per rank
             errors.append(f"{rec.name}[{rank}]: {type(e).__name__}: {e}")
 

@@ -4,8 +4,6 @@ and Shift-Tab shows the remote object's tooltip."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from labserver import CHROMIUM, CHROMIUM_ARGS, monarch_lab
@@ -69,7 +67,8 @@ def test_tab_in_a_mesh_cell_lists_the_procs_names(lab):
             # Shift-Tab: the tooltip is the remote object's, from rank 0.
             page.keyboard.press("Shift+Tab")
             tip = page.wait_for_selector(".jp-Tooltip", timeout=15_000)
-            time.sleep(0.3)
+            page.wait_for_function("() => (document.querySelector('.jp-Tooltip')?.innerText"
+                                   " || '').includes('[mesh procs rank 0]')", timeout=15_000)
             text = tip.inner_text()
             assert "[mesh procs rank 0]" in text, text
             assert ("int" if source.endswith("only") else "str") in text, text

@@ -39,18 +39,23 @@ trainers.step.call().get(timeout=60)"""
 
 DASHBOARD = "monarch_widgets.dashboard()"
 
-# kills rank 1 of the first 4-actor mesh, whichever notebook set it up
+# kills rank 1 of the first 4-actor mesh, whichever notebook set it up, once the test has
+# seen the mesh idle (the file {go} appears), and stays busy until the test is done ({done})
 KILL = """\
-import time, runtime
-time.sleep(3)
+import os, time, runtime
+def _wait_file(path, seconds=120):
+    end = time.monotonic() + seconds
+    while not os.path.exists(path) and time.monotonic() < end:
+        time.sleep(0.02)
+_wait_file({go!r})
 _rt = runtime.get_runtime()
 _mesh = next(m for m in _rt.health.snapshot() if len(m.actors) == 4)
 _rt.kill_proc(_mesh.actors[1].proc_id)
 print("killed rank 1 of", _mesh.name)
-time.sleep(10)  # the cell stays busy: the dashboard must update meanwhile"""
+_wait_file({done!r})  # the cell stays busy: the dashboard must update meanwhile"""
 
 
-def notebook_cells() -> tuple[list[str], str]:
+def notebook_cells(go: str, done: str) -> tuple[list[str], str]:
     """The quickstart's cells up to its dashboard cell, else our own; plus where from."""
     if QUICKSTART.exists():
         nb = json.loads(QUICKSTART.read_text())
@@ -59,8 +64,8 @@ def notebook_cells() -> tuple[list[str], str]:
                 and "raises-exception" not in c.get("metadata", {}).get("tags", [])]
         for i, src in enumerate(code):
             if "dashboard(" in src or src.strip() == "%mesh status":
-                return code[:i + 1] + [KILL], "quickstart"
-    return [SETUP, DASHBOARD, KILL], "built-in"
+                return code[:i + 1] + [KILL.format(go=go, done=done)], "quickstart"
+    return [SETUP, DASHBOARD, KILL.format(go=go, done=done)], "built-in"
 
 
 def _cells(page, mesh: str) -> list[str]:
@@ -73,7 +78,7 @@ def lab(tmp_path):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no system chromium at {CHROMIUM} (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api", reason="python playwright is not installed")
-    cells, origin = notebook_cells()
+    cells, origin = notebook_cells(str(tmp_path / "go"), str(tmp_path / "done"))
     kernel = "python3"
     if origin == "quickstart":  # the quickstart's %mesh magics need the Monarch kernel
         sys.path.insert(0, str(REPO / "tests" / "kernel"))
@@ -137,6 +142,7 @@ def test_dashboard_in_jupyterlab(lab):
                         if (c.length === 4 && c.every(e => e.dataset.state === 'idle'))
                           return m.dataset.mesh; } return null; }""",
                     timeout=90_000).json_value()
+                (lab.root / "go").touch()  # seen idle: now the kill cell kills
                 cell = f".mw-cell[data-mesh='{mesh}']"
                 # the kill cell runs: rank 1 turns failed while that cell is still busy
                 page.wait_for_selector(f"{cell}[data-rank='1'][data-state='failed']",
@@ -161,6 +167,7 @@ def test_dashboard_in_jupyterlab(lab):
                 page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"))
                 raise
         finally:
+            (lab.root / "done").touch()  # the kill cell may end
             browser.close()
     if os.environ.get("MONARCH_UPDATE_DOCS_SCREENSHOT") == "1":
         shutil.copy(ARTIFACTS / "dashboard.png", REPO / "docs" / "dashboard.png")

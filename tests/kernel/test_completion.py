@@ -174,19 +174,17 @@ def test_a_proc_that_cannot_answer_costs_one_bounded_wait(kernel):
     assert r["error"] is None, r["error"]
     deadline = time.monotonic() + 2.5
     while True:  # answered remotely until the call reaches rank 0 and takes its GIL
-        t = time.monotonic()
         c = complete(kernel, "%%mesh procs\npri")
-        first = time.monotonic() - t
         if c["metadata"]["monarch"]["source"] == "local":
             break
         assert time.monotonic() < deadline, "rank 0 kept answering"
         time.sleep(0.05)
     assert "print" in c["matches"], c
-    assert 0.45 < first < 2.0, first  # the 500 ms wait, then the local answer
-    t = time.monotonic()
+    # the one bounded wait (500 ms), then the local answer (the cost: bench_completion.py)
+    assert c["metadata"]["monarch"] == {"source": "local", "why": "timeout"}, c
     c = complete(kernel, "%%mesh procs\nremote_o")  # the first request is still pending
-    assert c["metadata"]["monarch"]["source"] == "local" and c["matches"] == []
-    assert time.monotonic() - t < 0.45  # no second wait
+    assert c["matches"] == []
+    assert c["metadata"]["monarch"] == {"source": "local", "why": "pending"}, c  # no wait
     # Nothing was printed to the notebook by the fallback.
     assert kernel.execute("held.get(timeout=10); 1")["stdout"] == ""
     deadline = time.monotonic() + 10

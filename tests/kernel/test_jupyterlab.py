@@ -97,10 +97,12 @@ def test_quickstart_runs_in_jupyterlab(lab):
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
             # Read the notebook model (not the DOM: Lab renders only cells in view).
             model = "() => window.jupyterapp.shell.currentWidget.context.model.toJSON()"
+            # every cell ran, and the kernel is idle again: the last cell's outputs (which
+            # precede its idle status on the same channel) are in
             page.wait_for_function(
                 f"() => ({model})().cells.filter(c => c.cell_type === 'code')"
-                ".every(c => c.execution_count !== null)", timeout=120000)
-            time.sleep(0.5)  # outputs of the last cell
+                ".every(c => c.execution_count !== null) && document.querySelector("
+                "'.jp-Notebook-ExecutionIndicator')?.dataset.status === 'idle'", timeout=120000)
             nb = page.evaluate(model)
         finally:
             browser.close()

@@ -14,6 +14,7 @@ class DapDriver:
     def __init__(self, kc: Any) -> None:
         self.kc = kc
         self.seq = 0
+        self.connected = False  # between an answered initialize/attach and a disconnect
         self.events: list[dict] = []  # debug events, in arrival order
         self.stream = ""  # stdout and stderr of every cell
         self.replies: dict[str, dict] = {}  # execute replies by msg_id
@@ -58,6 +59,8 @@ class DapDriver:
             except queue.Empty:
                 continue
             if r["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                if command in ("initialize", "attach", "disconnect"):
+                    self.connected = command != "disconnect"
                 return r["content"]
         raise TimeoutError(f"no reply to debug request {command} in {timeout} s")
 

@@ -97,10 +97,25 @@ def test_ctrl_c_detaches_and_the_actor_continues(kernel):
 
 def test_unattended_breakpoint_note_attach_with_magic_and_timeout(kernel):
     kernel.run('ua = procs.slice(procs=2).spawn("ua", Stepper)')
+    kernel.run("import time\n"
+               "def _until(cond, seconds=30):\n"
+               "    end = time.monotonic() + seconds\n"
+               "    while not cond() and time.monotonic() < end:\n"
+               "        time.sleep(0.02)\n"
+               "def _states(m):\n"
+               "    return [a.state.value for a in "
+               "runtime.get_runtime().health.mesh(m._rec.health_name).actors]\n"
+               "def _paused(m):\n"
+               "    return _until(lambda: _states(m) == ['paused'])\n"
+               "def _noted():\n"
+               "    import threading\n"
+               "    from runtime.debugging.registry import get_registry\n"
+               "    _until(lambda: any(s.noted for s in get_registry().sessions()))\n"
+               "    done = threading.Event()  # the I/O thread, which notes, is past it\n"
+               "    runtime.get_runtime().loop.call_soon(done.set)\n"
+               "    done.wait(10)\n")
     # the call is made, but no cell waits on it: a note, the dashboard shows it paused
-    r = kernel.run("fut = ua.work.call_one(6)\nimport time; time.sleep(2.5)\n"
-                   "print([a.state.value for a in "
-                   "runtime.get_runtime().health.mesh(ua._rec.health_name).actors])")
+    r = kernel.run("fut = ua.work.call_one(6)\n_noted()\n_paused(ua)\nprint(_states(ua))")
     assert r.ok, r.transcript
     assert "ua rank 0 paused at" in r.stderr and "%mesh debug" in r.stderr
     assert "['paused']" in r.stdout
@@ -110,19 +125,19 @@ def test_unattended_breakpoint_note_attach_with_magic_and_timeout(kernel):
     assert "(Pdb ua:0) p y\n12\n" in r.transcript and "ua rank 0 continued" in r.transcript
     assert kernel.run("fut.get()").results == ["12"]
     # the dashboard's attach button / `%mesh attach MESH RANK` (monarch_widgets.controls)
-    r = kernel.run("fut = ua.work.call_one(6)\ntime.sleep(0.5)\n"
+    r = kernel.run("fut = ua.work.call_one(6)\n_paused(ua)\n"
                    "from monarch_widgets import controls\n"
                    "controls.attach(ua._rec.health_name, 0)", ["p y + 1", "c"])
     assert "(Pdb ua:0) p y + 1\n13\n" in r.transcript, r.transcript
     assert r.results == ["'done with ua rank 0'"]
     assert kernel.run("fut.get()").results == ["12"]
     if kernel_module() == "monarch_kernel":  # the Monarch kernel's `%mesh attach MESH RANK`
-        r = kernel.run("fut = ua.work.call_one(6)\ntime.sleep(0.5)\n"
+        r = kernel.run("fut = ua.work.call_one(6)\n_paused(ua)\n"
                        "get_ipython().run_line_magic('mesh', 'attach ua 0')", ["p x", "c"])
         assert "(Pdb ua:0) p x\n6\n" in r.transcript, r.transcript
         assert kernel.run("fut.get()").results == ["12"]
-    # nobody attends within the timeout: the policy (fail) applies
-    r = kernel.run("set_timeout(1.5)\nfut = ua.work.call_one(6)\ntime.sleep(3)\nfut.get()")
+    # nobody attends within the timeout: the policy (fail) applies (the call ends by itself)
+    r = kernel.run("set_timeout(1.5)\nfut = ua.work.call_one(6)\n_until(fut.done)\nfut.get()")
     assert r.error is not None and r.error["ename"] == "ActorError"
     assert "BreakpointWithoutDebugger" in r.error["evalue"]
     assert "unattended for 1.5 s" in r.error["evalue"]

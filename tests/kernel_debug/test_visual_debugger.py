@@ -44,7 +44,8 @@ def session():
     d = DapDriver(k.kc)
     yield k, d
     try:
-        d.request("disconnect", {"restart": False, "terminateDebuggee": True}, timeout=10)
+        if d.connected:  # a second disconnect gets no answer: it would wait out its timeout
+            d.request("disconnect", {"restart": False, "terminateDebuggee": True}, timeout=10)
     except Exception:
         pass
     k.close()

@@ -37,9 +37,14 @@ def test_agent_refuses_key_file_others_can_read(cluster, agents, key_file):
 
 
 def _send(addr: str, frames: list, keys: tuple[bytes, bytes] | None, server_key: bytes | None):
+    """Try to send `frames` to the agent as a stranger; return once the agent has refused
+    the handshake and dropped the connection (as zmq's monitor of this socket reports)."""
+    from zmq.utils.monitor import recv_monitor_message
+
     ctx = zmq.Context()
     s = ctx.socket(zmq.PUSH)
     s.setsockopt(zmq.LINGER, 0)
+    mon = s.get_monitor_socket()
     if keys is not None:
         s.curve_publickey, s.curve_secretkey = keys
         s.curve_serverkey = server_key
@@ -48,9 +53,21 @@ def _send(addr: str, frames: list, keys: tuple[bytes, bytes] | None, server_key:
         s.send_multipart(frames, flags=zmq.NOBLOCK)
     except zmq.Again:
         pass  # no connection completed the handshake: nothing could be queued
-    time.sleep(1.0)
-    s.close()
-    ctx.term()
+    seen = []
+    deadline = time.monotonic() + 20
+    try:
+        while zmq.EVENT_DISCONNECTED not in seen or not any(
+                e in seen for e in (zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+                                    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                                    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)):
+            assert time.monotonic() < deadline, f"the agent did not drop us: {seen}"
+            if mon.poll(100):
+                seen.append(recv_monitor_message(mon)["event"])
+    finally:
+        s.disable_monitor()
+        mon.close()
+        s.close()
+        ctx.term()
 
 
 def test_agent_drops_peers_without_the_cluster_key(cluster, agents, key_file):

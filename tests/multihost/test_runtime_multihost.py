@@ -145,10 +145,9 @@ def test_link_down_fails_actors_on_that_host_only(cluster, mesh3, record_detecti
     try:
         # a call to the cut-off host fails within the heartbeat timeout (plus slack)
         fut = where.slice(hosts=2).where.call()
-        dt, err = _wait_failure(fut, HB_TIMEOUT * 3 + 5)
+        dt, err = _wait_failure(fut, HB_TIMEOUT * 2 + 3)  # else the wait's TimeoutError
         detect = time.monotonic() - t0
         record_detection(f"multihost: link down ({lost}), heartbeat timeout {HB_TIMEOUT:g} s", detect)
-        assert detect < HB_TIMEOUT * 2 + 3
         assert lost in str(err)
         failure = getattr(err, "failure", None)
         assert failure is None or failure.host == lost
@@ -183,10 +182,11 @@ def test_agent_killed_is_detected_and_named(cluster, mesh3, agents, record_detec
     victim = hosts.hosts[1]
     t0 = time.monotonic()
     agents.procs[victim].kill()
-    dt, err = _wait_failure(where.slice(hosts=1).where.call(), HB_TIMEOUT * 3 + 5)
+    # fails by twice the heartbeat timeout (plus slack), else the wait's TimeoutError
+    dt, err = _wait_failure(where.slice(hosts=1).where.call(), HB_TIMEOUT * 2 + 3)
     detect = time.monotonic() - t0
     record_detection(f"multihost: agent killed ({victim}), heartbeat timeout {HB_TIMEOUT:g} s", detect)
-    assert detect < HB_TIMEOUT * 2 + 3 and victim in str(err)
+    assert victim in str(err)
     ok = where.slice(hosts=2).where.call().get(timeout=20)
     assert [v[0] for _, v in ok.items()] == [hosts.hosts[2]] * 2
 
@@ -205,8 +205,8 @@ def test_partition_between_agents_is_reported_not_fatal(cluster, mesh3, record_d
         record_detection(f"multihost: partition {a}<->{b} reported to the caller "
                          f"({type(e.value).__name__})", dt)
         # the caller's runtime pings the peer it waits on and names the partition
+        # (not the call's own timeout, HB_TIMEOUT * 2: that error names no partition)
         assert "unreachable" in str(e.value) and "network partition" in str(e.value), e.value
-        assert dt < HB_TIMEOUT * 2
         # nobody mistook the partition for a dead controller or a dead host
         got = where.where.call().get(timeout=20)
         assert sorted(v[0] for _, v in got.items()) == sorted(cluster.nodes * 2)

@@ -1,0 +1,27 @@
+"""Helpers the tests share about processes and the runtime's own threads."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+
+def pid_alive(pid: int) -> bool:
+    """True when `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def fault_hooks_done(timeout: float = 20.0) -> bool:
+    """Wait until no `unhandled_fault_hook` call is running. The runtime runs the hook on a
+    thread of its own, started when the failure report is read; what a proc sent is read
+    before its end is known, so after a wait on a proc's end (a stop, a failed call) every
+    report it sent has reached the hook once this returns True."""
+    deadline = time.monotonic() + timeout
+    while any(t.name == "monarch-fault-hook" for t in threading.enumerate()):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
