@@ -125,7 +125,7 @@ def test_dashboard_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
 
     lab.start_session("dashboard.ipynb", kernel=getattr(lab, "kernel_name", "python3"))
-    origin = notebook_cells()[1]
+    origin = notebook_cells(str(lab.root / "go"), str(lab.root / "done"))[1]
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -162,6 +162,7 @@ def test_dashboard_in_jupyterlab(lab):
                 page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
                 page.locator(".mw-root").screenshot(path=str(ARTIFACTS / "dashboard-widget.png"))
                 if origin == "quickstart":
+                    (lab.root / "done").touch()  # the kill cell ends; its kernel is free
                     _check_timeline_and_stacks(page, mesh)
             except Exception:
                 page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"))
