@@ -17,7 +17,7 @@ from .errors import ActorError, SupervisionError, actor_failed_message
 if TYPE_CHECKING:
     import asyncio
 
-    from .proc import ActorInstance
+    from ._actor_instance import ActorInstance
 
 
 class Mailbox(queue.SimpleQueue):

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from .supervision import MeshFailure
 
 if TYPE_CHECKING:
-    from .proc import ActorInstance, ProcServer
+    from ._actor_instance import ActorInstance
+    from ._proc_server import ProcServer
 
 #: failures of one actor's meshes are handed over once none has arrived for this long...
 BATCH_QUIET_S = 0.25
