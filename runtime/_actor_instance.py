@@ -21,7 +21,7 @@ import types
 from typing import Any, Optional
 
 from . import _context, _endpoints, _supervise, logs, timeline
-from ._replies import encode_result, reply_extra
+from ._replies import UnsendableResult, encode_result, reply_extra
 from .actor import (ROOT_ID, ActorContext, CreatorInstance, _message_view, _set_context,
                     endpoints_of, root_creator)
 from .config import config
@@ -104,13 +104,8 @@ class ActorInstance:
         self.instance: Any = None
         self.context: Optional[ActorContext] = None  # set when its thread starts
         self.endpoints: dict = {}
-        self._aloop: Any = None
-        self.tasks: set = set()  # running @concurrent_endpoint tasks
-        self.supervise_inbox = _supervise.SuperviseInbox()
-        self.in_async = False  # an async endpoint runs on the event loop (it may await)
-        self.main_task: Any = None  # that endpoint's task
-        self.wake: Any = None  # set while the event loop runs tasks between messages
-        self.waker = False  # whether mailbox.put wakes that loop
+        self.aloop = _endpoints.ActorLoop(self.mailbox)  # its asyncio loop and tasks
+        self.supervision = _supervise.Supervision(self)  # failures of meshes it owns
         self._spawn = (body, buffers)
         self.thread = threading.Thread(target=self._run, name=f"actor-{self.name}-{self.rank}",
                                        daemon=True)
@@ -127,14 +122,14 @@ class ActorInstance:
         self._init()
         mailbox = self.mailbox
         while True:
-            if self._aloop is not None and _endpoints.loop_has_work(self):
-                _endpoints.wait_idle(self)  # the actor's asyncio tasks run between messages
+            if self.aloop.has_work():
+                self.aloop.wait_idle()  # the actor's asyncio tasks run between messages
             item = mailbox.get()
             what = item[0]
             if what == "call":
                 self._handle_call(item[1], item[2], item[3])
             elif what == "supervise":
-                _supervise.on_mailbox_entry(self)
+                self.supervision.on_mailbox_entry()
             elif what == "run":  # between two messages: a reload's pause, a class swap
                 item[1](self)
             elif what == STOP:
@@ -152,49 +147,33 @@ class ActorInstance:
             self.instance = cls.__new__(cls)
             init = self.instance.__init__(*args, **kwargs)
             if inspect.iscoroutine(init):
-                self._run_coro(init)
+                self.aloop.run(init)
         except BaseException as e:  # noqa: BLE001 - reported to the owner
             if self.server.stopping and isinstance(e, KeyboardInterrupt):
-                self._set_state("stopped")  # its proc's stop interrupted it: no failure
+                self.set_state("stopped")  # its proc's stop interrupted it: no failure
                 self.instance = None  # half made: no __cleanup__
                 return
             tb = traceback.format_exc()
             self.failed = f"__init__ raised {type(e).__name__}: {e}"
-            self._set_state("failed")
+            self.set_state("failed")
             self.rt.send(self.owner_addr, Header(Kind.ACTOR_FAILED, actor=self.actor_id,
                                                  rank=self.rank, extra={
                 "cause": self.failed, "traceback": tb, "init": True}))
             return
-        self._set_state("idle")
+        self.set_state("idle")
         self.rt.send(self.owner_addr, Header(Kind.ACTOR_READY, actor=self.actor_id,
                                              rank=self.rank))
 
-    def _set_state(self, state: str, endpoint: Optional[str] = None) -> None:
+    def set_state(self, state: str, endpoint: Optional[str] = None) -> None:
+        """What the actor is doing now (its heartbeats report it): "idle", "busy" (in
+        `endpoint`), "paused" (in a debugger), "failed", "stopped"."""
         self.state = state
         self.endpoint = endpoint
         self.since = time.time()
 
     def event_loop(self) -> Any:
         """This actor's asyncio loop (made on first use; run only by its thread)."""
-        if self._aloop is None:
-            import asyncio
-
-            self._aloop = asyncio.new_event_loop()
-        return self._aloop
-
-    def _run_coro(self, coro: Any) -> Any:
-        return self.event_loop().run_until_complete(coro)
-
-    def _run_endpoint(self, coro: Any) -> Any:
-        """Run an async endpoint; supervision events are handled while it awaits."""
-        loop = self.event_loop()
-        self.main_task = task = loop.create_task(coro)
-        self.in_async = True
-        try:
-            return loop.run_until_complete(task)
-        finally:
-            self.in_async = False
-            self.main_task = None
+        return self.aloop.get()
 
     def _reply(self, h: Header, status: int, body: bytes, buffers: tuple = ()) -> None:
         """Answer a call: a result or an error to its reply address, on the same connection
@@ -230,7 +209,7 @@ class ActorInstance:
                     f"{type(self.instance).__name__} has no endpoint {name!r}",
                     mesh=self.name, rank=self.rank, endpoint=name))
             return
-        self._set_state("busy", name)
+        self.set_state("busy", name)
         t0, errors0 = timeline.now_ns(), self.errors  # the timeline's record (%mesh timeline)
         self.current_port = h.port
         self.current_reply = h.reply if h.extra is None else extra_get(h, "caller", h.reply)
@@ -245,11 +224,12 @@ class ActorInstance:
             if _call_hook is not None:
                 _call_hook()
             if ep.concurrent:
-                _endpoints.start_concurrent(self, ep, h, args, kwargs)
+                self.aloop.start(self._run_concurrent(ep, h, ep.fn(self.instance, *args, **kwargs)),
+                                 ep.name)
                 return
             result = ep.fn(self.instance, *args, **kwargs)
             if type(result) is _COROUTINE:  # inspect.iscoroutine, without its frame
-                result = self._run_endpoint(result)
+                result = self.aloop.run_endpoint(result)
             ok = not ep.explicit_response_port
         except BaseException as e:  # noqa: BLE001 - delivered to the caller
             self.report_error(h, ep, e)
@@ -260,14 +240,14 @@ class ActorInstance:
             timeline.record_call(t0, name, self.name, self.rank,
                                  self.errors != errors0 or self.failed is not None)
             if self.failed is None:
-                self._set_state("idle")
+                self.set_state("idle")
         if ok and h.port:
             if self.failed is not None:  # __supervise__ failed it meanwhile
                 self._reply_error(h, _endpoints.failed_reply(self, self.failed))
             else:
                 self._send_result(h, name, result)
         if self.abort_reason is not None and self.failed is None:  # context().abort()
-            self._fail(f"actor {self.class_name} {self.name} aborted: {self.abort_reason}")
+            self.fail(f"actor {self.class_name} {self.name} aborted: {self.abort_reason}")
 
     def _load_arguments(self, body: Any, buffers: list, ep: Any) -> tuple:
         """Unpickle a call's (args, kwargs); a CUDA tensor this proc cannot take is a clear
@@ -301,7 +281,7 @@ class ActorInstance:
         if _endpoints.is_fatal(ep, e):
             cause = f"{name}() raised {type(e).__name__}: {e}"
             kind = "Exception" if isinstance(e, Exception) else "BaseException"
-            self._fail(cause, tb, call=f"Actor call {self.name}.{name} failed with {kind}")
+            self.fail(cause, tb, call=f"Actor call {self.name}.{name} failed with {kind}")
             if h.port:
                 self._reply_error(h, _endpoints.failed_reply(self, cause))
             return
@@ -311,18 +291,44 @@ class ActorInstance:
         if h.port:
             self._reply_error(h, err)
         else:
-            self._fail(f"{name}() raised {type(e).__name__}: {e} (no caller to receive it)", tb)
+            self.fail(f"{name}() raised {type(e).__name__}: {e} (no caller to receive it)", tb)
+
+    async def _run_concurrent(self, ep: Any, h: Header, coro: Any) -> None:
+        """A `@concurrent_endpoint` call, a task on the actor's loop: its result or error
+        to the caller; an error with no caller (or a fatal one) fails the actor, as in
+        Monarch."""
+        import asyncio  # here, not at import: most procs never need it
+
+        try:
+            result = await coro
+        except asyncio.CancelledError:
+            if h.port and not ep.explicit_response_port:
+                self._reply_error(h, ActorError(f"{ep.name}() was cancelled (the actor stopped)",
+                                                mesh=self.name, rank=self.rank, endpoint=ep.name))
+            raise
+        except BaseException as e:  # noqa: BLE001 - to the caller, or the actor fails
+            self.report_error(h, ep, e)
+            return
+        if h.port and not ep.explicit_response_port:
+            self._send_result(h, ep.name, result)
 
     def _send_result(self, h: Header, name: str, result: Any) -> None:
         """Reply with an endpoint's return value (or why it cannot travel)."""
-        encoded = encode_result(self, h, name, result)
-        if encoded is not None:
-            self._reply(h, OK, *encoded)
+        try:
+            encoded = encode_result(h, name, result, self.name, self.rank)
+        except UnsendableResult as e:
+            if e.unpicklable:
+                self.errors += 1
+            self._reply_error(h, e.error)
+            return
+        self._reply(h, OK, *encoded)
 
-    def _fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None,
-              call: str = "") -> None:
+    def fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None,
+             call: str = "") -> None:
+        """The actor fails for good: its owner hears why (ACTOR_FAILED, with the child's
+        failure that caused it, if any); later calls get a SupervisionError."""
         self.failed = cause
-        self._set_state("failed")
+        self.set_state("failed")
         body = b""
         if caused_by is not None:
             try:
@@ -334,7 +340,7 @@ class ActorInstance:
                                              rank=self.rank, extra=extra), body)
 
     def _stop(self, h: Optional[Header]) -> None:
-        _endpoints.cancel_all(self)  # concurrent endpoint tasks end before __cleanup__
+        self.aloop.cancel_all()  # concurrent endpoint tasks end before __cleanup__
         # children first: meshes this actor owns
         for obj in list(self.rt.meshes(internal=True)):
             if getattr(obj, "_owner_actor", None) == self.actor_id and hasattr(obj, "_stop_now"):
@@ -347,17 +353,15 @@ class ActorInstance:
             try:
                 r = cleanup(None)
                 if inspect.iscoroutine(r):
-                    self._run_coro(r)
+                    self.aloop.run(r)
             except BaseException:  # noqa: BLE001
                 traceback.print_exc()
-        self._set_state("stopped")
+        self.set_state("stopped")
         if h is not None and h.reply:
             self.rt.send(h.reply, Header(Kind.ACTOR_STOPPED, actor=self.actor_id, rank=self.rank))
             if h.port:
                 self._reply(h, OK, dumps(None)[0])
-        if self._aloop is not None:
-            _endpoints.cancel_all(self, every_task=True)
-            self._aloop.close()
+        self.aloop.close()
 
     def stop_self(self, reason: str) -> None:
         """context().actor_instance.stop(): queue this actor's own stop behind the message it

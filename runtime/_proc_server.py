@@ -2,8 +2,8 @@
 thread (spawns, calls, stops, interrupts, stack dumps, timelines), its tables of live and
 stopped actors, and what its heartbeats carry.
 
-Layer 6 (process roles, under `proc`): imports `_actor_instance`, `_supervise`, `_reload`,
-`_replies` and the layers below.
+Layer 6 (process roles, under `proc`): imports `_actor_instance`, `_reload`, `_replies`
+and the layers below.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 import traceback
 from typing import Any
 
-from . import _reload, _supervise, logs, timeline
+from . import _reload, logs, timeline
 from ._actor_instance import STOP, ActorInstance
 from ._replies import reply_extra
 from .config import config
@@ -207,14 +207,14 @@ class ProcServer:
         a = self.actors.get(actor_id)
         if a is None:
             return False
-        _supervise.deliver(self, a, failure)
+        a.supervision.deliver(failure)
         return True
 
     def flush_supervision(self) -> None:
         """Hand every pending failure to its actor now (I/O thread; before a reply resolves)."""
         if self.supervise_waiting:
             for a in list(self.supervise_waiting.values()):
-                _supervise.flush(a)
+                a.supervision.flush()
 
     def sizes(self) -> dict[str, int]:
         """Entries in this proc's actor tables (soak tests)."""

@@ -1,22 +1,19 @@
 """What a call sends back besides its value's pickle: the reply header's echo of its call
 (`reply_extra`), and an endpoint's return value encoded for the reply (`encode_result`: plain,
-pickled, or its large buffers left on the data plane).
+pickled, or its large buffers left on the data plane; `UnsendableResult` when it cannot).
 
 Layer 6 (process roles, under `_actor_instance`): imports transport and the basics.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from .config import config
 from .errors import ActorError
 from .transport.framing import Header, extra_get
 from .transport import bulk, cuda_tensors
 from .transport.serialization import dumps, dumps_plain
-
-if TYPE_CHECKING:
-    from ._actor_instance import ActorInstance
 
 
 def reply_extra(h: Header) -> Optional[dict]:
@@ -28,11 +25,22 @@ def reply_extra(h: Header) -> Optional[dict]:
     return None if g is None else {"g": g}
 
 
-def encode_result(actor: "ActorInstance", h: Header, name: str,
-                  result: Any) -> Optional[tuple[bytes, tuple]]:
-    """(body, buffers) of an endpoint's return value for the reply to `h`, or None after
-    replying with why it cannot travel. Over the message limit, its large buffers stay on
-    this proc's data plane for the caller (runtime/transport/bulk.py)."""
+class UnsendableResult(Exception):
+    """An endpoint's return value cannot travel: `error` goes to the caller instead;
+    `unpicklable` when it could not be pickled (counted as the endpoint's error)."""
+
+    def __init__(self, error: ActorError, unpicklable: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.unpicklable = unpicklable
+
+
+def encode_result(h: Header, name: str, result: Any, mesh: str,
+                  rank: int) -> tuple[bytes, tuple]:
+    """(body, buffers) of endpoint `name`'s return value for the reply to `h` (its actor:
+    rank `rank` of `mesh`); UnsendableResult says why it cannot travel. Over the message
+    limit, its large buffers stay on this proc's data plane for the caller
+    (runtime/transport/bulk.py)."""
     plain = dumps_plain(result)  # plain data: no buffers, no CUDA tensors to see to
     if plain is not None and len(plain) <= config.max_message_bytes:
         return plain, ()
@@ -43,21 +51,18 @@ def encode_result(actor: "ActorInstance", h: Header, name: str,
             data, bufs = dumps(result, f"the return value of {name}()")
     except Exception as e:
         cuda_tensors.release(keep or [])
-        actor.errors += 1
-        actor._reply_error(h, ActorError(
+        raise UnsendableResult(ActorError(
             f"endpoint {name}() returned a value that cannot be pickled: {e}",
-            mesh=actor.name, rank=actor.rank, endpoint=name))
-        return None
+            mesh=mesh, rank=rank, endpoint=name), unpicklable=True) from None
     total = len(data) + sum(memoryview(b).nbytes for b in bufs)
     if total > config.max_message_bytes:
         moved = bulk.offload(data, bufs, config.max_message_bytes, drop_on_read=True)
         if moved is None:
             cuda_tensors.release(keep or [])
-            actor._reply_error(h, ActorError(
+            raise UnsendableResult(ActorError(
                 f"endpoint {name}() returned {total} bytes, over the message limit of "
                 f"{config.max_message_bytes}, and its pickled part alone is too large to "
-                "leave its arrays on the data plane", mesh=actor.name, rank=actor.rank,
-                endpoint=name))
-            return None
+                "leave its arrays on the data plane", mesh=mesh, rank=rank,
+                endpoint=name), unpicklable=False)
         data, bufs, _ = moved  # the caller drops each buffer once it has read it
     return data, tuple(bufs)

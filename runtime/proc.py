@@ -22,7 +22,6 @@ from ._actor_instance import (ActorInstance, current_actor, set_call_hook,  # no
 from ._proc_exit import graceful_exit, user_modules  # noqa: F401 - user_modules: public here
 from ._proc_server import ProcServer, add_heartbeat_field, dump_stacks  # noqa: F401
 from ._proc_startup import apply_proc_bind, run_bootstrap
-from ._replies import encode_result  # noqa: F401
 from .config import config
 from .transport.framing import Header, Kind
 

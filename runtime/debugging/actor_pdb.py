@@ -251,9 +251,9 @@ def _set_paused(paused: bool) -> None:
     if paused:
         if a.state != "paused":
             a._debug_endpoint = a.endpoint
-            a._set_state("paused", a.endpoint)
+            a.set_state("paused", a.endpoint)
     elif a.state == "paused":
-        a._set_state("busy", getattr(a, "_debug_endpoint", a.endpoint))
+        a.set_state("busy", getattr(a, "_debug_endpoint", a.endpoint))
 
 
 def start(debugger: ProcDebugger, actor: Any, frame: Any, header: Optional[str] = None) -> None:
