@@ -328,9 +328,10 @@ def test_a_rank_whose_proc_hangs_in_a_cell_is_reported_in_the_users_words(ip):
         with runtime.configured(heartbeat_timeout=2.0), capture_output():
             ip.run_line_magic("mesh", "alloc hangs --per-host procs=2 --no-progress")
             pids = [p.pid for p in ip.user_ns["hangs"].procs]
-            code = ("import os, signal\n"
+            code = ("import os, signal, time\n"
                     "if current_rank().rank == 1:\n"
                     "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+                    "    time.sleep(60)  # the stop may land a moment after kill() returns\n"
                     "current_rank().rank + 5")
             with pytest.raises(MeshCellError) as e:
                 ip.run_cell_magic("mesh", "hangs", code)
