@@ -103,3 +103,18 @@ class MeshCellError(Exception):
 
     def __reduce__(self) -> Any:
         return (MeshCellError, (self.failures, self.total, self.mesh))
+
+
+class MeshCellInterrupted(MeshCellError, KeyboardInterrupt):
+    """A %%mesh cell interrupted (Ctrl-C): which ranks were interrupted and where in the
+    cell; the ranks that had finished keep their results (`results`). A KeyboardInterrupt,
+    so code that stops on Ctrl-C still does."""
+
+    def report(self) -> str:
+        return "interrupted: " + render(self.failures, self.total, self.mesh)
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"MeshCellInterrupted: {self.report()}".rstrip("\n")]
+
+    def __reduce__(self) -> Any:
+        return (MeshCellInterrupted, (self.failures, self.total, self.mesh))

@@ -10,10 +10,12 @@ from typing import Any, Optional
 from IPython.core.error import UsageError
 
 from monarch_kernel import args as margs
-from monarch_kernel.folding import MeshCellError, RankFailure
+from monarch_kernel.folding import MeshCellError, MeshCellInterrupted, RankFailure
 
 #: How long a finished %%mesh cell waits for its remote output still in flight.
 OUTPUT_DRAIN_S = 2.0
+#: After Ctrl-C, how long a %%mesh cell waits for its interrupted ranks to answer.
+INTERRUPT_DRAIN_S = 5.0
 
 
 class CellCommands:
@@ -77,11 +79,14 @@ class CellCommands:
             return None if a.quiet else out
         # a future per rank: a rank whose proc dies leaves the others' results
         futs = list(runner.run.stream(code, str(self.cells), mark))
-        vm, died = _gather(runner, futs, a.timeout)
+        vm, died, interrupted = _gather(runner, futs, a.timeout)
         self.ctx.session.router.wait_marks(mark, 2 * (n - len(died)), OUTPUT_DRAIN_S)
         self.ctx.session.router.flush()
         try:
-            result = _finish(vm, label, [_proc_died(e, procs.root) for e in died])
+            lost = [_proc_died(e, procs.root) for e in died]
+            if interrupted is not None:
+                lost += _unanswered(interrupted, procs.root, {f.rank for f in lost})
+            result = _finish(vm, label, lost, interrupted is not None)
         except MeshCellError as e:
             if a.out:
                 self.ctx.ns[a.out] = e
@@ -91,23 +96,38 @@ class CellCommands:
         return None if a.quiet else result
 
 
-def _gather(runner: Any, futs: list, timeout: Optional[float]) -> tuple[Any, list]:
+def _gather(runner: Any, futs: list, timeout: Optional[float]
+            ) -> tuple[Any, list, Optional[list[int]]]:
     """Wait for every rank's reply (futures in arrival order): (ValueMesh of the CellResults
-    by rank, None where a rank's proc died; the SupervisionErrors of those ranks). After
-    `timeout` seconds the remote cell is interrupted and a UsageError raised."""
+    by rank, None where a rank's proc died or did not answer; the SupervisionErrors of the
+    ranks whose proc died; None, or if the wait was interrupted the ranks with no answer). After `timeout` seconds the
+    remote cell is interrupted and a UsageError raised. On Ctrl-C (the remote cell is
+    interrupted with the wait) the ranks' answers are collected for up to
+    INTERRUPT_DRAIN_S; a second Ctrl-C, or interrupts that stay local, end it at once."""
     from runtime import Shape, SupervisionError, ValueMesh
 
     deadline = None if timeout is None else time.monotonic() + timeout
     index = {g: i for i, g in enumerate(runner.shape.global_ranks())}
     values: list = [None] * len(index)
     died = []
-    for f in futs:
+    drain: Optional[float] = None  # after Ctrl-C: until when answers are collected
+    i = 0
+    while i < len(futs):
+        f = futs[i]
+        end = drain if drain is not None else deadline
         try:
-            r = f.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            r = f.get(timeout=None if end is None else max(0.0, end - time.monotonic()))
             values[index.get(r.rank, 0)] = r
         except SupervisionError as e:
             died.append(e)
+        except KeyboardInterrupt:
+            if drain is not None or f.interrupt_hook is None:
+                raise
+            drain = time.monotonic() + INTERRUPT_DRAIN_S
+            continue  # the same rank again: its cell was interrupted with the wait
         except TimeoutError:
+            if drain is not None:
+                break  # the ranks that did not answer are reported as such
             hook = f.interrupt_hook  # set when interrupts reach remote actors (the default)
             if hook is not None:
                 hook()
@@ -115,8 +135,10 @@ def _gather(runner: Any, futs: list, timeout: Optional[float]) -> tuple[Any, lis
                     else "it goes on running remotely: %mesh interrupt is 'local'")
             raise UsageError(f"%%mesh: the cell did not finish within {timeout:g} s "
                              f"({what})") from None
+        i += 1
     sizes = runner.sizes
-    return ValueMesh(Shape(tuple(sizes), tuple(sizes.values())), values), died
+    unanswered = None if drain is None else [g for g, i in index.items() if values[i] is None]
+    return ValueMesh(Shape(tuple(sizes), tuple(sizes.values())), values), died, unanswered
 
 
 def _proc_died(e: BaseException, root: Any) -> RankFailure:
@@ -147,16 +169,31 @@ def _proc_died(e: BaseException, root: Any) -> RankFailure:
     return RankFailure(rank, dict(coords), "ProcDied", lines[0], "\n".join(lines) + "\n")
 
 
-def _finish(vm: Any, mesh: str, died: Optional[list] = None) -> Any:
+def _unanswered(ranks: list[int], root: Any, known: set) -> list[RankFailure]:
+    """The ranks of an interrupted cell that gave no answer in time (and did not die)."""
+    out = []
+    for rank in ranks:
+        if rank in known:
+            continue
+        line = (f"{root.name} rank {rank} was interrupted and did not answer within "
+                f"{INTERRUPT_DRAIN_S:g} s; the cell did not finish there")
+        coords = dict(root.shape.coords_of(rank)) if 0 <= rank < len(root.procs) else {}
+        out.append(RankFailure(rank, coords, "KeyboardInterrupt", line, line + "\n"))
+    return out
+
+
+def _finish(vm: Any, mesh: str, died: Optional[list] = None, interrupted: bool = False) -> Any:
     """ValueMesh of CellResults -> ValueMesh of values (None if no rank had a value);
-    raises MeshCellError, folded, if any rank failed (`died`: ranks whose proc died)."""
+    raises MeshCellError, folded, if any rank failed (`died`: ranks whose proc died or, after
+    an interrupt, did not answer); MeshCellInterrupted if the cell was interrupted there."""
     from runtime import ValueMesh
 
     results = list(vm.values())
     failures = [RankFailure(r.rank, dict(r.coords), r.error_type, r.error_message, r.traceback)
                 for r in results if r is not None and not r.ok] + list(died or [])
     if failures:
-        raise MeshCellError(failures, total=len(results), mesh=mesh, results=vm)
+        cls = MeshCellInterrupted if interrupted else MeshCellError
+        raise cls(failures, total=len(results), mesh=mesh, results=vm)
     if not any(r.has_value for r in results):
         return None
     return ValueMesh(vm.shape, [r.value for r in results])

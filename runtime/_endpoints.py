@@ -1,6 +1,7 @@
-"""How an actor runs the endpoint kinds beyond a plain call (private; used by `proc`):
-explicit response ports, `as_endpoint` calls of plain methods, and `@concurrent_endpoint`
-tasks interleaved on the actor's event loop. Runs on the actor's own thread.
+"""How an actor runs the endpoint kinds beyond a plain call (private; used by
+`_actor_instance`): its asyncio loop and the tasks on it (`ActorLoop`: async endpoints,
+`@concurrent_endpoint` tasks interleaved between messages), explicit response ports and
+`as_endpoint` calls of plain methods. Runs on the actor's own thread.
 
 Layer 6 (process roles, below `proc`): imports actor, channel and the basics.
 """
@@ -12,12 +13,12 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from .actor import EndpointDef
 from .channel import Port
-from .errors import ActorError, SupervisionError, actor_failed_message
+from .errors import SupervisionError, actor_failed_message
 
 if TYPE_CHECKING:
     import asyncio
 
-    from .proc import ActorInstance
+    from ._actor_instance import ActorInstance
 
 
 class Mailbox(queue.SimpleQueue):
@@ -28,33 +29,132 @@ class Mailbox(queue.SimpleQueue):
         queue.SimpleQueue.put(self, item)
 
 
-def loop_has_work(a: "ActorInstance") -> bool:
-    """Whether the actor's event loop has tasks that are not done (concurrent endpoints, or
-    tasks endpoints started with asyncio.create_task)."""
-    import asyncio  # here, not at import: most procs never need it
+class ActorLoop:
+    """One actor's asyncio loop (made on first use, run only by the actor's thread) and the
+    tasks on it: the async endpoint running, `@concurrent_endpoint` tasks and tasks
+    endpoints started, which run between messages and while an async endpoint awaits."""
 
-    if a.tasks:
-        return True
-    return any(not t.done() for t in asyncio.all_tasks(a._aloop))
+    def __init__(self, mailbox: Mailbox) -> None:
+        self.mailbox = mailbox
+        self.loop: Any = None  # the asyncio loop, once made
+        self.tasks: set = set()  # running @concurrent_endpoint tasks
+        self.in_async = False  # an async endpoint runs on the event loop (it may await)
+        self.main_task: Any = None  # that endpoint's task
+        self.wake: Any = None  # set while the event loop runs tasks between messages
+        self.waker = False  # whether mailbox.put wakes that loop
 
+    def get(self) -> Any:
+        """The asyncio loop (made on first use)."""
+        if self.loop is None:
+            import asyncio
 
-def install_waker(a: "ActorInstance") -> None:
-    """Make `a.mailbox.put` wake the actor's event loop while it runs tasks between
-    messages (installed on first need; a put racing with it is seen by the empty() check)."""
-    a.waker = True
-    mailbox = a.mailbox
-    plain_put = Mailbox.put
+            self.loop = asyncio.new_event_loop()
+        return self.loop
 
-    def put(item: Any) -> None:
-        plain_put(mailbox, item)
-        wake = a.wake
-        if wake is not None:
+    def run(self, coro: Any) -> Any:
+        """Run `coro` to its end on the loop (an async `__init__`, `__cleanup__`, ...)."""
+        return self.get().run_until_complete(coro)
+
+    def run_endpoint(self, coro: Any) -> Any:
+        """Run an async endpoint; supervision events are handled while it awaits."""
+        loop = self.get()
+        self.main_task = task = loop.create_task(coro)
+        self.in_async = True
+        try:
+            return loop.run_until_complete(task)
+        finally:
+            self.in_async = False
+            self.main_task = None
+
+    def call_while_awaiting(self, fn: Any, *args: Any) -> None:
+        """Run `fn(*args)` on the loop soon if an async endpoint awaits there (any thread);
+        else nothing (the caller's mailbox entry handles it)."""
+        loop = self.loop
+        if self.in_async and loop is not None:
             try:
-                a.event_loop().call_soon_threadsafe(_set_done, wake)
-            except RuntimeError:  # the loop was closed meanwhile
+                loop.call_soon_threadsafe(fn, *args)
+            except RuntimeError:  # the loop closed meanwhile
                 pass
 
-    mailbox.put = put  # type: ignore[method-assign]
+    def has_work(self) -> bool:
+        """Whether the loop has tasks that are not done (concurrent endpoints, or tasks
+        endpoints started with asyncio.create_task)."""
+        import asyncio  # here, not at import: most procs never need it
+
+        if self.loop is None:
+            return False
+        if self.tasks:
+            return True
+        return any(not t.done() for t in asyncio.all_tasks(self.loop))
+
+    def install_waker(self) -> None:
+        """Make `mailbox.put` wake the loop while it runs tasks between messages (installed
+        on first need; a put racing with it is seen by the empty() check)."""
+        self.waker = True
+        mailbox = self.mailbox
+        plain_put = Mailbox.put
+
+        def put(item: Any) -> None:
+            plain_put(mailbox, item)
+            wake = self.wake
+            if wake is not None:
+                try:
+                    self.get().call_soon_threadsafe(_set_done, wake)
+                except RuntimeError:  # the loop was closed meanwhile
+                    pass
+
+        mailbox.put = put  # type: ignore[method-assign]
+
+    def start(self, coro: Any, name: str) -> None:
+        """Start `coro` (a concurrent endpoint's call) as a task on the loop; it runs
+        whenever the loop runs (between messages, and while other async endpoints await)."""
+        task = self.get().create_task(coro, name=name)  # the name says what runs
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def wait_idle(self) -> None:
+        """Run the loop (its tasks) until a message arrives or no task is left: as in
+        Monarch, an actor's asyncio loop keeps running between messages."""
+        import asyncio  # here, not at import: most procs never need it
+        loop = self.get()
+        mailbox = self.mailbox
+        if not self.waker:
+            self.install_waker()
+        while mailbox.empty():
+            pending = {t for t in asyncio.all_tasks(loop) if not t.done()}
+            if not pending:
+                return
+            wake = loop.create_future()
+            self.wake = wake
+            if not mailbox.empty():  # arrived before the waker could see `wake`
+                self.wake = None
+                break
+            try:
+                loop.run_until_complete(asyncio.wait({wake, *pending},
+                                                     return_when=asyncio.FIRST_COMPLETED))
+            finally:
+                self.wake = None
+
+    def cancel_all(self, every_task: bool = False) -> None:
+        """Cancel the concurrent tasks (before `__cleanup__`), or with `every_task` all
+        tasks of the loop (after it), and wait for them."""
+        import asyncio  # here, not at import: most procs never need it
+        loop = self.loop
+        if loop is None:
+            return
+        tasks = list(self.tasks) if not every_task else \
+            [t for t in asyncio.all_tasks(loop) if not t.done()]
+        if not tasks:
+            return
+        for t in tasks:
+            t.cancel()
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+    def close(self) -> None:
+        """The actor stopped: end every task left, then close the loop."""
+        if self.loop is not None:
+            self.cancel_all(every_task=True)
+            self.loop.close()
 
 
 def _set_done(fut: asyncio.Future) -> None:
@@ -87,74 +187,6 @@ def is_fatal(ep: EndpointDef, exc: BaseException) -> bool:
     if isinstance(exc, KeyboardInterrupt):
         return False
     return ep.explicit_response_port or not isinstance(exc, Exception)
-
-
-def start_concurrent(a: "ActorInstance", ep: EndpointDef, h: Any, args: tuple,
-                     kwargs: dict) -> None:
-    """Start a concurrent endpoint as a task on the actor's event loop; it runs whenever
-    the loop runs (between messages, and while other async endpoints await)."""
-    loop = a.event_loop()
-    coro = ep.fn(a.instance, *args, **kwargs)
-    task = loop.create_task(_run(a, ep, h, coro), name=ep.name)  # the name says what runs
-    a.tasks.add(task)
-    task.add_done_callback(a.tasks.discard)
-
-
-async def _run(a: "ActorInstance", ep: EndpointDef, h: Any, coro: Any) -> None:
-    import asyncio  # here, not at import: most procs never need it
-
-    try:
-        result = await coro
-    except asyncio.CancelledError:
-        if h.port and not ep.explicit_response_port:
-            a._reply_error(h, ActorError(f"{ep.name}() was cancelled (the actor stopped)",
-                                         mesh=a.name, rank=a.rank, endpoint=ep.name))
-        raise
-    except BaseException as e:  # noqa: BLE001 - an ActorError to the caller, or the actor
-        a.report_error(h, ep, e)  # fails (an explicit-port endpoint, SystemExit, ...), as in
-        return                    # Monarch
-    if h.port and not ep.explicit_response_port:
-        a._send_result(h, ep.name, result)
-
-
-def wait_idle(a: "ActorInstance") -> None:
-    """Run the actor's event loop (its tasks) until a message arrives or no task is left:
-    as in Monarch, an actor's asyncio loop keeps running between messages."""
-    import asyncio  # here, not at import: most procs never need it
-    loop = a.event_loop()
-    mailbox = a.mailbox
-    if not a.waker:
-        install_waker(a)
-    while mailbox.empty():
-        pending = {t for t in asyncio.all_tasks(loop) if not t.done()}
-        if not pending:
-            return
-        wake = loop.create_future()
-        a.wake = wake
-        if not mailbox.empty():  # arrived before the waker could see `wake`
-            a.wake = None
-            break
-        try:
-            loop.run_until_complete(asyncio.wait({wake, *pending},
-                                                 return_when=asyncio.FIRST_COMPLETED))
-        finally:
-            a.wake = None
-
-
-def cancel_all(a: "ActorInstance", every_task: bool = False) -> None:
-    """Cancel the actor's concurrent tasks (before `__cleanup__`), or with `every_task` all
-    tasks of its loop (after it), and wait for them."""
-    import asyncio  # here, not at import: most procs never need it
-    if a._aloop is None:
-        return
-    loop = a._aloop
-    tasks = list(a.tasks) if not every_task else \
-        [t for t in asyncio.all_tasks(loop) if not t.done()]
-    if not tasks:
-        return
-    for t in tasks:
-        t.cancel()
-    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
 
 
 def failed_reply(a: "ActorInstance", cause: str) -> SupervisionError:

@@ -136,7 +136,7 @@ def reload_order(mods: dict[str, str]) -> list[str]:
 def calls_in_progress(a: Any) -> list[str]:
     """The endpoints of actor `a`'s `@concurrent_endpoint` calls that have not ended (a
     task suspended in an await is in the middle of its call)."""
-    return sorted(t.get_name() for t in list(a.tasks) if not t.done())
+    return sorted(t.get_name() for t in list(a.aloop.tasks) if not t.done())
 
 
 def _run_calls(a: Any, deadline: float) -> None:
@@ -150,18 +150,18 @@ def _run_calls(a: Any, deadline: float) -> None:
         if left <= 0:
             return
         wake = loop.create_future()
-        a.wake = wake
+        a.aloop.wake = wake
         if not a.mailbox.empty():  # arrived before the waker could see `wake`
-            a.wake = None
+            a.aloop.wake = None
             return
         try:
-            # a.waker: mailbox.put sets `wake` (installed by the actor's first wait_idle,
+            # a.aloop.waker: mailbox.put sets `wake` (installed by the actor's first wait_idle,
             # before any call could be in progress); without it, look at the mailbox often
             loop.run_until_complete(asyncio.wait(
-                {wake, *a.tasks}, timeout=left if a.waker else min(left, 0.05),
+                {wake, *a.aloop.tasks}, timeout=left if a.aloop.waker else min(left, 0.05),
                 return_when=asyncio.FIRST_COMPLETED))
         finally:
-            a.wake = None
+            a.aloop.wake = None
 
 
 def between_calls(a: Any, deadline: float, fn: Any, on_busy: Any, waited: dict) -> Any:

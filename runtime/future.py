@@ -132,6 +132,16 @@ class Future(Generic[R]):
     def interrupt_hook(self, fn: Optional[Callable[[], None]]) -> None:
         self._on_interrupt = fn
 
+    @property
+    def reply_ports(self) -> tuple:
+        """The reply ports of the call this future waits on (the debugger matches its
+        sessions to a wait by them); () when it is not a call's."""
+        return self._ports
+
+    @reply_ports.setter
+    def reply_ports(self, ports: tuple) -> None:
+        self._ports = ports
+
     # -- waiting ---------------------------------------------------------------------
     def _wait(self, timeout: Optional[float]) -> None:
         if self._flag:

@@ -81,3 +81,38 @@ def test_tui_over_the_real_endpoint(rundir):
     finally:
         client.close()
         srv.close()
+
+
+def test_status_and_tui_show_only_the_users_meshes(rundir, capsys):
+    """An internal mesh on the user's procs (a notebook's cell runner) appears in neither
+    `monarch-admin --status` nor the TUI's tree; the user's mesh does."""
+    import asyncio
+
+    from runtime.supervision.health import ActorHealth
+
+    rt = FakeRuntime()
+    rt.health.add_mesh("trainers.cells", "trainers", {"gpus": 2}, [
+        ActorHealth("trainers.cells", r, {"gpus": r}, ActorState.IDLE, proc_id=f"p{r}",
+                    host="localhost", pid=1000 + r) for r in range(2)], internal=True)
+    srv = AdminServer(rt)
+    client = AdminClient.from_connection_file(srv.connection_file, timeout=5)
+    try:
+        assert main(["--status"]) == 0
+        out = capsys.readouterr().out
+        assert "mesh trainers [gpus=2]" in out and "cells" not in out, out
+
+        async def go() -> list:
+            app = AdminApp(client, refresh_interval=0.2)
+            async with app.run_test(size=(120, 40)) as pilot:
+                for _ in range(50):
+                    await pilot.pause(0.05)
+                    if ("actor", "trainers", 1) in app.tree_nodes:
+                        break
+                return list(app.tree_nodes)
+
+        keys = asyncio.run(go())
+        assert ("actor", "trainers", 0) in keys and ("actor", "trainers", 1) in keys, keys
+        assert not [k for k in keys if "trainers.cells" in k], keys
+    finally:
+        client.close()
+        srv.close()

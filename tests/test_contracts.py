@@ -7,7 +7,10 @@ public API; runtime never imports them, and nothing outside runtime touches its 
 - an ast scan checks what import-linter cannot see: benchmarks, examples, scripts and the
   notebooks' code cells (not packages), imports by string (`importlib.import_module`,
   `sys.modules`), private names imported from runtime, and access to runtime's private
-  attributes (`mesh._rec`, `getattr(rt, "_closed")`) in monarch_kernel and monarch_widgets.
+  attributes (`mesh._rec`, `getattr(rt, "_closed")`) in monarch_kernel and monarch_widgets;
+- inside runtime, no module touches the private attributes of a class another module
+  defines (a method moved out of its class as a function over the instance), beyond the
+  known debt listed in FOREIGN_PRIVATE_DEBT, which may only shrink.
 
 Each scanner is also run on a snippet with a known violation, so these tests can fail.
 Fast (well under a second), no processes.
@@ -410,15 +413,171 @@ def test_pure_modules_import_no_io():
         assert not inner, f"{mod} imports runtime modules that are not pure: {sorted(inner)}"
 
 
-def test_no_class_over_300_lines():
-    """In runtime and in the front-ends alike: a class that long has more than one job."""
+def test_no_class_over_400_lines():
+    """In runtime and in the front-ends alike: a class that long has more than one job (a
+    ceiling against blow-ups; what keeps a class whole is the private-attribute contract
+    below, which moving its methods out cannot satisfy)."""
     too_long = []
     for path in py_files("runtime", "monarch_kernel", "monarch_widgets"):
         for node in ast.walk(parse(path)):
-            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 300:
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 400:
                 too_long.append(f"{module_name(path)}.{node.name}: "
                                 f"{node.end_lineno - node.lineno + 1} lines")
-    assert not too_long, "classes over 300 lines: " + "; ".join(too_long)
+    assert not too_long, "classes over 400 lines: " + "; ".join(too_long)
+
+
+# -- a class's private attributes are its module's business -------------------------------------
+
+def class_private_names(tree: ast.Module) -> set[str]:
+    """The private attribute names the classes of `tree` define: methods, class-level names
+    and `__slots__` entries, and attributes assigned on `self`/`cls`."""
+    names: set[str] = set()
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for node in cls.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        names.add(t.id)
+                        if t.id == "__slots__" and isinstance(node.value, (ast.Tuple, ast.List)):
+                            names.update(e.value for e in node.value.elts
+                                         if isinstance(e, ast.Constant))
+        for node in ast.walk(cls):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                    and isinstance(node.value, ast.Name) and node.value.id in SELF:
+                names.add(node.attr)
+    return {n for n in names if isinstance(n, str) and is_private(n)}
+
+
+def foreign_private_accesses(tree: ast.Module, private: frozenset[str]
+                             ) -> Iterator[tuple[int, str, str]]:
+    """(line, name, code) where `tree` reads or writes `obj._name` (or `getattr(obj,
+    "_name")`, hasattr, setattr, delattr) on an object that is not `self`/`cls`, `_name`
+    being a private attribute of some runtime class (`private`) that no class of this
+    module defines: a function reaching into another module's class."""
+    own = class_private_names(tree)
+    for node in ast.walk(tree):
+        target = name = None
+        if isinstance(node, ast.Attribute):
+            target, name = node.value, node.attr
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ATTR_FUNCS and len(node.args) >= 2 \
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+            target, name = node.args[0], node.args[1].value
+        if name is None or name not in private or name in own:
+            continue
+        if isinstance(target, ast.Name) and target.id in SELF:
+            continue
+        yield node.lineno, name, ast.unparse(node)
+
+
+@functools.lru_cache(maxsize=None)
+def runtime_class_private_names() -> frozenset[str]:
+    return frozenset(n for p in py_files("runtime") for n in class_private_names(parse(p)))
+
+
+#: Known debt, to pay off, not to add to: runtime modules that still touch private attributes
+#: of classes defined in other modules (module -> those attribute names). Mostly the user
+#: objects' records (`_rec`, `_rt`) read by their package's helpers, and the tensor engine's
+#: MeshTensor internals read by its sibling modules. The contract test fails on an access not
+#: listed here and on an entry no longer needed, so this only shrinks.
+FOREIGN_PRIVATE_DEBT: dict[str, set[str]] = {
+    "runtime._actor_instance": {"_owner_actor", "_stop_now"},  # the meshes an actor owns
+    "runtime._meshes.actor_mesh": {"_root"},
+    "runtime._meshes.adverbs": {"_class", "_rec", "_rt", "_shape", "_view_extra"},
+    "runtime._meshes.local": {"_on_spawn", "_proc_mesh", "_rec"},
+    "runtime._meshes.proc_logs": {"_agents", "_procs", "_rt", "_shape"},
+    "runtime._meshes.proc_stacks": {"_rt", "_view_procs"},
+    "runtime._meshes.proc_timeline": {"_rt", "_view_procs"},
+    "runtime._meshes.workspace_sync": {"_rec", "_rt"},
+    "runtime.admin.server": {"_rec"},
+    "runtime.channel": {"_run_coro"},
+    "runtime.host": {"_shutdown"},
+    "runtime.host.queries": {"_send"},
+    "runtime.job.base": {"_new_with_shape", "_shape"},
+    "runtime.job.cache": {"_after_load", "_transient"},
+    "runtime.rdma": {"_h"},
+    "runtime.rdma.buffer": {"_exc"},
+    "runtime.spmd": {"_labels"},
+    "runtime.tensor._collectives": {"_engine", "_key", "_procs", "_rt", "_target"},
+    "runtime.tensor._fetch": {"_engine", "_key", "_target"},
+    "runtime.tensor._remote": {"_base", "_engine", "_fail", "_key", "_shape", "_target", "_values"},
+    "runtime.tensor._rref": {"_mesh", "_name", "_new_with_shape", "_rec"},
+    "runtime.tensor._tensor": {"_shutdown"},  # weakref.finalize's own `_shutdown`
+    "runtime.tensor._worker": {"_ops"},  # torch._ops, a module (the name is also ours)
+}
+
+
+def foreign_private_report(files: list[Path]) -> dict[str, dict[str, list[str]]]:
+    """module -> name -> ["line: code", ...] of every foreign private access in `files`."""
+    private = runtime_class_private_names()
+    out: dict[str, dict[str, list[str]]] = {}
+    for path in files:
+        for line, name, code in foreign_private_accesses(parse(path), private):
+            out.setdefault(module_name(path), {}).setdefault(name, []).append(
+                f"{line}: {code}")
+    return out
+
+
+def test_no_module_touches_another_modules_private_attributes():
+    """A class's private attributes are used by the class (`self._x`) and its own module
+    only: a method moved out of its class into another module as a function over the
+    instance (`a._set_state(...)`) is found here, whatever the class's size."""
+    report = foreign_private_report(py_files("runtime"))
+    new = {mod: {n: where for n, where in names.items()
+                 if n not in FOREIGN_PRIVATE_DEBT.get(mod, set())}
+           for mod, names in report.items()}
+    new = {mod: names for mod, names in new.items() if names}
+    assert not new, "private attributes of another module's class: " + json.dumps(new, indent=1)
+    paid = {mod: sorted(names - set(report.get(mod, {})))
+            for mod, names in FOREIGN_PRIVATE_DEBT.items()}
+    paid = {mod: names for mod, names in paid.items() if names}
+    assert not paid, f"no longer needed, remove from FOREIGN_PRIVATE_DEBT: {paid}"
+
+
+FOREIGN_SNIPPET_CLASS = '''
+class Actor:
+    __slots__ = ("_slot",)
+
+    def __init__(self):
+        self._state = "idle"
+
+    def _set_state(self, s):
+        self._state = s
+
+    def same_class(self, other):
+        return other._state          # another instance of a class of this module: fine
+'''
+
+FOREIGN_SNIPPET_MOVED = '''
+def on_event(a, mesh):
+    a._set_state("busy")             # a method moved out of its class: found
+    mesh._rec.name                   # a record read through another object: found
+    getattr(a, "_state", None)       # by string: found
+    a.state                          # public: fine
+    a._unrelated                     # no runtime class defines it: not ours to judge
+
+class Helper:
+    def __init__(self):
+        self._own = 1
+
+    def run(self, a):
+        return self._own, a._slot     # its own attribute: fine; the actor's slot: found
+'''
+
+
+def test_foreign_private_accesses_are_found():
+    private = frozenset(class_private_names(ast.parse(FOREIGN_SNIPPET_CLASS)) | {"_rec"})
+    assert {"_state", "_set_state", "_slot"} <= private
+    assert list(foreign_private_accesses(ast.parse(FOREIGN_SNIPPET_CLASS), private)) == []
+    found = [(n, c) for _, n, c in sorted(foreign_private_accesses(
+        ast.parse(FOREIGN_SNIPPET_MOVED), private))]
+    assert found == [("_set_state", "a._set_state"), ("_rec", "mesh._rec"),
+                     ("_state", "getattr(a, '_state', None)"), ("_slot", "a._slot")], found
 
 
 # -- runtime's layers: no cycle between its parts ---------------------------------------------

@@ -30,10 +30,10 @@ def get_runtime() -> Runtime:
     """This process's Runtime, created on first use (the controller's, or the proc's)."""
     global _runtime
     rt = _runtime
-    if rt is not None and not rt._closed:
+    if rt is not None and not rt.closed:
         return rt
     with _runtime_lock:
-        if _runtime is None or _runtime._closed:
+        if _runtime is None or _runtime.closed:
             _runtime = Runtime()
             atexit.register(_shutdown_at_exit)
             try:  # debugging is a feature above the core: reached through _features
@@ -54,7 +54,7 @@ def set_runtime(rt: Runtime) -> None:
 def current_runtime() -> Optional[Runtime]:
     """The running runtime of this process, or None; never starts one."""
     rt = _runtime
-    if rt is None or rt._closed:
+    if rt is None or rt.closed:
         return None
     return rt
 

@@ -239,7 +239,7 @@ class Failures:
     # -- supervision ------------------------------------------------------------------------
     def deliver(self, m: Optional[ActorMeshRecord], failure: MeshFailure) -> None:
         """Hand a failure of something this process owns to its owner (I/O thread)."""
-        if self.rt._closed:
+        if self.rt.closed:
             return  # shutting down: the agents and procs ending now are no failure
         owner_actor = m.owner_actor if m is not None else None
         self.rt.role.on_unhandled_failure(owner_actor, failure)

@@ -279,6 +279,11 @@ class Runtime:
                 log.exception("admin endpoint did not start")
 
     # -- shutdown ---------------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether shutdown() has begun (a closed runtime starts nothing new)."""
+        return self._closed
+
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop every proc and agent this process started, then the I/O thread."""
         if self._closed:

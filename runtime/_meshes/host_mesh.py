@@ -169,7 +169,7 @@ class HostMesh(MeshTrait):
         rt = self._rt
         self._check_not_shut_down()
         binds = _check_proc_bind(proc_bind, math.prod(per_host.values()) if per_host else 1)
-        if rt._closed:
+        if rt.closed:
             raise MeshStoppedError("the runtime was shut down")
         name = name or rt.new_id("procs")
         inner = Shape(tuple(per_host), tuple(per_host.values()))

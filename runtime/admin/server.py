@@ -271,7 +271,7 @@ def serve(rt: Any = None, *, directory: Optional[Path] = None) -> AdminServer:
         rt = get_runtime()
     with _server_lock:
         for key, old in list(_servers.items()):  # runtimes shut down since: stop theirs
-            if getattr(old.rt, "_closed", False) and old.rt is not rt:
+            if getattr(old.rt, "closed", False) and old.rt is not rt:
                 old.close()
                 del _servers[key]
         srv = _servers.get(id(rt))

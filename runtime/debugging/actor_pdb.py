@@ -26,8 +26,8 @@ from .protocol import RELEASE_COMMAND, BreakpointWithoutDebugger
 log = logging.getLogger("runtime.debugging")
 
 #: modules whose frames pdb steps over (the runtime's own plumbing)
-SKIP = ["runtime.proc", "runtime.debugging.*", "runtime._core.*", "runtime._meshes.*",
-        "runtime.future", "threading", "asyncio.*", "concurrent.*", "queue"]
+SKIP = ["runtime.proc", "runtime._actor_instance", "runtime._proc_server", "runtime.debugging.*",
+        "runtime._core.*", "runtime._meshes.*", "runtime.future", "threading", "asyncio.*", "concurrent.*", "queue"]
 
 ACK_TIMEOUT = 5.0  # seconds to wait for the controller to acknowledge a breakpoint
 _ids = itertools.count(1)
@@ -251,9 +251,9 @@ def _set_paused(paused: bool) -> None:
     if paused:
         if a.state != "paused":
             a._debug_endpoint = a.endpoint
-            a._set_state("paused", a.endpoint)
+            a.set_state("paused", a.endpoint)
     elif a.state == "paused":
-        a._set_state("busy", getattr(a, "_debug_endpoint", a.endpoint))
+        a.set_state("busy", getattr(a, "_debug_endpoint", a.endpoint))
 
 
 def start(debugger: ProcDebugger, actor: Any, frame: Any, header: Optional[str] = None) -> None:

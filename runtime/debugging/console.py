@@ -79,7 +79,7 @@ class DebugConsole:
         cands = [s for s in self.reg.paused() if not s.attached]
         if not cands:
             return None
-        ports = set(getattr(future, "_ports", ()) or ())
+        ports = set(getattr(future, "reply_ports", ()) or ())
         # the call this thread waits on first, then the others; lowest rank first
         return min(cands, key=lambda s: (s.port not in ports, s.mesh, s.rank, s.since))
 

@@ -103,7 +103,7 @@ _lock = threading.Lock()
 
 def _on_table(table: dict) -> None:
     c = _client
-    if c is not None and not getattr(c.rt, "_closed", False):
+    if c is not None and not getattr(c.rt, "closed", False):
         c.broadcast(table)
 
 

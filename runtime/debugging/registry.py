@@ -479,7 +479,7 @@ def get_registry(create: bool = True) -> Optional[DebugRegistry]:
     from .._core import current_runtime, get_runtime
 
     rt = current_runtime()
-    if rt is None or rt._closed:
+    if rt is None or rt.closed:
         if not create:
             return None
         rt = get_runtime()

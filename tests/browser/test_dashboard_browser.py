@@ -89,6 +89,7 @@ def lab(tmp_path):
     write_notebook(tmp_path / "dashboard.ipynb", cells, kernel=kernel)
     server = JupyterLab(tmp_path)
     server.kernel_name = kernel
+    server.origin = origin  # where the cells came from: the quickstart or our own
     try:
         server.start()
         yield server
@@ -125,7 +126,7 @@ def test_dashboard_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
 
     lab.start_session("dashboard.ipynb", kernel=getattr(lab, "kernel_name", "python3"))
-    origin = notebook_cells(str(lab.root / "go"), str(lab.root / "done"))[1]
+    origin = lab.origin
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -142,6 +143,12 @@ def test_dashboard_in_jupyterlab(lab):
                         if (c.length === 4 && c.every(e => e.dataset.state === 'idle'))
                           return m.dataset.mesh; } return null; }""",
                     timeout=90_000).json_value()
+                # only the user's meshes: not the %%mesh cells' runner and completer
+                # (internal meshes on the same procs), nor their actor classes
+                shown = page.eval_on_selector_all(".mw-mesh", "els => els.map(e => e.dataset.mesh)")
+                assert shown and not [m for m in shown if "." in m or "cell" in m], shown
+                text = page.inner_text(".mw-root")
+                assert "CellRunner" not in text and "CellCompleter" not in text, text
                 (lab.root / "go").touch()  # seen idle: now the kill cell kills
                 cell = f".mw-cell[data-mesh='{mesh}']"
                 # the kill cell runs: rank 1 turns failed while that cell is still busy
@@ -162,7 +169,7 @@ def test_dashboard_in_jupyterlab(lab):
                 page.screenshot(path=str(ARTIFACTS / "dashboard.png"))
                 page.locator(".mw-root").screenshot(path=str(ARTIFACTS / "dashboard-widget.png"))
                 if origin == "quickstart":
-                    (lab.root / "done").touch()  # the kill cell ends; its kernel is free
+                    (lab.root / "done").touch()  # the kill cell ends: the kernel is free
                     _check_timeline_and_stacks(page, mesh)
             except Exception:
                 page.screenshot(path=str(ARTIFACTS / "dashboard-failure.png"))

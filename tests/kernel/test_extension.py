@@ -315,6 +315,47 @@ def test_a_rank_that_dies_in_a_cell_is_reported_in_the_users_words(ip):
         ip.run_line_magic("mesh", "stop dying2")
 
 
+def test_a_rank_whose_proc_hangs_in_a_cell_is_reported_in_the_users_words(ip):
+    """A proc that stops answering (SIGSTOP: no heartbeats) past heartbeat_timeout: the
+    cell reports which rank of which mesh hung, where, and keeps the other ranks' results."""
+    import os
+    import signal
+
+    from monarch_kernel.folding import MeshCellError
+
+    pids: list[int] = []
+    try:
+        with runtime.configured(heartbeat_timeout=2.0), capture_output():
+            ip.run_line_magic("mesh", "alloc hangs --per-host procs=2 --no-progress")
+            pids = [p.pid for p in ip.user_ns["hangs"].procs]
+            code = ("import os, signal, time\n"
+                    "if current_rank().rank == 1:\n"
+                    "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+                    "    time.sleep(60)  # the stop may land a moment after kill() returns\n"
+                    "current_rank().rank + 5")
+            with pytest.raises(MeshCellError) as e:
+                ip.run_cell_magic("mesh", "hangs", code)
+        report = str(e.value)
+        assert report.startswith("1 of 2 ranks failed on hangs: ProcDied"), report
+        assert "the proc of hangs rank 1 failed: proc unresponsive (no heartbeat for 2 s)" \
+            in report, report
+        assert f"pid {pids[1]}); the cell did not finish there" in report
+        for internal in ("CellRunner", "cell_runner", "<root>", "Endpoint call",
+                         "SupervisionError"):
+            assert internal not in report
+        results = e.value.results
+        assert [r.value if r is not None else None for r in results.values()] == [5, None]
+    finally:
+        with capture_output():
+            if "hangs" in ip.user_ns:
+                ip.run_line_magic("mesh", "stop hangs")
+        for pid in pids:  # the hung proc is killed when declared dead; make sure
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_magic_lines_complete_in_a_plain_ipython(ip):
     """The mesh-aware matcher is part of the extension, not only of the kernel."""
     from IPython.core.completer import provisionalcompleter

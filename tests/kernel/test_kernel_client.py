@@ -204,7 +204,8 @@ def test_interrupt_stops_the_wait_and_the_remote_work(kernel):
     ename = interrupt_cell(kernel, "%%mesh workers\nimport time\nprint('looping', flush=True)\n"
                                    "for i in range(600):\n    time.sleep(0.05)\n'finished'\n",
                            "looping", count=2)
-    assert ename == "KeyboardInterrupt"  # not the cell's end: its loop runs 30 s
+    # not the cell's end (its loop runs 30 s): a KeyboardInterrupt that says which ranks
+    assert ename == "MeshCellInterrupted"
     # The remote loop was interrupted too: the actors take the next cell (an actor runs
     # one message at a time; otherwise this cell would wait for the loop's ~28 s left and
     # time out)
@@ -216,6 +217,11 @@ def test_interrupt_stops_the_wait_and_the_remote_work(kernel):
 def interrupt_cell(kernel, code: str, marker: str, count: int = 1) -> str:
     """Run `code`; once its output has shown `marker` `count` times (the remote work is
     running), interrupt the kernel; the error name the cell ends with."""
+    return interrupt_cell_error(kernel, code, marker, count)["ename"]
+
+
+def interrupt_cell_error(kernel, code: str, marker: str, count: int = 1) -> dict:
+    """`interrupt_cell`, returning the error the cell ends with (ename, traceback), or {}."""
     msg_id = kernel.kc.execute(code)
     seen = 0
     while seen < count:
@@ -227,15 +233,36 @@ def interrupt_cell(kernel, code: str, marker: str, count: int = 1) -> str:
         assert not (msg["msg_type"] == "status" and
                     msg["content"]["execution_state"] == "idle"), "ended before the interrupt"
     kernel.km.interrupt_kernel()
-    ename = None
+    error: dict = {"ename": None}
     while True:
         msg = kernel.kc.get_iopub_msg(timeout=20)
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         if msg["msg_type"] == "error":
-            ename = msg["content"]["ename"]
+            error = msg["content"]
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return ename
+            return error
+
+
+def test_an_interrupted_cell_is_reported_per_rank_in_the_users_words(kernel):
+    """Ctrl-C during a %%mesh cell: which rank of which mesh was interrupted, at which line
+    of the cell; the rank that had finished keeps its result."""
+    err = interrupt_cell_error(kernel, "%%mesh workers -o out\nimport time\n"
+                                       "if current_rank().rank == 1:\n"
+                                       "    print('looping', flush=True)\n"
+                                       "    for i in range(600):\n"
+                                       "        time.sleep(0.05)\n"
+                                       "current_rank().rank + 7\n", "looping")
+    assert err["ename"] == "MeshCellInterrupted", err
+    text = "\n".join(err["traceback"])
+    assert "interrupted: 1 of 2 ranks failed on workers: KeyboardInterrupt" in text, text
+    assert "--- rank 1 (procs=1) ---" in text and "time.sleep(0.05)" in text, text
+    for internal in ("CellRunner", "cell_runner", "<root>", "Endpoint call", "magic_cells",
+                     "SupervisionError"):
+        assert internal not in text, text
+    r = kernel.execute("[c.value if c is not None and c.ok else None "
+                       "for c in out.results.values()]")
+    assert r["error"] is None and r["results"] == ["[7, None]"], r
 
 
 def test_interrupt_an_awaited_call_interrupts_the_actor(kernel):

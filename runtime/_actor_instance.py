@@ -1,0 +1,409 @@
+"""An actor in a proc (`ActorInstance`): its thread, mailbox and asyncio loop, its state
+and counters, how it handles a call (arguments, the endpoint, the reply or the error), how
+it fails and stops; and the debugger's hooks into its thread.
+
+Layer 6 (process roles, under `_proc_server`): imports `_endpoints`, `_supervise`,
+`_replies`, actor, _core's basics, transport and the basics.
+"""
+
+from __future__ import annotations
+
+import bdb
+import ctypes
+import inspect
+import logging
+import os
+import queue
+import threading
+import time
+import traceback
+import types
+from typing import Any, Optional
+
+from . import _context, _endpoints, _supervise, logs, timeline
+from ._replies import UnsendableResult, encode_result, reply_extra
+from .actor import (ROOT_ID, ActorContext, CreatorInstance, _message_view, _set_context,
+                    endpoints_of, root_creator)
+from .config import config
+from .errors import ActorError
+from .shapes import Point, Shape
+from .supervision import MeshFailure
+from .transport.framing import ERROR, OK, Header, Kind, extra_get
+from .transport import cuda_tensors
+from .transport.serialization import dumps, loads
+
+log = logging.getLogger("runtime.proc")
+
+#: the mailbox entry that stops an actor
+STOP = "stop"
+_tls = _context.local  # .actor: the running ActorInstance (read by runtime.actor too)
+
+
+_call_hook: Any = None  # the debugger's: arms an actor thread while breakpoints are set
+
+
+_error_hook: Any = None  # the debugger's: stops in a failed endpoint's frames (post-mortem)
+
+
+def set_error_hook(fn: Any) -> None:
+    """Call `fn(actor, exc)` on the actor's thread when an endpoint raised, before the
+    caller hears of it (None: no hook, the default)."""
+    global _error_hook
+    _error_hook = fn
+
+
+def set_call_hook(fn: Any) -> None:
+    """Call `fn()` on the actor's thread at the start of every endpoint call (None: no
+    hook, the default; the debugger installs one only while line breakpoints are set)."""
+    global _call_hook
+    _call_hook = fn
+
+
+def current_actor() -> Optional["ActorInstance"]:
+    """The ActorInstance whose thread is running (None outside actor threads)."""
+    return getattr(_tls, "actor", None)
+
+
+def _creator(d: Any) -> Optional[CreatorInstance]:
+    """The spawner's description sent with SPAWN_ACTOR (None: the controller spawned it,
+    Monarch's root client)."""
+    if not d:
+        return root_creator()
+    if d["actor_id"] == ROOT_ID:
+        return root_creator()
+    return CreatorInstance(d["name"], d.get("cls"), Point(d["rank"], Shape(d["labels"], d["sizes"])),
+                           d["actor_id"], _creator(d.get("creator")), d.get("qcls"))
+
+
+class ActorInstance:
+    """One actor in this proc: its thread, mailbox, state and counters."""
+
+    def __init__(self, server: "ProcServer", h: Header, body: Any, buffers: list) -> None:
+        e = h.extra or {}
+        self.server = server
+        self.rt = server.rt
+        self.actor_id: str = h.actor
+        self.name: str = e["name"]
+        self.rank: int = e["rank"]
+        self.shape = Shape(e["labels"], e["sizes"])
+        self.class_name: Optional[str] = e.get("cls")
+        self.qualified_class: Optional[str] = e.get("qcls")
+        self.creator = _creator(e.get("creator"))
+        self.owner_addr: str = h.reply
+        self.mailbox: queue.SimpleQueue = _endpoints.Mailbox()
+        self.state = "starting"
+        self.endpoint: Optional[str] = None
+        self.since = time.time()
+        self.handled = 0
+        self.errors = 0
+        self.failed: Optional[str] = None
+        self.abort_reason: Optional[str] = None  # set by context().actor_instance.abort()
+        self.last_exception: Optional[BaseException] = None  # kept for post-mortem debugging
+        self.current_port = -1
+        self.current_reply = ""  # the caller's address while a call with a reply runs
+        self.instance: Any = None
+        self.context: Optional[ActorContext] = None  # set when its thread starts
+        self.endpoints: dict = {}
+        self.aloop = _endpoints.ActorLoop(self.mailbox)  # its asyncio loop and tasks
+        self.supervision = _supervise.Supervision(self)  # failures of meshes it owns
+        self._spawn = (body, buffers)
+        self.thread = threading.Thread(target=self._run, name=f"actor-{self.name}-{self.rank}",
+                                       daemon=True)
+
+    # -- thread body ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        ctx = ActorContext(self.actor_id, self.name, Point(self.rank, self.shape),
+                           self.rt.proc_id, self.rt.host, os.getpid(), self.class_name,
+                           self.creator, self.qualified_class)
+        self.context = ctx
+        _set_context(ctx)
+        _tls.actor = self
+        logs.set_thread_label(self.name)
+        self._init()
+        mailbox = self.mailbox
+        while True:
+            if self.aloop.has_work():
+                self.aloop.wait_idle()  # the actor's asyncio tasks run between messages
+            item = mailbox.get()
+            what = item[0]
+            if what == "call":
+                self._handle_call(item[1], item[2], item[3])
+            elif what == "supervise":
+                self.supervision.on_mailbox_entry()
+            elif what == "run":  # between two messages: a reload's pause, a class swap
+                item[1](self)
+            elif what == STOP:
+                self._stop(item[1])
+                self.rt.loop.call_soon(self.server.actor_stopped, self)
+                return
+            del item  # free the message (its buffers) before waiting for the next one
+
+    def _init(self) -> None:
+        body, buffers = self._spawn
+        self._spawn = None
+        try:
+            cls, args, kwargs = loads(body, buffers, serialized=True)
+            self.endpoints = endpoints_of(cls)
+            self.instance = cls.__new__(cls)
+            init = self.instance.__init__(*args, **kwargs)
+            if inspect.iscoroutine(init):
+                self.aloop.run(init)
+        except BaseException as e:  # noqa: BLE001 - reported to the owner
+            if self.server.stopping and isinstance(e, KeyboardInterrupt):
+                self.set_state("stopped")  # its proc's stop interrupted it: no failure
+                self.instance = None  # half made: no __cleanup__
+                return
+            tb = traceback.format_exc()
+            self.failed = f"__init__ raised {type(e).__name__}: {e}"
+            self.set_state("failed")
+            self.rt.send(self.owner_addr, Header(Kind.ACTOR_FAILED, actor=self.actor_id,
+                                                 rank=self.rank, extra={
+                "cause": self.failed, "traceback": tb, "init": True}))
+            return
+        self.set_state("idle")
+        self.rt.send(self.owner_addr, Header(Kind.ACTOR_READY, actor=self.actor_id,
+                                             rank=self.rank))
+
+    def set_state(self, state: str, endpoint: Optional[str] = None) -> None:
+        """What the actor is doing now (its heartbeats report it): "idle", "busy" (in
+        `endpoint`), "paused" (in a debugger), "failed", "stopped"."""
+        self.state = state
+        self.endpoint = endpoint
+        self.since = time.time()
+
+    def event_loop(self) -> Any:
+        """This actor's asyncio loop (made on first use; run only by its thread)."""
+        return self.aloop.get()
+
+    def _reply(self, h: Header, status: int, body: bytes, buffers: tuple = ()) -> None:
+        """Answer a call: a result or an error to its reply address, on the same connection
+        as (so in order with) everything else this proc sends the caller."""
+        self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=self.rank, status=status,
+                                     actor=self.actor_id, extra=reply_extra(h)), body, buffers)
+
+    def _reply_error(self, h: Header, exc: BaseException) -> None:
+        try:
+            body, bufs = dumps(exc)
+        except Exception:
+            body, bufs = dumps(ActorError(str(exc)))
+        self._reply(h, ERROR, body, tuple(bufs))
+
+    def _handle_call(self, h: Header, body: Any, buffers: list) -> None:
+        if self.failed is not None:
+            if h.port:
+                self._reply_error(h, _endpoints.failed_reply(self, self.failed))
+            return
+        if self.instance is None and self._spawn is None:  # dropped: the proc is exiting
+            if h.port:
+                self._reply_error(h, ActorError(
+                    f"actor {self.class_name} {self.name} is gone: its proc is exiting",
+                    mesh=self.name, rank=self.rank, endpoint=h.method))
+            return
+        name = h.method
+        ep = self.endpoints.get(name)
+        if ep is None and h.extra is not None:
+            ep = _endpoints.adhoc_endpoint(self, h)
+        if ep is None:
+            if h.port:
+                self._reply_error(h, ActorError(
+                    f"{type(self.instance).__name__} has no endpoint {name!r}",
+                    mesh=self.name, rank=self.rank, endpoint=name))
+            return
+        self.set_state("busy", name)
+        t0, errors0 = timeline.now_ns(), self.errors  # the timeline's record (%mesh timeline)
+        self.current_port = h.port
+        self.current_reply = h.reply if h.extra is None else extra_get(h, "caller", h.reply)
+        ok = False
+        result = None
+        view = h.extra.get("view") if isinstance(h.extra, dict) else None
+        token = _message_view.set(_view_shape(view) if view else None)
+        try:
+            args, kwargs = self._load_arguments(body, buffers, ep)
+            if ep.explicit_response_port:
+                args = (_endpoints.response_port(self, h), *args)
+            if _call_hook is not None:
+                _call_hook()
+            if ep.concurrent:
+                self.aloop.start(self._run_concurrent(ep, h, ep.fn(self.instance, *args, **kwargs)),
+                                 ep.name)
+                return
+            result = ep.fn(self.instance, *args, **kwargs)
+            if type(result) is _COROUTINE:  # inspect.iscoroutine, without its frame
+                result = self.aloop.run_endpoint(result)
+            ok = not ep.explicit_response_port
+        except BaseException as e:  # noqa: BLE001 - delivered to the caller
+            self.report_error(h, ep, e)
+        finally:
+            _message_view.reset(token)
+            self.current_port = -1
+            self.handled += 1
+            timeline.record_call(t0, name, self.name, self.rank,
+                                 self.errors != errors0 or self.failed is not None)
+            if self.failed is None:
+                self.set_state("idle")
+        if ok and h.port:
+            if self.failed is not None:  # __supervise__ failed it meanwhile
+                self._reply_error(h, _endpoints.failed_reply(self, self.failed))
+            else:
+                self._send_result(h, name, result)
+        if self.abort_reason is not None and self.failed is None:  # context().abort()
+            self.fail(f"actor {self.class_name} {self.name} aborted: {self.abort_reason}")
+
+    def _load_arguments(self, body: Any, buffers: list, ep: Any) -> tuple:
+        """Unpickle a call's (args, kwargs); a CUDA tensor this proc cannot take is a clear
+        error naming the argument and this proc."""
+        try:
+            return loads(body, buffers, serialized=True)
+        except cuda_tensors.CUDAUnavailableError as e:
+            with cuda_tensors.lenient():
+                args, kwargs = loads(body, buffers, serialized=True)
+            culprit = cuda_tensors.name_argument(ep.fn, args, kwargs)
+            what = f"argument {culprit[0]}" if culprit else "an argument"
+            raise cuda_tensors.CUDAUnavailableError(
+                f"{what} of {ep.name}() is a CUDA tensor ({culprit[1] if culprit else e.desc})"
+                f" but proc {self.rt.proc_id} (rank {self.rank} of {self.name} on "
+                f"{self.rt.host}) has no CUDA device; send .cpu() or use procs with GPUs",
+                e.desc) from None
+
+    def report_error(self, h: Header, ep: Any, e: BaseException) -> None:
+        """An endpoint raised `e`: an ActorError to the caller, or the actor fails (no
+        caller, an explicit-response-port endpoint, or a BaseException like SystemExit)."""
+        if self.failed is not None:  # it failed meanwhile (__supervise__): say so
+            if h.port:
+                self._reply_error(h, _endpoints.failed_reply(self, self.failed))
+            return
+        if _error_hook is not None:
+            _error_hook(self, e)
+        name = ep.name
+        self.errors += 1
+        self.last_exception = e
+        tb = _user_traceback(e)
+        if _endpoints.is_fatal(ep, e):
+            cause = f"{name}() raised {type(e).__name__}: {e}"
+            kind = "Exception" if isinstance(e, Exception) else "BaseException"
+            self.fail(cause, tb, call=f"Actor call {self.name}.{name} failed with {kind}")
+            if h.port:
+                self._reply_error(h, _endpoints.failed_reply(self, cause))
+            return
+        err = ActorError(f"{type(e).__name__}: {e}", remote_traceback=tb,
+                         exception_type=type(e).__name__, mesh=self.name, rank=self.rank,
+                         endpoint=name)
+        if h.port:
+            self._reply_error(h, err)
+        else:
+            self.fail(f"{name}() raised {type(e).__name__}: {e} (no caller to receive it)", tb)
+
+    async def _run_concurrent(self, ep: Any, h: Header, coro: Any) -> None:
+        """A `@concurrent_endpoint` call, a task on the actor's loop: its result or error
+        to the caller; an error with no caller (or a fatal one) fails the actor, as in
+        Monarch."""
+        import asyncio  # here, not at import: most procs never need it
+
+        try:
+            result = await coro
+        except asyncio.CancelledError:
+            if h.port and not ep.explicit_response_port:
+                self._reply_error(h, ActorError(f"{ep.name}() was cancelled (the actor stopped)",
+                                                mesh=self.name, rank=self.rank, endpoint=ep.name))
+            raise
+        except BaseException as e:  # noqa: BLE001 - to the caller, or the actor fails
+            self.report_error(h, ep, e)
+            return
+        if h.port and not ep.explicit_response_port:
+            self._send_result(h, ep.name, result)
+
+    def _send_result(self, h: Header, name: str, result: Any) -> None:
+        """Reply with an endpoint's return value (or why it cannot travel)."""
+        try:
+            encoded = encode_result(h, name, result, self.name, self.rank)
+        except UnsendableResult as e:
+            if e.unpicklable:
+                self.errors += 1
+            self._reply_error(h, e.error)
+            return
+        self._reply(h, OK, *encoded)
+
+    def fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None,
+             call: str = "") -> None:
+        """The actor fails for good: its owner hears why (ACTOR_FAILED, with the child's
+        failure that caused it, if any); later calls get a SupervisionError."""
+        self.failed = cause
+        self.set_state("failed")
+        body = b""
+        if caused_by is not None:
+            try:
+                body, _ = dumps(caused_by)
+            except Exception:
+                body = b""
+        extra = {"cause": cause, "traceback": tb, "call": call}
+        self.rt.send(self.owner_addr, Header(Kind.ACTOR_FAILED, actor=self.actor_id,
+                                             rank=self.rank, extra=extra), body)
+
+    def _stop(self, h: Optional[Header]) -> None:
+        self.aloop.cancel_all()  # concurrent endpoint tasks end before __cleanup__
+        # children first: meshes this actor owns
+        for obj in list(self.rt.meshes(internal=True)):
+            if getattr(obj, "_owner_actor", None) == self.actor_id and hasattr(obj, "_stop_now"):
+                try:
+                    obj._stop_now(timeout=config.stop_timeout)
+                except Exception:
+                    log.exception("stopping a child mesh failed")
+        cleanup = getattr(self.instance, "__cleanup__", None)
+        if cleanup is not None and self.instance is not None:
+            try:
+                r = cleanup(None)
+                if inspect.iscoroutine(r):
+                    self.aloop.run(r)
+            except BaseException:  # noqa: BLE001
+                traceback.print_exc()
+        self.set_state("stopped")
+        if h is not None and h.reply:
+            self.rt.send(h.reply, Header(Kind.ACTOR_STOPPED, actor=self.actor_id, rank=self.rank))
+            if h.port:
+                self._reply(h, OK, dumps(None)[0])
+        self.aloop.close()
+
+    def stop_self(self, reason: str) -> None:
+        """context().actor_instance.stop(): queue this actor's own stop behind the message it
+        is handling; its owner learns the rank stopped (ACTOR_STOPPED), not failed."""
+        log.info("actor %s[%d] stops itself: %s", self.name, self.rank, reason)
+        self.mailbox.put((STOP, Header(Kind.STOP_ACTOR, actor=self.actor_id, rank=self.rank,
+                                        reply=self.owner_addr)))
+
+    def interrupt(self) -> None:
+        """Raise KeyboardInterrupt in this actor's thread at its next Python instruction."""
+        tid = self.thread.ident
+        if tid is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
+                                                       ctypes.py_object(KeyboardInterrupt))
+
+
+_COROUTINE = types.CoroutineType
+
+
+_last_view = threading.local()  # .got: (view, its Shape) of this actor thread's last call
+
+
+def _view_shape(view: list) -> Shape:
+    """The Shape of a call's view (`context().message_rank`): the last one again when the
+    view is the same (a caller's calls come through one view)."""
+    last = getattr(_last_view, "got", None)
+    if last is not None and last[0] == view:
+        return last[1]
+    shape = Shape(*view)
+    _last_view.got = (view, shape)
+    return shape
+
+
+def _user_traceback(e: BaseException) -> str:
+    """The traceback of `e` without the runtime's own frames at its top, nor a debugger's
+    frames (bdb and what it called) below the user's line where a breakpoint raised."""
+    tb = e.__traceback__
+    ours = (__file__, _endpoints.__file__)
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours:
+        tb = tb.tb_next
+    te = traceback.TracebackException(type(e), e, tb)
+    cut = next((i for i, f in enumerate(te.stack) if f.filename == bdb.__file__), None)
+    if cut:
+        te.stack = traceback.StackSummary.from_list(te.stack[:cut])
+    return "".join(te.format())

@@ -1,0 +1,271 @@
+"""The replies of one call (`ReplyCollector`): sent from the caller's thread, gathered on the
+I/O thread into its future(s) (a ValueMesh, one value, or a stream), with a failed rank's
+proc or actor failing the call in Monarch's words.
+
+Layer 7 (user API, under `adverbs`): imports _core, transport and the basics.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+from ..config import config
+from .._core.liveness import note_reply
+from ..errors import ActorError, SupervisionError
+from ..future import Future
+from ..shapes import Shape
+from ..transport.framing import ERROR, Header, Kind
+from ..transport import bulk
+from ..transport.serialization import loads
+from ..value_mesh import ValueMesh
+
+#: how long call() waits for the other ranks after one rank's actor failed
+FAILED_RANKS_GRACE_S = 0.5
+
+
+class CallInterrupt:
+    """A call's interrupt hook (Ctrl-C in a wait on its future): KeyboardInterrupt in the
+    actors of its procs serving its port."""
+
+    __slots__ = ("rt", "procs", "port")
+
+    def __init__(self, rt: Any, procs: frozenset, port: int) -> None:
+        self.rt = rt
+        self.procs = procs
+        self.port = port
+
+    def __call__(self) -> None:
+        self.rt.interrupt(self.procs, self.port)
+
+
+class ReplyCollector:
+    """Gathers the replies of one call. Started (and its messages sent) in the caller's
+    thread; replies and failures arrive on the I/O thread, in the order their senders sent
+    them; `lock` makes each of them one step against the caller's thread."""
+
+    __slots__ = ("rt", "rec", "method", "label", "extra", "targets", "shape", "ranks",
+                 "values", "index", "remaining", "mode", "futs", "fut", "next_stream", "body",
+                 "bufs", "port", "error", "done", "lock", "procs")
+
+    def __init__(self, rt: Any, rec: Any, method: str, label: str, extra: Optional[dict],
+                 where: tuple[list, frozenset], shape: Optional[Shape], ranks: list[int],
+                 body: bytes, bufs: list, mode: str, futs: "list[Future] | Future") -> None:
+        """A call of `method` (`label`: Class.method, for errors; `extra`: its CALL header's
+        extra) on actor mesh `rec`'s `ranks` at `where` (targets, proc ids); `shape` lays out
+        a call()'s ValueMesh; `mode` is "call", "one" or "stream"."""
+        self.rt = rt
+        self.rec = rec
+        self.method = method
+        self.label = label
+        self.extra = extra
+        self.targets, self.procs = where
+        self.shape = shape
+        self.ranks = ranks
+        # call(): the values by rank; one actor: its value (no list: one object less per
+        # call for the garbage collector)
+        self.values: Any = [None] * len(ranks) if mode != "one" else None
+        self.index = {r: i for i, r in enumerate(ranks)} if len(ranks) > 1 else None
+        self.remaining = dict.fromkeys(ranks)
+        self.mode = mode
+        # stream(): a future per rank; else the call's one future (no list around it)
+        self.futs = futs
+        self.fut: Future = futs[0] if type(futs) is list else futs
+        self.next_stream = 0
+        self.body = body
+        self.bufs = bufs
+        self.port = 0
+        # call(): the first failed actor's SupervisionError, raised once every rank has
+        # answered or failed (so each failure has reached its supervisor by then)
+        self.error: Optional[BaseException] = None
+        self.done = False
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        rt = self.rt
+        rec = self.rec
+        ranks = self.ranks
+        targets = self.targets
+        self.port = port = rt.open_port(self)  # this collector is the port's Waiter
+        # Ctrl-C in a wait interrupts the remote call. The hook holds no mesh and not this
+        # collector: a future (or one derived from it, which copies the hook) would keep
+        # them alive, or in a cycle with it, for the garbage collector
+        interrupt = CallInterrupt(rt, self.procs, port) if config.interrupt_remote else None
+        first = targets[0][0] or (targets[0][1] or ("",))[0]
+        for f in (self.futs if type(self.futs) is list else (self.fut,)):
+            f.reply_ports = (port,)
+            f.interrupt_hook = interrupt
+        inflight = rec.inflight
+        for r in ranks:
+            inflight[r] += 1
+        h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self.method,
+                   reply=rt.reply_address_for(first),
+                   port=port, extra=self.extra)
+        body, bufs = self.body, self.bufs
+        self.body = self.bufs = None
+        rt.messenger.cast(targets, h, body, tuple(bufs),
+                          gather=self.mode == "call" and self._gatherable())
+
+    def _gatherable(self) -> bool:
+        """Whether host agents may gather the replies (runtime/host/gather.py): for call()
+        of an endpoint whose replies come back from the actors it reached (not through a
+        Port the handler may pass on)."""
+        return self.mode == "call" and self.method not in self.rec.explicit_ports and \
+            (self.extra or {}).get("as") != "port"
+
+    def _finish_rank(self, r: int) -> None:
+        del self.remaining[r]
+        self.rec.inflight[r] -= 1
+        note_reply(self.rt, self.rec, r)
+
+    def on_reply(self, h: Header, body: Any, buffers: list) -> None:
+        with self.lock:
+            self._on_reply(h, body, buffers)
+
+    def _on_reply(self, h: Header, body: Any, buffers: list) -> None:
+        r = h.rank
+        if r not in self.remaining:
+            if r == -1 and h.status == ERROR and self.remaining:  # a proc answered for an
+                r = next(iter(self.remaining))  # actor it does not know: fail the call
+                for other in list(self.remaining)[1:]:
+                    self._finish_rank(other)
+            else:
+                return
+        if bulk.is_bulk(body):  # a large result left on the data plane: read it off the I/O
+            def read() -> None:  # thread, then deliver on it (unless the call ended since)
+                value = self._decode(h, r, body, buffers)
+                self.rt.loop.call_soon(self._deliver_read, h, r, value)
+
+            bulk.submit(read)
+            return
+        self._finish_rank(r)
+        self._deliver(h, r, self._decode(h, r, body, buffers))
+
+    def _deliver_read(self, h: Header, r: int, value: Any) -> None:
+        with self.lock:
+            if self.done or r not in self.remaining:
+                return
+            self._finish_rank(r)
+            self._deliver(h, r, value)
+
+    def _decode(self, h: Header, r: int, body: Any, buffers: list) -> Any:
+        try:
+            return loads(body, buffers)
+        except Exception as e:
+            h.status = ERROR
+            return ActorError(f"cannot unpickle the reply of {self.label}(): "
+                              f"{type(e).__name__}: {e}", mesh=self.rec.name, rank=r,
+                              endpoint=self.method)
+
+    def _deliver(self, h: Header, r: int, value: Any) -> None:
+        if h.status == ERROR and not isinstance(value, BaseException):
+            value = ActorError(str(value), mesh=self.rec.name, rank=r, endpoint=self.method)
+        if self.mode == "stream":
+            f = self.futs[self.next_stream]
+            self.next_stream += 1
+            if h.status == ERROR:
+                self.rt.ports.settle()
+                f.set_exception(value)
+            else:
+                self.rt.ports.settle()
+                f.set_result(value)
+        elif h.status == ERROR:
+            if self.mode == "call" and isinstance(value, SupervisionError) and self.remaining:
+                self._wait_for_others(value)
+                return
+            self._close()
+            self.rt.ports.settle()
+            self.fut.set_exception(self.error or value)
+            return
+        elif self.mode == "one":
+            self.values = value
+        else:
+            self.values[self.index[r] if self.index is not None else 0] = value
+        if not self.remaining:
+            self._close()
+            if self.error is not None:
+                self.rt.ports.settle()
+                self.fut.set_exception(self.error)
+            elif self.mode == "call":
+                base = self.shape
+                self.rt.ports.settle()
+                self.fut.set_result(ValueMesh(base, self.values, base))
+            elif self.mode == "one":
+                self.rt.ports.settle()
+                self.fut.set_result(self.values)
+
+    def on_fail(self, exc: BaseException, proc: Optional[str] = None,
+                actor: Optional[str] = None) -> None:
+        """A proc (or, with `actor`, an actor) this call waits on failed (I/O thread). Every
+        answer its actor sent before failing has been delivered by now: the failure comes
+        after them on the same connection, or after the dead proc's stream was read
+        (docs/transport.md)."""
+        with self.lock:
+            self._on_fail(exc, proc, actor)
+
+    def _on_fail(self, exc: BaseException, proc: Optional[str], actor: Optional[str]) -> None:
+        if self.done or (actor is not None and actor != self.rec.actor_id):
+            return
+        proc_ids = self.rec.proc_ids
+        failed_ranks = [r for r in self.remaining if proc is None or proc_ids[r] == proc]
+        if not failed_ranks:
+            return
+        exc = self._monarch_wording(exc, failed_ranks[0])
+        if self.mode == "stream":
+            for r in failed_ranks:
+                self._finish_rank(r)
+                fut = self.futs[self.next_stream]
+                self.next_stream += 1
+                self.rt.ports.settle()
+                fut.set_exception(exc)
+            if not self.remaining:
+                self._close()
+            return
+        f = getattr(exc, "failure", None)
+        if self.mode == "call" and actor is not None and f is not None and \
+                f.exit_code is None and f.signal is None:  # an actor failed, its proc lives
+            for r in failed_ranks:
+                self._finish_rank(r)
+            if self.remaining:
+                self._wait_for_others(exc)
+                return
+        self._close()
+        self.rt.ports.settle()
+        self.fut.set_exception(self.error or exc)
+
+    def _wait_for_others(self, exc: BaseException) -> None:
+        """A rank's actor failed: give the other ranks a moment (their actors often fail
+        together) so that every failure reaches its supervisor before the call raises, as
+        in Monarch; then raise the first (I/O thread). A dead proc fails the call at once."""
+        if self.error is None:
+            self.error = exc
+            loop = self.rt.loop  # timers are the I/O thread's; this may be the caller's
+            loop.call_soon(loop.call_later, FAILED_RANKS_GRACE_S, self._give_up)
+
+    def _give_up(self) -> None:
+        with self.lock:
+            if not self.done and self.error is not None:
+                self._close()
+                self.rt.ports.settle()
+                self.fut.set_exception(self.error)
+
+    def _monarch_wording(self, exc: BaseException, rank: int) -> BaseException:
+        """A SupervisionError for this call, with a last line in Monarch's words
+        (`Endpoint call mesh.ep() failed, The actor <...> and all its descendants have
+        failed: cause`; the first line keeps `Actor ... exited because of ...`)."""
+        failure = getattr(exc, "failure", None)
+        if type(exc) is not SupervisionError or failure is None:
+            return exc
+        rec = self.rec
+        why = (f"The actor {rec.actor_name(rank)} and all its descendants have failed: "
+               f"{failure.cause}")
+        line = f"Endpoint call {rec.name}.{self.method}() failed, {why}"
+        return SupervisionError(f"{exc.args[0]}\n{line}", failure)
+
+    def _close(self) -> None:
+        if not self.done:
+            self.done = True
+            if self.remaining:
+                for r in list(self.remaining):
+                    self._finish_rank(r)
+            self.rt.close_port(self.port)

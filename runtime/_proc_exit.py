@@ -1,0 +1,83 @@
+"""A stand-in for interpreter finalization when a proc exits (it ends with `os._exit`): its
+actors are dropped, the `atexit` handlers run, then the user's modules' globals are set to
+None so that `__del__` of what they hold runs, within a deadline.
+
+Layer 6 (process roles, under `proc`): imports nothing of runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import traceback
+from typing import Any
+
+
+def graceful_exit(server: Any, timeout: float) -> None:
+    """Before the proc exits: drop the actors (their `__del__` runs), run the `atexit`
+    handlers, then drop the globals of the user's modules (`__del__` of objects they hold
+    runs, as interpreter finalization would), all within `timeout` seconds (the proc exits
+    anyway after that, with os._exit)."""
+    import atexit
+    import gc
+
+    def run() -> None:
+        for a in list(server.actors.values()):
+            a.instance = a.last_exception = None  # a traceback would keep the instance alive
+        gc.collect()
+        try:
+            atexit._run_exitfuncs()
+        except BaseException:  # noqa: BLE001 - the proc is exiting anyway
+            traceback.print_exc()
+        gc.collect()  # what the atexit handlers held
+        try:
+            drop_user_module_globals()
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+        gc.collect()
+
+    t = threading.Thread(target=run, name="monarch-atexit", daemon=True)
+    t.start()
+    t.join(timeout)
+
+
+def drop_user_module_globals() -> None:
+    """Set the globals of the user's modules to None, as finalization does, so objects they
+    hold are collected. The runtime's own modules and libraries stay intact: the I/O thread
+    still runs."""
+    for name in user_modules():
+        d = getattr(sys.modules.get(name), "__dict__", None)
+        for k in list(d or ()):
+            if not (k.startswith("__") and k.endswith("__")):
+                d[k] = None
+
+
+def user_modules() -> list[str]:
+    """The names of the loaded modules that are the user's code: not Python's, not in an
+    installed distribution (wherever it was installed: a venv, `pip install --target` on
+    PYTHONPATH), not this project's."""
+    import importlib.metadata
+    import sysconfig
+
+    dirs = [*sysconfig.get_paths().values(), sys.prefix, sys.base_prefix]
+    keep = {os.path.normpath(p) + os.sep for p in dirs}
+    keep |= {os.path.realpath(p) + os.sep for p in dirs}
+    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+    keep |= {here + pkg + os.sep for pkg in ("runtime", "monarch_kernel", "monarch_widgets")}
+    kept = tuple(keep)
+    out = []
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if name == "__main__" or not isinstance(f, str) or f.startswith(kept) or \
+                os.path.realpath(f).startswith(kept):
+            continue
+        out.append(name)
+    if not out:
+        return out
+    try:  # reads every installed distribution's metadata (~0.1 s): only when needed
+        installed = set(importlib.metadata.packages_distributions())
+    except Exception:  # noqa: BLE001 - a broken distribution: the paths alone decide
+        installed = set()
+    installed |= set(getattr(sys, "stdlib_module_names", ()))
+    return [n for n in out if n.partition(".")[0] not in installed]
