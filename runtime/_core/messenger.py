@@ -59,6 +59,25 @@ class Messenger:
             self.tcp_address = addr
         return addr
 
+    def use_gateway(self, keys: auth.CurveKeys, address: str, timeout: float) -> str:
+        """Reach the cluster of `keys` through the gateway at `address` (one connection this
+        process opens; nothing there dials back): its processes send to the gateway's inner
+        address, returned, which becomes this process's TCP address for that cluster."""
+        from ..transport.gateway import GatewayLink
+
+        self.use_keys(keys)
+        link = self.loop.gateways.get(keys.public)
+        if link is not None and not link.closed:
+            return link.inner_address
+        link = GatewayLink(self.loop, address, keys)
+        inner = link.hello(timeout)
+        link.start()
+        self.loop.gateways[keys.public] = link
+        self._tcp_by_key[keys.public] = inner
+        if not self.tcp_address:
+            self.tcp_address = inner
+        return inner
+
     def add_peer(self, addr: str, keys: auth.CurveKeys) -> None:
         """Remember that the TCP peer at `addr` belongs to the cluster of `keys`."""
         self.loop.peer_keys[addr] = keys

@@ -100,11 +100,13 @@ class Agent:
             elif host and not host[0].isdigit() and ":" not in host:  # an advertised name
                 host = socket.gethostbyname(host)
             self.listen_ip = host
+        self.gateway = _start_gateway(args, self.keys, self.listen_ip)
         if args.address_file:
             tmp = args.address_file + ".tmp"
             with open(tmp, "w") as f:
                 json.dump({"address": self.tcp_address or self.address, "ipc": self.address,
-                           "host": socket.gethostname(), "pid": os.getpid()}, f)
+                           "host": socket.gethostname(), "pid": os.getpid(),
+                           "gateway": self.gateway.address if self.gateway else ""}, f)
             os.replace(tmp, args.address_file)
         self.gather = ReplyGather(self.address, self.loop.send, self.token)
         self.workspace = WorkspaceStore(self.rundir, self.agent_id, self._send)
@@ -121,6 +123,8 @@ class Agent:
         self.loop.call_soon(self._setup)
         self.stopped.wait()
         self.loop.stop()
+        if self.gateway is not None:
+            self.gateway.stop()
         if self.own_rundir:
             from .. import rundir
 
@@ -348,3 +352,14 @@ def _with_gpu(gpu: dict, env: dict) -> tuple[dict, Optional[str]]:
     except gpus.GPUSpawnError as err:
         return env, f"on host {socket.gethostname()}: {err}"
     return {**env, **extra}, None
+
+
+def _start_gateway(args: Any, keys: Any, inner_ip: str) -> Any:
+    """The gateway of `--gateway` (runtime/transport/gateway.py), started; or None."""
+    if not getattr(args, "gateway", None):
+        return None
+    if keys is None or not inner_ip:
+        raise SystemExit("--gateway needs --listen tcp://... and the cluster key")
+    from ..transport.gateway import Gateway
+
+    return Gateway(keys, args.gateway, inner_ip).start()

@@ -36,6 +36,50 @@ class Where(Actor):
         port.send((socket.gethostname(), dict(current_rank())))
 
 
+class Store(Actor):
+    """A controller-side actor (this_proc() or get_or_spawn_controller()): records who
+    called it, from which host."""
+
+    def __init__(self) -> None:
+        self.items: list = []
+
+    @endpoint
+    def put(self, item) -> int:
+        self.items.append(item)
+        return len(self.items)
+
+    @endpoint
+    def host(self) -> str:
+        return socket.gethostname()
+
+
+class CallsHome(Actor):
+    """A proc-side actor that calls actors living in the controller."""
+
+    @endpoint
+    def via_ref(self, store) -> tuple:
+        """Call `store` (a ref the controller passed); (this host, the address dialed, the
+        store's host, its count)."""
+        n = store.put.call_one(socket.gethostname()).get(timeout=20)
+        return socket.gethostname(), store._rec.addresses[0], store.host.call_one().get(
+            timeout=20), n
+
+    @endpoint
+    def via_singleton(self, name: str) -> tuple:
+        """Ask the controller for its singleton `name` and call it."""
+        from runtime import get_or_spawn_controller
+
+        store = get_or_spawn_controller(name, Store).get(timeout=20)
+        n = store.put.call_one(socket.gethostname()).get(timeout=20)
+        return socket.gethostname(), store._rec.addresses[0], n
+
+    @endpoint
+    def via_port(self, port) -> str:
+        """Send this host's name to `port`; the address the port dials."""
+        port.send(socket.gethostname())
+        return port.address
+
+
 def _point(mesh, rank: int) -> dict:
     sizes = dict(mesh.sizes)
     out = {}
