@@ -39,6 +39,13 @@ class Caller(Actor):
         return counter.bump.call_one().get(timeout=20)
 
     @endpoint
+    def call_singleton(self) -> int:
+        from runtime import get_or_spawn_controller
+
+        return get_or_spawn_controller("gw_counter", Counter).get(timeout=20).bump.call_one(
+        ).get(timeout=20)
+
+    @endpoint
     def fail(self) -> None:
         raise ValueError("bad step")
 
@@ -99,6 +106,9 @@ def test_calls_streams_errors_and_controller_actors_through_the_gateway(job):
     # a this_proc() actor of the controller, called by every proc
     counter = this_proc().spawn("counter", Counter)
     got = callers.call_home.call(counter).get(timeout=60)
+    assert sorted(got.values()) == [1, 2, 3, 4]
+    # a get_or_spawn_controller() singleton, asked for and called by every proc
+    got = callers.call_singleton.call().get(timeout=60)
     assert sorted(got.values()) == [1, 2, 3, 4]
     with pytest.raises(ActorError, match="bad step"):
         callers.slice(hosts=1, procs=1).fail.call_one().get(timeout=30)

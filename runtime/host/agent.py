@@ -100,7 +100,7 @@ class Agent:
             elif host and not host[0].isdigit() and ":" not in host:  # an advertised name
                 host = socket.gethostbyname(host)
             self.listen_ip = host
-        self.gateway = _start_gateway(args, self.keys, self.listen_ip)
+        self.gateway = _start_gateway(args, self.keys, self.listen_ip, self.loop)
         if args.address_file:
             tmp = args.address_file + ".tmp"
             with open(tmp, "w") as f:
@@ -123,8 +123,6 @@ class Agent:
         self.loop.call_soon(self._setup)
         self.stopped.wait()
         self.loop.stop()
-        if self.gateway is not None:
-            self.gateway.stop()
         if self.own_rundir:
             from .. import rundir
 
@@ -354,12 +352,15 @@ def _with_gpu(gpu: dict, env: dict) -> tuple[dict, Optional[str]]:
     return {**env, **extra}, None
 
 
-def _start_gateway(args: Any, keys: Any, inner_ip: str) -> Any:
-    """The gateway of `--gateway` (runtime/transport/gateway.py), started; or None."""
+def _start_gateway(args: Any, keys: Any, inner_ip: str, loop: Any) -> Any:
+    """The gateway of `--gateway` (runtime/transport/gateway.py), started (it stops with the
+    agent's loop); or None."""
     if not getattr(args, "gateway", None):
         return None
     if keys is None or not inner_ip:
         raise SystemExit("--gateway needs --listen tcp://... and the cluster key")
     from ..transport.gateway import Gateway
 
-    return Gateway(keys, args.gateway, inner_ip).start()
+    gw = Gateway(keys, args.gateway, inner_ip).start()
+    loop.on_close.append(gw.stop)
+    return gw

@@ -27,6 +27,13 @@ class Where(Actor):
             timeout=timeout)[0]
 
     @endpoint
+    def crash(self, code: int) -> None:
+        """The proc exits at once (a supervision error for its callers)."""
+        import os
+
+        os._exit(code)
+
+    @endpoint
     def add(self, a: int, b: int) -> int:
         return a + b
 

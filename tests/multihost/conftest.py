@@ -55,6 +55,7 @@ def mh_cluster():
 def cluster(mh_cluster):
     """The session cluster, with node links restored and partitions healed after each test."""
     yield mh_cluster
+    mh_cluster.unfence_controller()
     if mh_cluster.dir.exists():
         for node in mh_cluster.nodes:
             mh_cluster.heal(node)

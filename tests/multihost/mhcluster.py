@@ -164,6 +164,23 @@ class Cluster:
         subprocess.run(["nsenter", f"--net=/run/netns/{node}", "nft", "delete", "table", "inet",
                         "mhpart"], capture_output=True)
 
+    def fence_controller(self, node: str, port: int) -> None:
+        """In this (the controller's) namespace, drop all traffic with the nodes except TCP to
+        `node`'s `port` and its answers: as a laptop that reaches one forwarded port."""
+        a = self.addr(node)
+        nodes = "{ " + ", ".join(self.addr(n) for n in self.nodes) + " }"
+        rules = (f"add table inet mhfence\n"
+                 f"add chain inet mhfence in {{ type filter hook input priority 0; }}\n"
+                 f"add chain inet mhfence out {{ type filter hook output priority 0; }}\n"
+                 f"add rule inet mhfence out ip daddr {a} tcp dport {port} accept\n"
+                 f"add rule inet mhfence out ip daddr {nodes} drop\n"
+                 f"add rule inet mhfence in ip saddr {a} tcp sport {port} accept\n"
+                 f"add rule inet mhfence in ip saddr {nodes} drop\n")
+        subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
+
+    def unfence_controller(self) -> None:
+        subprocess.run(["nft", "delete", "table", "inet", "mhfence"], capture_output=True)
+
     # --- teardown -----------------------------------------------------------------------
     def leftovers(self) -> list[str]:
         """What of this cluster still exists: live pids, namespaces, the bridge, the directory."""
@@ -183,6 +200,7 @@ class Cluster:
 
     def down(self, check: bool = True) -> list[str]:
         """Tear everything down; with check, raise if anything is left after a short grace."""
+        self.unfence_controller()
         for p in self._started:
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
