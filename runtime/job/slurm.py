@@ -21,6 +21,11 @@ from .base import Job, JobError, read_address_files, slots, tail
 DEFAULT_ADDRESS_CMD = ('a=$(getent hosts "$(hostname)" | awk \'{print $1; exit}\'); '
                        'case "$a" in ""|127.*|::1) a=$(hostname -I | cut -d" " -f1);; esac; echo "$a"')
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+#: PENDING reasons of a job that cannot start as submitted (SLURM's squeue %r)
+_NEVER_STARTS = {"BadConstraints", "DependencyNeverSatisfied", "InvalidAccount", "InvalidQOS",
+                 "AccountNotAllowed", "QOSNotAllowed", "ReqNodeNotAvail", "JobLaunchFailure",
+                 "NodeDown", "FrontEndDown", "Nodes_required_for_job_are_DOWN,_DRAINED_or_"
+                 "reserved_for_jobs_in_higher_priority_partitions"}
 _ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "RESIZING", "SUSPENDED",
            "REQUEUED", "STAGE_OUT", "SIGNALING"}
 
@@ -201,7 +206,17 @@ class SlurmJob(Job):
         if state not in _ACTIVE:
             raise JobError(f"slurm job {self.job_id} ended ({state}) before all agents "
                            f"started{self._diagnostics()}")
-        return f"job {self.job_id} {state}" + (f" ({reason})" if reason else "")
+        self._last_reason = reason
+        queued = ", queued: waiting for its allocation" if self._queued() else ""
+        return f"job {self.job_id} {state}" + (f" ({reason})" if reason else "") + queued
+
+    def _queued(self) -> bool:
+        """PENDING in the queue for a reason it may leave (resources, priority, a hold, a
+        begin time: reported by `_check`), not for one that never clears (a partition
+        too small, a bad constraint), whose start deadline keeps running."""
+        reason = getattr(self, "_last_reason", "")
+        return getattr(self, "_last_state", "") == "PENDING" and not (
+            reason in _NEVER_STARTS or reason.startswith("Partition"))
 
     def _diagnostics(self) -> str:
         if self.workdir is None:
