@@ -269,6 +269,11 @@ class Job(JobTrait, ABC):
         """Whether the job's agents can still be reached (overridden where it can be checked)."""
         return True
 
+    def _gateway_address(self) -> str | None:
+        """The address this controller dials to reach the job through its gateway (None:
+        it dials the agents)."""
+        return None
+
     def _queued(self) -> bool:
         """Whether the job still waits in its scheduler's queue (as of the last `_check`):
         `wait_addresses` then waits without spending its start timeout."""
@@ -308,7 +313,8 @@ class Job(JobTrait, ABC):
         try:
             for name, n in self.meshes.items():
                 addrs = [found[(name, i)] for i in range(n)]
-                state[name] = attach_to_workers(addrs, key_file=str(self.key_file))
+                state[name] = attach_to_workers(addrs, key_file=str(self.key_file),
+                                                gateway=self._gateway_address())
         except BaseException:
             self.kill()
             raise

@@ -151,3 +151,32 @@ def test_a_client_without_the_key_is_refused_and_logged(cluster, gated, agents, 
         runtime.attach_to_workers(addrs, key_file=str(other), gateway=gw, timeout=3)
     _wait(lambda: "refused a client" in agents.log(cluster.nodes[0]), 10,
           f"gateway log: {agents.log(cluster.nodes[0])[-2000:]}")
+
+
+def test_slurm_job_through_its_gateway(cluster, monkeypatch, tmp_path):
+    """SlurmJob(gateway=True): the first agent runs the gateway; with this namespace fenced
+    off all but its port (SLURM's controller and the shared job directory stay reachable),
+    state() attaches through it and the procs work."""
+    from runtime.job import SlurmJob
+
+    from .agents import REPO
+
+    monkeypatch.setenv("SLURM_CONF", str(cluster.dir / "slurm.conf"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.setenv("MONARCH_HEARTBEAT_TIMEOUT", str(HB_TIMEOUT))
+    job = SlurmJob({"trainers": 2}, workdir=tmp_path / "jobs", chdir=REPO, progress=False,
+                   timeout=60, gateway=True)
+    assert '--gateway "tcp://$ADDR:$4"' in job.render_script()
+    try:
+        job.wait_addresses()
+        gw = job._gateway_address()
+        node = next(n for n in cluster.nodes if f"//{cluster.addr(n)}:" in gw)
+        cluster.fence_controller(node, int(gw.rsplit(":", 1)[1]))
+        hosts = job.state().trainers
+        assert sorted(hosts.hosts) == cluster.nodes[:2]
+        where = hosts.spawn_procs(per_host={"procs": 2}).spawn("where", Where)
+        got = where.where.call().get(timeout=60)
+        assert sorted(v[0] for _, v in got.items()) == sorted(cluster.nodes[:2] * 2)
+    finally:
+        job.kill()
+        cluster.unfence_controller()
