@@ -46,3 +46,40 @@ def gateway_address(gateway: bool | str, addrs: Path, first: tuple[str, int]) ->
 
         raise JobError(f"the job's first agent published no gateway address in {p}")
     return published
+
+
+class SSHTunnel:
+    """`ssh -N -L 127.0.0.1:LOCAL:GWHOST:GWPORT host`: this machine's end of the one
+    connection to a job's gateway (SSHJob(gateway=True)); `address` is what to dial."""
+
+    def __init__(self, host: str, gateway: str, ssh: tuple = ("ssh",),
+                 options: tuple = ()) -> None:
+        import socket
+        import subprocess
+
+        u = urlparse(gateway)
+        if u.scheme != "tcp" or not u.hostname or not u.port:
+            raise ValueError(f"gateway address {gateway!r} is not tcp://HOST:PORT")
+        with socket.socket() as s:  # a free local port (ssh binds it right after)
+            s.bind(("127.0.0.1", 0))
+            local = s.getsockname()[1]
+        opts = [o for o in options if o != "-T"]
+        self.argv = [*ssh, *opts, "-N", "-o", "ExitOnForwardFailure=yes",
+                     "-L", f"127.0.0.1:{local}:{u.hostname}:{u.port}", host]
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # zmq dials this address until ssh listens there: attaching waits for the tunnel
+        # (a probe connection would reach the gateway as a client without the key)
+        self.address = f"tcp://127.0.0.1:{local}"
+
+    def close(self) -> None:
+        """End the tunnel (by its pid) and reap it."""
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -88,7 +88,7 @@ def sshd_nodes(mh_cluster, tmp_path_factory):
             f"AuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd_{node}.pid\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nX11Forwarding no\n"
-            "AllowTcpForwarding no\nLogLevel ERROR\n")
+            "AllowTcpForwarding local\nLogLevel ERROR\n")
         procs.append(mh_cluster.popen(node, [sshd, "-D", "-e", "-f", str(conf)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     opts = ("-i", str(d / "user"), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",

@@ -164,19 +164,20 @@ class Cluster:
         subprocess.run(["nsenter", f"--net=/run/netns/{node}", "nft", "delete", "table", "inet",
                         "mhpart"], capture_output=True)
 
-    def fence_controller(self, node: str, port: int) -> None:
+    def fence_controller(self, *allowed: tuple[str, int]) -> None:
         """In this (the controller's) namespace, drop all traffic with the nodes except TCP to
-        `node`'s `port` and its answers: as a laptop that reaches one forwarded port."""
-        a = self.addr(node)
+        the (node, port) pairs `allowed` and its answers: as a laptop that reaches one
+        forwarded port (or only ssh)."""
         nodes = "{ " + ", ".join(self.addr(n) for n in self.nodes) + " }"
-        rules = (f"add table inet mhfence\n"
-                 f"add chain inet mhfence in {{ type filter hook input priority 0; }}\n"
-                 f"add chain inet mhfence out {{ type filter hook output priority 0; }}\n"
-                 f"add rule inet mhfence out ip daddr {a} tcp dport {port} accept\n"
-                 f"add rule inet mhfence out ip daddr {nodes} drop\n"
-                 f"add rule inet mhfence in ip saddr {a} tcp sport {port} accept\n"
-                 f"add rule inet mhfence in ip saddr {nodes} drop\n")
-        subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
+        rules = ["add table inet mhfence",
+                 "add chain inet mhfence in { type filter hook input priority 0; }",
+                 "add chain inet mhfence out { type filter hook output priority 0; }"]
+        for node, port in allowed:
+            rules += [f"add rule inet mhfence out ip daddr {self.addr(node)} tcp dport {port} accept",
+                      f"add rule inet mhfence in ip saddr {self.addr(node)} tcp sport {port} accept"]
+        rules += [f"add rule inet mhfence out ip daddr {nodes} drop",
+                  f"add rule inet mhfence in ip saddr {nodes} drop"]
+        subprocess.run(["nft", "-f", "-"], input="\n".join(rules) + "\n", text=True, check=True)
 
     def unfence_controller(self) -> None:
         subprocess.run(["nft", "delete", "table", "inet", "mhfence"], capture_output=True)
