@@ -73,3 +73,27 @@ def test_the_status_says_queued_and_why(tmp_path, monkeypatch):
     job.apply()
     assert job._check() == "job 4242 PENDING (Priority), queued: waiting for its allocation"
     job.kill()
+
+
+def test_gateway_option_of_jobs_and_mesh_alloc(tmp_path):
+    """`gateway=` of SlurmJob/SSHJob and `%mesh alloc --gateway [tcp://H:P]`."""
+    from monarch_kernel.args import MagicArgError, parse_alloc
+    from runtime.job import SSHJob
+
+    spec = parse_alloc("t --job slurm --hosts 2 --gateway")
+    assert spec.options == {"gateway": True}
+    job = spec.make_job()
+    assert job.gateway is True and '--gateway "tcp://$ADDR:$4"' in job.render_script()
+    assert "--gateway" not in SlurmJob({"a": 1}).render_script()
+    spec = parse_alloc("t --job ssh --ssh-hosts a b --gateway tcp://127.0.0.1:26601")
+    ssh = spec.make_job()
+    assert ssh.gateway == "tcp://127.0.0.1:26601"
+    first = ssh.argvs[("t", 0)][-1]
+    assert '--gateway "tcp://$a:26601"' in first and "--gateway" not in ssh.argvs[("t", 1)][-1]
+    with pytest.raises(MagicArgError, match="--gateway does not apply to --job process"):
+        parse_alloc("t --job process --hosts 1 --gateway")
+    for bad in ["127.0.0.1:5", "tcp://h", "ipc:///x", 5]:
+        with pytest.raises(ValueError, match="gateway="):
+            SlurmJob({"a": 1}, gateway=bad)
+        with pytest.raises(ValueError, match="gateway="):
+            SSHJob(["h"], gateway=bad)
