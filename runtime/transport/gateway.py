@@ -27,6 +27,7 @@ import re
 import struct
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
 import zmq
@@ -43,6 +44,13 @@ _DEST = re.compile(r"tcp://[A-Za-z0-9._\-\[\]:]+:\d{1,5}")
 #: zmq heartbeats on the client connection: an ssh tunnel that died silently is noticed
 HEARTBEAT_MS, HEARTBEAT_TIMEOUT_MS = 1000, 5000
 _PORT = struct.Struct("!Q")
+_links: "weakref.WeakSet[GatewayLink]" = weakref.WeakSet()  # this process's, as a client
+
+
+def client_gateways() -> list[str]:
+    """The gateways this process reaches a cluster through (open links): RDMA data, which
+    dials its owner directly, is not relayed across them (runtime/rdma/client.py)."""
+    return [link.address for link in list(_links) if not link.closed]
 
 
 def _heartbeats(s: zmq.Socket) -> None:
@@ -252,6 +260,7 @@ class GatewayLink:
     def start(self) -> None:
         """Hand the socket to the I/O loop, which reads what the gateway relays."""
         self.loop.watch_zmq(self.sock, self._readable)
+        _links.add(self)
         self.loop.on_close.append(lambda: self.close("this process's runtime stopped"))
 
     def peer(self, addr: str) -> "GatewayPeer":

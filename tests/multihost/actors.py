@@ -81,6 +81,23 @@ class CallsHome(Actor):
         return socket.gethostname(), store._rec.addresses[0], n
 
     @endpoint
+    def read_buffer(self, buf) -> str:
+        """Read an RDMABuffer (waiting at most 1 s); the error's text, or "read"."""
+        try:
+            buf.read_into(memoryview(bytearray(buf.size()))).get(timeout=1)
+        except Exception as e:  # reported to the test
+            return f"{type(e).__name__}: {e}"
+        return "read"
+
+    @endpoint
+    def make_buffer(self):
+        """An RDMABuffer of this proc's memory (kept alive by the actor)."""
+        from runtime.rdma import RDMABuffer
+
+        self._mem = bytearray(b"x" * 64)
+        return RDMABuffer(memoryview(self._mem))
+
+    @endpoint
     def via_port(self, port) -> str:
         """Send this host's name to `port`; the address the port dials."""
         port.send(socket.gethostname())

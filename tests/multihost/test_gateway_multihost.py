@@ -114,6 +114,16 @@ def test_everything_through_the_gateway(cluster, gated, key_file):
         assert {d for _, d in dialed.items()} == {inner}
         assert sorted(recv.recv().get(timeout=10) for _ in range(2)) == [cluster.nodes[1]] * 2
         recv.close()
+        # RDMA data does not cross the gateway: both directions fail at once, saying why
+        from runtime.rdma import RDMABuffer, RDMATransportError
+
+        mem = bytearray(64)
+        text = callers.slice(hosts=1, procs=0).read_buffer.call_one(
+            RDMABuffer(memoryview(mem))).get(timeout=30)
+        assert text.startswith("RDMATransportError") and "relays messages, not RDMA" in text
+        far = callers.slice(hosts=1, procs=0).make_buffer.call_one().get(timeout=30)
+        with pytest.raises(RDMATransportError, match="through the gateway"):
+            far.read_into(memoryview(bytearray(64))).get(timeout=1)
         # errors and supervision: an exception, then a proc of the far host dying
         with pytest.raises(ActorError):
             where.slice(hosts=1, procs=0).ask.call_one(None, 0).get(timeout=30)
