@@ -153,6 +153,11 @@ class Liveness:
                 cause = f"host agent {describe_status(code, sig)}"
             elif agent.remote and now - agent.last_seen > timeout:
                 cause = f"host {agent.host} unreachable (no heartbeat for {timeout:g} s)"
+                link = rt.messenger.gateway_of(agent.address)
+                if link is not None and link.silent_for(now) > timeout:  # one partition
+                    cause = link.partition_cause(now, timeout, sum(
+                        1 for a in rt.state.agents.values()
+                        if rt.messenger.gateway_of(a.address) is link))
             if cause:
                 agent.alive = False
                 agent.lost = agent.remote and agent.popen is None and agent.hello

@@ -8,7 +8,7 @@ call fails.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from ..config import config
 from ..transport import auth, framing
@@ -77,6 +77,14 @@ class Messenger:
         if not self.tcp_address:
             self.tcp_address = inner
         return inner
+
+    def gateway_of(self, addr: str) -> Optional[Any]:
+        """The gateway link `addr` is reached through, or None."""
+        gws = self.loop.gateways
+        if not gws or not addr.startswith("tcp://"):
+            return None
+        keys = self.loop.peer_keys.get(addr, self.keys)
+        return gws.get(keys.public) if keys is not None else None
 
     def add_peer(self, addr: str, keys: auth.CurveKeys) -> None:
         """Remember that the TCP peer at `addr` belongs to the cluster of `keys`."""

@@ -23,6 +23,7 @@ hello is dropped with a log line and counted. docs/transport.md, "Through a gate
 from __future__ import annotations
 
 import logging
+import os
 import re
 import struct
 import threading
@@ -74,6 +75,7 @@ class Gateway:
         self.front.setsockopt(zmq.RCVHWM, 0)
         self.front.setsockopt(zmq.LINGER, 0)
         self.front.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone client is an error, not a drop
+        self.front.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a client reconnecting keeps its place
         _heartbeats(self.front)
         self.inner = self.ctx.socket(zmq.PULL)
         self.inner.setsockopt(zmq.RCVHWM, 0)
@@ -230,7 +232,12 @@ class GatewayLink:
         self.lock = threading.Lock()
         self.inner_address = ""
         self.closed = ""  # why, once closed
+        self.last_seen = time.monotonic()  # when the gateway last relayed anything here
+        self.partition_reported = False
         s = self.sock = loop.ctx.socket(zmq.DEALER)
+        # a fixed identity: after a tunnel drops and zmq reconnects, the gateway still knows
+        # this client (ROUTER_HANDOVER)
+        s.setsockopt(zmq.ROUTING_ID, b"c" + os.urandom(15))
         s.setsockopt(zmq.SNDHWM, 0)
         s.setsockopt(zmq.RCVHWM, 0)
         s.setsockopt(zmq.LINGER, 0)
@@ -263,6 +270,22 @@ class GatewayLink:
         _links.add(self)
         self.loop.on_close.append(lambda: self.close("this process's runtime stopped"))
 
+    def silent_for(self, now: float) -> float:
+        """Seconds since anything came through the gateway (heartbeats of every host behind
+        it do, every `heartbeat_interval`)."""
+        return now - self.last_seen
+
+    def partition_cause(self, now: float, timeout: float, hosts: int) -> str:
+        """The cause that fails the hosts behind a gateway that went silent: one partition
+        (logged once per outage), not a failure of each host."""
+        cause = (f"the connection to the gateway {self.address} is lost (nothing through it "
+                 f"for {timeout:g} s): a partition between this controller and the {hosts} "
+                 "host(s) behind it")
+        if not self.partition_reported:
+            self.partition_reported = True
+            log.warning("%s: %s", self.loop.name, cause)
+        return cause
+
     def peer(self, addr: str) -> "GatewayPeer":
         return GatewayPeer(self, addr)
 
@@ -289,6 +312,10 @@ class GatewayLink:
                     frames = sock.recv_multipart(_NOBLOCK, copy=False)
                 except zmq.Again:
                     return
+            self.last_seen = time.monotonic()
+            if self.partition_reported:
+                self.partition_reported = False
+                log.warning("%s: the gateway %s answers again", self.loop.name, self.address)
             kind = frames[0].bytes
             if kind == b"D" and len(frames) > 1:
                 self.loop.dispatch(frames[1:])

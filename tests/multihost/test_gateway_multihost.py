@@ -134,6 +134,38 @@ def test_everything_through_the_gateway(cluster, gated, key_file):
         hosts.shutdown()
 
 
+def test_a_cut_tunnel_is_one_partition_and_the_job_is_usable_after(cluster, gated, key_file,
+                                                                  caplog):
+    """Cutting the only connection fails the calls on every host behind the gateway with one
+    cause, the gateway's, logged once; when it returns, new procs work on those hosts."""
+    import logging
+
+    addrs, gw = gated
+    hosts = runtime.attach_to_workers(addrs, key_file=str(key_file), gateway=gw)
+    try:
+        where = hosts.spawn_procs(per_host={"procs": 1}, name="cut").spawn("where", Where)
+        assert len(where.where.call().get(timeout=60)) == 2
+        caplog.set_level(logging.WARNING, logger="runtime.gateway")
+        cluster.unfence_controller()
+        cluster.fence_controller()  # nothing passes: the tunnel is cut
+        with pytest.raises(SupervisionError, match="connection to the gateway .* is lost") as e:
+            where.where.call().get(timeout=30)
+        assert "partition" in str(e.value)
+        lost = [r for r in caplog.records if "connection to the gateway" in r.getMessage()]
+        assert len(lost) == 1, [r.getMessage() for r in lost]
+        cluster.unfence_controller()
+        cluster.fence_controller((cluster.nodes[0], int(gw.rsplit(":", 1)[1])))
+        def fresh_procs_answer():
+            try:
+                again = hosts.spawn_procs(per_host={"procs": 1}, name="again")
+                return len(again.spawn("w2", Where).where.call().get(timeout=10)) == 2
+            except Exception:
+                return False
+        _wait(fresh_procs_answer, 60, "the hosts never became usable again")
+    finally:
+        hosts.shutdown()
+
+
 def test_controller_actors_reachable_without_a_gateway(cluster, agents, key_file):
     addrs = [agents.start(n) for n in cluster.nodes[1:]]
     hosts = runtime.attach_to_workers(addrs, key_file=str(key_file))
