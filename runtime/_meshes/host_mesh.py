@@ -446,8 +446,10 @@ def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[
         rec = AgentRecord(rt.new_id("host"), a, urlparse(a).hostname or a, remote=True)
         rt.state.change(rt.state.add_agent, rec)
         agents.append(rec)
-        rt.send(a, Header(Kind.AGENT_ATTACH, extra={"owner": my_addr,
-                                                    "attach_id": rec.agent_id}))
+        extra = {"owner": my_addr, "attach_id": rec.agent_id}
+        if gateway is not None:  # the agent keeps our procs this long while we are cut off
+            extra["lease"] = config.gateway_lease
+        rt.send(a, Header(Kind.AGENT_ATTACH, extra=extra))
     deadline = time.monotonic() + timeout
     while not all(a.hello for a in agents):
         if time.monotonic() > deadline:

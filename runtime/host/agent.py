@@ -7,6 +7,7 @@ main thread only watches the parent process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -199,7 +200,7 @@ class Agent:
         new_owner = e.get("owner", "")
         if self.owner and self.owner != new_owner:
             self._kill_procs("a new controller attached")
-        self.owner = new_owner
+        self.owner, self.owner_lease = new_owner, float(e.get("lease") or 0)  # via a gateway
         self.owner_last_seen = time.monotonic()
         self._send(self.owner, Header(Kind.HELLO, extra={
             "pid": os.getpid(), "host": socket.gethostname(), "address": self.tcp_address,
@@ -207,10 +208,8 @@ class Agent:
 
     def _kill_procs(self, why: str) -> None:
         for pp in list(self.procs.values()):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pp.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def _spawn(self, h: Header, body: Any = None, buffers: Any = None) -> None:
         e = h.extra or {}
@@ -296,7 +295,7 @@ class Agent:
             return
         self._send(self.owner, Header(Kind.HEARTBEAT))
         silent = time.monotonic() - self.owner_last_seen
-        if silent <= max(config.heartbeat_timeout, 5.0) * 2:
+        if silent <= (getattr(self, "owner_lease", 0) or max(config.heartbeat_timeout, 5.0) * 2):
             return
         if self.args.listen:
             log.warning("controller %s silent for %.0f s: ending its procs", self.owner, silent)

@@ -234,6 +234,7 @@ class GatewayLink:
         self.closed = ""  # why, once closed
         self.last_seen = time.monotonic()  # when the gateway last relayed anything here
         self.partition_reported = False
+        self.outage = ""  # set while cut off within the lease: calls then fail at once
         s = self.sock = loop.ctx.socket(zmq.DEALER)
         # a fixed identity: after a tunnel drops and zmq reconnects, the gateway still knows
         # this client (ROUTER_HANDOVER)
@@ -294,6 +295,8 @@ class GatewayLink:
         with self.lock:
             if self.closed:
                 error = f"the gateway connection ({self.address}) is closed: {self.closed}"
+            elif self.outage and port:  # a call now would wait for nothing: it fails
+                error = self.outage
             else:
                 try:
                     self.sock.send_multipart([b"D", dest.encode(), *frames], _NOBLOCK,
@@ -314,7 +317,7 @@ class GatewayLink:
                     return
             self.last_seen = time.monotonic()
             if self.partition_reported:
-                self.partition_reported = False
+                self.partition_reported, self.outage = False, ""
                 log.warning("%s: the gateway %s answers again", self.loop.name, self.address)
             kind = frames[0].bytes
             if kind == b"D" and len(frames) > 1:

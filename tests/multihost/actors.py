@@ -27,6 +27,12 @@ class Where(Actor):
             timeout=timeout)[0]
 
     @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    @endpoint
     def crash(self, code: int) -> None:
         """The proc exits at once (a supervision error for its callers)."""
         import os

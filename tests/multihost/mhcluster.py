@@ -173,8 +173,9 @@ class Cluster:
                  "add chain inet mhfence in { type filter hook input priority 0; }",
                  "add chain inet mhfence out { type filter hook output priority 0; }"]
         for node, port in allowed:
-            rules += [f"add rule inet mhfence out ip daddr {self.addr(node)} tcp dport {port} accept",
-                      f"add rule inet mhfence in ip saddr {self.addr(node)} tcp sport {port} accept"]
+            a = self.addr(node)
+            rules += [f"add rule inet mhfence out ip daddr {a} tcp dport {port} accept",
+                      f"add rule inet mhfence in ip saddr {a} tcp sport {port} accept"]
         rules += [f"add rule inet mhfence out ip daddr {nodes} drop",
                   f"add rule inet mhfence in ip saddr {nodes} drop"]
         subprocess.run(["nft", "-f", "-"], input="\n".join(rules) + "\n", text=True, check=True)

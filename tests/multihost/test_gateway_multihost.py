@@ -134,34 +134,78 @@ def test_everything_through_the_gateway(cluster, gated, key_file):
         hosts.shutdown()
 
 
-def test_a_cut_tunnel_is_one_partition_and_the_job_is_usable_after(cluster, gated, key_file,
-                                                                  caplog):
-    """Cutting the only connection fails the calls on every host behind the gateway with one
-    cause, the gateway's, logged once; when it returns, new procs work on those hosts."""
+@pytest.fixture
+def lease():
+    """Set gateway_lease for one test."""
+    from runtime.config import config
+
+    old = config.gateway_lease
+    yield lambda s: setattr(config, "gateway_lease", s)
+    config.gateway_lease = old
+
+
+def _cut(cluster):
+    cluster.unfence_controller()
+    cluster.fence_controller()  # nothing passes: the tunnel is cut
+
+
+def _mend(cluster, gw):
+    cluster.unfence_controller()
+    cluster.fence_controller((cluster.nodes[0], int(gw.rsplit(":", 1)[1])))
+
+
+def test_a_tunnel_cut_within_the_lease_keeps_the_procs(cluster, gated, key_file, lease):
+    """Cut the only connection for less than the lease: calls meanwhile fail saying why, and
+    once it is back the same actors answer (their procs were kept)."""
+    addrs, gw = gated
+    lease(60.0)
+    hosts = runtime.attach_to_workers(addrs, key_file=str(key_file), gateway=gw)
+    try:
+        where = hosts.spawn_procs(per_host={"procs": 1}, name="kept").spawn("where", Where)
+        before = [v for _, v in where.pid.call().get(timeout=60).items()]
+        _cut(cluster)
+        with pytest.raises(SupervisionError, match="keeps its procs for gateway_lease"):
+            where.where.call().get(timeout=30)  # waiting when the cut is noticed
+        with pytest.raises(SupervisionError, match="calls fail until the connection returns"):
+            where.where.call().get(timeout=5)  # made meanwhile: fails at once
+        # cut for longer than an agent waits for a silent controller without a lease
+        # (2 x max(heartbeat_timeout, 5 s) = 10 s)
+        time.sleep(12)
+        _mend(cluster, gw)
+
+        def answers():
+            try:
+                return [v for _, v in where.pid.call().get(timeout=5).items()]
+            except SupervisionError:
+                return None
+        after = _wait(answers, 60, "the kept actors never answered again")
+        assert after == before  # the same processes
+    finally:
+        hosts.shutdown()
+
+
+def test_a_tunnel_cut_past_the_lease_is_one_partition_and_ends_the_procs(
+        cluster, gated, agents, key_file, caplog, lease):
+    """Cut for longer than the lease: the hosts behind the gateway fail with one cause, the
+    gateway's, logged once, and their agents end the procs."""
     import logging
 
     addrs, gw = gated
+    lease(0.5)  # shorter than heartbeat_timeout: the first silence check ends it
     hosts = runtime.attach_to_workers(addrs, key_file=str(key_file), gateway=gw)
     try:
         where = hosts.spawn_procs(per_host={"procs": 1}, name="cut").spawn("where", Where)
         assert len(where.where.call().get(timeout=60)) == 2
         caplog.set_level(logging.WARNING, logger="runtime.gateway")
-        cluster.unfence_controller()
-        cluster.fence_controller()  # nothing passes: the tunnel is cut
+        _cut(cluster)
         with pytest.raises(SupervisionError, match="connection to the gateway .* is lost") as e:
             where.where.call().get(timeout=30)
         assert "partition" in str(e.value)
         lost = [r for r in caplog.records if "connection to the gateway" in r.getMessage()]
         assert len(lost) == 1, [r.getMessage() for r in lost]
-        cluster.unfence_controller()
-        cluster.fence_controller((cluster.nodes[0], int(gw.rsplit(":", 1)[1])))
-        def fresh_procs_answer():
-            try:
-                again = hosts.spawn_procs(per_host={"procs": 1}, name="again")
-                return len(again.spawn("w2", Where).where.call().get(timeout=10)) == 2
-            except Exception:
-                return False
-        _wait(fresh_procs_answer, 60, "the hosts never became usable again")
+        # the agents, silent controller past the lease, ended the procs (as for a dead one)
+        for node in cluster.nodes[:2]:
+            _wait(lambda: "ending its procs" in agents.log(node), 30, agents.log(node)[-2000:])
     finally:
         hosts.shutdown()
 
