@@ -290,3 +290,47 @@ def test_ssh_job_through_its_gateway_over_ssh_only(cluster, sshd_nodes, key_file
         job.kill()
         cluster.unfence_controller()
     assert job.tunnel.proc.poll() is not None  # kill() ended the tunnel
+
+
+DBG_CELL = "<gateway-cell>"
+DBG_SRC = '''\
+import socket
+from runtime import Actor, endpoint
+
+
+class Paused(Actor):
+    @endpoint
+    def work(self, x):
+        host = socket.gethostname()
+        breakpoint()
+        return (host, x * 2)
+'''
+
+
+def test_breakpoint_through_the_gateway(cluster, gated, key_file):
+    """breakpoint() in actors on both hosts behind the gateway: the controller's debugger
+    sees them, drives their pdb, serves the cell's source, and continues them."""
+    import linecache
+
+    addrs, gw = gated
+    hosts = runtime.attach_to_workers(addrs, key_file=str(key_file), gateway=gw)
+    linecache.cache[DBG_CELL] = (len(DBG_SRC), None, DBG_SRC.splitlines(True), DBG_CELL)
+    ns = {"__name__": "not_importable_gateway_cell"}
+    exec(compile(DBG_SRC, DBG_CELL, "exec"), ns)
+    reg = runtime.debugging.get_registry()
+    reg.notify = lambda text: None
+    try:
+        m = hosts.spawn_procs(per_host={"procs": 1}, name="gwdbg").spawn("paused", ns["Paused"])
+        fut = m.work.call(21)
+        sessions = _wait(lambda: len(reg.paused()) >= 2 and reg.paused(), 60,
+                         f"paused: {reg.sessions()}")
+        sessions = sorted(sessions, key=lambda s: s.rank)
+        assert [s.host for s in sessions] == cluster.nodes[:2]
+        for s, node in zip(sessions, cluster.nodes):
+            assert "-> return (host, x * 2)" in reg.wait(s, 10)[0]
+            assert reg.run_command(s, "p host")[0] == f"'{node}'\n"
+            assert "breakpoint()" in reg.run_command(s, "l")[0]  # source from the controller
+        assert reg.continue_all() == 2
+        assert sorted(v for _, v in fut.get(30).items()) == [(n, 42) for n in cluster.nodes[:2]]
+    finally:
+        hosts.shutdown()
