@@ -33,6 +33,12 @@ class Echo(Actor):
         return x
 
 
+if __name__ != "__main__":  # imported (a driver script): procs elsewhere cannot import us
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
 def _agent(d: str, name: str, key: str, gateway: bool) -> tuple[subprocess.Popen, dict]:
     af = os.path.join(d, name + ".json")
     argv = [sys.executable, "-m", "runtime.host", "--listen", "tcp://127.0.0.1:0",
