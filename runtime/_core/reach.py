@@ -48,7 +48,10 @@ def own_alternatives(rt: "Runtime") -> dict:
 
 def alternatives(rt: "Runtime", addresses: list, known: Optional[list]) -> list:
     """Per rank, the TCP alternatives a pickled ref carries: this process's own for ranks
-    at its ipc address, else those the ref arrived with."""
+    at its ipc address, else those the ref arrived with ([] when there are none: most refs,
+    whose procs are reached by their agents)."""
+    if not known and rt.address not in addresses:
+        return []
     mine: Optional[dict] = None
     out = []
     for i, a in enumerate(addresses):
@@ -58,7 +61,7 @@ def alternatives(rt: "Runtime", addresses: list, known: Optional[list]) -> list:
                 mine = own_alternatives(rt)
             alt = {**alt, **mine}
         out.append(alt)
-    return out
+    return out if any(out) else []
 
 
 def my_tags(rt: "Runtime") -> set:
