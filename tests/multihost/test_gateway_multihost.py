@@ -268,30 +268,6 @@ def test_slurm_job_through_its_gateway(cluster, monkeypatch, tmp_path):
         cluster.unfence_controller()
 
 
-def test_ssh_job_through_its_gateway_over_ssh_only(cluster, sshd_nodes, key_file):
-    """SSHJob(gateway=True) from a namespace that reaches the nodes' ssh port only: the
-    agents start over ssh, and the job is driven through one `ssh -L` to its gateway."""
-    from runtime.job import SSHJob
-
-    from .agents import REPO
-
-    opts, dests = sshd_nodes
-    cluster.fence_controller(*[(n, 22) for n in cluster.nodes])
-    job = SSHJob(dests[:2], python=sys.executable, chdir=str(REPO), ssh_options=opts,
-                 key_file=str(key_file), progress=False, timeout=60, gateway=True)
-    try:
-        hosts = job.state(cached_path=None).hosts
-        assert job.tunnel is not None and job.tunnel.address.startswith("tcp://127.0.0.1:")
-        assert sorted(hosts.hosts) == cluster.nodes[:2]
-        where = hosts.spawn_procs(per_host={"procs": 1}).spawn("where", Where)
-        got = where.where.call().get(timeout=60)
-        assert sorted(v[0] for _, v in got.items()) == cluster.nodes[:2]
-    finally:
-        job.kill()
-        cluster.unfence_controller()
-    assert job.tunnel.proc.poll() is not None  # kill() ended the tunnel
-
-
 DBG_CELL = "<gateway-cell>"
 DBG_SRC = '''\
 import socket
