@@ -361,7 +361,9 @@ def _command_parsers() -> dict[str, _Parser]:
         epilog="On a new multi-host job instead: %mesh alloc NAME --job local|process|slurm|ssh|"
                "kubernetes --hosts N [--per-host DIM=N] [--partition P] [--time T] "
                "[--account A] [--qos Q] [--gpus-per-node G] [--ssh-hosts H ...] [--image I] "
-               "[--namespace NS] [--timeout S] [--no-progress]; the Job is bound to NAME_job, and "
+               "[--namespace NS] [--gateway [tcp://H:P]] [--timeout S] [--no-progress]; "
+               "--gateway (slurm, ssh) drives the job through one port of its first host "
+               "(ssh: an ssh -L the job opens); the Job is bound to NAME_job, and "
                "'%mesh stop NAME' also ends the job (see docs/multihost.md).")
     a.add_argument("name", metavar="NAME", type=_arg_type(parse_identifier),
                    help="variable to bind the ProcMesh to (also its mesh name)")
@@ -698,6 +700,7 @@ def _job_alloc_parser() -> _Parser:
     ap.add_argument("--ssh-hosts", nargs="+")
     ap.add_argument("--image")
     ap.add_argument("--namespace")
+    ap.add_argument("--gateway", nargs="?", const=True, metavar="tcp://H:P")
     ap.add_argument("--timeout", type=float)
     return ap
 

@@ -9,7 +9,7 @@ import collections
 import threading
 from typing import Any, Callable, Generic, Optional, TypeVar
 
-from ._core import get_runtime
+from ._core import get_runtime, reach
 from .future import Future
 from .transport.framing import ERROR, OK, Header, Kind
 from .transport.serialization import dumps, loads
@@ -49,10 +49,22 @@ class Port(Generic[T]):
         self._send(exc, ERROR, "the exception sent to a port")
 
     def __reduce__(self) -> Any:
+        rt = get_runtime()
+        if self.address and self.address == rt.address:  # other hosts take TCP (reach)
+            alts = reach.own_alternatives(rt)
+            if alts:
+                return (_rebuild_port, (self.address, self.port_id, self.rank, rt.host, alts))
         return (Port, (self.address, self.port_id, self.rank))
 
     def __repr__(self) -> str:
         return f"<Port {self.port_id} at {self.address}>"
+
+
+def _rebuild_port(address: str, port_id: int, rank: Optional[int], host: str,
+                  alts: dict) -> Port:
+    """A port pickled by the process that receives on it, unpickled here: on another host
+    its ipc address becomes its TCP address of this process's cluster."""
+    return Port(reach.choose(get_runtime(), [address], [host], [alts])[0], port_id, rank)
 
 
 class PortReceiver(Generic[T]):

@@ -43,6 +43,11 @@ _SETTINGS: tuple[Setting, ...] = (
        "that they are alive and which actors are busy).", minimum=0, strict=True, seconds=True),
     _s("heartbeat_timeout", "float", 5.0, "Silence after which a proc (or a remote host) is "
        "declared hung and failed.", minimum=0, strict=True, seconds=True),
+    _s("gateway_lease", "float", 300.0, "How long a job reached through a gateway keeps its "
+       "procs while its controller is cut off (a laptop asleep, a tunnel down): calls fail "
+       "meanwhile, and a connection back within it finds the meshes alive; after it the "
+       "hosts behind the gateway fail and their agents end the procs.", minimum=0,
+       strict=True, seconds=True),
     _s("max_message_bytes", "int", 2 << 30, "Largest message (pickle plus buffers) that may "
        "be sent: larger call arguments and endpoint results leave their arrays and tensors "
        "on the data plane (RDMABuffer), anything else raises MessageTooLargeError.", minimum=1,

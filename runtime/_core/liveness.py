@@ -144,6 +144,7 @@ class Liveness:
         now = time.monotonic()
         timeout = config.heartbeat_timeout
         self._check_peers(now)
+        cut_off: set = set()  # agents behind a gateway cut off within its lease
         for agent in list(rt.state.agents.values()):
             if not agent.alive:
                 continue
@@ -153,6 +154,15 @@ class Liveness:
                 cause = f"host agent {describe_status(code, sig)}"
             elif agent.remote and now - agent.last_seen > timeout:
                 cause = f"host {agent.host} unreachable (no heartbeat for {timeout:g} s)"
+                link = rt.messenger.gateway_of(agent.address)
+                if link is not None and link.silent_for(now) > timeout:  # one partition
+                    behind = [a for a in rt.state.agents.values()
+                              if rt.messenger.gateway_of(a.address) is link]
+                    cause = link.partition_cause(now, timeout, len(behind))
+                    if link.silent_for(now) <= config.gateway_lease:
+                        cut_off |= {a.agent_id for a in behind}
+                        gateway_outage(rt, link, behind, cause)
+                        continue
             if cause:
                 agent.alive = False
                 agent.lost = agent.remote and agent.popen is None and agent.hello
@@ -164,9 +174,19 @@ class Liveness:
                     rt.state.drop_agent(agent)
                     rt.loop.forget_peer(agent.address)
         for rec in list(rt.state.procs.values()):
-            if rec.state == "running" and now - rec.last_seen > timeout and not rec.stopping:
+            if rec.state == "running" and now - rec.last_seen > timeout and not rec.stopping \
+                    and not self._behind_silent_gateway(rec, now, cut_off):
                 rt.failures.proc_failed(
                     rec.proc_id, f"proc unresponsive (no heartbeat for {timeout:g} s)", kill=True)
+
+    def _behind_silent_gateway(self, rec: Any, now: float, cut_off: set) -> bool:
+        """A proc's silence is its gateway's (decided per host, above), not its own."""
+        if rec.agent is None:
+            return False
+        if rec.agent.agent_id in cut_off:
+            return True
+        link = self.rt.messenger.gateway_of(rec.agent.address)
+        return link is not None and link.silent_for(now) > 2 * config.heartbeat_interval
 
     def _check_peers(self, now: float) -> None:
         """Ping procs we wait on but do not own (actor-to-actor calls); fail the waits on a
@@ -217,3 +237,18 @@ def split_status(rc: Optional[int]) -> tuple[Optional[int], Optional[int]]:
     if rc < 0:
         return None, -rc
     return rc, None
+
+
+def gateway_outage(rt: Any, link: Any, agents: list, cause: str) -> None:
+    """The gateway's connection is cut, within its lease: the hosts and procs behind it are
+    kept (the agents keep the procs for the lease), the calls waiting on them fail now, and
+    new calls fail at once until the connection returns (`link.outage`)."""
+    if link.outage:
+        return
+    link.outage = (f"{cause}; the job keeps its procs for gateway_lease "
+                   f"({config.gateway_lease:g} s): calls fail until the connection returns")
+    exc = SupervisionError(link.outage)
+    for agent in agents:
+        for p in list(agent.procs):
+            rt.ports.fail_waiting(p, exc)
+        rt.ports.fail_waiting(agent.agent_id, exc)

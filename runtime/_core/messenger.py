@@ -8,7 +8,7 @@ call fails.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from ..config import config
 from ..transport import auth, framing
@@ -58,6 +58,38 @@ class Messenger:
         if not self.tcp_address:
             self.tcp_address = addr
         return addr
+
+    def tcp_addresses(self) -> dict[bytes, str]:
+        """{cluster public key: TCP address} under which this process takes messages from
+        other hosts (its own listener, or a gateway's inner address), a copy."""
+        return dict(self._tcp_by_key)
+
+    def use_gateway(self, keys: auth.CurveKeys, address: str, timeout: float) -> str:
+        """Reach the cluster of `keys` through the gateway at `address` (one connection this
+        process opens; nothing there dials back): its processes send to the gateway's inner
+        address, returned, which becomes this process's TCP address for that cluster."""
+        from ..transport.gateway import GatewayLink
+
+        self.use_keys(keys)
+        link = self.loop.gateways.get(keys.public)
+        if link is not None and not link.closed:
+            return link.inner_address
+        link = GatewayLink(self.loop, address, keys)
+        inner = link.hello(timeout)
+        link.start()
+        self.loop.gateways[keys.public] = link
+        self._tcp_by_key[keys.public] = inner
+        if not self.tcp_address:
+            self.tcp_address = inner
+        return inner
+
+    def gateway_of(self, addr: str) -> Optional[Any]:
+        """The gateway link `addr` is reached through, or None."""
+        gws = self.loop.gateways
+        if not gws or not addr.startswith("tcp://"):
+            return None
+        keys = self.loop.peer_keys.get(addr, self.keys)
+        return gws.get(keys.public) if keys is not None else None
 
     def add_peer(self, addr: str, keys: auth.CurveKeys) -> None:
         """Remember that the TCP peer at `addr` belongs to the cluster of `keys`."""

@@ -93,6 +93,9 @@ class ActorMeshRecord:
     #: views leave it out, and its failures are reported against `serves`
     internal: bool = False
     serves: str = ""  # for an internal mesh: the user's proc mesh it works for
+    #: by global rank: {cluster key tag: TCP address} of a proc known here by an ipc
+    #: address of another host (runtime._core.reach)
+    alts: list = field(default_factory=list)
 
     def actor_name(self, rank: int) -> str:
         """Monarch's name of the actor at `rank`: its spawner's name, then `<mod.Cls name{..}>`."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Generator, Optional
 
-from .._core import ActorMeshRecord, Runtime, get_runtime
+from .._core import ActorMeshRecord, Runtime, get_runtime, reach
 from ..future import Future, resolved
 from ..shapes import MeshTrait, Shape
 from ..transport.framing import Header, Kind
@@ -183,6 +183,7 @@ class ActorMesh(MeshTrait):
             "routes": r.routes, "sizes": r.sizes, "sigs": r.sigs, "shape": self._shape,
             "methods": r.methods, "explicit_ports": r.explicit_ports,
             "internal": r.internal, "serves": r.serves,
+            "alts": reach.alternatives(self._rt, r.addresses, r.alts),
         }
         return (_rebuild_actor_mesh, (state,))
 
@@ -206,14 +207,17 @@ def _rebuild_actor_mesh(state: dict) -> ActorMesh:
     rec = rt.state.actor_meshes.get(state["actor_id"])
     if rec is None:
         n = len(state["proc_ids"])
+        alts = state.get("alts") or []
         rec = ActorMeshRecord(
             actor_id=state["actor_id"], name=state["name"], cls_name=state["cls_name"],
-            proc_ids=state["proc_ids"], addresses=state["addresses"], hosts=state["hosts"],
+            proc_ids=state["proc_ids"], hosts=state["hosts"],
+            addresses=reach.choose(rt, state["addresses"], state["hosts"], alts),
             sizes=state["sizes"], owned=False, ready=[True] * n, inflight=[0] * n,
             health_name="", sigs=state["sigs"], routes=state.get("routes") or [],
             methods=state.get("methods") or {},
             explicit_ports=state.get("explicit_ports") or frozenset(),
             internal=bool(state.get("internal")), serves=state.get("serves") or "",
+            alts=alts,
         )
         rec = rt.state.change(rt.state.add_actor_mesh, rec)
     return ActorMesh(rt, rec, state["shape"], None)

@@ -394,12 +394,15 @@ def _worker_address(a: Any) -> str:
 def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[str] = None,
                       timeout: float = 30.0, name: Optional[str] = "hosts", *,
                       workers: Optional[list[str]] = None, ca: Any = None,
-                      private_key: Any = None) -> HostMesh:
+                      private_key: Any = None, gateway: Optional[str] = None) -> HostMesh:
     """Attach to host agents started with `python -m runtime.host --listen tcp://...` or
     `run_worker_loop_forever`; returns a HostMesh with dimension `hosts` (CurveZMQ on TCP;
     every message carries the key's token). `workers=` is Monarch's name for `addresses`
     (strings or Futures of strings; `dial_to@bind_to` dials `dial_to`); Monarch's
-    `ca="trust_all_connections"` uses this user's key file (`auth.user_keys`)."""
+    `ca="trust_all_connections"` uses this user's key file (`auth.user_keys`).
+    `gateway="tcp://H:P"`: reach the agents only through the gateway at that address (an
+    `ssh -L` to a job's gateway port; docs/multihost.md), which this process dials once;
+    nothing in the cluster dials it."""
     from urllib.parse import urlparse
 
     from ..host.worker import worker_key_file
@@ -427,16 +430,26 @@ def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[
                               f"MONARCH_KEY_FILE), or ca='{auth.TRUST_ALL}' for this user's")
     rt = get_runtime()
     tcp = [urlparse(a) for a in addresses if a.startswith("tcp://")]  # ipc: this host
-    ip = _local_ip_for(tcp[0].hostname, tcp[0].port) if tcp else "127.0.0.1"
-    my_addr = rt.enable_tcp(ip, keys)
+    if gateway is not None:
+        g = urlparse(gateway) if isinstance(gateway, str) else None
+        if g is None or g.scheme != "tcp" or not g.hostname or not g.port or not tcp \
+                or len(tcp) != len(addresses):
+            raise ValueError(f"gateway={gateway!r}: expected tcp://HOST:PORT, with agents "
+                             "at tcp:// addresses")
+        my_addr = rt.messenger.use_gateway(keys, gateway, timeout)
+    else:
+        ip = _local_ip_for(tcp[0].hostname, tcp[0].port) if tcp else "127.0.0.1"
+        my_addr = rt.enable_tcp(ip, keys)
     agents = []
     for a in addresses:
         rt.add_peer(a, keys)
         rec = AgentRecord(rt.new_id("host"), a, urlparse(a).hostname or a, remote=True)
         rt.state.change(rt.state.add_agent, rec)
         agents.append(rec)
-        rt.send(a, Header(Kind.AGENT_ATTACH, extra={"owner": my_addr,
-                                                    "attach_id": rec.agent_id}))
+        extra = {"owner": my_addr, "attach_id": rec.agent_id}
+        if gateway is not None:  # the agent keeps our procs this long while we are cut off
+            extra["lease"] = config.gateway_lease
+        rt.send(a, Header(Kind.AGENT_ATTACH, extra=extra))
     deadline = time.monotonic() + timeout
     while not all(a.hello for a in agents):
         if time.monotonic() > deadline:

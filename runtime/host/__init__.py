@@ -44,6 +44,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="exit when the attached controller shuts the host mesh down "
                         "(run_worker_loop_forever); by default only its procs end")
     p.add_argument("--address-file", help="write the bound address here (JSON)")
+    p.add_argument("--gateway", help="also run a gateway at tcp://ADDR:PORT: one controller "
+                                     "outside the cluster reaches the job through it "
+                                     "(CurveZMQ, the cluster key; needs --listen)")
     p.add_argument("--log-dir", help="where this agent's directory of proc log files goes "
                                      "(default: the log_dir setting, else <runtime root>/logs)")
     p.add_argument("--parent-pid", type=int, default=0,

@@ -7,6 +7,7 @@ main thread only watches the parent process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -100,11 +101,13 @@ class Agent:
             elif host and not host[0].isdigit() and ":" not in host:  # an advertised name
                 host = socket.gethostbyname(host)
             self.listen_ip = host
+        self.gateway = _start_gateway(args, self.keys, self.listen_ip, self.loop)
         if args.address_file:
             tmp = args.address_file + ".tmp"
             with open(tmp, "w") as f:
                 json.dump({"address": self.tcp_address or self.address, "ipc": self.address,
-                           "host": socket.gethostname(), "pid": os.getpid()}, f)
+                           "host": socket.gethostname(), "pid": os.getpid(),
+                           "gateway": self.gateway.address if self.gateway else ""}, f)
             os.replace(tmp, args.address_file)
         self.gather = ReplyGather(self.address, self.loop.send, self.token)
         self.workspace = WorkspaceStore(self.rundir, self.agent_id, self._send)
@@ -197,7 +200,7 @@ class Agent:
         new_owner = e.get("owner", "")
         if self.owner and self.owner != new_owner:
             self._kill_procs("a new controller attached")
-        self.owner = new_owner
+        self.owner, self.owner_lease = new_owner, float(e.get("lease") or 0)  # via a gateway
         self.owner_last_seen = time.monotonic()
         self._send(self.owner, Header(Kind.HELLO, extra={
             "pid": os.getpid(), "host": socket.gethostname(), "address": self.tcp_address,
@@ -205,10 +208,8 @@ class Agent:
 
     def _kill_procs(self, why: str) -> None:
         for pp in list(self.procs.values()):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pp.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def _spawn(self, h: Header, body: Any = None, buffers: Any = None) -> None:
         e = h.extra or {}
@@ -294,7 +295,7 @@ class Agent:
             return
         self._send(self.owner, Header(Kind.HEARTBEAT))
         silent = time.monotonic() - self.owner_last_seen
-        if silent <= max(config.heartbeat_timeout, 5.0) * 2:
+        if silent <= (getattr(self, "owner_lease", 0) or max(config.heartbeat_timeout, 5.0) * 2):
             return
         if self.args.listen:
             log.warning("controller %s silent for %.0f s: ending its procs", self.owner, silent)
@@ -348,3 +349,17 @@ def _with_gpu(gpu: dict, env: dict) -> tuple[dict, Optional[str]]:
     except gpus.GPUSpawnError as err:
         return env, f"on host {socket.gethostname()}: {err}"
     return {**env, **extra}, None
+
+
+def _start_gateway(args: Any, keys: Any, inner_ip: str, loop: Any) -> Any:
+    """The gateway of `--gateway` (runtime/transport/gateway.py), started (it stops with the
+    agent's loop); or None."""
+    if not getattr(args, "gateway", None):
+        return None
+    if keys is None or not inner_ip:
+        raise SystemExit("--gateway needs --listen tcp://... and the cluster key")
+    from ..transport.gateway import Gateway
+
+    gw = Gateway(keys, args.gateway, inner_ip).start()
+    loop.on_close.append(gw.stop)
+    return gw

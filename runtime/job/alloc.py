@@ -21,8 +21,8 @@ OPTIONS: dict[str, frozenset[str]] = {
     "local": frozenset({"timeout"}),
     "process": frozenset({"timeout"}),
     "slurm": frozenset({"partition", "time_limit", "account", "qos", "gpus_per_node",
-                        "timeout"}),
-    "ssh": frozenset({"ssh_hosts", "timeout"}),
+                        "gateway", "timeout"}),
+    "ssh": frozenset({"ssh_hosts", "gateway", "timeout"}),
     "kubernetes": frozenset({"image", "namespace", "timeout"}),
 }
 

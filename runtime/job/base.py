@@ -220,6 +220,8 @@ class Job(JobTrait, ABC):
                     return found
                 status = self._check()
                 bar.set_postfix_str(status, refresh=False)
+                if self._queued():  # the start deadline runs from when the job runs
+                    deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
                 if time.monotonic() > deadline:
                     missing = [f"{m}[{i}]" for m, i in wanted if (m, i) not in found]
                     raise JobError(f"{self.kind} job: agents {missing} did not start within "
@@ -267,6 +269,16 @@ class Job(JobTrait, ABC):
         """Whether the job's agents can still be reached (overridden where it can be checked)."""
         return True
 
+    def _gateway_address(self) -> str | None:
+        """The address this controller dials to reach the job through its gateway (None:
+        it dials the agents)."""
+        return None
+
+    def _queued(self) -> bool:
+        """Whether the job still waits in its scheduler's queue (as of the last `_check`):
+        `wait_addresses` then waits without spending its start timeout."""
+        return False
+
     def _apply_for_state(self, cached: bool) -> None:
         """Start the job from `state()`; `cached` says the job will be saved for reattaching."""
         self.apply()
@@ -301,7 +313,8 @@ class Job(JobTrait, ABC):
         try:
             for name, n in self.meshes.items():
                 addrs = [found[(name, i)] for i in range(n)]
-                state[name] = attach_to_workers(addrs, key_file=str(self.key_file))
+                state[name] = attach_to_workers(addrs, key_file=str(self.key_file),
+                                                gateway=self._gateway_address())
         except BaseException:
             self.kill()
             raise

@@ -15,12 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from .base import Job, JobError, read_address_files, slots, tail
+from .gateway import gateway_address, gateway_option
 
 # Pick the address other nodes reach this one at: the node name's address unless it is a
 # loopback alias (Debian maps the hostname to 127.0.1.1), else the first of `hostname -I`.
 DEFAULT_ADDRESS_CMD = ('a=$(getent hosts "$(hostname)" | awk \'{print $1; exit}\'); '
                        'case "$a" in ""|127.*|::1) a=$(hostname -I | cut -d" " -f1);; esac; echo "$a"')
 _TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+#: PENDING reasons of a job that cannot start as submitted (SLURM's squeue %r)
+_NEVER_STARTS = {"BadConstraints", "DependencyNeverSatisfied", "InvalidAccount", "InvalidQOS",
+                 "AccountNotAllowed", "QOSNotAllowed", "ReqNodeNotAvail", "JobLaunchFailure",
+                 "NodeDown", "FrontEndDown", "Nodes_required_for_job_are_DOWN,_DRAINED_or_"
+                 "reserved_for_jobs_in_higher_priority_partitions"}
 _ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "RESIZING", "SUSPENDED",
            "REQUEUED", "STAGE_OUT", "SIGNALING"}
 
@@ -84,7 +90,7 @@ class SlurmJob(Job):
                  chdir: str | os.PathLike | None = None, workdir: str | os.PathLike | None = None,
                  gpus_per_node: int | None = None, cpus_per_task: int | None = None,
                  mem: str | None = None, exclusive: bool = False,
-                 **kw) -> None:
+                 gateway: bool | str = False, **kw) -> None:
         python, sbatch_args, port, workdir = _monarch_names(kw, python, sbatch_args, port, workdir)
         if workdir is None:  # must be on a filesystem every node sees: the home directory
             workdir = Path.home() / ".monarch" / "jobs"
@@ -105,6 +111,7 @@ class SlurmJob(Job):
         self.cpus_per_task = _positive("cpus_per_task", cpus_per_task)
         self.mem = _sbatch_value("mem", mem) if mem is not None else None
         self.exclusive = bool(exclusive)
+        self.gateway, self._gateway_port = gateway_option(gateway)
         self.job_id: str | None = None
         self._last_state = "not submitted"
 
@@ -137,6 +144,9 @@ class SlurmJob(Job):
         agent = ('ADDR=$(' + self.address_cmd + '); '
                  f'exec "$0" -m runtime.host --listen "tcp://$ADDR:{self.port}" '
                  '--key-file "$1" --address-file "$2" --log-dir "$3"')
+        gw = getattr(self, "gateway", False)
+        if gw:  # the first agent also runs the job's gateway (docs/multihost.md)
+            agent += '${4:+ --gateway "tcp://$ADDR:$4"}'
         lines += [
             "set -u",
             f"JOBDIR={q(str(workdir))}",
@@ -148,10 +158,11 @@ class SlurmJob(Job):
             "fi",
             'for i in "${!MESHES[@]}"; do',
             '  slot="${MESHES[$i]}.${INDEX[$i]}"',
+            *([f'  GW=""; [ "$i" -eq 0 ] && GW={self._gateway_port}'] if gw else []),
             '  srun --nodes=1 --ntasks=1 --nodelist="${HOSTS[$i]}" --kill-on-bad-exit=0 \\',
             '    --output="$JOBDIR/agent-$slot.log" \\',
             f"    bash -c {q(agent)} {q(self.python)} {q(str(key_file))} "
-            '"$JOBDIR/addrs/$slot.addr" "$JOBDIR/logs" &',  # proc logs: with the job
+            '"$JOBDIR/addrs/$slot.addr" "$JOBDIR/logs"' + (' "$GW"' if gw else '') + ' &',
             "done",
             "wait",
         ]
@@ -162,6 +173,10 @@ class SlurmJob(Job):
 
     def _alive(self) -> bool:
         return self.slurm_state() in _ACTIVE
+
+    def _gateway_address(self) -> str | None:
+        assert self.workdir is not None
+        return gateway_address(self.gateway, self.workdir / "addrs", slots(self.meshes)[0])
 
     # --- Job hooks ----------------------------------------------------------------------
     def _launch(self) -> None:
@@ -201,7 +216,17 @@ class SlurmJob(Job):
         if state not in _ACTIVE:
             raise JobError(f"slurm job {self.job_id} ended ({state}) before all agents "
                            f"started{self._diagnostics()}")
-        return f"job {self.job_id} {state}" + (f" ({reason})" if reason else "")
+        self._last_reason = reason
+        queued = ", queued: waiting for its allocation" if self._queued() else ""
+        return f"job {self.job_id} {state}" + (f" ({reason})" if reason else "") + queued
+
+    def _queued(self) -> bool:
+        """PENDING in the queue for a reason it may leave (resources, priority, a hold, a
+        begin time: reported by `_check`), not for one that never clears (a partition
+        too small, a bad constraint), whose start deadline keeps running."""
+        reason = getattr(self, "_last_reason", "")
+        return getattr(self, "_last_state", "") == "PENDING" and not (
+            reason in _NEVER_STARTS or reason.startswith("Partition"))
 
     def _diagnostics(self) -> str:
         if self.workdir is None:

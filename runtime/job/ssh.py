@@ -6,6 +6,7 @@ when the ssh session ends (controller gone, `kill()`), the remote side stops the
 """
 from __future__ import annotations
 
+import json
 import shlex
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 from .base import Job, JobError, parse_address, slots
+from .gateway import SSHTunnel, gateway_option
 from .slurm import DEFAULT_ADDRESS_CMD
 
 ADDRESS_TAG = "MONARCH_AGENT_ADDRESS "
@@ -22,10 +24,13 @@ DEFAULT_SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
 
 
 def remote_script(python: str = "python3", port: int = 0,
-                  address_cmd: str = DEFAULT_ADDRESS_CMD, chdir: str | None = None) -> str:
-    """The shell script run on each host: receive the key, start the agent, report, wait."""
+                  address_cmd: str = DEFAULT_ADDRESS_CMD, chdir: str | None = None,
+                  gateway_port: int | None = None) -> str:
+    """The shell script run on each host: receive the key, start the agent (with a gateway on
+    `gateway_port`, 0: any, when given), report, wait."""
     q = shlex.quote
     cd = f"cd {q(chdir)} && " if chdir else ""
+    gw = f' --gateway "tcp://$a:{int(gateway_port)}"' if gateway_port is not None else ""
     return "; ".join([
         "set -eu", "umask 077",
         'd=$(mktemp -d "${TMPDIR:-/tmp}/monarch-agent.XXXXXX")',
@@ -34,7 +39,7 @@ def remote_script(python: str = "python3", port: int = 0,
         'read -r n', 'head -c "$n" > "$d/key"',
         f"a=$({address_cmd})",
         f'{cd}{q(python)} -m runtime.host --listen "tcp://$a:{port}" --key-file "$d/key" '
-        '--address-file "$d/addr" --log-dir "$d/logs" </dev/null >&2 & pid=$!',
+        f'--address-file "$d/addr" --log-dir "$d/logs"{gw} </dev/null >&2 & pid=$!',
         'while [ ! -s "$d/addr" ]; do kill -0 $pid 2>/dev/null || exit 1; sleep 0.1; done',
         f'echo "{ADDRESS_TAG}$(cat "$d/addr")"',
         # stdin closes when the ssh session ends: stop the agent then.
@@ -61,7 +66,8 @@ class SSHJob(Job):
     def __init__(self, hosts: list[str], *, meshes: dict[str, int] | None = None,
                  python: str = "python3", port: int = 0, ssh: tuple[str, ...] = ("ssh",),
                  ssh_options: tuple[str, ...] = DEFAULT_SSH_OPTIONS,
-                 address_cmd: str = DEFAULT_ADDRESS_CMD, chdir: str | None = None, **kw) -> None:
+                 address_cmd: str = DEFAULT_ADDRESS_CMD, chdir: str | None = None,
+                 gateway: bool | str = False, **kw) -> None:
         if not isinstance(hosts, (list, tuple)) or not hosts:
             raise ValueError(f"hosts must be a non-empty list of ssh destinations, got {hosts!r}")
         meshes = meshes if meshes is not None else {"hosts": len(hosts)}
@@ -70,8 +76,16 @@ class SSHJob(Job):
             raise ValueError(f"meshes need {self.hosts} hosts but {len(hosts)} were given")
         self.host_names = list(hosts)
         self.script = remote_script(python, port, address_cmd, chdir)
+        self.gateway, gw_port = gateway_option(gateway)
         self.argvs = {slot: ssh_argv(h, self.script, tuple(ssh), tuple(ssh_options))
                       for slot, h in zip(slots(self.meshes), self.host_names)}
+        if self.gateway:  # the first host's agent runs the gateway
+            first = slots(self.meshes)[0]
+            self.argvs[first] = ssh_argv(self.host_names[0], remote_script(
+                python, port, address_cmd, chdir, gw_port), tuple(ssh), tuple(ssh_options))
+        self._ssh = (tuple(ssh), tuple(ssh_options))
+        self._published: dict[tuple[str, int], str] = {}
+        self.tunnel: SSHTunnel | None = None
         self.procs: dict[tuple[str, int], subprocess.Popen] = {}
         self._found: dict[tuple[str, int], str] = {}
         self._errors: dict[tuple[str, int], list[str]] = {}
@@ -100,6 +114,7 @@ class SSHJob(Job):
             line = raw.decode(errors="replace").strip()
             if line.startswith(ADDRESS_TAG):
                 try:
+                    self._published[slot] = line[len(ADDRESS_TAG):]
                     self._found[slot] = parse_address(line[len(ADDRESS_TAG):])
                 except ValueError as e:
                     err.append(str(e))
@@ -115,7 +130,25 @@ class SSHJob(Job):
                                + "\n".join(self._errors.get(slot, [])[-10:]))
         return f"{len(self._found)}/{len(self.procs)} agents up"
 
+    def _gateway_address(self) -> str | None:
+        """`gateway=True`: an `ssh -L` from a free local port to the gateway the first
+        agent published (made once); `gateway="tcp://H:P"`: that address (your tunnel)."""
+        if not self.gateway or isinstance(self.gateway, str):
+            return self.gateway or None
+        if self.tunnel is None:
+            first = slots(self.meshes)[0]
+            try:
+                published = json.loads(self._published.get(first, "{}")).get("gateway", "")
+            except ValueError:
+                published = ""
+            if not published:
+                raise JobError(f"the agent on {self.host_names[0]} published no gateway address")
+            self.tunnel = SSHTunnel(self.host_names[0], published, *self._ssh)
+        return self.tunnel.address
+
     def _cancel(self) -> None:
+        if self.tunnel is not None:
+            self.tunnel.close()
         for p in self.procs.values():
             if p.poll() is None and p.stdin:
                 try:

@@ -136,6 +136,13 @@ class RDMABuffer:
 
     # -- pickling: only the handle travels --------------------------------------------
     def __reduce__(self) -> Any:
+        from ..transport.gateway import client_gateways
+
+        gws = client_gateways()
+        if gws and self._h.pid == os.getpid():  # our TCP data server is not reachable there
+            h = self._h
+            return (_rebuild, (dataclasses.replace(h, addresses=tuple(
+                a for a in h.addresses if not a.startswith("tcp:")) + (f"gateway:{gws[0]}",)),))
         return (_rebuild, (self._h,))
 
     # -- queries -------------------------------------------------------------------------

@@ -426,6 +426,7 @@ def ib_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool
 
 def drop_remote(h: Handle, timeout: float) -> None:
     """Ask the owner's data server to drop the buffer."""
+    check_not_across_gateway(h)
     dl = Deadline(timeout, f"drop of buffer {h.buffer_id}")
     same = h.host_id == host_id()
     with _Conn(h, _pick_address(h, same), dl) as c:
@@ -576,8 +577,31 @@ def _host_move(kind: str, h: Handle, addr: int, nbytes: int, offset: int, write:
     return kind
 
 
+def check_not_across_gateway(h: Handle) -> None:
+    """Fail at once, saying why, where the data path would cross a gateway (docs/multihost.md):
+    a gateway relays messages, not RDMA data, and the owner's data server cannot be dialed."""
+    if h.host_id == host_id():
+        return
+    from ..transport.gateway import client_gateways
+
+    marked = [a[len("gateway:"):] for a in h.addresses if a.startswith("gateway:")]
+    if marked:
+        where = (f"belongs to a process outside the cluster ({h.hostname}) that reaches it "
+                 f"through the gateway {marked[0]}")
+    elif client_gateways():
+        where = (f"lives on {h.hostname}, in the cluster this process reaches through the "
+                 f"gateway {client_gateways()[0]}")
+    else:
+        return
+    raise RDMATransportError(
+        f"RDMABuffer {h.buffer_id} {where}: a gateway relays messages, not RDMA data, so it "
+        "cannot be read or written from here; pass the data in a message (an endpoint's "
+        "argument or return value) instead")
+
+
 def transfer(h: Handle, span: Span, offset: int, write: bool, timeout: float) -> str:
     """Move span.nbytes between the local span and the remote [offset, ...); returns the transport."""
+    check_not_across_gateway(h)
     what = f"RDMABuffer.{'write_from' if write else 'read_into'} ({span.nbytes} bytes, buffer {h.buffer_id})"
     dl = Deadline(timeout, what)
     kind = choose(h, local_cuda=span.is_cuda)

@@ -54,6 +54,10 @@ class IOLoop:
         self._ctx: Optional[zmq.Context] = None  # made for the first TCP socket
         self._listener: Optional[Listener] = None
         self._zmq_inboxes: list[zmq.Socket] = []
+        self._zmq_readers: dict[zmq.Socket, Callable[[zmq.Socket], None]] = {}
+        #: cluster public key -> gateway link (runtime/transport/gateway.py): TCP peers of
+        #: that cluster are reached through it
+        self.gateways: dict[bytes, Any] = {}
         self._unix: list[Any] = []  # listening AF_UNIX sockets
         self._calls: collections.deque = collections.deque()
         self.timers = Timers(name)
@@ -106,6 +110,18 @@ class IOLoop:
         if self._thread is not None:
             self.call_soon(self.poller.register, z, zmq.POLLIN)
         return addr
+
+    def watch_zmq(self, sock: zmq.Socket, fn: Callable[[zmq.Socket], None]) -> None:
+        """Have the I/O thread call fn(sock) when a zmq socket (not an inbox) is readable."""
+        def add() -> None:
+            self._zmq_readers[sock] = fn
+            self.poller.register(sock, zmq.POLLIN)
+        self.call_soon(add) if self._thread is not None else add()
+
+    def unwatch_zmq(self, sock: zmq.Socket) -> None:
+        """Stop reading a socket given to `watch_zmq` (on the I/O thread)."""
+        if self._zmq_readers.pop(sock, None) is not None:
+            self.poller.unregister(sock)
 
     def _watch_soon(self, fd: int, fn: Callable[[int], None]) -> None:
         if self._thread is None:
@@ -264,7 +280,7 @@ class IOLoop:
                         except BlockingIOError:
                             pass
                     elif isinstance(what, zmq.Socket):
-                        self._drain_zmq(what)
+                        (self._zmq_readers.get(what) or self._drain_zmq)(what)
                     else:
                         fn = fds.get(what)
                         if fn is not None:

@@ -74,6 +74,9 @@ class Peers:
                     token = cluster_token(keys) if keys is not None else loop.token
                     peer = stream.Outbound(loop, addr, framing.preamble(token, loop.name),
                                            wait_for_listener=addr not in self.broke)
+                elif loop.gateways and (link := loop.gateways.get(
+                        getattr(loop.peer_keys.get(addr, loop.keys), "public", None))):
+                    peer = link.peer(addr)  # this cluster is reached through its gateway
                 else:
                     peer = ZmqPeer(loop, addr)
                 self.out[addr] = peer

@@ -55,6 +55,7 @@ def mh_cluster():
 def cluster(mh_cluster):
     """The session cluster, with node links restored and partitions healed after each test."""
     yield mh_cluster
+    mh_cluster.unfence_controller()
     if mh_cluster.dir.exists():
         for node in mh_cluster.nodes:
             mh_cluster.heal(node)
@@ -87,7 +88,7 @@ def sshd_nodes(mh_cluster, tmp_path_factory):
             f"AuthorizedKeysFile {d}/authorized_keys\nPidFile {d}/sshd_{node}.pid\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nX11Forwarding no\n"
-            "AllowTcpForwarding no\nLogLevel ERROR\n")
+            "AllowTcpForwarding local\nLogLevel ERROR\n")
         procs.append(mh_cluster.popen(node, [sshd, "-D", "-e", "-f", str(conf)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     opts = ("-i", str(d / "user"), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",

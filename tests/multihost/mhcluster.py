@@ -164,6 +164,25 @@ class Cluster:
         subprocess.run(["nsenter", f"--net=/run/netns/{node}", "nft", "delete", "table", "inet",
                         "mhpart"], capture_output=True)
 
+    def fence_controller(self, *allowed: tuple[str, int]) -> None:
+        """In this (the controller's) namespace, drop all traffic with the nodes except TCP to
+        the (node, port) pairs `allowed` and its answers: as a laptop that reaches one
+        forwarded port (or only ssh)."""
+        nodes = "{ " + ", ".join(self.addr(n) for n in self.nodes) + " }"
+        rules = ["add table inet mhfence",
+                 "add chain inet mhfence in { type filter hook input priority 0; }",
+                 "add chain inet mhfence out { type filter hook output priority 0; }"]
+        for node, port in allowed:
+            a = self.addr(node)
+            rules += [f"add rule inet mhfence out ip daddr {a} tcp dport {port} accept",
+                      f"add rule inet mhfence in ip saddr {a} tcp sport {port} accept"]
+        rules += [f"add rule inet mhfence out ip daddr {nodes} drop",
+                  f"add rule inet mhfence in ip saddr {nodes} drop"]
+        subprocess.run(["nft", "-f", "-"], input="\n".join(rules) + "\n", text=True, check=True)
+
+    def unfence_controller(self) -> None:
+        subprocess.run(["nft", "delete", "table", "inet", "mhfence"], capture_output=True)
+
     # --- teardown -----------------------------------------------------------------------
     def leftovers(self) -> list[str]:
         """What of this cluster still exists: live pids, namespaces, the bridge, the directory."""
@@ -183,6 +202,7 @@ class Cluster:
 
     def down(self, check: bool = True) -> list[str]:
         """Tear everything down; with check, raise if anything is left after a short grace."""
+        self.unfence_controller()
         for p in self._started:
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)

@@ -81,6 +81,40 @@ def test_slurm_job_needs_enough_nodes(slurm_env, tmp_path):
             job.kill()
 
 
+def test_a_queued_job_is_waited_for_beyond_its_start_timeout(slurm_env, tmp_path):
+    """A held job (PENDING, JobHeldUser) outwaits timeout=2 and starts once released: the
+    start deadline runs from when the allocation runs (issue 40, Monarch's #2159)."""
+    import threading
+
+    cluster = slurm_env
+    job = SlurmJob({"m": 1}, python=str(STANDIN), key_file=_key(tmp_path), sbatch_args=["--hold"],
+                   workdir=tmp_path / "jobs", progress=False, timeout=2)
+    out: dict = {}
+
+    def wait() -> None:
+        try:
+            out["addrs"] = job.wait_addresses()
+        except BaseException as e:  # reported below
+            out["error"] = e
+
+    t = threading.Thread(target=wait, daemon=True)
+    try:
+        t.start()
+        deadline = time.monotonic() + 20
+        while "queued" not in (status := job._check() if job.job_id else ""):
+            assert time.monotonic() < deadline, "the job was never reported queued"
+            time.sleep(0.1)
+        assert "PENDING (JobHeldUser)" in status
+        time.sleep(3)  # longer than timeout=2, spent in the queue
+        assert t.is_alive() and not out, out
+        cluster.run("scontrol", "release", job.job_id)
+        t.join(60)
+        assert not t.is_alive() and "addrs" in out, out
+    finally:
+        job.kill()
+        t.join(10)
+
+
 def _node_state(cluster, node: str) -> str:
     return cluster.run("sinfo", "-h", "-n", node, "-o", "%T").stdout.strip()
 

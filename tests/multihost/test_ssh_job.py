@@ -3,6 +3,7 @@ over ssh, receives its address, and closing the session stops the agent."""
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def test_ssh_job_starts_agents_on_nodes(cluster, sshd_nodes, tmp_path):
 
 @pytest.mark.timeout(90)
 def test_ssh_job_real_agents_end_to_end(cluster, sshd_nodes):
-    import sys
+
 
     from .actors import Where
     from .agents import REPO
@@ -70,3 +71,38 @@ def test_ssh_job_real_agents_end_to_end(cluster, sshd_nodes):
             break
         time.sleep(0.2)
     assert not new, f"left on nodes after kill: {new}"
+
+
+def _key_file(tmp_path: Path) -> Path:
+    import subprocess
+
+
+    d = tmp_path / "key"
+    d.mkdir(mode=0o700)
+    subprocess.run([sys.executable, "-m", "runtime.transport.auth", "keygen", str(d / "k")],
+                   check=True, capture_output=True)
+    return d / "k"
+
+
+@pytest.mark.timeout(150)
+def test_ssh_job_through_its_gateway_over_ssh_only(cluster, sshd_nodes, tmp_path):
+    """SSHJob(gateway=True) (issue 40) from a namespace that reaches the nodes' ssh port only: the
+    agents start over ssh, and the job is driven through one `ssh -L` to its gateway."""
+    from .actors import Where
+    from .agents import REPO
+
+    opts, dests = sshd_nodes
+    cluster.fence_controller(*[(n, 22) for n in cluster.nodes])
+    job = SSHJob(dests[:2], python=sys.executable, chdir=str(REPO), ssh_options=opts,
+                 key_file=str(_key_file(tmp_path)), progress=False, timeout=60, gateway=True)
+    try:
+        hosts = job.state(cached_path=None).hosts
+        assert job.tunnel is not None and job.tunnel.address.startswith("tcp://127.0.0.1:")
+        assert sorted(hosts.hosts) == cluster.nodes[:2]
+        where = hosts.spawn_procs(per_host={"procs": 1}).spawn("where", Where)
+        got = where.where.call().get(timeout=60)
+        assert sorted(v[0] for _, v in got.items()) == cluster.nodes[:2]
+    finally:
+        job.kill()
+        cluster.unfence_controller()
+    assert job.tunnel.proc.poll() is not None  # kill() ended the tunnel
