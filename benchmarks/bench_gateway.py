@@ -42,7 +42,8 @@ if __name__ != "__main__":  # imported (a driver script): procs elsewhere cannot
 def _agent(d: str, name: str, key: str, gateway: bool) -> tuple[subprocess.Popen, dict]:
     af = os.path.join(d, name + ".json")
     argv = [sys.executable, "-m", "runtime.host", "--listen", "tcp://127.0.0.1:0",
-            "--key-file", key, "--address-file", af, "--parent-pid", str(os.getpid())]
+            "--key-file", key, "--address-file", af, "--parent-pid", str(os.getpid()),
+            "--log-dir", d]  # its procs' log files go with the temporary directory
     if gateway:
         argv += ["--gateway", "tcp://127.0.0.1:0"]
     p = subprocess.Popen(argv, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
