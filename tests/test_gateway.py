@@ -90,7 +90,7 @@ def test_calls_streams_errors_and_controller_actors_through_the_gateway(job):
     rt = get_runtime()
     keys = auth.read_key_file(key_file)
     # the job answers this controller at the gateway's inner address, not at a port of ours
-    inner = rt.messenger._tcp_by_key[keys.public]
+    inner = rt.messenger.tcp_addresses()[keys.public]
     assert inner != gw and inner.startswith("tcp://")
     assert rt.loop.gateways[keys.public].inner_address == inner
     from runtime.transport.gateway import GatewayPeer

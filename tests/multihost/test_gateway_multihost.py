@@ -80,7 +80,7 @@ def test_everything_through_the_gateway(cluster, gated, key_file):
     addrs, gw = gated
     hosts = runtime.attach_to_workers(addrs, key_file=str(key_file), gateway=gw)
     rt = get_runtime()
-    inner = rt.messenger._tcp_by_key[auth.read_key_file(str(key_file)).public]
+    inner = rt.messenger.tcp_addresses()[auth.read_key_file(str(key_file)).public]
     assert inner.startswith(f"tcp://{cluster.addr(cluster.nodes[0])}:")
     try:
         assert sorted(hosts.hosts) == cluster.nodes[:2]
@@ -154,6 +154,73 @@ def _mend(cluster, gw):
     cluster.fence_controller((cluster.nodes[0], int(gw.rsplit(":", 1)[1])))
 
 
+def test_mesh_cells_and_the_dashboard_through_the_gateway(cluster, gated, key_file):
+    """In an IPython shell with the extension (as in a notebook): `%mesh alloc` on hosts
+    reached only through the gateway, a `%%mesh` cell with live output from both hosts, the
+    dashboard following an actor mesh there, and a proc that dies in a cell reported in the
+    user's words and shown as failed."""
+    from pathlib import Path
+
+    from IPython.testing.globalipapp import get_ipython, start_ipython
+    from IPython.utils.capture import capture_output
+    from monarch_kernel.folding import MeshCellError
+    from monarch_widgets.state import STATE_NAMES
+    from monarch_widgets.widget import Dashboard
+
+    def grid(w: Dashboard, mesh: str) -> list[str]:
+        for m in w.state["meshes"]:
+            if m["name"] == mesh:
+                return [STATE_NAMES[a[1]] for a in m["actors"]]
+        return []
+
+    addrs, gw = gated
+    hosts = runtime.attach_to_workers(addrs, key_file=str(key_file), gateway=gw)
+    ip = start_ipython()
+    if ip is None:  # started earlier in this pytest process
+        ip = get_ipython()
+    else:  # IPython's test shell keeps a history file in /tmp: removed at exit
+        ip.tempfiles.append(Path(ip.history_manager.hist_file))
+    ip.run_line_magic("load_ext", "monarch_kernel")
+    rt = get_runtime()
+    w = Dashboard(rt.health, runtime=rt, max_rate=10)
+    try:
+        ip.user_ns["gwhosts"] = hosts
+        with capture_output():
+            ip.run_line_magic("mesh", "alloc gwcells --hosts gwhosts --per-host procs=1 "
+                                      "--no-progress")
+        with capture_output() as cap:
+            vm = ip.run_cell_magic("mesh", "gwcells",
+                                   "import socket\nprint('cell on', socket.gethostname())\n"
+                                   "socket.gethostname()")
+        assert sorted(vm.values()) == sorted(cluster.nodes[:2])
+        for node in cluster.nodes[:2]:  # live output of both hosts, prefixed with the mesh
+            assert any(line.startswith("[gwcells") and line.endswith(f"cell on {node}")
+                       for line in cap.stdout.splitlines()), cap.stdout
+        where = ip.user_ns["gwcells"].spawn("gwwhere", Where)
+        where.where.call().get(timeout=60)
+        _wait(lambda: grid(w, "gwwhere") == ["idle"] * 2, 30, "dashboard never showed idle")
+        code = "import os\nif current_rank().rank == 1:\n    os._exit(7)\n'alive'"
+        with pytest.raises(MeshCellError) as e, capture_output():
+            ip.run_cell_magic("mesh", "gwcells", code)
+        report = str(e.value)
+        assert "the proc of gwcells rank 1" in report and "exit" in report, report
+        for internal in ("CellRunner", "cell_runner", "<root>", "Endpoint call"):
+            assert internal not in report, report
+        _wait(lambda: "failed" in grid(w, "gwwhere"), 30,
+              f"the dashboard never showed the dead proc: {grid(w, 'gwwhere')}")
+        names = {m["name"] for m in w.state["meshes"]}
+        # the %%mesh cells' internal meshes (runner, completer) are not shown
+        assert "gwwhere" in names and not any("completer" in n for n in names), names
+    finally:
+        w.close()
+        try:
+            with capture_output():
+                ip.run_line_magic("mesh", "stop --all")
+        finally:
+            ip.run_line_magic("unload_ext", "monarch_kernel")
+            hosts.shutdown()
+
+
 def test_a_tunnel_cut_within_the_lease_keeps_the_procs(cluster, gated, key_file, lease):
     """Cut the only connection for less than the lease: calls meanwhile fail saying why, and
     once it is back the same actors answer (their procs were kept)."""
@@ -217,7 +284,7 @@ def test_controller_actors_reachable_without_a_gateway(cluster, agents, key_file
     addrs = [agents.start(n) for n in cluster.nodes[1:]]
     hosts = runtime.attach_to_workers(addrs, key_file=str(key_file))
     rt = get_runtime()
-    mine = rt.messenger._tcp_by_key[auth.read_key_file(str(key_file)).public]
+    mine = rt.messenger.tcp_addresses()[auth.read_key_file(str(key_file)).public]
     try:
         procs = hosts.spawn_procs(per_host={"procs": 1}, name="home")
         callers = procs.spawn("home", CallsHome)

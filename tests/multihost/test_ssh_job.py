@@ -103,6 +103,6 @@ def test_ssh_job_through_its_gateway_over_ssh_only(cluster, sshd_nodes, tmp_path
         got = where.where.call().get(timeout=60)
         assert sorted(v[0] for _, v in got.items()) == cluster.nodes[:2]
     finally:
-        job.kill()
+        job.cleanup()  # kill, and remove the job's directory
         cluster.unfence_controller()
     assert job.tunnel.proc.poll() is not None  # kill() ended the tunnel
