@@ -155,6 +155,12 @@ class Liveness:
             elif agent.remote and now - agent.last_seen > timeout:
                 cause = f"host {agent.host} unreachable (no heartbeat for {timeout:g} s)"
                 link = rt.messenger.gateway_of(agent.address)
+                if link is not None and 2 * config.heartbeat_interval < link.silent_for(now) \
+                        <= timeout:
+                    # the whole gateway is going quiet: the other hosts' last heartbeats came
+                    # up to an interval later than this one's, so its silence passes the
+                    # timeout first; one partition is decided at a later tick, not this host
+                    continue
                 if link is not None and link.silent_for(now) > timeout:  # one partition
                     behind = [a for a in rt.state.agents.values()
                               if rt.messenger.gateway_of(a.address) is link]

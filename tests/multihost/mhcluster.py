@@ -196,6 +196,8 @@ class Cluster:
                  if line.split() and line.split()[0] in ours]
         if Path(f"/sys/class/net/{self.bridge}").exists():
             left.append(f"bridge {self.bridge}")
+        left += [f"link {v}" for v in (f"{self.prefix}vc", *map(self.veth, self.nodes))
+                 if Path(f"/sys/class/net/{v}").exists()]
         if self.dir.exists():
             left.append(f"dir {self.dir}")
         return left

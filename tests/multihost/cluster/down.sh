@@ -25,6 +25,9 @@ for _ in $(seq 1 40); do
 done
 for p in "${pids[@]}"; do alive "$p" && { log "SIGKILL $p"; kill -KILL "$p" 2>/dev/null; }; done
 sleep 0.2
+# The host ends of the veths first: a namespace whose sockets are still closing outlives
+# `ip netns del` for a while, and its veth pair with it (then the next up.sh finds the name).
+for v in "$PFX"vc $(seq -f "${PFX}v%g" 1 "$N"); do ip link del "$v" 2>/dev/null; done
 for ns in "$PFX"ctl $(seq -f "$PFX%g" 1 "$N"); do ip netns del "$ns" 2>/dev/null; done
 ip link del "$PFX"br0 2>/dev/null
 rm -rf "$D"
