@@ -7,10 +7,13 @@ with the reason; set MONARCH_REQUIRE_MULTIHOST=1 (CI) to turn that skip into a f
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from .agents import Agents
 from .mhcluster import Cluster, unavailable
 
 
@@ -107,3 +110,23 @@ def sshd_nodes(mh_cluster, tmp_path_factory):
         for p in procs:
             p.kill()
             p.wait(timeout=10)
+
+
+@pytest.fixture
+def key_file(tmp_path):
+    """A fresh cluster key (0600 in a 0700 directory) for one test."""
+    d = tmp_path / "key"
+    d.mkdir(mode=0o700)
+    k = d / "cluster.key"
+    subprocess.run([sys.executable, "-m", "runtime.transport.auth", "keygen", str(k)],
+                   check=True, capture_output=True)
+    return k
+
+
+@pytest.fixture
+def agents(cluster, key_file, tmp_path):
+    """Host agents started in the node namespaces on demand (`agents.start(node)`), stopped
+    after the test."""
+    a = Agents(cluster, key_file, tmp_path)
+    yield a
+    a.stop()

@@ -1,33 +1,12 @@
 """Host agents on the namespaced hosts accept only peers holding the cluster key."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
 import zmq
 
-from .agents import Agents
-
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def key_file(tmp_path):
-    d = tmp_path / "key"
-    d.mkdir(mode=0o700)
-    k = d / "cluster.key"
-    subprocess.run([sys.executable, "-m", "runtime.transport.auth", "keygen", str(k)],
-                   check=True, capture_output=True)
-    return k
-
-
-@pytest.fixture
-def agents(cluster, key_file, tmp_path):
-    a = Agents(cluster, key_file, tmp_path)
-    yield a
-    a.stop()
 
 
 def test_agent_refuses_key_file_others_can_read(cluster, agents, key_file):

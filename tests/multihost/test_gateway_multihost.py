@@ -5,8 +5,6 @@ living in the controller. Also: the same calls without a gateway, and a client w
 cluster's key refused and logged at the gateway."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import pytest
@@ -17,7 +15,7 @@ from runtime.errors import ActorError
 from runtime.transport import auth
 
 from .actors import CallsHome, Store, Where
-from .agents import HB_TIMEOUT, Agents
+from .agents import HB_TIMEOUT
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -30,23 +28,6 @@ def short_heartbeats():
     config.heartbeat_timeout = HB_TIMEOUT
     yield
     config.heartbeat_timeout = old
-
-
-@pytest.fixture
-def key_file(tmp_path):
-    d = tmp_path / "key"
-    d.mkdir(mode=0o700)
-    k = d / "cluster.key"
-    subprocess.run([sys.executable, "-m", "runtime.transport.auth", "keygen", str(k)],
-                   check=True, capture_output=True)
-    return k
-
-
-@pytest.fixture
-def agents(cluster, key_file, tmp_path):
-    a = Agents(cluster, key_file, tmp_path)
-    yield a
-    a.stop()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import runtime
 from runtime.config import config
 
 from .actors import Where
-from .agents import HB_TIMEOUT, REPO, Agents
+from .agents import HB_TIMEOUT, REPO
 from .mhcluster import pid_alive
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,13 +38,6 @@ def key_file(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "runtime.transport.auth", "keygen", str(k)],
                    check=True, capture_output=True)
     return k
-
-
-@pytest.fixture
-def agents(cluster, key_file, tmp_path):
-    a = Agents(cluster, key_file, tmp_path)
-    yield a
-    a.stop()
 
 
 @pytest.fixture
