@@ -130,10 +130,10 @@ def test_lost_node_shrinks_job_instead_of_killing_it(slurm_env, tmp_path, record
         cluster.link(lost, False)
         t0 = time.monotonic()
         deadline = t0 + 40
-        while "down" not in _node_state(cluster, lost):  # SlurmdTimeout=10 in the test cluster
+        while "down" not in _node_state(cluster, lost):  # SlurmdTimeout=5 in the test cluster
             assert time.monotonic() < deadline, "SLURM never noticed the lost node"
             time.sleep(0.5)
-        record_detection(f"multihost: SLURM marks a lost node ({lost}) down, SlurmdTimeout=10",
+        record_detection(f"multihost: SLURM marks a lost node ({lost}) down, SlurmdTimeout=5",
                          time.monotonic() - t0)
 
         def left() -> list[str]:

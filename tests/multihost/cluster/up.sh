@@ -66,7 +66,8 @@ SelectTypeParameters=CR_Core
 MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
-SlurmdTimeout=10
+SlurmdTimeout=5
+MessageTimeout=5
 KillWait=5
 MinJobAge=30
 NodeName=$PFX[1-$N] NodeAddr=$NET.[1-$N] NodeHostname=$PFX[1-$N] CPUs=$(nproc) RealMemory=1000 State=UNKNOWN
