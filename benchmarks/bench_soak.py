@@ -52,8 +52,10 @@ def object_counts() -> dict[str, int]:
     """Objects the garbage collector tracks in this process, by type (`module.qualname`),
     after a collection; plus `fds` and `threads` (what churn must not grow)."""
     gc.collect()
-    out = dict(collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}"
-                                   for o in gc.get_objects()))
+    out: dict[str, int] = {}
+    for t, n in collections.Counter(map(type, gc.get_objects())).items():  # names once a type
+        name = f"{t.__module__}.{t.__qualname__}"
+        out[name] = out.get(name, 0) + n
     me = psutil.Process()
     out["fds"], out["threads"] = me.num_fds(), me.num_threads()
     return out
@@ -119,7 +121,7 @@ def _usage(p: psutil.Process) -> dict:
 def _ctl_usage() -> dict:
     gc.collect()  # before RSS: what cycles of garbage held is freed
     objs = gc.get_objects()
-    mine = sum(1 for o in objs if type(o) is Sample)  # the samples this benchmark keeps
+    mine = list(map(type, objs)).count(Sample)  # the samples this benchmark keeps
     return {**_usage(psutil.Process()), "objects": len(objs) - mine}
 
 
@@ -183,8 +185,10 @@ class Soak:
         proc.update({f"table.{k}": v for k, v in probe.tables.call_one().get(60).items()})
         return {"ctl": ctl, "proc": proc}
 
-    def sample(self, pattern: str, cycle: int) -> Sample:
-        gc.collect()
+    def sample(self, pattern: str, cycle: int, objects: bool = True) -> Sample:
+        """What `cycle` cycles of `pattern` left; without `objects`, the controller's usage
+        leaves out its number of objects (a walk of its whole heap: `counts()` has them)."""
+        gc.collect()  # weakly held table entries, and sockets only garbage holds (their fds)
         time.sleep(0.05)  # late replies and exit reports land
         tables = {f"ctl.{k}": v for k, v in self.rt.table_sizes().items()}
         proc_tables = self.probe.slice(procs=0).tables.call_one().get(60)
@@ -195,24 +199,25 @@ class Soak:
         tables["ctl.rdma_buffers"] = len(srv.registry) if srv is not None else 0
         other = (_usage(self.agent_ps) if pattern == "mesh"
                  else self.probe.slice(procs=0).usage.call_one().get(60))
-        return Sample(cycle, time.monotonic(), _ctl_usage(), other, rundir.count_files(),
-                      tables)
+        ctl = _ctl_usage() if objects else _usage(self.me)
+        return Sample(cycle, time.monotonic(), ctl, other, rundir.count_files(), tables)
 
-    def run(self, pattern: str, cycles: int, every: int,
-            warmup: int) -> tuple[Optional[Sample], list[Sample]]:
+    def run(self, pattern: str, cycles: int, every: int, warmup: int,
+            objects: bool = True) -> tuple[Optional[Sample], list[Sample]]:
         """Warm up (sampled before), then `cycles` cycles with a sample at the start and
-        every `every`: (the sample before the warm-up or None, the samples after it)."""
-        before = self.sample(pattern, -warmup) if warmup else None
+        every `every`: (the sample before the warm-up or None, the samples after it);
+        `objects` as for `sample`."""
+        before = self.sample(pattern, -warmup, objects) if warmup else None
         for i in range(warmup):
             self.cycle(pattern, i)
             if (i + 1) % 100 == 0:
                 print(f"  {pattern}: warm-up {i + 1}/{warmup}", file=sys.stderr, flush=True)
-        samples = [self.sample(pattern, 0)]
+        samples = [self.sample(pattern, 0, objects)]
         t0 = time.monotonic()
         for i in range(1, cycles + 1):
             self.cycle(pattern, i)
             if i % every == 0 or i == cycles:
-                samples.append(self.sample(pattern, i))
+                samples.append(self.sample(pattern, i, objects))
             if i % max(1, min(every, 100)) == 0:
                 rate = i / (time.monotonic() - t0)
                 print(f"  {pattern}: {i}/{cycles} cycles ({rate:.0f}/s)", file=sys.stderr,

@@ -110,7 +110,7 @@ def test_churn_leaves_nothing_behind():
             for i in range(200):
                 soak.cycle(pattern, i)
                 if i + 1 in (50, 125, 200):
-                    samples.append(soak.sample(pattern, i + 1))
+                    samples.append(soak.sample(pattern, i + 1, objects=False))
                     seen.append(soak.counts())
             _flat(pattern, samples[0], samples[-1])
             for who in ("ctl", "proc"):
@@ -125,7 +125,7 @@ def test_churn_leaves_nothing_behind():
                     f"{_grown(a, b, c, 20, every)}")
                 assert c.get("table.stopped_actor_ids", 0) <= 1024
                 assert c.get("table.forgotten_peers", 0) <= GONE_KEPT
-        _, samples = soak.run("rdma", 300, every=300, warmup=10)
+        _, samples = soak.run("rdma", 300, every=300, warmup=10, objects=False)
         _flat("rdma", samples[0], samples[-1])
     finally:
         pids = soak.pids()

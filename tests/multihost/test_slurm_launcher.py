@@ -73,7 +73,7 @@ def test_slurm_job_reports_agents_that_fail(slurm_env, tmp_path):
 
 def test_slurm_job_needs_enough_nodes(slurm_env, tmp_path):
     job = SlurmJob({"m": 4}, python=str(STANDIN), key_file=_key(tmp_path),
-                   workdir=tmp_path / "jobs", progress=False, timeout=5)
+                   workdir=tmp_path / "jobs", progress=False, timeout=2)
     with pytest.raises(JobError, match="PENDING \\(.+\\)|sbatch failed"):
         try:
             job.wait_addresses()
