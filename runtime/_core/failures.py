@@ -142,6 +142,20 @@ class Failures:
         if rec.exited is not None:
             rec.exited.set_result(None)
 
+    def stopped_unreported(self, proc_id: str) -> None:
+        """A proc whose end this runtime asked for (its mesh stopped, its host shut down)
+        and whose exit report did not come in time (its agent is gone, or the report was
+        lost with the connection): it counts as stopped, as a report would have made it. A
+        report that comes later finds no record (I/O thread)."""
+        rec = self.rt.state.proc(proc_id)
+        if rec is None or rec.state in ("failed", "stopped"):
+            return
+        rec.state = "stopped"
+        self.mark_dead(proc_id, None)
+        self.retire(proc_id)
+        if rec.exited is not None and not rec.exited.done():
+            rec.exited.set_result(None)
+
     def on_proc_dead(self, h: Header, body: Any, buffers: list) -> None:
         for p in (h.extra or {}).get("procs", []):
             self.mark_dead(p, None)

@@ -265,20 +265,28 @@ class HostMesh(MeshTrait):
         rt = self._rt
         agents = [self._agents[r] for r in self._shape.global_ranks()]
 
-        def stop() -> None:
+        def stop() -> tuple[list[ProcRecord], list[ProcRecord]]:
+            """(procs whose exit report to wait for, procs of agents that cannot send one)"""
+            ending: list[ProcRecord] = []
+            unreachable: list[ProcRecord] = []
             for a in agents:
+                lost = a.lost
                 if a.lost:  # unreachable now: stop it if the message gets through
                     a.lost = False
                     rt.send(a.address, Header(Kind.AGENT_STOP))
                 if a.alive:
                     for p in list(a.procs):
                         rec = rt.state.proc(p)
-                        if rec is not None:
+                        if rec is not None and rec.state in ("starting", "running"):
                             rec.stopping = True
+                            if rec.exited is None:
+                                rec.exited = Future()
+                            (unreachable if lost else ending).append(rec)
                     rt.send(a.address, Header(Kind.AGENT_STOP))
                     a.alive = False
+            return ending, unreachable
 
-        rt.state.change(stop)
+        ending, unreachable = rt.state.change(stop)
         for a in agents:
             if a.popen is not None:
                 try:
@@ -286,6 +294,17 @@ class HostMesh(MeshTrait):
                 except subprocess.TimeoutExpired:
                     a.popen.kill()
                 rt.state.change(rt.state.drop_agent, a)  # stopped means gone
+        # done when it returns: each proc's exit report, or (its agent gone, the report lost
+        # with the connection) the proc counts as stopped after stop_timeout
+        deadline = time.monotonic() + config.stop_timeout
+        for rec in ending:
+            try:
+                rec.exited.get(timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                pass
+        if ending or unreachable:
+            rt.state.change(lambda: [rt.failures.stopped_unreported(rec.proc_id)
+                                     for rec in ending + unreachable])
         if rt.this_host_mesh is self:
             rt.this_host_mesh = None
         return resolved(None)

@@ -256,6 +256,8 @@ class ProcMesh(MeshTrait):
                     if not p.exited.done() and p.agent is not None:
                         rt.kill_proc(p.proc_id)
                 if time.monotonic() > deadline + 2.0:
+                    for p in pending:
+                        rt.failures.stopped_unreported(p.proc_id)
                     fut.set_result(None)
                     return
             rt.loop.call_later(0.02, check)
