@@ -91,29 +91,29 @@ def test_shutdown_returns_with_its_procs_stopped(agents):
     assert pm.stop().done()
 
 
-def test_procs_whose_exit_reports_never_come_count_as_stopped(agents, monkeypatch):
+def test_procs_whose_exit_reports_never_come_count_as_stopped(agents):
     """An agent that cannot report its procs' ends (stopped here with SIGSTOP, as one whose
     connection is gone): ProcMesh.stop() and HostMesh.shutdown() still return, after
     stop_timeout, with those procs stopped, not left running in this controller's tables."""
-    monkeypatch.setattr(runtime.config.config, "stop_timeout", 0.5)
-    monkeypatch.setattr(runtime.config.config, "heartbeat_timeout", 30.0)  # not a lost host
     key_file, started = agents
-    hosts = attach_to_workers([a for _, a in started], key_file=key_file)
-    stopped = hosts.spawn_procs(per_host={"procs": 1}, name="stopped_unreported")
-    shut = hosts.spawn_procs(per_host={"procs": 1}, name="shut_unreported")
-    for pm in (stopped, shut):
-        pm.spawn("unreported", Echo).ping.call(1).get(timeout=60)
-    frozen = started[1][0]
-    os.kill(frozen.pid, signal.SIGSTOP)
-    try:
-        rt = runtime.get_runtime()
-        stopped.stop().get(timeout=30)
-        assert [rt.proc_state(p.proc_id) for p in stopped.procs] == ["stopped", "stopped"]
-        hosts.shutdown()
-        assert [rt.proc_state(p.proc_id) for p in shut.procs] == ["stopped", "stopped"]
-        assert shut.stop().done()
-    finally:
-        os.kill(frozen.pid, signal.SIGCONT)  # it ends its procs now (the fixture kills it)
+    # heartbeat_timeout: the frozen agent is not declared lost meanwhile
+    with runtime.config.configured(stop_timeout=0.5, heartbeat_timeout=30.0):
+        hosts = attach_to_workers([a for _, a in started], key_file=key_file)
+        stopped = hosts.spawn_procs(per_host={"procs": 1}, name="stopped_unreported")
+        shut = hosts.spawn_procs(per_host={"procs": 1}, name="shut_unreported")
+        for pm in (stopped, shut):
+            pm.spawn("unreported", Echo).ping.call(1).get(timeout=60)
+        frozen = started[1][0]
+        os.kill(frozen.pid, signal.SIGSTOP)
+        try:
+            rt = runtime.get_runtime()
+            stopped.stop().get(timeout=30)
+            assert [rt.proc_state(p.proc_id) for p in stopped.procs] == ["stopped", "stopped"]
+            hosts.shutdown()
+            assert [rt.proc_state(p.proc_id) for p in shut.procs] == ["stopped", "stopped"]
+            assert shut.stop().done()
+        finally:
+            os.kill(frozen.pid, signal.SIGCONT)  # it ends its procs now (the fixture kills it)
 
 
 def test_agent_loss_fails_its_actors_and_survivors_work(agents, monkeypatch):

@@ -6,14 +6,13 @@ controller that was not the one that spawned them (after `Job.load()`)."""
 from __future__ import annotations
 
 import json
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Union
 
 from .._core import AgentRecord, Runtime, get_runtime
-from ..future import Future
 from ..transport.framing import ERROR, Header, Kind
+from .questions import Questions
 
 
 @dataclass
@@ -84,21 +83,11 @@ def _agents_of(where: Any) -> tuple[list[AgentRecord], Optional[str], Runtime]:
     return list(agents.values()), name, rt or get_runtime()
 
 
-def _ask(rt: Runtime, agent: AgentRecord, query: dict) -> tuple[Future, int]:
-    fut: Future = Future(f"logs from {agent.host or agent.address}")
-
-    def on_reply(h: Header, body: Any, buffers: list) -> None:
-        rt.close_port(port)
-        text = bytes(body)
-        if h.status == ERROR:
-            fut.set_exception(ValueError(text.decode("utf-8", "replace")))
-        else:
-            fut.set_result(json.loads(text))
-
-    port = rt.open_port(on_reply, None, ())
-    rt.send(agent.address, Header(Kind.AGENT_QUERY, reply=rt.reply_address_for(agent.address),
-                                  port=port, extra=query))
-    return fut, port
+def _decode(h: Header, body: Any) -> dict:
+    text = bytes(body)
+    if h.status == ERROR:
+        raise ValueError(text.decode("utf-8", "replace"))
+    return json.loads(text)
 
 
 def read_logs(where: Union[Any, list], mesh: Optional[str] = None, rank: Optional[int] = None,
@@ -117,22 +106,24 @@ def read_logs(where: Union[Any, list], mesh: Optional[str] = None, rank: Optiona
         raise ValueError(f"tail must be a non-negative int, got {tail!r}")
     query = {"op": "logs", "mesh": name, "rank": None if rank is None else int(rank),
              "tail": None if tail is None else int(tail), "grep": grep or None}
-    asked = [(a, *_ask(rt, a, query)) for a in agents if a.alive]
+    questions: Questions[AgentRecord] = Questions(rt)
+    for a in agents:
+        if a.alive:
+            def send(port: int, address: str = a.address) -> None:
+                rt.send(address, Header(Kind.AGENT_QUERY, reply=rt.reply_address_for(address),
+                                        port=port, extra=query))
+
+            questions.ask(a, f"logs from {a.host or a.address}", send, _decode)
     errors = [f"host agent {a.address}: not running" for a in agents if not a.alive]
-    deadline = time.monotonic() + timeout
     out: list[ProcLog] = []
-    for agent, fut, port in asked:
-        try:
-            r = fut.get(timeout=max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            rt.close_port(port)
+    for agent, r, err in questions.answers(timeout):
+        if isinstance(err, TimeoutError):
             errors.append(f"host agent {agent.host or agent.address}: no answer within "
                           f"{timeout:g} s")
             continue
-        except ValueError as e:
-            for _, _, p in asked:
-                rt.close_port(p)
-            raise ValueError(f"read_logs: {e}") from None
+        if err is not None:
+            questions.close()
+            raise ValueError(f"read_logs: {err}") from None
         for p in r["procs"]:
             out.append(ProcLog(r["host"], p["mesh"], p["rank"], p["pid"], p["start"],
                                f"{r['dir']}/{p['mesh']}.{p['rank']}.{p['pid']}.{p['start']}.log",

@@ -6,71 +6,59 @@ proc's pid (runtime/stacks.py), so a proc whose GIL is held by C code answers to
 from __future__ import annotations
 
 import json
-import time
 from typing import Any, Optional
 
 from .._core import Runtime, get_runtime
 from ..config import config
-from ..future import Future
 from ..stacks import ProcStacks, StacksError, threads_from
 from ..transport.framing import ERROR, Header, Kind
+from .questions import Questions
 
 
-def _ask(rt: Runtime, rec: Any, native: bool, timeout: float) -> tuple[Future, int]:
-    fut: Future = Future(f"stacks of {rec.proc_id}")
-
-    def on_reply(h: Header, body: Any, buffers: list) -> None:
-        rt.close_port(port)
-        text = bytes(body).decode("utf-8", "replace")
-        if h.status == ERROR:
-            fut.set_exception(StacksError(text.split(": ", 1)[1] if text.startswith(
-                "StacksError: ") else text))
-        else:
-            fut.set_result(json.loads(text))
-
-    port = rt.open_port(on_reply, None, ())
-    rt.send(rec.agent.address, Header(Kind.AGENT_QUERY,
-                                      reply=rt.reply_address_for(rec.agent.address), port=port,
-                                      extra={"op": "stacks", "proc": rec.proc_id,
-                                             "native": bool(native), "timeout": timeout,
-                                             "py_spy": str(config.py_spy or "") or None}))
-    return fut, port
+def _decode(h: Header, body: Any) -> dict:
+    text = bytes(body).decode("utf-8", "replace")
+    if h.status == ERROR:
+        raise StacksError(text.split(": ", 1)[1] if text.startswith("StacksError: ") else text)
+    return json.loads(text)
 
 
 def _stacks_of(rt: Runtime, recs: list[tuple[int, Any]], native: bool,
                timeout: float) -> list[ProcStacks]:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    asked = []
+    out: list[ProcStacks] = []
+    questions: Questions[ProcStacks] = Questions(rt)
     for rank, rec in recs:
-        out = ProcStacks(rec.mesh, rank, rec.host, rec.pid, rec.proc_id, bool(native))
+        entry = ProcStacks(rec.mesh, rank, rec.host, rec.pid, rec.proc_id, bool(native))
+        out.append(entry)
         if rec.agent is None:
-            out.error = "this proc runs in the controller (this_proc()): no host agent"
+            entry.error = "this proc runs in the controller (this_proc()): no host agent"
         elif not rec.agent.alive:
-            out.error = f"its host agent {rec.agent.address} is not running"
+            entry.error = f"its host agent {rec.agent.address} is not running"
         elif rec.state in ("failed", "stopped"):
-            out.error = f"proc {rec.state}"
+            entry.error = f"proc {rec.state}"
         else:
-            asked.append((out, *_ask(rt, rec, native, timeout)))
-            continue
-        asked.append((out, None, 0))
-    deadline = time.monotonic() + timeout + 5.0  # the agent's py-spy has `timeout` itself
-    for out, fut, port in asked:
-        if fut is None:
-            continue
-        try:
-            got = fut.get(timeout=max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            rt.close_port(port)
-            out.error = f"its host agent gave no answer within {timeout + 5.0:g} s"
-            continue
-        except StacksError as e:
-            out.error = str(e)
-            continue
-        out.pid = got.get("pid", out.pid)
-        out.host = got.get("host", out.host)
-        out.threads = threads_from(got)
-    return [out for out, _, _ in asked]
+            extra = {"op": "stacks", "proc": rec.proc_id, "native": bool(native),
+                     "timeout": timeout, "py_spy": str(config.py_spy or "") or None}
+
+            def send(port: int, address: str = rec.agent.address, extra: dict = extra) -> None:
+                rt.send(address, Header(Kind.AGENT_QUERY, reply=rt.reply_address_for(address),
+                                        port=port, extra=extra))
+
+            questions.ask(entry, f"stacks of {rec.proc_id}", send, _decode)
+    # the agent's py-spy has `timeout` itself
+    for entry, got, err in questions.answers(timeout + 5.0):
+        if isinstance(err, TimeoutError):
+            entry.error = f"its host agent gave no answer within {timeout + 5.0:g} s"
+        elif isinstance(err, StacksError):
+            entry.error = str(err)
+        elif err is not None:
+            raise err
+        else:
+            entry.pid = got.get("pid", entry.pid)
+            entry.host = got.get("host", entry.host)
+            entry.threads = threads_from(got)
+    return out
 
 
 def proc_stacks(mesh: Any, rank: Optional[int] = None, native: bool = False,

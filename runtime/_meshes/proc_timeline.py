@@ -5,13 +5,12 @@ runtime/timeline.py), like `rt.dump_stack`; a proc that does not answer within t
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from .._core import get_runtime
-from ..future import Future
 from ..timeline import Lane, Timeline, decode, make_timeline, now_ns
 from ..transport.framing import Header, Kind
+from .questions import Questions
 
 
 def _proc_mesh(mesh: Any) -> Any:
@@ -27,25 +26,11 @@ def _proc_mesh(mesh: Any) -> Any:
     raise TypeError(f"read_timeline: expected a ProcMesh or ActorMesh, got {type(mesh).__name__}")
 
 
-def _ask(rt: Any, rec: Any, since_ns: int) -> tuple[Future, int]:
-    fut: Future = Future(f"timeline of {rec.proc_id}")
-
-    def on_reply(h: Header, body: Any, buffers: list) -> None:
-        rt.close_port(port)
-        try:
-            fut.set_result(decode(bytes(body)))
-        except Exception as e:  # noqa: BLE001 - the lane says so
-            fut.set_exception(ValueError(f"bad timeline reply: {e}"))
-
-    def on_fail(exc: BaseException, **_: Any) -> None:
-        rt.close_port(port)
-        fut.set_exception(exc)
-
-    port = rt.open_port(on_reply, on_fail, {rec.proc_id})
-    reply = rt.reply_address_for(rec.address or (rec.agent.address if rec.agent else ""))
-    rt.send_to_proc(rec.address, rec.route, Header(Kind.TIMELINE, reply=reply, port=port,
-                                                    extra={"since": since_ns}))
-    return fut, port
+def _decode(h: Header, body: Any) -> dict:
+    try:
+        return decode(bytes(body))
+    except Exception as e:  # noqa: BLE001 - the lane says so
+        raise ValueError(f"bad timeline reply: {e}") from None
 
 
 def read_timeline(mesh: Any, last: float = 300.0, timeout: float = 10.0) -> Timeline:
@@ -58,27 +43,27 @@ def read_timeline(mesh: Any, last: float = 300.0, timeout: float = 10.0) -> Time
     rt = pm._rt if getattr(pm, "_rt", None) is not None else get_runtime()
     end = now_ns()
     since = end - int(last * 1e9)
-    asked = []
+    lanes: list[Lane] = []
+    questions: Questions[Lane] = Questions(rt)
     for rank, rec in enumerate(pm._view_procs()):
         lane = Lane(pm.name, rank, rec.host, rec.pid, rec.proc_id)
+        lanes.append(lane)
         if rec.state in ("failed", "stopped"):
             lane.error = f"proc {rec.state}"
-            asked.append((lane, None, 0))
             continue
-        asked.append((lane, *_ask(rt, rec, since)))
-    deadline = time.monotonic() + timeout
-    for lane, fut, port in asked:
-        if fut is None:
-            continue
-        try:
-            got = fut.get(timeout=max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            rt.close_port(port)
+
+        def send(port: int, rec: Any = rec) -> None:
+            reply = rt.reply_address_for(rec.address or (rec.agent.address if rec.agent else ""))
+            rt.send_to_proc(rec.address, rec.route, Header(Kind.TIMELINE, reply=reply, port=port,
+                                                            extra={"since": since}))
+
+        questions.ask(lane, f"timeline of {rec.proc_id}", send, _decode, watch=[rec.proc_id])
+    for lane, got, err in questions.answers(timeout):
+        if isinstance(err, TimeoutError):
             lane.error = f"no answer within {timeout:g} s"
-            continue
-        except Exception as e:  # noqa: BLE001 - a dead proc: its lane says so
-            lane.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            continue
-        lane.pid = got.get("pid", lane.pid)
-        lane.records = got["records"]
-    return make_timeline(pm.name, [lane for lane, _, _ in asked], last, end)
+        elif err is not None:  # a dead proc: its lane says so
+            lane.error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        else:
+            lane.pid = got.get("pid", lane.pid)
+            lane.records = got["records"]
+    return make_timeline(pm.name, lanes, last, end)
