@@ -57,7 +57,6 @@ def user_modules() -> list[str]:
     """The names of the loaded modules that are the user's code: not Python's, not in an
     installed distribution (wherever it was installed: a venv, `pip install --target` on
     PYTHONPATH), not this project's."""
-    import importlib.metadata
     import sysconfig
 
     dirs = [*sysconfig.get_paths().values(), sys.prefix, sys.base_prefix]
@@ -66,18 +65,44 @@ def user_modules() -> list[str]:
     here = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
     keep |= {here + pkg + os.sep for pkg in ("runtime", "monarch_kernel", "monarch_widgets")}
     kept = tuple(keep)
-    out = []
-    for name, mod in list(sys.modules.items()):
-        f = getattr(mod, "__file__", None)
-        if name == "__main__" or not isinstance(f, str) or f.startswith(kept) or \
-                os.path.realpath(f).startswith(kept):
-            continue
-        out.append(name)
+
+    def is_kept(f: object) -> bool:
+        return not isinstance(f, str) or f.startswith(kept) or os.path.realpath(f).startswith(kept)
+
+    out = [name for name, mod in list(sys.modules.items())
+           if name != "__main__" and not is_kept(getattr(mod, "__file__", None))]
+    # a module generated elsewhere whose package is installed here (torch makes some)
+    tops = {n.partition(".")[0] for n in out}
+    installed = {t for t in tops if t in sys.modules and "." not in t and
+                 isinstance(getattr(sys.modules[t], "__file__", None), str) and
+                 is_kept(sys.modules[t].__file__)}
+    out = [n for n in out if n.partition(".")[0] not in installed]
     if not out:
         return out
-    try:  # reads every installed distribution's metadata (~0.1 s): only when needed
-        installed = set(importlib.metadata.packages_distributions())
+    try:  # distributions installed where those modules were found (`pip install --target`)
+        installed |= _installed_top_levels(tops - installed)
     except Exception:  # noqa: BLE001 - a broken distribution: the paths alone decide
-        installed = set()
+        pass
     installed |= set(getattr(sys, "stdlib_module_names", ()))
     return [n for n in out if n.partition(".")[0] not in installed]
+
+
+def _installed_top_levels(tops: set[str]) -> set[str]:
+    """The top-level names of the distributions installed in the import-path entries that
+    `tops` (top-level module names) were loaded from: their metadata only, not that of every
+    installed distribution (reading all took ~55 ms, paid by every proc at its exit)."""
+    import importlib.metadata
+
+    entries = set()
+    for top in tops:
+        f = getattr(sys.modules.get(top), "__file__", None)
+        if isinstance(f, str) and os.path.isabs(f):  # not "<stdin>" (__mp_main__)
+            d = os.path.dirname(f)
+            entries.add(os.path.dirname(d) if os.path.basename(f) == "__init__.py" else d)
+    names: set[str] = set()
+    for dist in importlib.metadata.distributions(path=sorted(entries)):
+        declared = (dist.read_text("top_level.txt") or "").split()
+        names.update(declared or {
+            f.parts[0].removesuffix(".py") for f in dist.files or ()
+            if len(f.parts) > 1 or f.suffix == ".py"})
+    return names
