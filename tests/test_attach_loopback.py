@@ -79,8 +79,7 @@ def test_attach_spawn_call_slice(agents):
 
 def test_shutdown_returns_with_its_procs_stopped(agents):
     """HostMesh.shutdown() is done when it returns: the procs of its meshes are stopped in
-    this controller (their agents' exit reports waited for), so a later stop() of such a
-    mesh has nothing to wait for."""
+    this controller, so a later stop() of such a mesh has nothing to wait for."""
     key_file, started = agents
     hosts = attach_to_workers([a for _, a in started], key_file=key_file)
     pm = hosts.spawn_procs(per_host={"procs": 2})
@@ -93,8 +92,8 @@ def test_shutdown_returns_with_its_procs_stopped(agents):
 
 def test_procs_whose_exit_reports_never_come_count_as_stopped(agents):
     """An agent that cannot report its procs' ends (stopped here with SIGSTOP, as one whose
-    connection is gone): ProcMesh.stop() and HostMesh.shutdown() still return, after
-    stop_timeout, with those procs stopped, not left running in this controller's tables."""
+    connection is gone): ProcMesh.stop() returns after its bound, HostMesh.shutdown() at
+    once, with those procs stopped, not left running in this controller's tables."""
     key_file, started = agents
     # heartbeat_timeout: the frozen agent is not declared lost meanwhile
     with runtime.config.configured(stop_timeout=0.5, heartbeat_timeout=30.0):

@@ -130,7 +130,9 @@ class Failures:
             if not rec.stderr_tail or rec.stderr_tail[-1] != ln:
                 rec.stderr_tail.append(ln)
         code, sig = e.get("code"), e.get("signal")
-        if rec.stopping or rec.state == "stopped":
+        if rec.state == "stopped":  # counted stopped already (stopped_unreported)
+            pass
+        elif rec.stopping:
             rec.state = "stopped"
             self.mark_dead(proc_id, None)
             self.retire(proc_id)
@@ -143,10 +145,10 @@ class Failures:
             rec.exited.set_result(None)
 
     def stopped_unreported(self, proc_id: str) -> None:
-        """A proc whose end this runtime asked for (its mesh stopped, its host shut down)
-        and whose exit report did not come in time (its agent is gone, or the report was
-        lost with the connection): it counts as stopped, as a report would have made it. A
-        report that comes later finds no record (I/O thread)."""
+        """A proc whose end this runtime asked for (its host shut down, or its mesh stopped
+        and no exit report came in time: its agent is gone, or the report was lost with the
+        connection): it counts as stopped, as a report would have made it; a report that
+        comes later changes nothing (I/O thread)."""
         rec = self.rt.state.proc(proc_id)
         if rec is None or rec.state in ("failed", "stopped"):
             return

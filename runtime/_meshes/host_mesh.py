@@ -265,12 +265,10 @@ class HostMesh(MeshTrait):
         rt = self._rt
         agents = [self._agents[r] for r in self._shape.global_ranks()]
 
-        def stop() -> tuple[list[ProcRecord], list[ProcRecord]]:
-            """(procs whose exit report to wait for, procs of agents that cannot send one)"""
+        def stop() -> list[ProcRecord]:
+            """The procs to end."""
             ending: list[ProcRecord] = []
-            unreachable: list[ProcRecord] = []
             for a in agents:
-                lost = a.lost
                 if a.lost:  # unreachable now: stop it if the message gets through
                     a.lost = False
                     rt.send(a.address, Header(Kind.AGENT_STOP))
@@ -279,14 +277,12 @@ class HostMesh(MeshTrait):
                         rec = rt.state.proc(p)
                         if rec is not None and rec.state in ("starting", "running"):
                             rec.stopping = True
-                            if rec.exited is None:
-                                rec.exited = Future()
-                            (unreachable if lost else ending).append(rec)
+                            ending.append(rec)
                     rt.send(a.address, Header(Kind.AGENT_STOP))
                     a.alive = False
-            return ending, unreachable
+            return ending
 
-        ending, unreachable = rt.state.change(stop)
+        ending = rt.state.change(stop)
         for a in agents:
             if a.popen is not None:
                 try:
@@ -294,17 +290,11 @@ class HostMesh(MeshTrait):
                 except subprocess.TimeoutExpired:
                     a.popen.kill()
                 rt.state.change(rt.state.drop_agent, a)  # stopped means gone
-        # done when it returns: each proc's exit report, or (its agent gone, the report lost
-        # with the connection) the proc counts as stopped after stop_timeout
-        deadline = time.monotonic() + config.stop_timeout
-        for rec in ending:
-            try:
-                rec.exited.get(timeout=max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                pass
-        if ending or unreachable:
+        # done when it returns: the procs count as stopped now (an agent that exits reports
+        # none of them; a report that still comes changes nothing)
+        if ending:
             rt.state.change(lambda: [rt.failures.stopped_unreported(rec.proc_id)
-                                     for rec in ending + unreachable])
+                                     for rec in ending])
         if rt.this_host_mesh is self:
             rt.this_host_mesh = None
         return resolved(None)
