@@ -178,8 +178,8 @@ THIS_HOST = textwrap.dedent("""
     out = {"quiet": [p.lines for p in runtime.read_logs(off)],
            "loud": [p.lines for p in runtime.read_logs(on)],
            "paths": [p.path for p in runtime.read_logs(on)]}
-    print(json.dumps(out), flush=True)
-    runtime.shutdown()
+    print("RESULT", json.dumps(out), flush=True)
+    runtime.shutdown()  # the quiet proc's unfinished line is printed as it ends, after RESULT
 """)
 
 
@@ -189,7 +189,8 @@ def test_this_host_writes_files_only_with_file_capture(scratch):
     r = subprocess.run([sys.executable, "-c", THIS_HOST], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    (result,) = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    out = json.loads(result[len("RESULT "):])
     assert out["quiet"] == []
     (lines,) = out["loud"]
     assert sorted(lines) == sorted(_expected(0))
