@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/bench_timeline.py [--n 200000] [--rounds 7]
 
 Per call, the proc does `t0 = timeline.now_ns()` before the endpoint and
-`timeline.record_call(...)` after it (runtime/_actor_instance.py,
+`timeline.record_call(...)` after it (runtime/proc/_actor_instance.py,
 ActorInstance._handle_call). The table times that pair against a floor measured in the same run: the same loop calling an
 empty function with the same arguments (what any hook costs). The medians of `--rounds`
 rounds are printed, with their difference (the recording's own cost) and ratio; then a

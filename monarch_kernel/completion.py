@@ -2,7 +2,7 @@
 
 - A `%%mesh NAME` cell's body completes and inspects against one proc's live namespace
   (the first rank of the selection), answered by its `CellCompleter` actor
-  (`monarch_kernel.remote_complete`); `MonarchKernel.do_complete`/`do_inspect` call
+  (`monarch_kernel.remote.complete`); `MonarchKernel.do_complete`/`do_inspect` call
   `complete_cell`/`inspect_cell` here. The wait is bounded (`REMOTE_TIMEOUT_S`); a
   timeout, a stopped mesh, a mesh with no %%mesh cell run yet (a Tab never spawns actors)
   or any error gives the local answer: builtins, keywords and what the cell's own text
@@ -65,10 +65,10 @@ def _target(shell: Any, cell: MeshCell) -> Any:
     """The CellCompleter mesh of one actor (first rank of the cell's selection), or None."""
     from runtime import ActorMesh, ProcMesh
 
-    from monarch_kernel.extension import _running_runtime, session
+    from monarch_kernel.session import current as session, running_runtime
 
     sess = session()
-    if sess is None or sess.magics is None or _running_runtime() is None:
+    if sess is None or sess.magics is None or running_runtime() is None:
         return None
     try:
         a = margs.parse_mesh_cell(cell.line)
@@ -180,7 +180,7 @@ async def complete_cell(shell: Any, code: str, cursor: int,
                         timeout: float = REMOTE_TIMEOUT_S) -> Optional[dict]:
     """The complete_reply for a cursor in a `%%mesh` body, else None (the caller uses the
     ordinary completion, which `mesh_matcher` extends)."""
-    from monarch_kernel.remote_complete import complete_in
+    from monarch_kernel.remote.complete import complete_in
 
     asked = await _ask_cell(shell, code, cursor, "complete", timeout=timeout)
     if asked is None:
@@ -198,7 +198,7 @@ async def complete_cell(shell: Any, code: str, cursor: int,
 async def inspect_cell(shell: Any, code: str, cursor: int, detail_level: int = 0,
                        timeout: float = REMOTE_TIMEOUT_S) -> Optional[dict]:
     """The inspect_reply for a cursor in a `%%mesh` body, else None."""
-    from monarch_kernel.remote_complete import inspect_in
+    from monarch_kernel.remote.complete import inspect_in
 
     asked = await _ask_cell(shell, code, cursor, "inspect", detail_level, timeout=timeout)
     if asked is None:
@@ -370,7 +370,7 @@ def _python_completions(ns: dict, before: str) -> tuple[list, str]:
 @context_matcher(priority=100)
 def mesh_matcher(context: Any) -> dict:
     """IPython matcher: `%%mesh`/`%mesh` lines and actor meshes (see the module doc)."""
-    from monarch_kernel.extension import session
+    from monarch_kernel.session import current as session
 
     sess = session()
     shell = getattr(sess, "shell", None)

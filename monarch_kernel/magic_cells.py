@@ -29,8 +29,8 @@ class CellCommands:
     def _runner_for(self, procs: Any) -> Any:
         """The cell-runner actor mesh on `procs` (spawned once per proc mesh, with the
         CellCompleter that completes %%mesh cells against its namespaces)."""
-        from monarch_kernel.cell_runner import CellRunner
-        from monarch_kernel.remote_complete import CellCompleter
+        from monarch_kernel.remote.cell_runner import CellRunner
+        from monarch_kernel.remote.complete import CellCompleter
 
         root = procs.root
         entry = self.ctx.runners.get(id(root))

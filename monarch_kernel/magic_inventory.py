@@ -25,9 +25,9 @@ class InventoryCommands:
     def list(self, a: margs.ListArgs) -> Any:
         from runtime import ActorMesh, ProcMesh
 
-        from monarch_kernel.extension import _running_runtime
+        from monarch_kernel.session import running_runtime
 
-        rt = _running_runtime()
+        rt = running_runtime()
         t = Table(["name", "variable", "kind", "shape", "state"], title="meshes")
         if rt is not None:
             for obj in rt.meshes():  # the user's: internal meshes are left out
@@ -42,9 +42,9 @@ class InventoryCommands:
         return t
 
     def status(self, a: margs.StatusArgs) -> Any:
-        from monarch_kernel.extension import _running_runtime
+        from monarch_kernel.session import running_runtime
 
-        rt = _running_runtime()
+        rt = running_runtime()
         snaps = rt.health.snapshot() if rt is not None else []
         if a.name is not None:
             snaps = [m for m in snaps if a.name in (m.name, m.proc_mesh)
@@ -100,10 +100,10 @@ class InventoryCommands:
     def stop(self, a: margs.StopArgs) -> Any:
         from runtime import ActorMesh, ProcMesh
 
-        from monarch_kernel.extension import _running_runtime
+        from monarch_kernel.session import running_runtime
 
         if a.all:
-            rt = _running_runtime()
+            rt = running_runtime()
             targets = [m for m in (rt.meshes() if rt is not None else [])
                        if isinstance(m, ProcMesh) and m.root is m]
             targets += [m for m in (rt.meshes() if rt is not None else [])
@@ -136,12 +136,12 @@ class InventoryCommands:
         """The mesh in variable `name`, else the live meshes whose name is `name`."""
         from runtime import ActorMesh, ProcMesh
 
-        from monarch_kernel.extension import _running_runtime
+        from monarch_kernel.session import running_runtime
 
         obj = self.ctx.ns.get(name)
         if isinstance(obj, (ProcMesh, ActorMesh)):
             return [obj]
-        rt = _running_runtime()
+        rt = running_runtime()
         found = [m for m in (rt.meshes() if rt is not None else [])
                  if name in (getattr(m, "name", None), getattr(m, "health_name", None))]
         if not found:

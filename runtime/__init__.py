@@ -1,8 +1,8 @@
 """monarch-notebook's actor runtime: meshes of processes and actors driven from one
 controller (a script or a notebook), with Monarch's API names and semantics.
 
-The root package, above every layer (docs/architecture.md): the public facade, and
-the wiring of `runtime._features`, the calls lower layers make into upper ones at run time.
+The root package, above every layer (docs/architecture.md): the public facade. Importing
+it runs `runtime._wiring`, which provides the calls lower layers make into upper ones.
 """
 
 from .actor import (Actor, ActorContext, CreatorInstance, concurrent_endpoint, context,
@@ -32,94 +32,8 @@ from .shapes import Extent, Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
 from .supervision.health import ActorState
 from .value_mesh import ValueMesh
-from . import _core, _features, hooks
+from . import _core, _wiring, hooks  # noqa: F401 - _wiring: provides the upward calls
 from .hooks import add_startup_hook, set_display_hook
-
-
-# -- wiring: what lower layers call in upper ones at run time (runtime/_features.py) --------
-# This package is the one place above every layer (docs/architecture.md). The features are
-# imported when first called, as before: `import runtime` loads no rdma, tensor or debugger.
-
-def _rdma_buffer(view: object) -> object:
-    from .rdma import RDMABuffer
-
-    return RDMABuffer(view)
-
-
-def _rdma_read_ipc(buf: object, out: object, timeout: float) -> None:
-    from .rdma import _read_ipc
-
-    _read_ipc(buf, out, timeout)
-
-
-def _rdma_close_ipc(buf: object) -> None:
-    from .rdma import _close_ipc
-
-    _close_ipc(buf)
-
-
-def _install_debugger_in_controller(rt: object) -> None:
-    from .debugging import install_in_controller
-
-    install_in_controller(rt)
-
-
-def _install_debugger_in_proc(rt: object) -> None:
-    from .debugging import install_in_proc
-
-    install_in_proc(rt)
-
-
-def _start_admin_endpoint(rt: object) -> None:
-    from .admin import serve
-    from .debugging.admin import register
-
-    register(serve(rt))
-
-
-def _debugging_spawn_env() -> dict:
-    from .debugging.proc_side import spawn_env
-
-    return spawn_env()
-
-
-def _tensor_activate(mesh: object) -> object:
-    from .tensor import activate
-
-    return activate(mesh)
-
-
-def _tensor_rref(endpoint: object, args: tuple, kwargs: dict) -> object:
-    from .tensor._rref import rref
-
-    return rref(endpoint, args, kwargs)
-
-
-def _stacks_of_proc(rt: object, proc_id: str, native: bool, timeout: float) -> object:
-    from ._meshes.proc_stacks import stacks_of_proc
-
-    return stacks_of_proc(rt, proc_id, native, timeout)
-
-
-def _shutdown_runtime(timeout: float) -> None:
-    _core.get_runtime().shutdown(timeout=timeout)
-
-
-# name: what calls it
-_features.provide("rdma.buffer", _rdma_buffer)          # transport.bulk, transport.cuda_tensors
-_features.provide("rdma.read_ipc", _rdma_read_ipc)      # transport.cuda_tensors
-_features.provide("rdma.close_ipc", _rdma_close_ipc)    # transport.cuda_tensors
-_features.provide("debugging.install_in_controller", _install_debugger_in_controller)  # _core
-_features.provide("debugging.install_in_proc", _install_debugger_in_proc)  # proc.main
-_features.provide("debugging.spawn_env", _debugging_spawn_env)  # _meshes: spawn_procs
-_features.provide("admin.start", _start_admin_endpoint)  # _core, the first mesh
-_features.provide("tensor.activate", _tensor_activate)  # _meshes: ProcMesh.activate()
-_features.provide("tensor.rref", _tensor_rref)          # _meshes: endpoint.rref()
-_features.provide("this_proc", this_proc)               # actor: context().actor_instance.proc
-_features.provide("runtime.shutdown", _shutdown_runtime)  # supervision: fail fast
-_features.provide("stacks.of_proc", _stacks_of_proc)    # admin: py_spy_stack
-# the user may replace `runtime.unhandled_fault_hook` (below): read it at each failure
-_features.provide("unhandled_fault_hook", lambda: globals().get("unhandled_fault_hook"))  # _core
 
 
 #: Monarch's name for what `context()` returns.

@@ -4,7 +4,7 @@ User code subclasses `Actor` and marks methods with `@endpoint`. Inside an actor
 `current_rank()`, `current_size()` and `context()` describe where it runs.
 
 Layer 5 (on the core): imports `runtime._core` and the basics; `context().proc`
-reaches `this_proc()` (in `_meshes`, above) through `runtime._features`.
+reaches `this_proc()` (in `_meshes`, above) through `runtime._base.features`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar, overload
 
-from . import _context, _features
+from ._base import context as _context, features as _features
 from .shapes import Point, Shape
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -291,7 +291,7 @@ class ActorContext:
         return _qualified_name(self)
 
 
-# The running actor's context is a thread-local of runtime._context (the bottom layer), so
+# The running actor's context is a thread-local of runtime._base.context (the bottom layer), so
 # that logs and rdma can read it without importing this module.
 _set_context = _context.set_context
 _get_context = _context.get_context
@@ -304,7 +304,7 @@ def context() -> ActorContext:
         return ctx
     import os
 
-    from ._process import hostname
+    from ._base.process import hostname
     from ._core import get_runtime
 
     rt = get_runtime()

@@ -27,7 +27,7 @@ import threading
 from typing import Any, Callable, Iterable, Optional
 
 from . import timeline
-from ._context import get_context
+from ._base.context import get_context
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 log = logging.getLogger("runtime.telemetry")

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Optional
 
 import msgspec
 
-from ._context import get_context
+from ._base.context import get_context
 from .config import config
 
 Record = tuple  # (start_ns, end_ns, kind, name, actor, rank, failed)

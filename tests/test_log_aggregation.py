@@ -1,7 +1,7 @@
-"""The pure aggregation of proc output lines (runtime.log_aggregation)."""
+"""The pure aggregation of proc output lines (runtime.logs.aggregation)."""
 from __future__ import annotations
 
-from runtime.log_aggregation import Aggregator, edit_distance, format_ranks, similar
+from runtime.logs.aggregation import Aggregator, edit_distance, format_ranks, similar
 
 
 def test_edit_distance_and_similarity():

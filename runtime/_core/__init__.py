@@ -3,7 +3,7 @@
 Nothing outside `runtime` imports this package; the facade is `runtime/__init__.py`.
 
 Layer 4 (core): imports the basics and `runtime.transport`; the debugger and the
-admin endpoint, above it, are started through `runtime._features`.
+admin endpoint, above it, are started through `runtime._base.features`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:
     from ..future import Future
 
-from .. import _features
+from .._base import features as _features
 from .records import ActorMeshRecord, AgentRecord, ProcRecord
 from .runtime import Runtime
 

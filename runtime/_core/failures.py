@@ -137,7 +137,7 @@ class Failures:
             self.mark_dead(proc_id, None)
             self.retire(proc_id)
         else:
-            from .._process import describe_status
+            from .._base.process import describe_status
 
             self.proc_failed(proc_id, f"process {describe_status(code, sig)}", code=code,
                              sig=sig)

@@ -11,7 +11,7 @@ import signal
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from .._process import describe_status
+from .._base.process import describe_status
 from ..config import config
 from ..errors import SupervisionError
 from ..supervision.health import ActorState, ProcStats

@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import logs
-from ..log_aggregation import Aggregator
+from ..logs.aggregation import Aggregator
 from ..transport.framing import Header
 
 if TYPE_CHECKING:

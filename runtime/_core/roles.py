@@ -11,7 +11,7 @@ import os
 import threading
 from typing import Any, Callable, Optional
 
-from .. import _features
+from .._base import features as _features
 from ..supervision import MeshFailure
 
 log = logging.getLogger("runtime")

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
-from .._process import hostname
+from .._base.process import hostname
 from ..config import config
 from ..future import Future
 from ..supervision.health import HealthModel

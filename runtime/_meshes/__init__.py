@@ -3,7 +3,7 @@
 User objects ask the runtime's state table and submit changes to it; they never write it.
 
 Layer 7 (the user API): may import every layer below (host, proc, actor, channel,
-admin, _core, transport, basics); the tensor engine, above it, through `runtime._features`.
+admin, _core, transport, basics); the tensor engine, above it, through `runtime._base.features`.
 """
 
 from .actor_mesh import ActorMesh

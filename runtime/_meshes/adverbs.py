@@ -12,7 +12,7 @@ import inspect
 import sys
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from .. import _features
+from .._base import features as _features
 from ..errors import MeshStoppedError, SupervisionError, actor_failed_message
 from ..future import Future
 from ..shapes import Shape

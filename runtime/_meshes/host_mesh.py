@@ -13,7 +13,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .. import _features
+from .._base import features as _features
 from .._core import AgentRecord, ProcRecord, Runtime, get_runtime
 from ..config import TOKEN_ENV, config
 from ..errors import MeshStoppedError

@@ -12,7 +12,7 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generator, Optional
 
-from .. import _features
+from .._base import features as _features
 from .._core import ActorMeshRecord, ProcRecord, Runtime
 from ..actor import (Actor, _get_context, creator_record, endpoints_of, methods_of,
                      plain_signature, qualified_class)

@@ -9,7 +9,7 @@ port, over the authenticated connection already open; no daemon, no port, no rsy
 3. the missing contents go in batches (at most 4 in flight per host), each acknowledged
    (progress per host), then a commit makes the new tree appear at once on that host;
 4. with `auto_reload`, every live proc on those hosts reloads the changed modules between
-   messages (`runtime._reload`), and actor meshes whose class changed learn its endpoints.
+   messages (`runtime.proc._reload`), and actor meshes whose class changed learn its endpoints.
 Hosts sync in parallel, one thread each; every wait is bounded by `workspace_timeout`, and
 a host agent that dies fails its host's sync at once (the port waits on the agent).
 """

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from runtime import _features
+from runtime._base import features as _features
 from runtime.admin.codec import encode_snapshot
 from runtime.admin.connection import (ConnectionInfo, remove_connection_file,
                                       write_connection_file)

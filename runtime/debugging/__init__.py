@@ -6,7 +6,7 @@ Controller side: `install_in_controller(rt)` keeps the registry of paused actors
 the prompt in the thread waiting on a call (`Future.get()`).
 
 Layer 8 (a feature): may import every layer up to `proc` (proc, admin, _core,
-transport, basics); nothing below imports it: it is installed through `runtime._features`.
+transport, basics); nothing below imports it: it is installed through `runtime._base.features`.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from .protocol import RELEASE_COMMAND, BreakpointWithoutDebugger
 log = logging.getLogger("runtime.debugging")
 
 #: modules whose frames pdb steps over (the runtime's own plumbing)
-SKIP = ["runtime.proc", "runtime._actor_instance", "runtime._proc_server", "runtime.debugging.*",
+SKIP = ["runtime.proc", "runtime.proc.*", "runtime.debugging.*",
         "runtime._core.*", "runtime._meshes.*", "runtime.future", "threading", "asyncio.*", "concurrent.*", "queue"]
 
 ACK_TIMEOUT = 5.0  # seconds to wait for the controller to acknowledge a breakpoint

@@ -23,7 +23,7 @@ import os
 import signal
 from typing import Optional
 
-from .. import _process
+from .._base import process as _process
 from ..config import TOKEN_ENV
 
 

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from .. import _process
+from .._base import process as _process
 from ..transport import framing
 from ..transport.framing import Header, Kind
 from .gather import ReplyGather

@@ -5,7 +5,7 @@ the run directory). Each sync builds a complete new generation `gen-N/` (hard li
 unchanged files of the previous one, the new contents written aside in `incoming/` first,
 then linked), writes its manifest, and switches the `current` link to it with one
 rename: procs see every file of a sync at once, and files the sync deleted are gone.
-Procs import from `current/<name>` (`runtime._reload`). A new generation starts without
+Procs import from `current/<name>` (`runtime.proc._reload`). A new generation starts without
 `__pycache__`, so no stale bytecode survives an edit that kept size and mtime.
 
 Protocol (Kind.WORKSPACE, answered with a REPLY on the caller's port, in order, by one

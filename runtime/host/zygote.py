@@ -13,7 +13,7 @@ import select
 import signal
 import socket
 
-from .. import _process
+from .._base import process as _process
 
 
 #: set by spawn_procs in the env of procs: how many procs of the mesh share this host

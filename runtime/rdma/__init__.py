@@ -4,7 +4,7 @@ Bulk bytes never travel over control messages: each process that exports a buffe
 small data server on its own thread and sockets.
 
 Layer 3 (the data plane): imports the basics and `runtime.transport` (its data sockets'
-accept loop) only. The transport, below it, reaches it through `runtime._features`
+accept loop) only. The transport, below it, reaches it through `runtime._base.features`
 ("rdma.buffer", "rdma.read_ipc", "rdma.close_ipc", wired in `runtime/__init__.py`).
 """
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 from ..config import config
-from .._context import get_context
+from .._base.context import get_context
 from ..future import Future
 from . import client, ibverbs
 from .errors import RDMASizeError

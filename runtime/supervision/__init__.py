@@ -2,7 +2,7 @@
 handles one (`unhandled_fault_hook`).
 
 Layer 1 (basics): imports only other basics (`config`, `_process`, `_features`); the
-fail-fast shutdown reaches the core through `runtime._features`.
+fail-fast shutdown reaches the core through `runtime._base.features`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .. import _features
+from .._base import features as _features
 from ..config import config
 from .health import ActorHealth, ActorState, HealthEvent, HealthModel, MeshHealth, ProcStats
 
@@ -95,7 +95,7 @@ class MeshFailure:
         if self.host or self.pid:
             lines.append(f"  host {self.host}, pid {self.pid}, proc {self.proc_id}")
         if self.signal:
-            from .._process import describe_status
+            from .._base.process import describe_status
 
             lines.append(f"  {describe_status(None, self.signal)}")
         return lines

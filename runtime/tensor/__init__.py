@@ -7,7 +7,7 @@ Public: `Tensor`, `activate`, `get_active_mesh`, `no_mesh`, `fetch_shard`, `insp
 `Remote`, `call_on_shard_and_fetch`; `grad_generator`; `Stream`, `get_active_stream`, `coalescing`. See docs/tensors.md.
 
 Layer 8 (a feature): may import every layer below (`_meshes`, proc, actor, rdma,
-transport, basics); `ProcMesh.activate()` and `.rref()` reach it through `runtime._features`.
+transport, basics); `ProcMesh.activate()` and `.rref()` reach it through `runtime._base.features`.
 """
 
 from ._coalescing import coalescing

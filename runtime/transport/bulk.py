@@ -21,7 +21,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
 
-from .. import _features
+from .._base import features as _features
 
 MAGIC = b"\x00MNBULK1"  # no pickle starts with a zero byte
 READ_TIMEOUT = 600.0

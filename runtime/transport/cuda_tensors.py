@@ -17,7 +17,7 @@ import threading
 import warnings
 from typing import Any, Iterator, Optional
 
-from .. import _features
+from .._base import features as _features
 from ..config import config
 
 _tls = threading.local()
@@ -157,7 +157,7 @@ def _rebuild_shared(buf: Any, release_on_pull: bool, dtype: str, shape: tuple,
     import torch
 
     out = torch.empty(buf.size(), dtype=torch.uint8, device=device)
-    try:  # the data plane (rdma) is above the transport: reached through runtime._features
+    try:  # the data plane (rdma) is above the transport: reached through runtime._base.features
         _features.call("rdma.read_ipc", buf, out, IPC_TIMEOUT)
     finally:
         if release_on_pull:

@@ -4,7 +4,7 @@ inspecting against a namespace (what a proc's CellCompleter runs), no procs need
 from __future__ import annotations
 
 from monarch_kernel.completion import split_mesh_cell
-from monarch_kernel.remote_complete import complete_in, inspect_in
+from monarch_kernel.remote.complete import complete_in, inspect_in
 
 
 class Sneaky:

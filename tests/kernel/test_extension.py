@@ -82,7 +82,7 @@ def test_cell_timeout_interrupts_the_remote_cell(ip):
 
 
 def test_unpicklable_values_come_back_as_their_repr(ip):
-    from monarch_kernel.cell_exec import Unpicklable
+    from monarch_kernel.remote.cell_exec import Unpicklable
 
     vm = ip.run_cell_magic("mesh", "ext", "import threading\nthreading.Lock()")
     values = list(vm.values())

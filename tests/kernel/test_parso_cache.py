@@ -17,7 +17,7 @@ import sys
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.completer import provisionalcompleter
 if sys.argv[1] == "harden":
-    from monarch_kernel.parso_cache import harden
+    from monarch_kernel.remote.parso_cache import harden
     assert harden()
 sh = InteractiveShell.instance()
 with provisionalcompleter():

@@ -4,7 +4,7 @@ import asyncio
 import pickle
 import threading
 
-from monarch_kernel.cell_exec import Unpicklable, new_namespace, portable, run_cell
+from monarch_kernel.remote.cell_exec import Unpicklable, new_namespace, portable, run_cell
 from monarch_kernel.folding import MeshCellError, RankFailure, compress_ranks, fold, render
 from monarch_kernel.output import LinePrefixer, OutputRouter
 

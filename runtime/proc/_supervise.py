@@ -21,7 +21,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Optional
 
-from .supervision import MeshFailure
+from ..supervision import MeshFailure
 
 if TYPE_CHECKING:
     from ._actor_instance import ActorInstance

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .config import config
-from .errors import ActorError
-from .transport.framing import Header, extra_get
-from .transport import bulk, cuda_tensors
-from .transport.serialization import dumps, dumps_plain
+from ..config import config
+from ..errors import ActorError
+from ..transport.framing import Header, extra_get
+from ..transport import bulk, cuda_tensors
+from ..transport.serialization import dumps, dumps_plain
 
 
 def reply_extra(h: Header) -> Optional[dict]:

@@ -18,14 +18,15 @@ import time
 import traceback
 from typing import Any
 
-from . import _reload, logs, timeline
+from .. import logs, timeline
+from . import _reload
 from ._actor_instance import STOP, ActorInstance
 from ._replies import reply_extra
-from .config import config
-from .errors import SupervisionError
-from .supervision import MeshFailure
-from .transport.framing import ERROR, OK, Header, Kind, extra_get
-from .transport.serialization import dumps
+from ..config import config
+from ..errors import SupervisionError
+from ..supervision import MeshFailure
+from ..transport.framing import ERROR, OK, Header, Kind, extra_get
+from ..transport.serialization import dumps
 
 log = logging.getLogger("runtime.proc")
 

@@ -2,7 +2,7 @@
 and counters, how it handles a call (arguments, the endpoint, the reply or the error), how
 it fails and stops; and the debugger's hooks into its thread.
 
-Layer 6 (process roles, under `_proc_server`): imports `_endpoints`, `_supervise`,
+Layer 6 (process roles, under `_server`): imports `_endpoints`, `_supervise`,
 `_replies`, actor, _core's basics, transport and the basics.
 """
 
@@ -20,17 +20,19 @@ import traceback
 import types
 from typing import Any, Optional
 
-from . import _context, _endpoints, _supervise, logs, timeline
+from .. import logs, timeline
+from .._base import context as _context
+from . import _endpoints, _supervise
 from ._replies import UnsendableResult, encode_result, reply_extra
-from .actor import (ROOT_ID, ActorContext, CreatorInstance, _message_view, _set_context,
+from ..actor import (ROOT_ID, ActorContext, CreatorInstance, _message_view, _set_context,
                     endpoints_of, root_creator)
-from .config import config
-from .errors import ActorError
-from .shapes import Point, Shape
-from .supervision import MeshFailure
-from .transport.framing import ERROR, OK, Header, Kind, extra_get
-from .transport import cuda_tensors
-from .transport.serialization import dumps, loads
+from ..config import config
+from ..errors import ActorError
+from ..shapes import Point, Shape
+from ..supervision import MeshFailure
+from ..transport.framing import ERROR, OK, Header, Kind, extra_get
+from ..transport import cuda_tensors
+from ..transport.serialization import dumps, loads
 
 log = logging.getLogger("runtime.proc")
 

@@ -70,7 +70,7 @@ def _jedi_items(snap: dict, code: str, offset: int) -> list[tuple[int, str, str,
     import jedi
     from IPython.core.completer import position_to_cursor
 
-    from monarch_kernel.parso_cache import harden
+    from monarch_kernel.remote.parso_cache import harden
 
     harden()  # several procs of a host write jedi's parso cache at once
     jedi.settings.allow_unsafe_interpreter_executions = False  # no properties, no getitem
@@ -209,7 +209,7 @@ class CellCompleter(Actor):
         threading.Thread(target=_warm, name="mesh-complete-warm", daemon=True).start()
 
     def _ns(self) -> dict:
-        from monarch_kernel.cell_runner import namespace_of
+        from monarch_kernel.remote.cell_runner import namespace_of
 
         return namespace_of(self.key)
 

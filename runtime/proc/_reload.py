@@ -29,10 +29,10 @@ import time
 import traceback
 from typing import Any, Optional
 
-from .actor import endpoints_of, methods_of
-from .transport import serialization
-from .transport.framing import ERROR, OK, Header, Kind
-from .workspace import MANIFEST, module_rel
+from ..actor import endpoints_of, methods_of
+from ..transport import serialization
+from ..transport.framing import ERROR, OK, Header, Kind
+from ..workspace import MANIFEST, module_rel
 
 log = logging.getLogger("runtime.reload")
 #: rel -> sha256 of the workspace files this proc's modules were last reconciled with

@@ -1,11 +1,11 @@
 """The proc: a process that hosts actors, forked by its host's zygote (`main`). Each actor
 has its own thread, mailbox and asyncio loop and handles one message at a time
 (`_actor_instance`); the I/O thread keeps heartbeats going meanwhile and dispatches actor
-traffic (`_proc_server`); start-up options (`_proc_startup`) apply before the proc says
-hello, and a stand-in for interpreter finalization (`_proc_exit`) runs before it exits.
+traffic (`_server`); start-up options (`_startup`) apply before the proc says
+hello, and a stand-in for interpreter finalization (`_exit`) runs before it exits.
 
-Layer 6 (process roles): imports `_proc_server` and the parts below it; the debugger (above)
-is installed through `runtime._features`.
+Layer 6 (process roles): imports `_server` and the parts below it; the debugger (above)
+is installed through `runtime._base.features`.
 """
 
 from __future__ import annotations
@@ -16,21 +16,23 @@ import os
 import signal
 import sys
 
-from . import _features, _reload, logs, telemetry
+from .. import logs, telemetry
+from .._base import features as _features
+from . import _reload
 from ._actor_instance import (ActorInstance, current_actor, set_call_hook,  # noqa: F401
                               set_error_hook)
-from ._proc_exit import graceful_exit, user_modules  # noqa: F401 - user_modules: public here
-from ._proc_server import ProcServer, add_heartbeat_field, dump_stacks  # noqa: F401
-from ._proc_startup import apply_proc_bind, run_bootstrap
-from .config import config
-from .transport.framing import Header, Kind
+from ._exit import graceful_exit, user_modules  # noqa: F401 - user_modules: public here
+from ._server import ProcServer, add_heartbeat_field, dump_stacks  # noqa: F401
+from ._startup import apply_proc_bind, run_bootstrap
+from ..config import config
+from ..transport.framing import Header, Kind
 
 
 def main(cfg: dict) -> None:
     """Entry point of a forked proc (called by the zygote in the child)."""
-    from ._core import Runtime, set_runtime
-    from ._core.roles import ProcRole
-    from .transport import auth
+    from .._core import Runtime, set_runtime
+    from .._core.roles import ProcRole
+    from ..transport import auth
 
     sys.stdout = logs.TaggedWriter(1, "<stdout>")
     sys.stderr = logs.TaggedWriter(2, "<stderr>")

@@ -14,8 +14,8 @@ import sys
 import threading
 from typing import Callable, Optional
 
-from . import config as _config
-from ._context import get_context
+from .. import config as _config
+from .._base.context import get_context
 
 TAG_START = "\x1b]777;mn:"
 TAG_END = "\x07"

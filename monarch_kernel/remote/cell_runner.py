@@ -8,7 +8,7 @@ from typing import Any
 
 from runtime import Actor, current_rank, current_size, endpoint
 
-from monarch_kernel.cell_exec import CellResult, new_namespace, portable, run_cell
+from monarch_kernel.remote.cell_exec import CellResult, new_namespace, portable, run_cell
 
 #: Written (on its own line, to stdout and stderr) when a cell ends, so the controller
 #: knows every line the cell printed before it has arrived; the router removes it.

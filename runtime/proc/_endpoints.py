@@ -11,9 +11,9 @@ from __future__ import annotations
 import queue
 from typing import TYPE_CHECKING, Any, Optional
 
-from .actor import EndpointDef
-from .channel import Port
-from .errors import SupervisionError, actor_failed_message
+from ..actor import EndpointDef
+from ..channel import Port
+from ..errors import SupervisionError, actor_failed_message
 
 if TYPE_CHECKING:
     import asyncio

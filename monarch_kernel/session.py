@@ -1,0 +1,115 @@
+"""The kernel's session: the one `NotebookSession` of this process (the output router, the
+jobs the magics started, the active mesh) and `running_runtime()`.
+
+A leaf of monarch_kernel: the loader (`extension`), the magics and completion read the
+session here; none of them imports another to find it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Optional
+
+from monarch_kernel.output import OutputRouter, kernel_writer
+
+__all__ = ["NotebookSession", "current", "lock", "running_runtime", "set_current"]
+
+#: held while the loader installs or removes the session
+lock = threading.Lock()
+_current: Optional["NotebookSession"] = None
+
+
+def current() -> Optional["NotebookSession"]:
+    """This process's session, or None (the magics are not loaded)."""
+    return _current
+
+
+def set_current(sess: Optional["NotebookSession"]) -> Optional["NotebookSession"]:
+    """Make `sess` this process's session (the loader, under `lock`); returns the old one."""
+    global _current
+    old, _current = _current, sess
+    return old
+
+
+class NotebookSession:
+    """The kernel-side state of the notebook controller."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.router = OutputRouter(kernel_writer())
+        self.sink_rt: Any = None  # the runtime our sink is installed on
+        self.magics: Any = None
+        self.jobs: dict[int, tuple[Any, Any]] = {}  # id(ProcMesh) -> (ProcMesh, Job)
+        self.active_mesh: Any = None  # %mesh activate: (variable, ProcMesh, context, thread)
+
+    def kill_jobs(self) -> None:
+        """End every job `%mesh alloc --job` started (cancels cluster allocations)."""
+        jobs, self.jobs = list(self.jobs.values()), {}
+        for _, job in jobs:
+            try:
+                job.kill()
+            except Exception as e:  # the others must still end
+                print(f"monarch_kernel: ending a {job.kind} job failed: {e}", file=sys.__stderr__)
+
+    # -- cell tracking ---------------------------------------------------------------
+    def current_parent(self) -> Optional[dict]:
+        """The parent message of the running cell (None outside a kernel)."""
+        get_parent = getattr(self.shell, "get_parent", None)
+        if get_parent is None:
+            return None
+        try:
+            parent = get_parent()
+        except Exception:
+            return None
+        return parent or None
+
+    def pre_run_cell(self, info: Any = None) -> None:
+        self.router.set_target(self.current_parent())
+        self._adopt_runtime()
+
+    def post_run_cell(self, result: Any = None) -> None:
+        self._adopt_runtime()
+        rt = self.sink_rt
+        if rt is not None and running_runtime() is rt and rt.meshes():
+            self.router.settle()  # a short grace for remote output still on its way
+            rt.flush_output()  # lines held by logging_option(aggregate_window_sec=...)
+        self.router.flush()
+
+    def _adopt_runtime(self) -> None:
+        """Route output of a runtime that plain code (not a magic) started."""
+        rt = running_runtime()
+        if rt is not None and rt is not self.sink_rt:
+            self.install_sink()
+
+    def on_runtime_start(self, rt: Any) -> None:
+        """Start-up hook: route the new runtime's remote output here at once."""
+        if _current is self and rt is not self.sink_rt:
+            rt.set_output_sink(self.router)
+            self.sink_rt = rt
+
+    # -- the runtime's output sink -----------------------------------------------------
+    def install_sink(self) -> None:
+        """Make the runtime send remote output here (idempotent; starts the runtime)."""
+        from runtime import get_runtime
+
+        rt = get_runtime()
+        if rt is not self.sink_rt:
+            rt.set_output_sink(self.router)
+            self.sink_rt = rt
+
+    def remove_sink(self) -> None:
+        rt, self.sink_rt = self.sink_rt, None
+        if rt is not None:
+            try:
+                rt.set_output_sink(None)
+            except Exception:
+                pass
+
+
+def running_runtime() -> Any:
+    """The runtime if this process started one, else None (never starts it, nor imports
+    the runtime package)."""
+    mod = sys.modules.get("runtime")
+    current = getattr(mod, "current_runtime", None)
+    return current() if current is not None else None
