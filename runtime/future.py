@@ -6,10 +6,14 @@ any asyncio loop, including one already running in the calling thread (a noteboo
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import itertools
+import os
 import threading
 import time
-from typing import Any, Callable, Coroutine, Generator, Generic, Optional, TypeVar
+from typing import (Any, Callable, Coroutine, Generator, Generic, Iterator, Optional,
+                    TypeVar)
 
 R = TypeVar("R")
 
@@ -81,13 +85,12 @@ class Future(Generic[R]):
                 except RuntimeError:  # released already
                     pass
             callbacks, self._callbacks = self._callbacks, None
-        for cb in callbacks or ():
-            try:
-                cb(self)
-            except Exception:  # a callback's failure must not break the I/O thread
-                import logging
-
-                logging.getLogger("runtime").exception("future callback failed")
+        if callbacks:
+            inline = [cb for cb in callbacks if isinstance(cb, _Inline)]
+            for cb in inline:
+                _run_callback(cb.fn, self)
+            if len(inline) < len(callbacks):
+                _callbacks.submit(self, [cb for cb in callbacks if not isinstance(cb, _Inline)])
         return True
 
     def set_result(self, value: R) -> bool:
@@ -111,15 +114,23 @@ class Future(Generic[R]):
         return self.get(timeout)
 
     def add_done_callback(self, fn: Callable[["Future[R]"], None]) -> None:
-        """Call `fn(self)` once resolved (at once if already resolved), on the resolving thread."""
+        """Call `fn(self)` once resolved, on the runtime's callback thread (never on the I/O
+        thread, which must keep reading: a callback may block, print or wait on another
+        call). A future's callbacks run in the order added; at once, on this thread, if it
+        is resolved already."""
+        if not self._add_callback(fn):
+            fn(self)
+
+    def _add_callback(self, fn: Callable) -> bool:
+        """Keep `fn` for the resolution; False (kept nowhere) if resolved already."""
         with self._lock:
-            if not self._flag:
-                if self._callbacks is None:
-                    self._callbacks = [fn]
-                else:
-                    self._callbacks.append(fn)
-                return
-        fn(self)
+            if self._flag:
+                return False
+            if self._callbacks is None:
+                self._callbacks = [fn]
+            else:
+                self._callbacks.append(fn)
+            return True
 
     @property
     def interrupt_hook(self) -> Optional[Callable[[], None]]:
@@ -156,7 +167,12 @@ class Future(Generic[R]):
                     if step <= 0:
                         raise TimeoutError(
                             f"{self._label or 'future'} not resolved within {timeout:g} s")
-                if self._wait_flag(step):
+                if _callbacks.on_worker():
+                    with _callbacks.blocked():  # another worker takes the queue meanwhile
+                        done = self._wait_flag(step)
+                else:
+                    done = self._wait_flag(step)
+                if done:
                     return
                 for hook in list(_wait_hooks):
                     hook(self)
@@ -294,7 +310,7 @@ class Future(Generic[R]):
                 except RuntimeError:  # loop closed meanwhile
                     pass
 
-            self.add_done_callback(wake)
+            on_resolve(self, wake)  # wakes the loop only: cheap, on the resolving thread
             try:
                 yield from waiter.__await__()
             except asyncio.CancelledError:
@@ -360,7 +376,7 @@ collections.abc.Coroutine.register(_Completed)
 
 def when_all(futures: "list[Future[Any]]", fn: "Callable[[], None]") -> None:
     """Call `fn()` once every one of `futures` has resolved (at once if there are none),
-    on the thread that resolves the last one."""
+    on the thread that resolves the last one: runtime code only, as `on_resolve`."""
     if not futures:
         fn()
         return
@@ -375,4 +391,115 @@ def when_all(futures: "list[Future[Any]]", fn: "Callable[[], None]") -> None:
             fn()
 
     for f in futures:
-        f.add_done_callback(one_done)
+        on_resolve(f, one_done)
+
+
+# -- callbacks ----------------------------------------------------------------------------
+# The I/O thread resolves most futures; it must never run the user's code (a callback that
+# sleeps, prints to a paused pipe or waits on another call would stop every read,
+# heartbeat and reply of the process). `add_done_callback` hands callbacks to worker
+# threads; `on_resolve` is the runtime's own way to run a short, non-blocking function on
+# the resolving thread.
+
+
+class _Inline:
+    """A callback marked to run on the resolving thread (`on_resolve`)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+
+
+def on_resolve(fut: Future, fn: Callable[[Future], None]) -> None:
+    """Runtime-internal: call `fn(fut)` on the thread that resolves `fut` (at once if it is
+    resolved). `fn` must be short and never block: it may run on the I/O thread."""
+    if not fut._add_callback(_Inline(fn)):
+        _run_callback(fn, fut)
+
+
+def _run_callback(fn: Callable, fut: Future) -> None:
+    try:
+        fn(fut)
+    except Exception:  # one callback's failure stops neither the others nor the thread
+        import logging
+
+        logging.getLogger("runtime").exception("future callback %r failed", fn)
+
+
+class _CallbackWorkers:
+    """Threads that run futures' callbacks, in the order the futures resolved.
+
+    One worker runs them; a callback that waits on a future (`get()` inside a callback)
+    counts as blocked, and if work is queued and every worker is blocked another one starts
+    (up to MAX_WORKERS), so a callback that waits on something another callback resolves
+    still ends. The queue holds one entry per resolved future with callbacks: it is bounded
+    by the calls the program has made. Workers beyond the first leave after IDLE_S idle."""
+
+    MAX_WORKERS = 32
+    IDLE_S = 5.0
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition(threading.Lock())
+        self._queue: "collections.deque[tuple[Future, list]]" = collections.deque()
+        self._workers = 0  # alive
+        self._idle = 0     # waiting for work
+        self._blocked = 0  # inside a callback, waiting on a future
+        self._local = threading.local()
+
+    def submit(self, fut: Future, callbacks: list) -> None:
+        """Queue `callbacks` of the resolved `fut` (any thread; never blocks)."""
+        with self._cv:
+            self._queue.append((fut, callbacks))
+            if self._idle:
+                self._cv.notify()
+            else:
+                self._grow()
+
+    def _grow(self) -> None:
+        """Start a worker if none is free to take the queue (lock held)."""
+        if self._workers - self._blocked - self._idle <= 0 and self._workers < self.MAX_WORKERS:
+            self._workers += 1
+            threading.Thread(target=self._work, name="runtime-callbacks", daemon=True).start()
+
+    def on_worker(self) -> bool:
+        """Whether the calling thread is one of these workers."""
+        return getattr(self._local, "worker", False)
+
+    @contextlib.contextmanager
+    def blocked(self) -> Iterator[None]:
+        """The calling worker waits on a future: let another take the queue."""
+        with self._cv:
+            self._blocked += 1
+            if self._queue and not self._idle:
+                self._grow()
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._blocked -= 1
+
+    def _work(self) -> None:
+        self._local.worker = True
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._idle += 1
+                    woke = self._cv.wait(self.IDLE_S)
+                    self._idle -= 1
+                    if not woke and not self._queue and self._workers > 1:
+                        self._workers -= 1
+                        return
+                fut, callbacks = self._queue.popleft()
+            for fn in callbacks:
+                _run_callback(fn, fut)
+
+    def _after_fork(self) -> None:
+        """In a forked child: no worker thread came along."""
+        self._cv = threading.Condition(threading.Lock())
+        self._queue.clear()
+        self._workers = self._idle = self._blocked = 0
+
+
+_callbacks = _CallbackWorkers()
+os.register_at_fork(after_in_child=_callbacks._after_fork)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -57,6 +58,9 @@ class Failures:
         rt.loop.drain_from(proc_id)  # what it sent before it died counts (docs/transport.md)
         if rec.state in ("failed", "stopped"):  # its stream said so meanwhile
             return
+        if kill and time.monotonic() - max(rec.last_seen, rt.loop.last_heard(proc_id)) \
+                <= config.heartbeat_timeout:
+            return  # failed for silence, but its stream had more: alive after all
         rec.state = "failed"
         if kill and rec.agent is not None and rec.agent.alive:
             rt.send(rec.agent.address, Header(Kind.KILL_PROCS, extra={

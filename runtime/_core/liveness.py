@@ -140,9 +140,15 @@ class Liveness:
 
     # -- checks -------------------------------------------------------------------------------
     def check(self) -> None:
+        """Fail what has been silent past `heartbeat_timeout` (I/O thread). Silence is judged
+        on what has come: if anything looks silent, everything waiting in this process's
+        connections is read first (the I/O thread may have been busy), and only a peer from
+        which nothing at all came meanwhile (no message, no byte of one) is failed."""
         rt = self.rt
         now = time.monotonic()
         timeout = config.heartbeat_timeout
+        if self._any_silent(now, timeout):
+            rt.loop.read_pending()
         self._check_peers(now)
         cut_off: set = set()  # agents behind a gateway cut off within its lease
         for agent in list(rt.state.agents.values()):
@@ -152,7 +158,7 @@ class Liveness:
             if agent.popen is not None and agent.popen.poll() is not None:
                 code, sig = split_status(agent.popen.returncode)
                 cause = f"host agent {describe_status(code, sig)}"
-            elif agent.remote and now - agent.last_seen > timeout:
+            elif agent.remote and now - self._heard(agent.agent_id, agent.last_seen) > timeout:
                 cause = f"host {agent.host} unreachable (no heartbeat for {timeout:g} s)"
                 link = rt.messenger.gateway_of(agent.address)
                 if link is not None and 2 * config.heartbeat_interval < link.silent_for(now) \
@@ -180,10 +186,23 @@ class Liveness:
                     rt.state.drop_agent(agent)
                     rt.loop.forget_peer(agent.address)
         for rec in list(rt.state.procs.values()):
-            if rec.state == "running" and now - rec.last_seen > timeout and not rec.stopping \
-                    and not self._behind_silent_gateway(rec, now, cut_off):
+            if rec.state == "running" and now - self._heard(rec.proc_id, rec.last_seen) > timeout \
+                    and not rec.stopping and not self._behind_silent_gateway(rec, now, cut_off):
                 rt.failures.proc_failed(
                     rec.proc_id, f"proc unresponsive (no heartbeat for {timeout:g} s)", kill=True)
+
+    def _heard(self, peer_id: str, last_seen: float) -> float:
+        """When anything last came from a peer: a message (`last_seen`, stamped at dispatch)
+        or bytes on its stream (a large message still arriving)."""
+        return max(last_seen, self.rt.loop.last_heard(peer_id))
+
+    def _any_silent(self, now: float, timeout: float) -> bool:
+        """Whether an agent or proc looks silent past `timeout` (before reading what waits)."""
+        state = self.rt.state
+        return any(a.alive and a.remote and now - a.last_seen > timeout
+                   for a in state.agents.values()) or \
+            any(r.state == "running" and not r.stopping and now - r.last_seen > timeout
+                for r in state.procs.values())
 
     def _behind_silent_gateway(self, rec: Any, now: float, cut_off: set) -> bool:
         """A proc's silence is its gateway's (decided per host, above), not its own."""

@@ -1,5 +1,7 @@
 """Proc output arriving at the controller: kept in the proc's record, streamed to the output
-sink line by line or aggregated over a window (`ProcMesh.logging_option`). I/O thread only."""
+sink line by line or aggregated over a window (`ProcMesh.logging_option`). I/O thread only;
+the sink (a notebook, a terminal) is called by a writer thread (`logs.OutputWriter`), so a
+terminal that stops reading never stops the I/O thread."""
 from __future__ import annotations
 
 import time
@@ -19,6 +21,7 @@ class ProcOutput:
     def __init__(self, rt: "Runtime") -> None:
         self.rt = rt
         self.aggregator = Aggregator()
+        self.writer = logs.OutputWriter()
 
     def on_log(self, h: Header, body: Any, buffers: list) -> None:
         e = h.extra or {}
@@ -28,7 +31,7 @@ class ProcOutput:
         text = bytes(body).decode("utf-8", "replace")
         rec = self.rt.state.proc(proc_id)
         if rec is None:
-            logs.emit(self.rt.output_sink, label or proc_id, stream, text)
+            self.writer.put(self.rt.output_sink, label or proc_id, stream, text)
             return
         label = label or rec.mesh
         lines = [ln for ln in text.splitlines() if not ln.startswith(logs.CONTROL_MARK)]
@@ -43,7 +46,7 @@ class ProcOutput:
         prefix = f"{label} {rec.rank}"
         if rec.agent is not None and rec.agent.remote:
             prefix = f"{label} {rec.rank}@{rec.host}"
-        logs.emit(self.rt.output_sink, prefix, stream, text)
+        self.writer.put(self.rt.output_sink, prefix, stream, text)
 
     def _aggregate(self, label: str, stream: str, rank: int, text: str, window: float) -> None:
         now = time.monotonic()
@@ -52,7 +55,7 @@ class ProcOutput:
                 # a front-end's mark (e.g. the end of a notebook cell): what came before it
                 # is delivered before it
                 self.flush(label)
-                logs.emit(self.rt.output_sink, f"{label} {rank}", stream, line + "\n")
+                self.writer.put(self.rt.output_sink, f"{label} {rank}", stream, line + "\n")
             elif self.aggregator.add(label, stream, rank, line, now, window):
                 self.rt.loop.call_later(window, self._flush_due)
 
@@ -68,4 +71,4 @@ class ProcOutput:
 
     def _emit(self, items: list[tuple[str, str, str]]) -> None:
         for prefix, stream, text in items:
-            logs.emit(self.rt.output_sink, prefix, stream, text)
+            self.writer.put(self.rt.output_sink, prefix, stream, text)

@@ -148,6 +148,9 @@ class Runtime:
         self._handlers[int(kind)] = fn
 
     def _dispatch(self, h: Header, body: Any, buffers: list) -> None:
+        rec = dict.get(self.state.procs, h.src)
+        if rec is not None:  # any message is a sign of life, not only a heartbeat
+            rec.last_seen = time.monotonic()
         fn = self._handlers.get(h.kind)
         if fn is None:
             log.warning("%s: unexpected message kind %s from %s; dropped", self.proc_id,
@@ -190,14 +193,17 @@ class Runtime:
         self.output_sink = fn
 
     def flush_output(self, timeout: float = 1.0) -> None:
-        """Deliver the proc output held for aggregation now (`ProcMesh.logging_option`);
+        """Deliver the proc output held for aggregation now (`ProcMesh.logging_option`) and
+        wait (up to `timeout`) until the output sink has taken everything received so far;
         the notebook kernel calls it when a cell ends."""
         if self._closed:
             return
+        deadline = time.monotonic() + timeout
         try:
             self.loop.run_sync(self.output.flush, timeout=timeout)
         except TimeoutError:
             pass
+        self.output.writer.drain(max(0.0, deadline - time.monotonic()))
 
     def output_tail(self, proc_id: str, n: int = 100) -> list[str]:
         rec = self.state.proc(proc_id)
@@ -322,6 +328,7 @@ class Runtime:
                 except subprocess.TimeoutExpired:
                     pass
         self.loop.stop()
+        self.output.writer.close(timeout=1.0)
         if self._own_rundir:
             from .. import rundir as rundirs
 

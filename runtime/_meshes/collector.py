@@ -103,8 +103,14 @@ class ReplyCollector:
                    port=port, extra=self.extra)
         body, bufs = self.body, self.bufs
         self.body = self.bufs = None
-        rt.messenger.cast(targets, h, body, tuple(bufs),
-                          gather=self.mode == "call" and self._gatherable())
+        try:
+            rt.messenger.cast(targets, h, body, tuple(bufs),
+                              gather=self.mode == "call" and self._gatherable())
+        except BaseException:  # not sent: raised at the call site, and nothing kept for it
+            for r in ranks:
+                inflight[r] -= 1
+            rt.close_port(port)
+            raise
 
     def _gatherable(self) -> bool:
         """Whether host agents may gather the replies (runtime/host/gather.py): for call()

@@ -249,7 +249,7 @@ class ProcMesh(MeshTrait):
                 for m in [m for m in rt.state.actor_meshes.all_values()
                           if set(m.proc_ids) <= ids]:
                     rt.health.remove_mesh(m.health_name)
-                fut.set_result(None)
+                rt.output.writer.when_drained(lambda: fut.set_result(None))  # printed, too
                 return
             if time.monotonic() > deadline:
                 for p in pending:

@@ -63,6 +63,11 @@ _SETTINGS: tuple[Setting, ...] = (
        "(.log -> .log.1 -> ...).", live=True, minimum=1),
     _s("log_file_backups", "int", 2, "Rotated files kept per proc besides the current one "
        "(0: the file is emptied at the cap).", live=True, minimum=0),
+    _s("output_buffer_bytes", "int", 8 << 20, "Forwarded proc output the controller holds "
+       "while its terminal or notebook does not take it (a paused `| less`, a stalled ssh): "
+       "a writer thread prints it, never the I/O thread; past this many bytes further lines "
+       "are dropped and counted, and a line says how many once printing resumes (the proc "
+       "log files keep everything).", live=True, minimum=1),
     _s("timeline_records", "int", 10000, "Endpoint calls and spans each process keeps for "
        "%mesh timeline and runtime.read_timeline (a ring: the oldest is dropped; about 150 "
        "bytes each; 0 records nothing).", minimum=0),

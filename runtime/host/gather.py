@@ -6,7 +6,9 @@ cast to 1,024 actors on 16 hosts costs it 16 messages instead of 1,024. Only `ca
 gathers: its future resolves when every rank has answered, so holding the early replies
 delays nothing. The agent sends a batch when every proc of the call has answered or exited,
 and at once when a reply is an error (the call fails fast on it); later replies of that
-call follow as they come. Runs on the agent's I/O thread.
+call follow as they come. A batch is sent early, too, rather than grow past a message's
+frame count or the size limit (`max_message_bytes`): it splits, never fails. Runs on the
+agent's I/O thread.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable
 
+from ..config import config
 from ..transport import framing
 from ..transport.framing import Header
 
 
 class _Batch:
-    __slots__ = ("reply", "port", "waiting", "items", "bodies", "buffers", "failed")
+    __slots__ = ("reply", "port", "waiting", "items", "bodies", "buffers", "size", "failed")
 
     def __init__(self, reply: str, port: int, procs: list[str]) -> None:
         self.reply = reply
@@ -28,6 +31,7 @@ class _Batch:
         self.items: list = []
         self.bodies: list = []
         self.buffers: list = []
+        self.size = 0  # bytes of the bodies and buffers held
         self.failed = False  # an error went out: the rest is sent as it comes
 
 
@@ -59,6 +63,11 @@ class ReplyGather:
         if b is None or h.src not in b.waiting:
             return
         b.waiting.discard(h.src)
+        size = len(body) + sum(framing.nbytes(x) for x in buffers)
+        if b.items and (len(b.buffers) + len(buffers) + 4 > framing.MAX_FRAMES
+                        or b.size + size > config.max_message_bytes):
+            self._flush(gid)  # what is held goes first: a batch stays within the limits
+        b.size += size
         b.items.append([h.src, h.actor, h.rank, h.status, len(body), len(buffers)])
         b.bodies.append(body)
         b.buffers.extend(buffers)
@@ -83,5 +92,5 @@ class ReplyGather:
         if b.items:
             h, body = framing.reply_batch(b.port, b.items, b.bodies)
             self._send(b.reply, framing.build(self._token, h, body, b.buffers))
-        b.items, b.bodies, b.buffers = [], [], []
+        b.items, b.bodies, b.buffers, b.size = [], [], [], 0
 

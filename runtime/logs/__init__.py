@@ -8,6 +8,7 @@ with `[mesh rank]`. The agent splits the stream into labelled lines (`LineSplitt
 
 from __future__ import annotations
 
+import collections
 import io
 import os
 import sys
@@ -48,6 +49,113 @@ def emit(sink: Optional[Sink], prefix: str, stream: str, text: str) -> None:
             out.flush()
         except (ValueError, OSError):
             pass
+
+
+class OutputWriter:
+    """Delivers forwarded output (`emit`) on a thread of its own, so that the thread that
+    receives it (the I/O thread) never waits on a terminal or a notebook.
+
+    `put` never blocks: it queues, in order, up to `config.output_buffer_bytes` of text; past
+    that a line is dropped and counted, and once the writer catches up it delivers one line
+    saying how many were dropped. `drain` waits until everything queued so far is out."""
+
+    def __init__(self, name: str = "runtime-output") -> None:
+        self._name = name
+        self._cv = threading.Condition(threading.Lock())
+        self._queue: "collections.deque[tuple[Optional[Sink], str, str, str]]" = \
+            collections.deque()
+        self._bytes = 0
+        self._dropped = [0, 0]  # lines, bytes, not yet reported
+        self._put = self._done = 0  # entries queued and delivered so far
+        self._thread: Optional[threading.Thread] = None
+        self._closed = False
+        self._waiters: list[tuple[int, Callable[[], None]]] = []  # (entries, fn): when_drained
+
+    def put(self, sink: Optional[Sink], prefix: str, stream: str, text: str) -> None:
+        """Queue `text` for `emit(sink, prefix, stream, text)` (any thread; never blocks)."""
+        with self._cv:
+            if self._closed:
+                return
+            if self._bytes + len(text) > _config.config.output_buffer_bytes and self._queue:
+                self._dropped[0] += text.count("\n") or 1
+                self._dropped[1] += len(text)
+                return
+            self._report_dropped(sink)
+            self._append((sink, prefix, stream, text))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            else:
+                self._cv.notify()
+
+    def _report_dropped(self, sink: Optional[Sink]) -> None:
+        """Queue the line that says what was dropped, where the dropped lines were (lock held)."""
+        if self._dropped[0]:
+            lines, size = self._dropped
+            self._dropped = [0, 0]
+            self._append((sink, "runtime", "stderr",
+                          f"{lines} line(s), {size} bytes of proc output dropped: the output "
+                          f"was not being read (output_buffer_bytes); the procs' log files "
+                          f"have them\n"))
+
+    def _append(self, item: "tuple[Optional[Sink], str, str, str]") -> None:
+        self._queue.append(item)
+        self._bytes += len(item[3])
+        self._put += 1
+
+    def when_drained(self, fn: Callable[[], None]) -> None:
+        """Call `fn()` once what was queued before this call is delivered: at once on this
+        thread if nothing waits, else on the writer's thread (`fn` must not block)."""
+        with self._cv:
+            target = self._put
+            if self._done < target and self._thread is not None:
+                self._waiters.append((target, fn))
+                return
+        fn()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until what was queued before this call is delivered; False on timeout."""
+        with self._cv:
+            target = self._put
+            return self._cv.wait_for(lambda: self._done >= target or self._thread is None,
+                                     timeout)
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Deliver what is queued (up to `timeout`), then stop the thread."""
+        self.drain(timeout)
+        with self._cv:
+            self._closed = True
+            self._queue.clear()
+            self._cv.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    self._thread = None
+                    self._cv.notify_all()
+                    due, self._waiters = [fn for _, fn in self._waiters], []
+                    break
+                sink, prefix, stream, text = self._queue.popleft()
+            emit(sink, prefix, stream, text)
+            with self._cv:
+                self._bytes -= len(text)
+                self._done += 1
+                if not self._queue:  # caught up: say what was dropped meanwhile
+                    self._report_dropped(sink)
+                self._cv.notify_all()
+                due = [fn for target, fn in self._waiters if target <= self._done]
+                if due:
+                    self._waiters = [w for w in self._waiters if w[0] > self._done]
+            for fn in due:
+                fn()
+        for fn in due:  # closed: nothing more will be delivered
+            fn()
 
 
 class LineSplitter:

@@ -184,11 +184,25 @@ class ActorInstance:
                                      actor=self.actor_id, extra=reply_extra(h)), body, buffers)
 
     def _reply_error(self, h: Header, exc: BaseException) -> None:
+        """Answer a call with an error. One that cannot be pickled, or is over the message
+        limit, goes as an ActorError with its text (cut to fit); one that cannot be sent at
+        all is logged: the actor's thread goes on either way."""
         try:
             body, bufs = dumps(exc)
+            if len(body) + sum(memoryview(b).nbytes for b in bufs) > config.max_message_bytes:
+                raise ValueError("over the message limit")
         except Exception:
-            body, bufs = dumps(ActorError(str(exc)))
-        self._reply(h, ERROR, body, tuple(bufs))
+            text = str(exc)
+            room = max(1024, config.max_message_bytes // 2 - 4096)
+            if len(text) > room:
+                text = text[:room] + f"... ({len(text) - room} more characters)"
+            body, bufs = dumps(ActorError(text, mesh=self.name, rank=self.rank,
+                                          endpoint=h.method))
+        try:
+            self._reply(h, ERROR, body, tuple(bufs))
+        except Exception:  # noqa: BLE001 - the actor's thread must survive its reply
+            log.exception("%s rank %d: the error reply to %s could not be sent", self.name,
+                          self.rank, h.method)
 
     def _handle_call(self, h: Header, body: Any, buffers: list) -> None:
         if self.failed is not None:
@@ -323,7 +337,12 @@ class ActorInstance:
                 self.errors += 1
             self._reply_error(h, e.error)
             return
-        self._reply(h, OK, *encoded)
+        try:
+            self._reply(h, OK, *encoded)
+        except Exception as e:  # noqa: BLE001 - the caller hears why, the thread goes on
+            self._reply_error(h, ActorError(
+                f"endpoint {name}() returned a value that could not be sent: "
+                f"{type(e).__name__}: {e}", mesh=self.name, rank=self.rank, endpoint=name))
 
     def fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None,
              call: str = "") -> None:

@@ -215,7 +215,11 @@ def split_reply_batch(h: Header, body: Any, buffers: list) -> list[tuple[Header,
 #: first message of a connection is its preamble: one frame, `PREAMBLE | token length (u16)
 #: | token | sender id` (who sent everything that follows).
 PREAMBLE = b"MNSTRM01"
-MAX_FRAMES = 1000  # a message's frames, plus its prefix, fit one sendmsg (IOV_MAX 1024)
+#: frames a stream message may have: a call's or reply's frames are a few plus at most
+#: serialization.MAX_OUT_OF_BAND buffers; a gathered batch is split to stay within it
+MAX_FRAMES = 8192
+#: buffers one sendmsg takes (Linux's IOV_MAX): a longer message is written in pieces
+IOV_MAX = 1024
 _COUNT = struct.Struct("<I")
 _U16 = struct.Struct("<H")
 

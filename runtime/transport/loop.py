@@ -161,6 +161,21 @@ class IOLoop:
         """Everything `sender` sent so far, dispatched now (loop thread): `Peers.drain_from`."""
         self.peers.drain_from(sender)
 
+    def last_heard(self, sender: str) -> float:
+        """When bytes last came from `sender` on a stream (`Peers.last_heard`)."""
+        return self.peers.last_heard(sender)
+
+    def read_pending(self) -> None:
+        """Read and dispatch everything that waits on this process's connections and inboxes
+        now (loop thread): judged after a busy spell, silence is measured on what came."""
+        self.peers.read_pending()
+        for z in list(self._zmq_inboxes) + list(self._zmq_readers):
+            reader = self._zmq_readers.get(z) or self._drain_zmq
+            for _ in range(64):  # a bound: a peer that never pauses cannot hold the loop
+                if not z.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    break
+                reader(z)
+
     def call_soon(self, fn: Callable, *args: Any) -> None:
         """Run `fn(*args)` on the loop thread (any thread)."""
         self.schedule(fn, *args)

@@ -109,6 +109,16 @@ class Peers:
         for inbound in list(self.inbound.get(sender, ())):
             inbound.read()
 
+    def last_heard(self, sender: str) -> float:
+        """When bytes last came from `sender` on a stream (time.monotonic(); 0.0: never)."""
+        return max((c.last_read for c in self.inbound.get(sender, ())), default=0.0)
+
+    def read_pending(self) -> None:
+        """Read and dispatch what every incoming stream holds now (I/O thread)."""
+        for conns in list(self.inbound.values()):
+            for inbound in list(conns):
+                inbound.read()
+
     def send_failed(self, addr: str, ports: list, error: str, gone: bool = False) -> None:
         """A send failed: the calls waiting on `ports` fail, naming the peer and the error
         (`gone`: because the peer went away)."""

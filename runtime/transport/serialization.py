@@ -25,6 +25,8 @@ import cloudpickle
 from ..errors import SerializationError
 
 PROTOCOL = 5
+#: out-of-band buffers (arrays, tensors) per pickled value; more go inside the pickle
+MAX_OUT_OF_BAND = 512
 _SIMPLE = (type(None), bool, int, float, str, bytes)
 
 
@@ -131,9 +133,19 @@ def dumps(obj: Any, what: str = "value") -> tuple[bytes, list[pickle.PickleBuffe
     if _is_simple(obj):
         return pickle.dumps(obj, PROTOCOL), []
     buffers: list[pickle.PickleBuffer] = []
+
+    def out_of_band(buf: pickle.PickleBuffer) -> bool:
+        """The first MAX_OUT_OF_BAND buffers travel as frames of their own (no copy); the
+        rest in the pickle (copied): any number of arrays is an ordinary value, and a
+        message's frame count stays within what a stream takes (framing.MAX_FRAMES)."""
+        if len(buffers) < MAX_OUT_OF_BAND:
+            buffers.append(buf)
+            return False
+        return True
+
     f = io.BytesIO()
     try:
-        _Pickler(f, protocol=PROTOCOL, buffer_callback=buffers.append).dump(obj)
+        _Pickler(f, protocol=PROTOCOL, buffer_callback=out_of_band).dump(obj)
     except Exception as e:
         raise SerializationError(f"cannot pickle {what}: {type(e).__name__}: {e}") from e
     return f.getvalue(), buffers

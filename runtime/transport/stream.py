@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import framing
@@ -29,6 +30,7 @@ log = logging.getLogger("runtime.transport")
 CONNECT_RETRY_S = 0.002
 CONNECT_RETRY_MAX_S = 0.05
 #: reads of one connection per readiness event before other connections get a turn
+_IOV = framing.IOV_MAX
 READS_PER_EVENT = 16
 SNDBUF = 4 << 20  # fewer wake-ups for large messages (the kernel caps it at wmem_max)
 _RETRY = (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN)
@@ -135,7 +137,7 @@ class Outbound:
         take is queued for the I/O thread: (error text if the connection broke, the queued
         item or None)."""
         try:
-            n = self.sock.sendmsg(bufs)
+            n = self.sock.sendmsg(bufs if len(bufs) <= _IOV else bufs[:_IOV])
         except BlockingIOError:
             n = 0
         except OSError as e:
@@ -212,11 +214,11 @@ class Outbound:
             while queue and self.state == "open":
                 bufs: list = []
                 for item in queue:
-                    if len(bufs) + len(item[0]) > framing.MAX_FRAMES + 1 and bufs:
+                    if len(bufs) + len(item[0]) > _IOV and bufs:
                         break
                     bufs += item[0]
                 try:
-                    n = self.sock.sendmsg(bufs)
+                    n = self.sock.sendmsg(bufs if len(bufs) <= _IOV else bufs[:_IOV])
                 except BlockingIOError:
                     break
                 except OSError as e:
@@ -300,6 +302,9 @@ class Inbound:
         self.decoder = framing.StreamDecoder(loop.max_frame)
         self.peer = ""  # set by the preamble
         self.closed = False
+        #: when bytes last came (time.monotonic()): a sign of life even in the middle of a
+        #: large message, whose heartbeats queue behind it
+        self.last_read = 0.0
 
     def readable(self, events: int = _IN) -> None:
         self.read(READS_PER_EVENT)
@@ -320,6 +325,7 @@ class Inbound:
             if n == 0:
                 self.close("")
                 return
+            self.last_read = time.monotonic()
             try:
                 messages = self.decoder.feed(n)
             except framing.FrameError as e:

@@ -1,0 +1,137 @@
+"""The I/O thread runs the runtime and nothing else (docs/transport.md, "The I/O thread"):
+a user's done-callback, a blocked output sink or a busy spell of the I/O thread kills no
+healthy proc and hangs no call."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import runtime
+from runtime import this_host
+from _seam_actors import Worker
+
+pytestmark = pytest.mark.timeout(90)
+
+#: a heartbeat timeout the tests outlast on purpose (the procs send every 0.5 s)
+SHORT = 1.0
+
+
+@pytest.fixture(scope="module")
+def workers():
+    pm = this_host().spawn_procs(per_host={"procs": 3}, name="seams")
+    m = pm.spawn("workers", Worker)
+    m.initialized.get(timeout=30)
+    yield m
+    pm.stop().get(timeout=15)
+
+
+def all_alive(m) -> list:
+    return list(m.rank.call().get(timeout=10).values())
+
+
+def test_a_slow_done_callback_kills_no_proc(workers):
+    """A callback that takes 2.5 timeouts: it runs on a callback thread, the I/O thread
+    keeps reading heartbeats, and every proc answers afterwards."""
+    ended = threading.Event()
+    seen = []
+
+    def slow(f):
+        seen.append(threading.current_thread().name)
+        time.sleep(2.5 * SHORT)
+        ended.set()
+
+    with runtime.configured(heartbeat_timeout=SHORT):
+        fut = workers.rank.call()
+        fut.add_done_callback(slow)
+        fut.get(timeout=10)
+        assert ended.wait(15), "the callback never finished"
+        assert all_alive(workers) == [0, 1, 2]
+    assert seen and not seen[0].startswith("monarch-io"), seen
+
+
+def test_a_done_callback_may_wait_on_another_call(workers):
+    """A callback that waits on another call gets its answer (the I/O thread is free to
+    resolve it), and so does a callback that waits on a future another callback resolves."""
+    got: list = []
+    threads: list = []
+    done = threading.Event()
+    chained: runtime.Future = runtime.Future("chained")
+
+    def needs_chained(f):
+        got.append(chained.get(timeout=10))
+        done.set()
+
+    def waits(f):
+        threads.append(threading.current_thread().name)
+        got.append(workers.slice(procs=2).rank.call_one().get(timeout=10))
+        chained.set_result("chained")  # resolves the other callback's wait
+
+    gate: runtime.Future = runtime.Future("gate")
+    gate.add_done_callback(needs_chained)
+    gate.set_result(None)  # needs_chained now waits, on a callback thread
+    second = workers.slice(procs=1).nap.call_one(0.3)
+    second.add_done_callback(waits)  # runs when the I/O thread resolves the call
+    assert done.wait(20), f"callbacks deadlocked: {got}"
+    assert got == [0, "chained"]  # current_rank() is the point in the slice called
+    assert threads and threads[0].startswith("runtime-callbacks"), threads
+
+
+def test_a_busy_io_thread_kills_no_proc(workers):
+    """The I/O thread itself busy for 2.5 timeouts (a reply whose unpickling takes that
+    long): silence is judged on what came meanwhile, so no healthy proc is killed."""
+    with runtime.configured(heartbeat_timeout=SHORT):
+        reply = workers.slice(procs=0).slow_reply.call_one(2.5 * SHORT).get(timeout=20)
+        assert reply == "slow from 0"
+        time.sleep(0)  # the next tick judges liveness with everything read
+        assert all_alive(workers) == [0, 1, 2]
+
+
+def test_an_output_sink_that_blocks_stops_no_call(workers):
+    """The terminal or notebook stops taking output (a paused `| less`): calls keep
+    answering and procs stay alive; output past output_buffer_bytes is dropped, counted and
+    said once the sink takes output again."""
+    rt = runtime.get_runtime()
+    before = rt.output_sink
+    release = threading.Event()
+    taken: list = []
+    blocked = threading.Event()
+
+    def sink(prefix: str, stream: str, text: str) -> None:
+        blocked.set()
+        release.wait(30)
+        taken.append((prefix, stream, text))
+
+    rt.set_output_sink(sink)
+    try:
+        with runtime.configured(heartbeat_timeout=SHORT, output_buffer_bytes=16 << 10):
+            assert workers.slice(procs=0).say.call_one(2).get(timeout=10) == 2
+            assert blocked.wait(10), "no output reached the sink"
+            # the sink is stuck in its first line: 2,000 more lines (about 140 KB) arrive
+            assert workers.slice(procs=1).say.call_one(2000).get(timeout=20) == 2000
+            # time passes with the sink blocked: heartbeats are still read
+            deadline = time.monotonic() + 2.5 * SHORT
+            while time.monotonic() < deadline:
+                assert all_alive(workers) == [0, 1, 2]
+                time.sleep(0.2)
+            assert not release.is_set() and len(taken) == 0  # all of that while blocked
+            release.set()
+
+            def counted() -> tuple[int, int, list]:
+                """Lines taken, lines the notes say were dropped, the notes."""
+                rt.flush_output(timeout=10)
+                notes = [t for p, _, t in list(taken) if "bytes of proc output dropped" in t]
+                lines = sum(t.count("line ") for p, _, t in list(taken) if p != "runtime")
+                return lines, sum(int(n.split(" line(s)")[0]) for n in notes), notes
+
+            deadline = time.monotonic() + 20
+            while sum(counted()[:2]) < 2002 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        lines, dropped, notes = counted()
+        assert lines + dropped == 2002, (lines, dropped, notes)  # each line taken or counted
+        assert dropped > 0 and notes and "output_buffer_bytes" in notes[0], notes
+    finally:
+        release.set()
+        rt.set_output_sink(before)

@@ -1,0 +1,47 @@
+"""A limit fails one call, at the call site, with a clear error; it never kills an actor's
+thread, closes a connection or hangs a call (docs/transport.md, "Limits")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import runtime
+from runtime import ActorError, this_host
+from _seam_actors import Worker
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def workers():
+    with runtime.configured(max_message_bytes=1 << 20):  # the procs take it at spawn
+        pm = this_host().spawn_procs(per_host={"procs": 2}, name="limits")
+        m = pm.spawn("workers", Worker)
+        m.initialized.get(timeout=30)
+    yield m
+    pm.stop().get(timeout=15)
+
+
+def test_any_number_of_arrays_is_an_ordinary_answer_and_argument(workers):
+    """A state_dict of 1,200 tensors (more frames than one message carries): answered, and
+    sent back as an argument, as any other value."""
+    one = workers.slice(procs=0)
+    state = one.many_arrays.call_one(1200).get(timeout=30)
+    assert len(state) == 1200 and float(state["layer1199.weight"][0]) == 1199.0
+    assert isinstance(state["layer0.weight"], np.ndarray)
+    expected = float(sum(3 * i for i in range(1200)))
+    assert one.total.call_one(state).get(timeout=30) == expected
+    assert list(workers.total.call(state).get(timeout=30).values()) == [expected, expected]
+    assert list(workers.rank.call().get(timeout=10).values()) == [0, 1]
+
+
+def test_an_error_over_the_message_limit_fails_its_call_only(workers):
+    """An endpoint raises with a 3 MB message under a 1 MiB limit: the call fails with an
+    ActorError carrying the start of the text; the actor answers the next call."""
+    one = workers.slice(procs=1)
+    with pytest.raises(ActorError) as e:
+        one.big_error.call_one(3_000_000).get(timeout=20)
+    assert "xxxx" in str(e.value) and "more characters" in str(e.value)
+    assert len(str(e.value)) < 1 << 20
+    assert one.rank.call_one().get(timeout=10) == 0
