@@ -274,6 +274,32 @@ def test_drain_from_reads_everything_a_closed_peer_sent(rundir):
         loop.stop()
 
 
+def test_drain_from_reads_a_connection_not_yet_accepted_or_identified(rundir):
+    """A sender's first message to us is its answer, on a new connection, and it exits
+    while our I/O thread is busy: the connection is still in the listening socket's backlog
+    when its death is handled. `drain_from` accepts and reads such connections too, so the
+    answer is dispatched before the death fails anything."""
+    got: list = []
+    loop = IOLoop("reader", TOKEN, lambda h, b, bufs: got.append(h.extra["i"]))
+    addr = loop.bind(f"ipc://{rundir}/reader")
+    loop.start()
+    try:
+        loop.call_soon(time.sleep, 1.0)  # busy: nothing is accepted meanwhile
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(addr[6:])
+        s.sendall(b"".join(framing.preamble(TOKEN, "answerer")) +
+                  b"".join(bytes(b) for b in framing.stream_message(_msg(0, 7))))
+        s.close()
+
+        def death_handled() -> list:
+            loop.drain_from("answerer")  # what a death report does before failing calls
+            return list(got)
+
+        assert loop.run_sync(death_handled, timeout=10) == [7]
+    finally:
+        loop.stop()
+
+
 def test_a_forgotten_tcp_address_is_dialed_again(rundir):
     """A TCP host:port names no one process (an agent started later may listen there): after
     its peer is forgotten, a send there dials again (an ipc address would fail at once)."""

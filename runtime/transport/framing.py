@@ -85,8 +85,8 @@ def encode_header(h: Header) -> bytes:
 def decode_header(data: bytes | memoryview) -> Header:
     try:
         h = _dec.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise FrameError(f"bad header: {e}") from None
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, ValueError) as e:
+        raise FrameError(f"bad header: {type(e).__name__}: {str(e)[:200]}") from None
     if h.kind not in _KINDS:
         raise FrameError(f"unknown message kind {h.kind}")
     return h
@@ -161,13 +161,12 @@ def frames_nbytes(frames: Sequence[Any]) -> int:
     return n
 
 
-def summarize(frames: Sequence[Any], limit: int = 40) -> str:
-    """A short description of a rejected frame list, for log lines."""
-    parts = []
-    for f in list(frames)[:3]:
-        b = _as_bytes(f)[:limit]
-        parts.append(repr(b))
-    return f"{len(frames)} frames: " + ", ".join(parts)
+def summarize(frames: Sequence[Any], limit: int = 3) -> str:
+    """A short description of a rejected frame list, for log lines: its frames' sizes, never
+    their bytes (the head frame begins with a session token)."""
+    sizes = [nbytes(f) for f in list(frames)[:limit]]
+    more = f" (+{len(frames) - limit} more)" if len(frames) > limit else ""
+    return f"{len(frames)} frame(s) of {sizes}{more} bytes"
 
 
 def extra_get(h: Header, key: str, default: Optional[Any] = None) -> Any:
@@ -215,6 +214,8 @@ def split_reply_batch(h: Header, body: Any, buffers: list) -> list[tuple[Header,
 #: first message of a connection is its preamble: one frame, `PREAMBLE | token length (u16)
 #: | token | sender id` (who sent everything that follows).
 PREAMBLE = b"MNSTRM01"
+#: the largest preamble frame read (a token and a sender id)
+PREAMBLE_MAX = 4096
 #: frames a stream message may have: a call's or reply's frames are a few plus at most
 #: serialization.MAX_OUT_OF_BAND buffers; a gathered batch is split to stay within it
 MAX_FRAMES = 8192
@@ -293,8 +294,11 @@ class StreamDecoder:
     returns the messages completed. A frame larger than half the read buffer is read into a
     buffer of its own (no second copy). Raises FrameError for a stream that is not ours."""
 
-    def __init__(self, max_frame: int, chunk: int = 256 << 10) -> None:
+    def __init__(self, max_frame: int, chunk: int = 256 << 10, first_max: int = 0) -> None:
         self.max_frame = max_frame
+        #: the frame size allowed now: `first_max` for the first message (a connection's
+        #: preamble, sent before the peer is known: nothing larger is allocated for it)
+        self.limit = first_max or max_frame
         self.buf = bytearray(chunk)
         self.view = memoryview(self.buf)
         self.start = self.end = 0
@@ -341,13 +345,15 @@ class StreamDecoder:
             if self.frames:
                 out.append(self.frames)
                 self.frames = []
+                self.limit = self.max_frame
             if avail < 4:
                 return False
             if avail >= 12:  # the common case: a one-frame message, whole in the buffer
                 count, size = _ONE.unpack_from(buf, start)
-                if count == 1 and size <= avail - 12 and size <= self.max_frame:
+                if count == 1 and size <= avail - 12 and size <= self.limit:
                     self.start = start + 12 + size
                     out.append([bytes(self.view[start + 12:self.start])])
+                    self.limit = self.max_frame
                     return True
             (count,) = _COUNT.unpack_from(buf, start)
             if not 0 < count <= MAX_FRAMES:
@@ -355,8 +361,8 @@ class StreamDecoder:
             if avail < 4 + 8 * count:
                 return False
             got = struct.unpack_from(f"<{count}Q", buf, start + 4)
-            if max(got) > self.max_frame:
-                raise FrameError(f"a frame of {max(got)} bytes (limit {self.max_frame})")
+            if max(got) > self.limit:
+                raise FrameError(f"a frame of {max(got)} bytes (limit {self.limit})")
             self.sizes = sizes = list(reversed(got))
             self.start = start = start + 4 + 8 * count
             avail -= 4 + 8 * count
@@ -369,6 +375,7 @@ class StreamDecoder:
             if not sizes:
                 out.append(self.frames)
                 self.frames = []
+                self.limit = self.max_frame
             return True
         if size <= len(buf) >> 1:
             return False  # a small frame: the rest comes into this buffer

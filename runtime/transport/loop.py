@@ -158,8 +158,16 @@ class IOLoop:
         self.peers.forget(addr)
 
     def drain_from(self, sender: str) -> None:
-        """Everything `sender` sent so far, dispatched now (loop thread): `Peers.drain_from`."""
+        """Everything `sender` sent so far, dispatched now (loop thread): connections still
+        in a listening socket's backlog are accepted first, then `Peers.drain_from` reads
+        the ones not yet identified and the sender's."""
+        self.accept_pending()
         self.peers.drain_from(sender)
+
+    def accept_pending(self) -> None:
+        """Accept the connections waiting on this process's listening sockets (loop thread)."""
+        for s in list(self._unix):
+            self.peers.accept(s)
 
     def last_heard(self, sender: str) -> float:
         """When bytes last came from `sender` on a stream (`Peers.last_heard`)."""
@@ -168,6 +176,7 @@ class IOLoop:
     def read_pending(self) -> None:
         """Read and dispatch everything that waits on this process's connections and inboxes
         now (loop thread): judged after a busy spell, silence is measured on what came."""
+        self.accept_pending()
         self.peers.read_pending()
         for z in list(self._zmq_inboxes) + list(self._zmq_readers):
             reader = self._zmq_readers.get(z) or self._drain_zmq
@@ -242,8 +251,10 @@ class IOLoop:
             header, body, buffers = framing.parse(frames, self.tokens)
         except framing.FrameError as e:
             self.stats.dropped += 1
-            log.warning("%s: dropped a message that is not from this session (%s): %s",
-                        self.name, e, framing.summarize(frames))
+            n = self.stats.dropped
+            if n <= 10 or n & (n - 1) == 0:  # the first ten, then at powers of two
+                log.warning("%s: dropped a message that is not from this session (%s): %s"
+                            " [%d dropped so far]", self.name, e, framing.summarize(frames), n)
             return
         self.stats.received += 1
         try:
@@ -295,7 +306,10 @@ class IOLoop:
                         except BlockingIOError:
                             pass
                     elif isinstance(what, zmq.Socket):
-                        (self._zmq_readers.get(what) or self._drain_zmq)(what)
+                        try:
+                            (self._zmq_readers.get(what) or self._drain_zmq)(what)
+                        except Exception:  # one bad message must not end the loop
+                            log.exception("%s: reading a zmq socket failed", self.name)
                     else:
                         fn = fds.get(what)
                         if fn is not None:

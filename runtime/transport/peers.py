@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Optional
 
 import zmq
@@ -27,6 +28,10 @@ log = logging.getLogger("runtime.transport")
 _NOBLOCK = int(zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
 GONE_KEPT = 1024
+#: seconds a new connection has to send its preamble, and how many may be waiting to: a
+#: connection that says nothing holds no descriptor for long
+PREAMBLE_TIMEOUT_S = 10.0
+MAX_UNIDENTIFIED = 64
 
 
 class Peers:
@@ -39,6 +44,9 @@ class Peers:
         self.out: dict[str, Any] = {}  # address -> Outbound or ZmqPeer
         self.lock = threading.Lock()
         self.inbound: dict[str, list[stream.Inbound]] = {}  # peer id -> its connections
+        #: accepted connections whose preamble has not come, oldest first -> deadline
+        self.unidentified: dict[stream.Inbound, float] = {}
+        self._sweep_due = False
         #: ipc addresses of peers known dead (`forget`), the latest GONE_KEPT: a send there
         #: fails its call at once instead of dialing a socket that will never listen (not
         #: TCP ones: another agent may listen at the same host and port later)
@@ -106,6 +114,8 @@ class Peers:
         """Read and dispatch everything `sender` has sent this process so far: called before
         its death fails the calls waiting on it, so that an answer it sent first always
         counts. A dead process writes nothing more, so this ends."""
+        for inbound in list(self.unidentified):  # any of them may be the sender's
+            inbound.read()
         for inbound in list(self.inbound.get(sender, ())):
             inbound.read()
 
@@ -115,6 +125,8 @@ class Peers:
 
     def read_pending(self) -> None:
         """Read and dispatch what every incoming stream holds now (I/O thread)."""
+        for inbound in list(self.unidentified):
+            inbound.read()
         for conns in list(self.inbound.values()):
             for inbound in list(conns):
                 inbound.read()
@@ -143,14 +155,37 @@ class Peers:
                 return
             sock.setblocking(False)
             inbound = stream.Inbound(loop, sock)
+            if len(self.unidentified) >= MAX_UNIDENTIFIED:
+                oldest = next(iter(self.unidentified))
+                oldest.close(f"{MAX_UNIDENTIFIED} connections wait for their preamble; the "
+                             f"oldest is dropped")
+            self.unidentified[inbound] = time.monotonic() + PREAMBLE_TIMEOUT_S
             loop.watch(inbound.fd, _POLLIN, inbound.readable)
+            if not self._sweep_due:
+                self._sweep_due = True
+                loop.call_later(PREAMBLE_TIMEOUT_S, self._sweep_unidentified)
+
+    def _sweep_unidentified(self) -> None:
+        """Close the connections whose preamble is overdue (I/O thread)."""
+        self._sweep_due = False
+        now = time.monotonic()
+        for inbound, deadline in list(self.unidentified.items()):
+            if deadline <= now:
+                inbound.close(f"no preamble within {PREAMBLE_TIMEOUT_S:g} s; connection "
+                              f"dropped")
+        if self.unidentified:
+            self._sweep_due = True
+            first = min(self.unidentified.values())
+            self.loop.call_later(max(0.01, first - now), self._sweep_unidentified)
 
     def identified(self, inbound: stream.Inbound) -> None:
         """A connection's preamble named its sender."""
+        self.unidentified.pop(inbound, None)
         self.inbound.setdefault(inbound.peer, []).append(inbound)
 
     def closed(self, inbound: stream.Inbound) -> None:
         """An incoming connection ended."""
+        self.unidentified.pop(inbound, None)
         self.loop.unwatch(inbound.fd)
         conns = self.inbound.get(inbound.peer)
         if conns is not None and inbound in conns:

@@ -299,7 +299,7 @@ class Inbound:
         self.loop = loop
         self.sock = sock
         self.fd = sock.fileno()
-        self.decoder = framing.StreamDecoder(loop.max_frame)
+        self.decoder = framing.StreamDecoder(loop.max_frame, first_max=framing.PREAMBLE_MAX)
         self.peer = ""  # set by the preamble
         self.closed = False
         #: when bytes last came (time.monotonic()): a sign of life even in the middle of a
