@@ -7,6 +7,7 @@ main thread only watches the parent process.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import logging
@@ -25,6 +26,8 @@ from .logfiles import AgentLogs, capture_wanted
 from .output import ProcPipes
 from .workspace import WorkspaceStore
 from .zygote import zygote_main
+
+_IN, _OUT = 1, 2  # zmq.POLLIN, zmq.POLLOUT (the loop polls with zmq.Poller)
 
 log = logging.getLogger("runtime.host")
 
@@ -85,6 +88,7 @@ class Agent:
         b.close()
         self.zygote_pid = pid
         self.zsock = a
+        self.zygote_out: collections.deque = collections.deque()  # requests not yet taken
         self.loop = IOLoop(self.agent_id, self.token, self._on_message, keys=self.keys)
         self.address = self.loop.bind(f"ipc://{self.rundir}/{self.agent_id}")
         self.tcp_address = ""
@@ -131,7 +135,7 @@ class Agent:
 
     def _setup(self) -> None:
         self.zsock.setblocking(False)
-        self.loop.add_reader(self.zsock.fileno(), self._on_zygote)
+        self.loop.watch(self.zsock.fileno(), _IN, self._on_zygote_ready)
         if self.args.parent_pid:  # readable when the process that started this agent exits
             try:
                 self.parent_fd = os.pidfd_open(self.args.parent_pid)
@@ -229,13 +233,38 @@ class Agent:
             msg = {"op": "spawn", "cfg": cfg, "env": env, "cwd": e.get("cwd")}
             if p.get("gpu"):  # one GPU per proc, chosen from this host's devices
                 msg["env"], msg["error"] = _with_gpu(p["gpu"], msg["env"])
-            self.zsock.setblocking(True)
+            self._to_zygote(json.dumps(msg).encode())
+
+    # -- the zygote's socket: never a blocking send on the I/O thread --------------------
+    def _to_zygote(self, data: bytes) -> None:
+        """Send a request to the zygote, in order; what its socket does not take now waits
+        for it to be writable, while its replies are read meanwhile (it replies with
+        blocking sends: an agent that waited on a send could deadlock with it)."""
+        if not self.zygote_out:
             try:
-                self.zsock.send(json.dumps(msg).encode())
+                self.zsock.send(data)
+                return
+            except BlockingIOError:
+                pass
             except OSError:  # the zygote is gone (stopping): _on_zygote reports it
                 return
-            finally:
-                self.zsock.setblocking(False)
+        self.zygote_out.append(data)
+        self.loop.watch(self.zsock.fileno(), _IN | _OUT, self._on_zygote_ready)
+
+    def _on_zygote_ready(self, events: int) -> None:
+        if events & _IN:
+            self._on_zygote()
+        if events & _OUT:
+            while self.zygote_out:
+                try:
+                    self.zsock.send(self.zygote_out[0])
+                except BlockingIOError:
+                    return
+                except OSError:  # gone: _on_zygote reports it
+                    self.zygote_out.clear()
+                    break
+                self.zygote_out.popleft()
+            self.loop.watch(self.zsock.fileno(), _IN, self._on_zygote_ready)
 
     # -- the zygote's reports ----------------------------------------------------------------
     def _on_zygote(self) -> None:
