@@ -36,6 +36,11 @@ class Worker(Actor):
         return seconds
 
     @endpoint
+    def echo_size(self, blob, seconds: float) -> int:
+        time.sleep(seconds)
+        return len(blob)
+
+    @endpoint
     def slow_reply(self, seconds: float) -> SlowToUnpickle:
         return SlowToUnpickle(seconds, f"slow from {current_rank().rank}")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import runtime
@@ -135,3 +136,25 @@ def test_an_output_sink_that_blocks_stops_no_call(workers):
     finally:
         release.set()
         rt.set_output_sink(before)
+
+
+def test_a_slow_actor_slows_its_callers(workers):
+    """Calls to an actor that answers slowly: past mailbox_limit calls (or mailbox_bytes)
+    in flight to it, call() waits for answers instead of filling the actor's mailbox."""
+    one = workers.slice(procs=2)
+    futs: list = []
+    most = 0
+    with runtime.configured(mailbox_limit=8):
+        for _ in range(40):
+            futs.append(one.nap.call_one(0.01))
+            most = max(most, sum(not f.done() for f in futs))
+    assert most <= 8, most
+    blob = np.zeros(1 << 20, dtype=np.uint8)  # 1 MiB per call
+    most_bytes = 0
+    with runtime.configured(mailbox_bytes=4 << 20):
+        for _ in range(30):
+            futs.append(one.echo_size.call_one(blob, 0.01))
+            most_bytes = max(most_bytes, sum(not f.done() for f in futs[40:]))
+    assert most_bytes <= 4, most_bytes
+    assert [f.get(timeout=30) for f in futs[40:]] == [1 << 20] * 30
+    assert all(f.get(timeout=30) == 0.01 for f in futs[:40])

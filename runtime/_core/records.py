@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -96,6 +97,15 @@ class ActorMeshRecord:
     #: by global rank: {cluster key tag: TCP address} of a proc known here by an ipc
     #: address of another host (runtime._core.reach)
     alts: list = field(default_factory=list)
+    #: per rank: bytes of this process's calls in flight (with `inflight`, the call window)
+    inflight_bytes: list = field(default_factory=list)
+    #: notified as calls end, for callers waiting for room in the window (`room_waiters`)
+    room: threading.Condition = field(default_factory=threading.Condition)
+    room_waiters: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.inflight_bytes) != len(self.inflight):
+            self.inflight_bytes = [0] * len(self.inflight)
 
     def actor_name(self, rank: int) -> str:
         """Monarch's name of the actor at `rank`: its spawner's name, then `<mod.Cls name{..}>`."""

@@ -39,6 +39,31 @@ class CallInterrupt:
         self.rt.interrupt(self.procs, self.port)
 
 
+def wait_for_room(rt: Any, rec: Any, ranks: list[int], size: int) -> None:
+    """Wait (the calling thread) until every live rank of `ranks` has room for a call of
+    `size` bytes in this process's call window to actor mesh `rec` (`mailbox_limit`
+    calls, `mailbox_bytes` bytes; one call always fits). The I/O thread never waits: its
+    calls go at once. Ctrl-C interrupts the wait."""
+    if rt.loop.in_loop():
+        return
+
+    def full() -> bool:
+        limit, limit_bytes = config.mailbox_limit, config.mailbox_bytes
+        inflight, inflight_bytes, failed = rec.inflight, rec.inflight_bytes, rec.failed
+        return not rec.stopped and any(
+            r not in failed and (inflight[r] >= limit or
+                                 (inflight[r] and inflight_bytes[r] + size > limit_bytes))
+            for r in ranks)
+
+    with rec.room:
+        rec.room_waiters += 1
+        try:
+            while full():
+                rec.room.wait(0.1)  # in slices: a failure that ends no call is seen too
+        finally:
+            rec.room_waiters -= 1
+
+
 class ReplyCollector:
     """Gathers the replies of one call. Started (and its messages sent) in the caller's
     thread; replies and failures arrive on the I/O thread, in the order their senders sent
@@ -46,7 +71,7 @@ class ReplyCollector:
 
     __slots__ = ("rt", "rec", "method", "label", "extra", "targets", "shape", "ranks",
                  "values", "index", "remaining", "mode", "futs", "fut", "next_stream", "body",
-                 "bufs", "port", "error", "done", "lock", "procs")
+                 "bufs", "port", "error", "done", "lock", "procs", "size")
 
     def __init__(self, rt: Any, rec: Any, method: str, label: str, extra: Optional[dict],
                  where: tuple[list, frozenset], shape: Optional[Shape], ranks: list[int],
@@ -75,6 +100,7 @@ class ReplyCollector:
         self.body = body
         self.bufs = bufs
         self.port = 0
+        self.size = 0  # bytes of the call's message (its share of the call window)
         # call(): the first failed actor's SupervisionError, raised once every rank has
         # answered or failed (so each failure has reached its supervisor by then)
         self.error: Optional[BaseException] = None
@@ -95,9 +121,16 @@ class ReplyCollector:
         for f in (self.futs if type(self.futs) is list else (self.fut,)):
             f.reply_ports = (port,)
             f.interrupt_hook = interrupt
-        inflight = rec.inflight
+        inflight, inflight_bytes = rec.inflight, rec.inflight_bytes
+        size = self.size = len(self.body) + sum(memoryview(b).nbytes for b in self.bufs)
+        limit, limit_bytes = config.mailbox_limit, config.mailbox_bytes
+        for r in ranks:
+            if inflight[r] >= limit or (inflight[r] and inflight_bytes[r] + size > limit_bytes):
+                wait_for_room(rt, rec, ranks, size)
+                break
         for r in ranks:
             inflight[r] += 1
+            inflight_bytes[r] += size
         h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self.method,
                    reply=rt.reply_address_for(first),
                    port=port, extra=self.extra)
@@ -108,7 +141,7 @@ class ReplyCollector:
                               gather=self.mode == "call" and self._gatherable())
         except BaseException:  # not sent: raised at the call site, and nothing kept for it
             for r in ranks:
-                inflight[r] -= 1
+                self._finish_rank(r)
             rt.close_port(port)
             raise
 
@@ -121,8 +154,13 @@ class ReplyCollector:
 
     def _finish_rank(self, r: int) -> None:
         del self.remaining[r]
-        self.rec.inflight[r] -= 1
-        note_reply(self.rt, self.rec, r)
+        rec = self.rec
+        rec.inflight[r] -= 1
+        rec.inflight_bytes[r] -= self.size
+        if rec.room_waiters:  # a caller waits for room in the call window
+            with rec.room:
+                rec.room.notify_all()
+        note_reply(self.rt, rec, r)
 
     def on_reply(self, h: Header, body: Any, buffers: list) -> None:
         with self.lock:
