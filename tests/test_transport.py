@@ -109,3 +109,15 @@ def test_reply_batches_that_do_not_add_up_are_rejected(items):
     h = Header(Kind.REPLY_BATCH, port=1, extra={"items": items})
     with pytest.raises(FrameError):
         framing.split_reply_batch(h, b"abc", [])
+
+
+def test_pickling_while_another_thread_imports_torch(monkeypatch):
+    """Another thread is importing torch (its module object exists, its Tensor not yet):
+    pickling a value that holds no tensor does not trip over the half-made module."""
+    import sys
+    import types
+
+    half = types.ModuleType("torch")  # what sys.modules holds mid-import
+    monkeypatch.setitem(sys.modules, "torch", half)
+    body, bufs = dumps({"step": 3, "values": [1.5, 2.5], "error": ValueError("x")})
+    assert loads(body, bufs)["step"] == 3

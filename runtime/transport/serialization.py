@@ -104,8 +104,10 @@ class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is types.CodeType:
             return _reduce_code(obj)
-        torch = sys.modules.get("torch")
-        if torch is not None and isinstance(obj, torch.Tensor):
+        # torch as far as it is imported: another thread may be importing it right now
+        # (its module object exists before its Tensor does); a tensor here means it is done
+        tensor_type = getattr(sys.modules.get("torch"), "Tensor", None)
+        if tensor_type is not None and isinstance(obj, tensor_type):
             if obj.device.type == "cuda":  # never torch's default pickling
                 from .cuda_tensors import reduce_cuda
 
