@@ -12,7 +12,7 @@ from typing import Any, Callable, Generic, Optional, TypeVar
 from ._core import get_runtime, reach
 from .future import Future
 from .transport.framing import ERROR, OK, Header, Kind
-from .transport.serialization import dumps, loads
+from .transport.serialization import check_size, dumps, loads
 
 T = TypeVar("T")
 
@@ -32,6 +32,7 @@ class Port(Generic[T]):
             return  # a call that wants no answer (broadcast): the value is dropped
         rt = get_runtime()
         body, bufs = dumps(value, what)
+        check_size(body, bufs, what)
         if self.rank is None:
             h = Header(Kind.PORT_SEND, port=self.port_id, status=status)
         else:

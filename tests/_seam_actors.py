@@ -54,6 +54,11 @@ class Worker(Actor):
         return float(sum(a.sum() for a in arrays.values()))
 
     @endpoint
+    def send_to(self, port, chars: int) -> str:
+        port.send("y" * chars)
+        return "sent"
+
+    @endpoint
     def big_error(self, chars: int) -> None:
         raise ValueError("x" * chars)
 
@@ -62,3 +67,15 @@ class Worker(Actor):
         for i in range(lines):
             print(f"line {i} " + "x" * width, flush=True)
         return lines
+
+
+class Holder(Actor):
+    """Keeps what it was spawned with."""
+
+    def __init__(self, blob: bytes = b"") -> None:
+        self.size = len(blob)
+
+    @endpoint
+    def held(self) -> int:
+        return self.size
+

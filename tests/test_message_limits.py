@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import runtime
-from runtime import ActorError, this_host
-from _seam_actors import Worker
+from runtime import ActorError, Channel, MessageTooLargeError, this_host
+from _seam_actors import Holder, Worker
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -45,3 +45,35 @@ def test_an_error_over_the_message_limit_fails_its_call_only(workers):
     assert "xxxx" in str(e.value) and "more characters" in str(e.value)
     assert len(str(e.value)) < 1 << 20
     assert one.rank.call_one().get(timeout=10) == 0
+
+
+def test_a_port_send_over_the_limit_fails_at_the_call_site(workers):
+    """Port.send of 3 MB under a 1 MiB limit: MessageTooLargeError where it is sent (the
+    endpoint that sends), not a dropped connection; a small value still arrives."""
+    port, receiver = Channel.open()
+    one = workers.slice(procs=0)
+    with pytest.raises(ActorError, match="MessageTooLargeError|over the message limit"):
+        one.send_to.call_one(port, 3_000_000).get(timeout=20)
+    assert one.send_to.call_one(port, 10).get(timeout=10) == "sent"
+    assert receiver.recv().get(timeout=10) == "y" * 10
+
+
+def test_spawn_arguments_over_the_limit_fail_at_spawn(workers):
+    """spawn() with 3 MB of arguments under a 1 MiB limit raises MessageTooLargeError at
+    once; the procs keep answering."""
+    with runtime.configured(max_message_bytes=1 << 20):
+        with pytest.raises(MessageTooLargeError, match="spawn"):
+            workers.proc_mesh.spawn("too_big", Holder, b"z" * 3_000_000)
+    small = workers.proc_mesh.spawn("small", Holder, b"z" * 1000)
+    assert list(small.held.call().get(timeout=30).values()) == [1000, 1000]
+    assert list(workers.rank.call().get(timeout=10).values()) == [0, 1]
+
+
+def test_a_receiver_started_under_a_smaller_limit_still_takes_the_message(workers):
+    """The procs started under 1 MiB; this controller now allows 64 MiB and sends 8 MB:
+    the message arrives (a receiver never drops a connection for one message's size)."""
+    blob = np.ones(8_000_000, dtype=np.uint8)
+    with runtime.configured(max_message_bytes=64 << 20):
+        total = workers.slice(procs=1).total.call_one({"b": blob}).get(timeout=30)
+    assert total == 8_000_000.0
+    assert list(workers.rank.call().get(timeout=10).values()) == [0, 1]

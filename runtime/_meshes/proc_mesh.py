@@ -22,7 +22,7 @@ from ..future import Future, completed
 from ..shapes import MeshTrait, Shape
 from ..supervision.health import ActorHealth, ActorState
 from ..transport.framing import Header, Kind
-from ..transport.serialization import dumps
+from ..transport.serialization import check_size, dumps
 
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
@@ -152,6 +152,7 @@ class ProcMesh(MeshTrait):
             body, bufs = dumps((actor_class, args, kwargs), "actor class and arguments")
         except SerializationError as e:
             raise SerializationError(f"spawn({name!r}, {actor_class.__name__}): {e}") from None
+        check_size(body, bufs, f"spawn({name!r}, {actor_class.__name__})'s class and arguments")
         rt = self._rt
         procs = self._view_procs()
         labels, sizes = self._shape.labels, self._shape.sizes_

@@ -216,6 +216,8 @@ def split_reply_batch(h: Header, body: Any, buffers: list) -> list[tuple[Header,
 PREAMBLE = b"MNSTRM01"
 #: the largest preamble frame read (a token and a sender id)
 PREAMBLE_MAX = 4096
+#: the frame size of an identified stream peer: any
+NO_LIMIT = 1 << 62
 #: frames a stream message may have: a call's or reply's frames are a few plus at most
 #: serialization.MAX_OUT_OF_BAND buffers; a gathered batch is split to stay within it
 MAX_FRAMES = 8192

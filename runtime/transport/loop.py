@@ -47,7 +47,6 @@ class IOLoop:
         self.on_message = on_message
         self.keys = keys
         self.max_message_bytes = max_message_bytes
-        self.max_frame = (max_message_bytes or (1 << 40)) + (1 << 20)
         self.address = ""
         self.peer_keys: dict[str, CurveKeys] = {}  # TCP peers of another cluster key
         self.peers = Peers(self)  # the connections (runtime/transport/peers.py)

@@ -22,7 +22,8 @@ from typing import Any, Iterator, Optional, Sequence
 
 import cloudpickle
 
-from ..errors import SerializationError
+from ..config import config
+from ..errors import MessageTooLargeError, SerializationError
 
 PROTOCOL = 5
 #: out-of-band buffers (arrays, tensors) per pickled value; more go inside the pickle
@@ -239,3 +240,15 @@ def buffer_nbytes(buffers: Sequence[Any]) -> int:
     for b in buffers:
         n += memoryview(b).nbytes
     return n
+
+
+def check_size(body: bytes, buffers: Sequence[Any], what: str) -> None:
+    """Raise MessageTooLargeError, naming `what`, when a message's pickle and buffers are
+    over `max_message_bytes`: a limit fails its message at the call site, never on the way."""
+    total = len(body) + sum(memoryview(b).nbytes for b in buffers)
+    if total > config.max_message_bytes:
+        raise MessageTooLargeError(
+            f"{what} is {total} bytes, over the message limit of {config.max_message_bytes} "
+            f"bytes (MONARCH_MAX_MESSAGE_BYTES): pass large arrays through RDMABuffer, or "
+            f"as the arguments or return value of a call()")
+

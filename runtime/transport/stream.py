@@ -299,7 +299,10 @@ class Inbound:
         self.loop = loop
         self.sock = sock
         self.fd = sock.fileno()
-        self.decoder = framing.StreamDecoder(loop.max_frame, first_max=framing.PREAMBLE_MAX)
+        # after the preamble, frames of any size: the peer is known (the token), and the
+        # limit on what it sends is the sender's to check (`max_message_bytes`), so a
+        # receiver started under another limit never drops a connection for one message
+        self.decoder = framing.StreamDecoder(framing.NO_LIMIT, first_max=framing.PREAMBLE_MAX)
         self.peer = ""  # set by the preamble
         self.closed = False
         #: when bytes last came (time.monotonic()): a sign of life even in the middle of a
