@@ -198,6 +198,27 @@ def test_messages_to_a_peer_not_listening_yet_arrive_once_it_is(rundir):
         sink.loop.stop()
 
 
+def test_calls_to_an_address_nobody_listens_at_fail_after_connect_timeout(rundir):
+    """Messages to an ipc address where nothing ever listens: the calls they carry fail,
+    naming the address and the setting, once connect_timeout has passed (not retried
+    forever with the messages held)."""
+    import runtime
+
+    src, failed = _source()
+    addr = f"ipc://{rundir}/nobody"
+    try:
+        with runtime.configured(connect_timeout=0.3):
+            for i in range(5):
+                src.send(addr, _msg(0, i), port=10 + i)
+            _wait(lambda: len(failed) >= 1)
+        ports = sorted(p for _, ps, _ in failed for p in ps)
+        assert ports == [10, 11, 12, 13, 14], failed
+        assert all(a == addr and "nothing listens" in e and "connect_timeout" in e
+                   for a, _, e in failed), failed
+    finally:
+        src.stop()
+
+
 def test_a_send_that_fails_fails_the_call_it_carried_naming_the_peer(rundir):
     """A peer that accepts the connection, then goes (closes it and its listening socket):
     the sends after that fail, and the calls they carried are reported, never a log line

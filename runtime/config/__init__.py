@@ -63,6 +63,10 @@ _SETTINGS: tuple[Setting, ...] = (
        "(.log -> .log.1 -> ...).", live=True, minimum=1),
     _s("log_file_backups", "int", 2, "Rotated files kept per proc besides the current one "
        "(0: the file is emptied at the cap).", live=True, minimum=0),
+    _s("connect_timeout", "float", 300.0, "How long messages to a peer on this host wait "
+       "for it to listen (a proc still starting: its bootstrap, its imports) before the calls "
+       "they carry fail, naming the address; a peer whose death is known fails them at "
+       "once.", live=True, minimum=0, seconds=True),
     _s("mailbox_limit", "int", 1000, "Calls one process may have in flight to one actor "
        "(sent, not yet answered): a caller past it waits in call() (its own thread, never "
        "the I/O thread) until answers come back, so a slow actor slows its callers instead "

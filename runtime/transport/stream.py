@@ -18,6 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from ..config import config
 from . import framing
 
 if TYPE_CHECKING:
@@ -26,11 +27,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("runtime.transport")
 
 #: the first retry of a connect to a socket not listening yet (a proc starting), doubling
-#: up to CONNECT_RETRY_MAX_S while the peer has not bound; the peer's death ends it
+#: up to CONNECT_RETRY_MAX_S while the peer has not bound; the peer's death ends it, or
+#: `connect_timeout` (a setting) without a listener
 CONNECT_RETRY_S = 0.002
 CONNECT_RETRY_MAX_S = 0.05
-#: reads of one connection per readiness event before other connections get a turn
 _IOV = framing.IOV_MAX
+#: reads of one connection per readiness event before other connections get a turn
 READS_PER_EVENT = 16
 SNDBUF = 4 << 20  # fewer wake-ups for large messages (the kernel caps it at wmem_max)
 _RETRY = (errno.ENOENT, errno.ECONNREFUSED, errno.EAGAIN)
@@ -89,6 +91,7 @@ class Outbound:
         self.retry = CONNECT_RETRY_S
         self.hello: Optional[list] = None  # the preamble while it waits for the connect
         self.sent = 0
+        self.give_up_at = time.monotonic() + config.connect_timeout  # while connecting
         self.sock = self._connect()
         if self.sock is not None:
             self.state, self.opened = "open", True
@@ -182,6 +185,10 @@ class Outbound:
             s = self._connect()
             if s is None:
                 if self.state == "connecting":
+                    if time.monotonic() > self.give_up_at:  # nobody will listen there
+                        self._break(f"nothing listens at {self.addr} (tried for "
+                                    f"{config.connect_timeout:g} s: connect_timeout)")
+                        return
                     self.retry = min(self.retry * 2, CONNECT_RETRY_MAX_S)
                     self.loop.call_later(self.retry, again)
                 return
