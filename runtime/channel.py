@@ -10,7 +10,7 @@ import threading
 from typing import Any, Callable, Generic, Optional, TypeVar
 
 from ._core import get_runtime, reach
-from .future import Future
+from .future import Future, resolve_later
 from .transport.framing import ERROR, OK, Header, Kind
 from .transport.serialization import check_size, dumps, loads
 
@@ -68,6 +68,15 @@ def _rebuild_port(address: str, port_id: int, rank: Optional[int], host: str,
     return Port(reach.choose(get_runtime(), [address], [host], [alts])[0], port_id, rank)
 
 
+def _decode(raw: tuple) -> Any:
+    """A value sent to a port, unpickled; an exception sent with `Port.exception` raised."""
+    status, body, buffers = raw
+    value = loads(body, buffers)
+    if status == ERROR and isinstance(value, BaseException):
+        raise value
+    return value
+
+
 class PortReceiver(Generic[T]):
     """The receiving end: `recv()` returns a Future of the next value."""
 
@@ -78,28 +87,25 @@ class PortReceiver(Generic[T]):
         self._port_id = 0
 
     def _deliver(self, h: Header, body: Any, buffers: list) -> None:
-        try:
-            value: Any = loads(body, buffers)
-            ok = h.status != ERROR or not isinstance(value, BaseException)
-        except Exception as e:
-            value, ok = e, False
+        """A value came (I/O thread): kept as it came, unpickled by whoever takes it."""
+        raw = (h.status, body, buffers)
         with self._lock:
             if self._waiters:
                 fut = self._waiters.popleft()
             else:
-                self._values.append((ok, value))
+                self._values.append(raw)
                 return
-        fut.set_result(value) if ok else fut.set_exception(value)
+        resolve_later(fut, raw, _decode)
 
     def recv(self) -> Future[T]:
         fut: Future = Future("PortReceiver.recv")
         with self._lock:
             if self._values:
-                ok, value = self._values.popleft()
+                raw = self._values.popleft()
             else:
                 self._waiters.append(fut)
                 return fut
-        fut.set_result(value) if ok else fut.set_exception(value)
+        resolve_later(fut, raw, _decode)
         return fut
 
     def close(self) -> None:

@@ -47,7 +47,7 @@ class Future(Generic[R]):
     """A value that arrives later. `.get()` blocks; `await fut` suspends a coroutine."""
 
     __slots__ = ("_lock", "_flag", "_lk", "_value", "_exc", "_callbacks", "_on_interrupt",
-                 "_label", "_ports", "_coro", "_had_coro", "_gathered")
+                 "_label", "_ports", "_coro", "_had_coro", "_gathered", "_finish")
 
     def __init__(self, label: str = "", *, coro: Optional[Coroutine[Any, Any, R]] = None
                  ) -> None:
@@ -67,9 +67,13 @@ class Future(Generic[R]):
         self._coro = coro  # not yet started; taken by whoever runs it
         self._had_coro = coro is not None
         self._gathered = False  # its coroutine was handed to Future.gather
+        #: resolved with raw data (`resolve_later`): what turns it into the value, run by
+        #: the first thread that takes the value (never the I/O thread that resolved it)
+        self._finish: Optional[Callable[[Any], Any]] = None
 
     # -- resolution (runtime side) -------------------------------------------------
-    def _resolve(self, value: Any = None, exc: Optional[BaseException] = None) -> bool:
+    def _resolve(self, value: Any = None, exc: Optional[BaseException] = None,
+                 finish: Optional[Callable[[Any], Any]] = None) -> bool:
         with self._lock:
             if self._flag:
                 return False
@@ -77,6 +81,7 @@ class Future(Generic[R]):
                 self._exc = exc
             else:
                 self._value = value
+                self._finish = finish
             self._flag = True
             lk = self._lk
             if lk is not None:
@@ -107,7 +112,25 @@ class Future(Generic[R]):
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         self._wait(timeout)
+        if self._finish is not None:
+            self._finished()
         return self._exc
+
+    def _finished(self) -> None:
+        """Turn raw data into the value (`resolve_later`), in this thread, once: two threads
+        racing both decode, the first result stays."""
+        with self._lock:
+            finish, raw = self._finish, self._value
+        if finish is None:
+            return
+        try:
+            value, exc = finish(raw), None
+        except BaseException as e:  # noqa: BLE001 - it belongs to the future
+            value, exc = None, e
+        with self._lock:
+            if self._finish is finish:
+                self._finish = None
+                self._value, self._exc = value, exc
 
     def result(self, timeout: Optional[float] = None) -> R:
         """Alias of `get`, for concurrent.futures-style code."""
@@ -275,6 +298,8 @@ class Future(Generic[R]):
         On timeout raises TimeoutError and leaves the future usable."""
         self._run_coro()
         self._wait(timeout)
+        if self._finish is not None:
+            self._finished()
         if self._exc is not None:
             raise self._exc
         return self._value
@@ -316,6 +341,8 @@ class Future(Generic[R]):
             except asyncio.CancelledError:
                 self._interrupted()
                 raise
+        if self._finish is not None:
+            self._finished()
         if self._exc is not None:
             raise self._exc
         return self._value
@@ -409,6 +436,14 @@ class _Inline:
 
     def __init__(self, fn: Callable) -> None:
         self.fn = fn
+
+
+def resolve_later(fut: Future, raw: Any, finish: Callable[[Any], Any]) -> bool:
+    """Runtime-internal: resolve `fut` with `raw` data that `finish(raw)` turns into its value
+    (or raises as its error) in the first thread that takes the value (`get`, `await`,
+    `exception`, a callback), not in the resolving one: the I/O thread resolves a reply
+    without unpickling it. False if already resolved."""
+    return fut._resolve(value=raw, finish=finish)
 
 
 def on_resolve(fut: Future, fn: Callable[[Future], None]) -> None:

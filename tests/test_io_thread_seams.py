@@ -81,13 +81,39 @@ def test_a_done_callback_may_wait_on_another_call(workers):
 
 
 def test_a_busy_io_thread_kills_no_proc(workers):
-    """The I/O thread itself busy for 2.5 timeouts (a reply whose unpickling takes that
-    long): silence is judged on what came meanwhile, so no healthy proc is killed."""
+    """The I/O thread itself busy for 2.5 timeouts (a stand-in for a GIL-heavy pause or a
+    slow handler): silence is judged on what came meanwhile, so no healthy proc is killed."""
+    rt = runtime.get_runtime()
     with runtime.configured(heartbeat_timeout=SHORT):
-        reply = workers.slice(procs=0).slow_reply.call_one(2.5 * SHORT).get(timeout=20)
-        assert reply == "slow from 0"
-        time.sleep(0)  # the next tick judges liveness with everything read
+        done = runtime.Future("stall")
+        rt.loop.call_soon(lambda: (time.sleep(2.5 * SHORT), done.set_result(None)))
+        done.get(timeout=20)
         assert all_alive(workers) == [0, 1, 2]
+
+
+def test_answers_are_unpickled_by_their_taker_not_the_io_thread(workers):
+    """An answer whose unpickling takes seconds is unpickled by the thread that takes it:
+    meanwhile the I/O thread answers other calls and reads heartbeats."""
+    started, finished = threading.Event(), threading.Event()
+    got: list = []
+    fut = workers.slice(procs=0).slow_reply.call_one(3.0)
+
+    def take() -> None:
+        started.set()
+        got.append(fut.get(timeout=30))
+        finished.set()
+
+    taker = threading.Thread(target=take)
+    with runtime.configured(heartbeat_timeout=SHORT):
+        taker.start()
+        assert started.wait(10)
+        while not fut.done():  # the answer has come: it is being unpickled in `take`
+            time.sleep(0.01)
+        for _ in range(5):  # other calls are answered while it is
+            assert all_alive(workers) == [0, 1, 2]
+        assert not finished.is_set()
+        taker.join(30)
+    assert got == ["slow from 0"]
 
 
 def test_an_output_sink_that_blocks_stops_no_call(workers):

@@ -13,7 +13,7 @@ from typing import Any, Optional
 from ..config import config
 from .._core.liveness import note_reply
 from ..errors import ActorError, SupervisionError
-from ..future import Future
+from ..future import Future, resolve_later
 from ..shapes import Shape
 from ..transport.framing import ERROR, Header, Kind
 from ..transport import bulk
@@ -37,6 +37,23 @@ class CallInterrupt:
 
     def __call__(self) -> None:
         self.rt.interrupt(self.procs, self.port)
+
+
+class _Encoded:
+    """An answer as it came: unpickled by the thread that takes the value."""
+
+    __slots__ = ("body", "buffers", "rank")
+
+    def __init__(self, body: Any, buffers: list, rank: int) -> None:
+        self.body, self.buffers, self.rank = body, buffers, rank
+
+
+def _set(fut: Future, value: Any, decode: Any) -> None:
+    """Resolve `fut` with an answer: unpickled later by its taker if it came encoded."""
+    if type(value) is _Encoded:
+        resolve_later(fut, value, decode)
+    else:
+        fut.set_result(value)
 
 
 def wait_for_room(rt: Any, rec: Any, ranks: list[int], size: int) -> None:
@@ -183,7 +200,10 @@ class ReplyCollector:
             bulk.submit(read)
             return
         self._finish_rank(r)
-        self._deliver(h, r, self._decode(h, r, body, buffers))
+        if h.status == ERROR:  # decoded here: an error decides the call's course
+            self._deliver(h, r, self._decode(h, r, body, buffers))
+        else:  # unpickled by the thread that takes the value, never the I/O thread
+            self._deliver(h, r, _Encoded(body, buffers, r))
 
     def _deliver_read(self, h: Header, r: int, value: Any) -> None:
         with self.lock:
@@ -201,6 +221,20 @@ class ReplyCollector:
                               f"{type(e).__name__}: {e}", mesh=self.rec.name, rank=r,
                               endpoint=self.method)
 
+    def _value_of(self, enc: "_Encoded") -> Any:
+        """An answer's value, unpickled (the thread that takes it); ActorError if it cannot be."""
+        try:
+            return loads(enc.body, enc.buffers)
+        except Exception as e:
+            raise ActorError(f"cannot unpickle the reply of {self.label}(): "
+                             f"{type(e).__name__}: {e}", mesh=self.rec.name, rank=enc.rank,
+                             endpoint=self.method) from None
+
+    def _values_of(self, values: list) -> ValueMesh:
+        """call()'s ValueMesh, each answer unpickled (the thread that takes it)."""
+        out = [self._value_of(v) if type(v) is _Encoded else v for v in values]
+        return ValueMesh(self.shape, out, self.shape)
+
     def _deliver(self, h: Header, r: int, value: Any) -> None:
         if h.status == ERROR and not isinstance(value, BaseException):
             value = ActorError(str(value), mesh=self.rec.name, rank=r, endpoint=self.method)
@@ -212,7 +246,7 @@ class ReplyCollector:
                 f.set_exception(value)
             else:
                 self.rt.ports.settle()
-                f.set_result(value)
+                _set(f, value, self._value_of)
         elif h.status == ERROR:
             if self.mode == "call" and isinstance(value, SupervisionError) and self.remaining:
                 self._wait_for_others(value)
@@ -231,12 +265,11 @@ class ReplyCollector:
                 self.rt.ports.settle()
                 self.fut.set_exception(self.error)
             elif self.mode == "call":
-                base = self.shape
                 self.rt.ports.settle()
-                self.fut.set_result(ValueMesh(base, self.values, base))
+                resolve_later(self.fut, self.values, self._values_of)
             elif self.mode == "one":
                 self.rt.ports.settle()
-                self.fut.set_result(self.values)
+                _set(self.fut, self.values, self._value_of)
 
     def on_fail(self, exc: BaseException, proc: Optional[str] = None,
                 actor: Optional[str] = None) -> None:
