@@ -118,9 +118,10 @@ class Future(Generic[R]):
 
     def _finished(self) -> None:
         """Turn raw data into the value (`resolve_later`), in this thread, once: two threads
-        racing both decode, the first result stays."""
-        with self._lock:
-            finish, raw = self._finish, self._value
+        racing both decode, the first result stays (one that read the other's value as
+        raw data is discarded by the check under the lock)."""
+        finish = self._finish
+        raw = self._value  # read after `finish`: raw data unless another thread finished
         if finish is None:
             return
         try:

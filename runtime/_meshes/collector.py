@@ -65,10 +65,12 @@ def wait_for_room(rt: Any, rec: Any, ranks: list[int], size: int) -> None:
         return
 
     def full() -> bool:
-        limit, limit_bytes = config.mailbox_limit, config.mailbox_bytes
+        """Whether to wait on: until a quarter of the window is free (one wake-up lets a
+        batch of calls go, not one call per answer)."""
+        limit, limit_bytes = config.mailbox_limit * 3 // 4, config.mailbox_bytes * 3 // 4
         inflight, inflight_bytes, failed = rec.inflight, rec.inflight_bytes, rec.failed
         return not rec.stopped and any(
-            r not in failed and (inflight[r] >= limit or
+            r not in failed and (inflight[r] > limit or
                                  (inflight[r] and inflight_bytes[r] + size > limit_bytes))
             for r in ranks)
 
@@ -139,7 +141,9 @@ class ReplyCollector:
             f.reply_ports = (port,)
             f.interrupt_hook = interrupt
         inflight, inflight_bytes = rec.inflight, rec.inflight_bytes
-        size = self.size = len(self.body) + sum(memoryview(b).nbytes for b in self.bufs)
+        bufs = self.bufs
+        size = self.size = len(self.body) + (sum(memoryview(b).nbytes for b in bufs)
+                                             if bufs else 0)
         limit, limit_bytes = config.mailbox_limit, config.mailbox_bytes
         for r in ranks:
             if inflight[r] >= limit or (inflight[r] and inflight_bytes[r] + size > limit_bytes):
@@ -174,8 +178,9 @@ class ReplyCollector:
         rec = self.rec
         rec.inflight[r] -= 1
         rec.inflight_bytes[r] -= self.size
-        if rec.room_waiters:  # a caller waits for room in the call window
-            with rec.room:
+        if rec.room_waiters and rec.inflight[r] <= config.mailbox_limit * 3 // 4 and \
+                rec.inflight_bytes[r] <= config.mailbox_bytes * 3 // 4:
+            with rec.room:  # callers wait for room: wake them once a quarter is free
                 rec.room.notify_all()
         note_reply(self.rt, rec, r)
 

@@ -70,10 +70,10 @@ _SETTINGS: tuple[Setting, ...] = (
     _s("mailbox_limit", "int", 1000, "Calls one process may have in flight to one actor "
        "(sent, not yet answered): a caller past it waits in call() (its own thread, never "
        "the I/O thread) until answers come back, so a slow actor slows its callers instead "
-       "of filling its mailbox.", live=True, minimum=1),
+       "of filling its mailbox.", minimum=1),
     _s("mailbox_bytes", "int", 64 << 20, "Bytes of calls one process may have in flight to "
        "one actor; past it a caller waits as for mailbox_limit (one call is always let "
-       "through, whatever its size).", live=True, minimum=1),
+       "through, whatever its size).", minimum=1),
     _s("output_buffer_bytes", "int", 8 << 20, "Forwarded proc output the controller holds "
        "while its terminal or notebook does not take it (a paused `| less`, a stalled ssh): "
        "a writer thread prints it, never the I/O thread; past this many bytes further lines "
