@@ -50,6 +50,10 @@ class Worker(Actor):
         return {f"layer{i}.weight": np.full(3, i, dtype=np.float32) for i in range(n)}
 
     @endpoint
+    def blob(self, n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.uint8)
+
+    @endpoint
     def total(self, arrays: dict) -> float:
         return float(sum(a.sum() for a in arrays.values()))
 

@@ -184,3 +184,19 @@ def test_a_slow_actor_slows_its_callers(workers):
     assert most_bytes <= 4, most_bytes
     assert [f.get(timeout=30) for f in futs[40:]] == [1 << 20] * 30
     assert all(f.get(timeout=30) == 0.01 for f in futs[:40])
+
+
+def test_procs_sending_large_answers_are_alive_while_the_bytes_flow():
+    """Three procs answer 250 MB each at once under a 0.4 s heartbeat timeout: reading it
+    all takes longer than that, and their heartbeats queue behind their answers, but bytes
+    arriving are a sign of life: every answer counts and no proc is killed."""
+    with runtime.configured(heartbeat_interval=0.1, heartbeat_timeout=0.4):
+        pm = this_host().spawn_procs(per_host={"procs": 3}, name="large")
+        try:
+            m = pm.spawn("large", Worker)
+            m.initialized.get(timeout=30)
+            sizes = [len(v) for v in m.blob.call(250_000_000).get(timeout=60).values()]
+            assert sizes == [250_000_000] * 3
+            assert all_alive(m) == [0, 1, 2]
+        finally:
+            pm.stop().get(timeout=30)
