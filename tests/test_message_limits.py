@@ -77,3 +77,21 @@ def test_a_receiver_started_under_a_smaller_limit_still_takes_the_message(worker
         total = workers.slice(procs=1).total.call_one({"b": blob}).get(timeout=30)
     assert total == 8_000_000.0
     assert list(workers.rank.call().get(timeout=10).values()) == [0, 1]
+
+
+def test_an_answer_on_the_data_plane_counts_if_its_proc_dies_next():
+    """An 8 MB answer under a 4 MiB limit stays on the proc's data plane for the caller to
+    read; the proc is killed by the next call: the answer was sent (its send returns once
+    the caller has it), so it counts, and only the killing call fails."""
+    with runtime.configured(max_message_bytes=4 << 20):
+        pm = this_host().spawn_procs(per_host={"procs": 1}, name="bulkdeath")
+        try:
+            m = pm.spawn("w", Worker)
+            m.initialized.get(timeout=30)
+            answer = m.blob.call_one(8_000_000)
+            death = m.exit_now.call_one(9)
+            assert len(answer.get(timeout=60)) == 8_000_000
+            with pytest.raises(runtime.SupervisionError):
+                death.get(timeout=60)
+        finally:
+            pm.stop().get(timeout=30)

@@ -13,7 +13,7 @@ import itertools
 import logging
 from typing import Any, Callable, Iterable, Optional, Protocol
 
-from ..transport import framing
+from ..transport import bulk, framing
 from ..transport.framing import Header
 
 log = logging.getLogger("runtime.ports")
@@ -79,23 +79,27 @@ class Ports:
         self._ports.pop(pid, None)
 
     def deliver(self, h: Header, body: Any, buffers: list) -> None:
-        """Hand a REPLY or PORT_SEND to its port (I/O thread); unknown ports are ignored."""
+        """Hand a REPLY or PORT_SEND to its port (I/O thread); unknown ports are ignored
+        (an answer left on the data plane is dropped there: nobody will read it)."""
         entry = self._ports.get(h.port)
         if entry is not None:
             entry.on_reply(h, body, buffers)
+        elif bulk.is_bulk(body):
+            bulk.discard(body)
 
     def deliver_batch(self, h: Header, body: Any, buffers: list) -> None:
         """Hand each reply of a REPLY_BATCH (a host agent's gathered replies) to its port."""
         entry = self._ports.get(h.port)
-        if entry is None:
-            return
         try:
             replies = framing.split_reply_batch(h, body, buffers)
         except framing.FrameError as e:
             log.warning("dropped a reply batch from %s: %s", h.src, e)
             return
         for rh, rbody, rbufs in replies:
-            entry.on_reply(rh, rbody, rbufs)
+            if entry is not None:
+                entry.on_reply(rh, rbody, rbufs)
+            elif bulk.is_bulk(rbody):
+                bulk.discard(rbody)
 
     def fail(self, pid: int, exc: BaseException, proc: Optional[str] = None,
              actor: Optional[str] = None) -> None:

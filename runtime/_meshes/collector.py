@@ -196,6 +196,8 @@ class ReplyCollector:
                 for other in list(self.remaining)[1:]:
                     self._finish_rank(other)
             else:
+                if bulk.is_bulk(body):  # the call is over: its answer will not be read
+                    bulk.discard(body)
                 return
         if bulk.is_bulk(body):  # a large result left on the data plane: read it off the I/O
             def read() -> None:  # thread, then deliver on it (unless the call ended since)

@@ -337,12 +337,27 @@ class ActorInstance:
                 self.errors += 1
             self._reply_error(h, e.error)
             return
+        body, bufs, left = encoded
         try:
-            self._reply(h, OK, *encoded)
+            self._reply(h, OK, body, bufs)
         except Exception as e:  # noqa: BLE001 - the caller hears why, the thread goes on
             self._reply_error(h, ActorError(
                 f"endpoint {name}() returned a value that could not be sent: "
                 f"{type(e).__name__}: {e}", mesh=self.name, rank=self.rank, endpoint=name))
+            return
+        if left:
+            self._wait_taken(h, left)
+
+    def _wait_taken(self, h: Header, left: list) -> None:
+        """An answer left on the data plane is sent once its caller has read it: wait for
+        that (the caller drops each buffer after reading it), so that an answer whose send
+        returned counts even if this proc dies next (docs/transport.md, promise 2). Ends
+        early if the caller is known dead or this proc is stopping."""
+        caller = h.src
+        for buf in left:
+            while not buf.wait_dropped(0.1):
+                if caller in self.rt.dead_procs or self.server.stopping:
+                    return
 
     def fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None,
              call: str = "") -> None:

@@ -36,14 +36,15 @@ class UnsendableResult(Exception):
 
 
 def encode_result(h: Header, name: str, result: Any, mesh: str,
-                  rank: int) -> tuple[bytes, tuple]:
-    """(body, buffers) of endpoint `name`'s return value for the reply to `h` (its actor:
-    rank `rank` of `mesh`); UnsendableResult says why it cannot travel. Over the message
-    limit, its large buffers stay on this proc's data plane for the caller
-    (runtime/transport/bulk.py)."""
+                  rank: int) -> tuple[bytes, tuple, list]:
+    """(body, buffers, left) of endpoint `name`'s return value for the reply to `h` (its
+    actor: rank `rank` of `mesh`); UnsendableResult says why it cannot travel. Over the
+    message limit, its large buffers stay on this proc's data plane for the caller
+    (runtime/transport/bulk.py): `left` holds them (RDMABuffers the caller drops once it
+    has read them; empty otherwise)."""
     plain = dumps_plain(result)  # plain data: no buffers, no CUDA tensors to see to
     if plain is not None and len(plain) <= config.max_message_bytes:
-        return plain, ()
+        return plain, (), []
     caller = h.reply if h.extra is None else extra_get(h, "caller", h.reply)
     keep: Optional[list] = [] if str(caller).startswith("ipc://") else None  # same host
     try:
@@ -64,5 +65,6 @@ def encode_result(h: Header, name: str, result: Any, mesh: str,
                 f"{config.max_message_bytes}, and its pickled part alone is too large to "
                 "leave its arrays on the data plane", mesh=mesh, rank=rank,
                 endpoint=name), unpicklable=False)
-        data, bufs, _ = moved  # the caller drops each buffer once it has read it
-    return data, tuple(bufs)
+        data, bufs, held = moved  # the caller drops each buffer once it has read it
+        return data, tuple(bufs), [x.buf for x in held]
+    return data, tuple(bufs), []

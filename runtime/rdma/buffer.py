@@ -225,6 +225,15 @@ class RDMABuffer:
         client.close_ipc(h)  # our CUDA IPC mapping of it, if any, goes now
         return _submit(lambda: client.drop_remote(h, timeout), "RDMABuffer.drop")
 
+    def wait_dropped(self, timeout: float) -> bool:
+        """In the owner's process: wait up to `timeout` seconds until the buffer is dropped
+        (by a reader that drops what it has read, or `drop()`); whether it is. Elsewhere
+        ValueError."""
+        h = self._h
+        if h.pid != os.getpid() or h.host_id != host_id():
+            raise ValueError("wait_dropped() waits in the process that owns the buffer")
+        return get_server().registry.wait_dropped(h.buffer_id, timeout)
+
     def transport(self) -> str:
         """The transport a transfer from this process to this buffer would use now."""
         return client.choose(self._h, local_cuda=False)

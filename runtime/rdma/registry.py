@@ -38,6 +38,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._dropped = threading.Condition(self._lock)  # notified as buffers are dropped
         self._ids = itertools.count(1)
         self._last = 0  # the last id issued
         self._live: dict[int, Entry] = {}
@@ -83,7 +84,13 @@ class Registry:
             entry.dropped = True
             if entry.pins == 0:
                 self._release(entry)
+            self._dropped.notify_all()
             return True
+
+    def wait_dropped(self, buffer_id: int, timeout: float) -> bool:
+        """Wait up to `timeout` seconds until the buffer is dropped; whether it is."""
+        with self._lock:
+            return self._dropped.wait_for(lambda: buffer_id not in self._live, timeout)
 
     def _release(self, entry: Entry) -> None:
         mr, entry.ib_mr = entry.ib_mr, None

@@ -118,6 +118,25 @@ def materialize(body: Any, buffers: Sequence[Any]) -> tuple[bytes, list]:
     return mv[start + n:], out
 
 
+def discard(body: Any) -> None:
+    """A received bulk message nobody will read (its call ended, its port is closed): drop
+    its exported buffers, off the I/O thread, so the sender stops holding them (a proc's
+    actor waits until its answer is taken)."""
+    def drop() -> None:
+        mv = memoryview(body)
+        n = struct.unpack("<Q", mv[len(MAGIC):len(MAGIC) + 8])[0]
+        start = len(MAGIC) + 8
+        manifest, drop_on_read = pickle.loads(mv[start:start + n])
+        if drop_on_read:
+            for _, buf in manifest:
+                try:
+                    buf.drop()
+                except Exception:  # noqa: BLE001 - the sender is gone: nothing to free
+                    pass
+
+    submit(drop)
+
+
 def _empty(n: int) -> Any:
     """A writable buffer of n bytes, not zero-filled where numpy is there."""
     try:
