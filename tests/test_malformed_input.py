@@ -103,3 +103,23 @@ def test_an_undecodable_header_fails_its_message_alone(reader, caplog):
     assert "bad header" in caplog.text
     assert TOKEN.decode() not in caplog.text and repr(TOKEN)[2:-1] not in caplog.text
     s.close()
+
+
+def test_an_undecodable_header_on_a_tcp_inbox_fails_its_message_alone():
+    """The same nested header on a zmq (TCP) inbox, as a host agent's: that message is
+    dropped and the I/O thread goes on reading the next one (it stopped for good)."""
+    got: list = []
+    sink = IOLoop("tcpsink", TOKEN, lambda h, b, bufs: got.append(h.extra))
+    addr = sink.bind("tcp://127.0.0.1:0")
+    sink.start()
+    src = IOLoop("tcpsource", TOKEN, lambda h, b, bufs: None)
+    src.start()
+    try:
+        nested = b"\x99" + b"\x0b" + b"\xa0" * 4 + b"\x00\xff\x00" + b"\x91" * 5000 + b"\xc0"
+        src.send(addr, [TOKEN + struct.pack("<BI", 1, len(nested)) + nested])
+        src.send(addr, framing.build(TOKEN, Header(Kind.LOG, extra={"i": 3})))
+        _wait(lambda: got == [{"i": 3}])
+        assert sink.stats.dropped == 1
+    finally:
+        src.stop()
+        sink.stop()
