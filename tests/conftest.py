@@ -3,6 +3,7 @@ no process of ours behind."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -86,7 +87,50 @@ def pytest_addoption(parser):
                           "tests keep their order): finds state one file leaves to another")
 
 
+#: test files that start no process: `pytest -m pure` runs them (seconds); the
+#: `pure_starts_nothing` fixture fails a test marked pure that starts one
+PURE_FILES = frozenset({
+    "test_architecture_map.py", "test_config.py", "test_contracts.py", "test_dap_engine.py",
+    "test_debugging_pure.py", "test_log_aggregation.py", "test_malformed_input.py",
+    "test_monarch_future.py", "test_porting_table.py", "test_rdma_protocol.py",
+    "test_shapes.py", "test_stream.py", "test_tensor_groups.py", "test_transport.py",
+    "test_widgets_state.py", "kernel/test_args.py", "kernel/test_completion_pure.py",
+    "kernel/test_pure.py",
+})
+_DIR_MARKS = {"kernel": "kernel", "kernel_debug": "kernel", "browser": "browser",
+              "multihost": "multihost"}
+
+
+@functools.lru_cache(maxsize=None)
+def _kinds(path: str) -> tuple[str, ...]:
+    """The markers of the tests in one file: `pure` or `procs`, and by where it lives and
+    its name `kernel`, `browser`, `multihost`, `gpu`."""
+    rel = os.path.relpath(path, os.path.join(ROOT, "tests"))
+    kinds = ["pure" if rel in PURE_FILES else "procs"]
+    top = rel.split(os.sep)[0]
+    if top in _DIR_MARKS:
+        kinds.append(_DIR_MARKS[top])
+    if "cuda" in rel or "gpu" in rel:
+        kinds.append("gpu")
+    return tuple(kinds)
+
+
+@pytest.fixture(autouse=True)
+def pure_starts_nothing(request):
+    """A test marked `pure` starts no process (checked: its children before and after)."""
+    if request.node.get_closest_marker("pure") is None:
+        yield
+        return
+    before = {p.pid for p in _our_children()}
+    yield
+    new = [p for p in _our_children() if p.pid not in before]
+    assert not new, f"a pure test started processes: {[(p.pid, p.name()) for p in new]}"
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for mark in _kinds(str(item.path)):
+            item.add_marker(mark)
     seed = config.getoption("--shuffle-files")
     if seed is None:
         return
