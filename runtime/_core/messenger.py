@@ -151,8 +151,8 @@ class Messenger:
         if not header.src:
             header.src = self.proc_id
         by_agent: dict[str, list] = {}
-        frames = None
-        frames_tok = None
+        frames: list = []
+        frames_tok: Optional[bytes] = None
         send = self.loop.send
         port = header.port if header.reply else 0  # the call fails if its send does
         for address, route in targets:
@@ -166,7 +166,7 @@ class Messenger:
         if by_agent:
             inner = framing.encode_header(header)
             for agent_addr, procs in by_agent.items():
-                extra = {"header": inner, "procs": procs}
+                extra: dict[str, Any] = {"header": inner, "procs": procs}
                 if gather and len(procs) > 1 and self._gathers(agent_addr):
                     extra["gather"] = True
                 h = Header(Kind.FANOUT, src=self.proc_id, extra=extra)

@@ -90,7 +90,9 @@ def users_failure(failure: MeshFailure) -> bool:
     from . import current_runtime
 
     rt = current_runtime()
-    m = rt.state.actor_mesh_of_failure(failure) if rt is not None else None
+    if rt is None:
+        return True
+    m = rt.state.actor_mesh_of_failure(failure)
     if m is None or not m.internal:
         return True
     proc = rt.state.proc(failure.proc_id) if failure.proc_id else None

@@ -20,7 +20,7 @@ import contextlib
 import difflib
 import os
 import warnings
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from . import _markdown as _config_markdown, _monarch as _monarch_settings, _sweeps as _config_sweeps
 from ._setting import TYPES, Setting, parse_seconds  # noqa: F401 - public here (Monarch's)
@@ -212,6 +212,9 @@ class _Live:
 
 class Config:
     """The settings' current values: read `config.NAME`; set with configure() or assignment."""
+
+    if TYPE_CHECKING:  # the settings are attributes made from SETTINGS (below)
+        def __getattr__(self, name: str) -> Any: ...
 
     def __init__(self, environ: Optional[Mapping[str, str]] = None) -> None:
         env = os.environ if environ is None else environ

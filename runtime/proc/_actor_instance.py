@@ -80,7 +80,9 @@ def _creator(d: Any) -> Optional[CreatorInstance]:
 class ActorInstance:
     """One actor in this proc: its thread, mailbox, state and counters."""
 
-    def __init__(self, server: "ProcServer", h: Header, body: Any, buffers: list) -> None:
+    def __init__(self, server: Any, h: Header, body: Any, buffers: list) -> None:
+        """An actor of `server` (the proc's `ProcServer`, which creates it) for SPAWN_ACTOR
+        `h`, whose body and buffers are its class and arguments (unpickled on its thread)."""
         e = h.extra or {}
         self.server = server
         self.rt = server.rt
@@ -108,7 +110,7 @@ class ActorInstance:
         self.endpoints: dict = {}
         self.aloop = _endpoints.ActorLoop(self.mailbox)  # its asyncio loop and tasks
         self.supervision = _supervise.Supervision(self)  # failures of meshes it owns
-        self._spawn = (body, buffers)
+        self._spawn: Optional[tuple[Any, list]] = (body, buffers)
         self.thread = threading.Thread(target=self._run, name=f"actor-{self.name}-{self.rank}",
                                        daemon=True)
 
@@ -141,6 +143,7 @@ class ActorInstance:
             del item  # free the message (its buffers) before waiting for the next one
 
     def _init(self) -> None:
+        assert self._spawn is not None  # set by __init__, taken once, here
         body, buffers = self._spawn
         self._spawn = None
         try:

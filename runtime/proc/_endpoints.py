@@ -103,7 +103,7 @@ class ActorLoop:
                 except RuntimeError:  # the loop was closed meanwhile
                     pass
 
-        mailbox.put = put  # type: ignore[method-assign]
+        mailbox.put = put  # type: ignore[method-assign, assignment]
 
     def start(self, coro: Any, name: str) -> None:
         """Start `coro` (a concurrent endpoint's call) as a task on the loop; it runs

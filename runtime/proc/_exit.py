@@ -48,7 +48,9 @@ def drop_user_module_globals() -> None:
     still runs."""
     for name in user_modules():
         d = getattr(sys.modules.get(name), "__dict__", None)
-        for k in list(d or ()):
+        if d is None:
+            continue
+        for k in list(d):
             if not (k.startswith("__") and k.endswith("__")):
                 d[k] = None
 

@@ -35,7 +35,8 @@ class Held:
     __slots__ = ("buf", "view")
 
     def __init__(self, buf: Any, view: memoryview) -> None:
-        self.buf, self.view = buf, view
+        self.buf: Any = buf
+        self.view: Optional[memoryview] = view
 
     def drop(self) -> None:
         buf, self.buf, self.view = self.buf, None, None
@@ -54,7 +55,7 @@ def offload(body: bytes, bufs: Sequence[Any], limit: int,
     total = len(body) + sum(_nbytes(b) for b in bufs)
     out = list(bufs)
     held: list[Held] = []
-    manifest = []
+    manifest: list[tuple[int, Any]] = []
     try:
         for i in sorted(range(len(out)), key=lambda j: -_nbytes(out[j])):
             if total + 512 * (len(manifest) + 1) <= limit:
@@ -96,7 +97,7 @@ def is_bulk(body: Any) -> bool:
         return False
 
 
-def materialize(body: Any, buffers: Sequence[Any]) -> tuple[bytes, list]:
+def materialize(body: Any, buffers: Sequence[Any]) -> tuple[memoryview, list]:
     """Read the exported buffers of a received message; (the pickle body, buffers)."""
     mv = memoryview(body)
     n = struct.unpack("<Q", mv[len(MAGIC):len(MAGIC) + 8])[0]

@@ -106,7 +106,7 @@ def reduce_cuda(t: Any) -> Any:
 
 
 def _target_device(desc: str) -> Any:
-    torch = sys.modules.get("torch")
+    torch: Any = sys.modules.get("torch")
     if torch is None:
         import torch
     if getattr(_tls, "lenient", False):

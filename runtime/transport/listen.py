@@ -82,7 +82,7 @@ class Listener:
         sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
         addr = _adopt_fd(sock, addr)
         sock.bind(addr)
-        return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def _start_auth(self) -> None:
         if self._auth is not None:

@@ -11,6 +11,7 @@ zmq PUSH socket for tcp://), at once and without blocking. docs/transport.md has
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import itertools
 import logging
@@ -95,7 +96,7 @@ class IOLoop:
         if addr.startswith("ipc://"):
             s = stream.listen(addr)
             self._unix.append(s)
-            self._watch_soon(s.fileno(), lambda ev, s=s: self.peers.accept(s))
+            self._watch_soon(s.fileno(), functools.partial(self._accept_on, s))
             return addr
         z = self.ctx.socket(zmq.PULL)
         z.setsockopt(zmq.RCVHWM, 0)
@@ -163,6 +164,9 @@ class IOLoop:
         self.accept_pending()
         self.peers.drain_from(sender)
 
+    def _accept_on(self, lsock: Any, events: int) -> None:
+        self.peers.accept(lsock)
+
     def accept_pending(self) -> None:
         """Accept the connections waiting on this process's listening sockets (loop thread)."""
         for s in list(self._unix):
@@ -180,7 +184,7 @@ class IOLoop:
         for z in list(self._zmq_inboxes) + list(self._zmq_readers):
             reader = self._zmq_readers.get(z) or self._drain_zmq
             for _ in range(64):  # a bound: a peer that never pauses cannot hold the loop
-                if not z.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if not int(z.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                     break
                 reader(z)
 
@@ -264,7 +268,7 @@ class IOLoop:
     def _drain_zmq(self, sock: zmq.Socket) -> None:
         for _ in range(_BATCH):
             try:
-                frames = [sock.recv(_NOBLOCK)]
+                frames: list = [sock.recv(_NOBLOCK)]
             except zmq.Again:
                 return
             if sock.getsockopt(_RCVMORE):

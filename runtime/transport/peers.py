@@ -83,7 +83,7 @@ class Peers:
                     peer = stream.Outbound(loop, addr, framing.preamble(token, loop.name),
                                            wait_for_listener=addr not in self.broke)
                 elif loop.gateways and (link := loop.gateways.get(
-                        getattr(loop.peer_keys.get(addr, loop.keys), "public", None))):
+                        getattr(loop.peer_keys.get(addr, loop.keys), "public", b""))):
                     peer = link.peer(addr)  # this cluster is reached through its gateway
                 else:
                     peer = ZmqPeer(loop, addr)
@@ -104,11 +104,12 @@ class Peers:
     def dropped(self, peer: Any) -> None:
         """A connection broke (the peer closed it, a send failed): the next send to its
         address makes a new one (a worker restarted at the same path)."""
+        addr, opened = peer.addr, peer.opened
         with self.lock:
-            if self.out.get(peer.addr) is peer:
-                del self.out[peer.addr]
-                if peer.opened:
-                    _remember(self.broke, peer.addr)
+            if self.out.get(addr) is peer:
+                del self.out[addr]
+                if opened:
+                    _remember(self.broke, addr)
 
     def drain_from(self, sender: str) -> None:
         """Read and dispatch everything `sender` has sent this process so far: called before

@@ -139,8 +139,10 @@ class Outbound:
         """Write a message to the empty queue's socket (lock held); what the kernel did not
         take is queued for the I/O thread: (error text if the connection broke, the queued
         item or None)."""
+        sock = self.sock
+        assert sock is not None  # open: connected
         try:
-            n = self.sock.sendmsg(bufs if len(bufs) <= _IOV else bufs[:_IOV])
+            n = sock.sendmsg(bufs if len(bufs) <= _IOV else bufs[:_IOV])
         except BlockingIOError:
             n = 0
         except OSError as e:
@@ -199,9 +201,11 @@ class Outbound:
         self.loop.call_later(self.retry, again)
 
     def _ready(self, events: int) -> None:
+        sock = self.sock
+        assert sock is not None  # watched only once connected
         if events & ~_OUT:  # readable: the peer closed (it never writes here), or an error
             try:
-                data = self.sock.recv(1 << 16)
+                data = sock.recv(1 << 16)
             except BlockingIOError:
                 data = b"?"
             except OSError as e:
@@ -224,6 +228,7 @@ class Outbound:
                     if len(bufs) + len(item[0]) > _IOV and bufs:
                         break
                     bufs += item[0]
+                assert self.sock is not None  # open: connected
                 try:
                     n = self.sock.sendmsg(bufs if len(bufs) <= _IOV else bufs[:_IOV])
                 except BlockingIOError:
@@ -282,7 +287,7 @@ class Outbound:
     def finish(self, timeout: float = 2.0) -> None:
         """The loop stops (I/O thread): what waits gets up to `timeout` to be written."""
         with self.lock:
-            if self.state == "open" and self.queue:
+            if self.state == "open" and self.queue and self.sock is not None:
                 self.sock.settimeout(timeout)
                 try:
                     for bufs, _, _ in self.queue:
