@@ -6,10 +6,15 @@ import collections
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from ..future import Future
 from ..supervision import MeshFailure
+
+
+#: a proc's life as its owner sees it: starting (spawned, no hello yet) -> running -> failed
+#: or stopped (both final; a failed proc's failure is in `failure`)
+ProcState = Literal["starting", "running", "failed", "stopped"]
 
 
 @dataclass
@@ -40,7 +45,7 @@ class ProcRecord:
     address: str
     host: str = ""
     pid: int = 0
-    state: str = "starting"  # starting, running, failed, stopped
+    state: ProcState = "starting"
     last_seen: float = field(default_factory=time.monotonic)
     output: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
     stderr_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))

@@ -16,7 +16,7 @@ import os
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
 from ..config import config
 from . import framing
@@ -65,6 +65,11 @@ def listen(addr: str) -> socket.socket:
     return s
 
 
+#: an outbound connection's states, in order (docs/transport.md): connecting (dialing, its
+#: messages queued) -> open -> broken (final: what was not written fails its calls)
+OutboundState = Literal["connecting", "open", "broken"]
+
+
 class Outbound:
     """The connection this process dialed to one peer (any thread sends; whole messages in
     call order). States: connecting -> open -> broken (docs/transport.md). A message the
@@ -83,7 +88,7 @@ class Outbound:
         self.lock = threading.Lock()
         self.written = threading.Condition(self.lock)  # notified as the queue drains
         self.queue: collections.deque = collections.deque()  # [buffers, port, bytes left]
-        self.state = "connecting"
+        self.state: OutboundState = "connecting"
         self.error = ""
         self.gone = False  # broken because the peer went away (not an error of ours)
         self.sender: Optional[int] = None  # the thread inside send (a finalizer re-enters)
