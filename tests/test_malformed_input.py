@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 import socket
 import struct
-import time
 
 import pytest
 
+from _util import wait_until
 from runtime.transport import framing, peers
 from runtime.transport.framing import Header, Kind
 from runtime.transport.loop import IOLoop
@@ -20,11 +20,7 @@ pytestmark = pytest.mark.timeout(60)
 TOKEN = b"s" * 16
 
 
-def _wait(cond, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
+_wait = wait_until
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from _util import wait_until
 from runtime.transport import framing
 from runtime.transport.framing import FrameError, Header, Kind
 from runtime.transport.loop import IOLoop
@@ -20,11 +21,7 @@ pytestmark = pytest.mark.timeout(60)
 TOKEN = b"t" * 16
 
 
-def _wait(cond, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.005)
+_wait = wait_until
 
 
 def _decode(data: bytes, chunks: list[int], max_frame: int = 1 << 30) -> list[list[bytes]]:

@@ -97,12 +97,27 @@ def is_bulk(body: Any) -> bool:
         return False
 
 
-def materialize(body: Any, buffers: Sequence[Any]) -> tuple[memoryview, list]:
-    """Read the exported buffers of a received message; (the pickle body, buffers)."""
+def _manifest(body: Any) -> tuple[list, bool, memoryview]:
+    """A received bulk body's parts: its manifest, whether the receiver drops what it
+    reads, and the original pickle body."""
     mv = memoryview(body)
     n = struct.unpack("<Q", mv[len(MAGIC):len(MAGIC) + 8])[0]
     start = len(MAGIC) + 8
     manifest, drop_on_read = pickle.loads(mv[start:start + n])
+    return manifest, drop_on_read, mv[start + n:]
+
+
+def _drop(manifest: list) -> None:
+    for _, buf in manifest:
+        try:
+            buf.drop()
+        except Exception:  # noqa: BLE001 - the sender is gone: nothing to free
+            pass
+
+
+def materialize(body: Any, buffers: Sequence[Any]) -> tuple[memoryview, list]:
+    """Read the exported buffers of a received message; (the pickle body, buffers)."""
+    manifest, drop_on_read, rest = _manifest(body)
     out = list(buffers)
     try:
         for i, buf in manifest:
@@ -111,12 +126,8 @@ def materialize(body: Any, buffers: Sequence[Any]) -> tuple[memoryview, list]:
             out[i] = dst
     finally:
         if drop_on_read:
-            for _, buf in manifest:
-                try:
-                    buf.drop()
-                except Exception:  # noqa: BLE001 - the sender is gone: nothing to free
-                    pass
-    return mv[start + n:], out
+            _drop(manifest)
+    return rest, out
 
 
 def discard(body: Any) -> None:
@@ -124,16 +135,9 @@ def discard(body: Any) -> None:
     its exported buffers, off the I/O thread, so the sender stops holding them (a proc's
     actor waits until its answer is taken)."""
     def drop() -> None:
-        mv = memoryview(body)
-        n = struct.unpack("<Q", mv[len(MAGIC):len(MAGIC) + 8])[0]
-        start = len(MAGIC) + 8
-        manifest, drop_on_read = pickle.loads(mv[start:start + n])
+        manifest, drop_on_read, _ = _manifest(body)
         if drop_on_read:
-            for _, buf in manifest:
-                try:
-                    buf.drop()
-                except Exception:  # noqa: BLE001 - the sender is gone: nothing to free
-                    pass
+            _drop(manifest)
 
     submit(drop)
 
