@@ -64,7 +64,8 @@ def user_modules() -> list[str]:
     dirs = [*sysconfig.get_paths().values(), sys.prefix, sys.base_prefix]
     keep = {os.path.normpath(p) + os.sep for p in dirs}
     keep |= {os.path.realpath(p) + os.sep for p in dirs}
-    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+    # the directory holding this project's packages (runtime/proc/_exit.py is three down)
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))) + os.sep
     keep |= {here + pkg + os.sep for pkg in ("runtime", "monarch_kernel", "monarch_widgets")}
     kept = tuple(keep)
 
