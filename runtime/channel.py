@@ -167,6 +167,5 @@ class Accumulator(Generic[T]):
 
 def _start(fut: Any) -> None:
     """Start a `Future(coro=...)` that nobody awaits yet (a stream may yield those)."""
-    run = getattr(fut, "_run_coro", None)
-    if run is not None:
-        run()
+    if isinstance(fut, Future):
+        fut.start()

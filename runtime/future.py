@@ -241,7 +241,7 @@ class Future(Generic[R]):
             coro, self._coro = self._coro, None
             return coro
 
-    def _run_coro(self) -> None:
+    def start(self) -> None:
         """Start this future's coroutine, if it has one not yet started, on its own loop."""
         coro = self._take_coro()
         if coro is None:
@@ -297,7 +297,7 @@ class Future(Generic[R]):
         """Block until resolved and return the value (or raise the error).
 
         On timeout raises TimeoutError and leaves the future usable."""
-        self._run_coro()
+        self.start()
         self._wait(timeout)
         if self._finish is not None:
             self._finished()

@@ -497,25 +497,20 @@ FOREIGN_PRIVATE_DEBT: dict[str, set[str]] = {
     "runtime.proc._actor_instance": {"_owner_actor", "_stop_now"},  # the meshes an actor owns
     "runtime._meshes.actor_mesh": {"_root"},
     "runtime._meshes.adverbs": {"_class", "_rec", "_rt", "_shape", "_view_extra"},
-    "runtime._meshes.local": {"_on_spawn", "_proc_mesh", "_rec"},
+    "runtime._meshes.local": {"_proc_mesh", "_rec"},
     "runtime._meshes.proc_logs": {"_agents", "_procs", "_rt", "_shape"},
     "runtime._meshes.proc_stacks": {"_rt", "_view_procs"},
     "runtime._meshes.proc_timeline": {"_rt", "_view_procs"},
     "runtime._meshes.workspace_sync": {"_rec", "_rt"},
     "runtime.admin.server": {"_rec"},
-    "runtime.channel": {"_run_coro"},
-    "runtime.host": {"_shutdown"},
-    "runtime.host.queries": {"_send"},
     "runtime.job.base": {"_new_with_shape", "_shape"},
     "runtime.job.cache": {"_after_load", "_transient"},
     "runtime.rdma": {"_h"},
-    "runtime.rdma.buffer": {"_exc"},
     "runtime.spmd": {"_labels"},
     "runtime.tensor._collectives": {"_engine", "_key", "_procs", "_rt", "_target"},
     "runtime.tensor._fetch": {"_engine", "_key", "_target"},
     "runtime.tensor._remote": {"_base", "_engine", "_fail", "_key", "_shape", "_target", "_values"},
     "runtime.tensor._rref": {"_mesh", "_name", "_new_with_shape", "_rec"},
-    "runtime.tensor._tensor": {"_shutdown"},  # weakref.finalize's own `_shutdown`
     "runtime.tensor._worker": {"_ops"},  # torch._ops, a module (the name is also ours)
 }
 

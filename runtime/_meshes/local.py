@@ -103,7 +103,7 @@ def _start_controller_controller(rt: Runtime, server: Any) -> None:
     h = Header(Kind.SPAWN_ACTOR, actor=_cc_actor_id(rt.proc_id), reply=rt.address, rank=0,
                extra={"name": _CC_NAME, "rank": 0, "labels": [], "sizes": []})
     body, bufs = dumps((_ControllerController, (), {}))
-    rt.loop.call_soon(server._on_spawn, h, body, list(bufs))
+    rt.loop.call_soon(server.on_spawn, h, body, list(bufs))
 
 
 def _get_or_spawn_here(name: str, cls: type, args: tuple, kwargs: dict) -> Any:

@@ -70,6 +70,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .agent import Agent
 
     agent = Agent(args)
-    signal.signal(signal.SIGTERM, lambda *_: agent.loop.call_soon(agent._shutdown, "SIGTERM"))
+    signal.signal(signal.SIGTERM, lambda *_: agent.loop.call_soon(agent.shutdown, "SIGTERM"))
     agent.run()
     return 0

@@ -73,7 +73,7 @@ class Agent:
         self.by_pid: dict[int, str] = {}
         self.pending_spawn: dict[str, dict] = {}
         self.stopping = False
-        self.stopped = threading.Event()  # set once _shutdown has ended the procs
+        self.stopped = threading.Event()  # set once shutdown has ended the procs
         self.logs = AgentLogs(getattr(args, "log_dir", None), os.getpid(), time.time())
         # fork the zygote while this process is still single-threaded
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -114,7 +114,7 @@ class Agent:
                            "gateway": self.gateway.address if self.gateway else ""}, f)
             os.replace(tmp, args.address_file)
         self.gather = ReplyGather(self.address, self.loop.send, self.token)
-        self.workspace = WorkspaceStore(self.rundir, self.agent_id, self._send)
+        self.workspace = WorkspaceStore(self.rundir, self.agent_id, self.send)
         self._handlers = {
             Kind.HEARTBEAT: self._on_heartbeat, Kind.SPAWN_PROCS: self._spawn,
             Kind.KILL_PROCS: self._on_kill, Kind.AGENT_ATTACH: self._attach,
@@ -140,19 +140,20 @@ class Agent:
             try:
                 self.parent_fd = os.pidfd_open(self.args.parent_pid)
             except OSError:
-                self._shutdown("owner process died")
+                self.shutdown("owner process died")
                 return
             self.loop.add_reader(self.parent_fd,
-                                 lambda: self._shutdown("owner process died"))
+                                 lambda: self.shutdown("owner process died"))
         from ..config import config
 
         self.loop.call_every(config.heartbeat_interval, self._tick)
         if self.owner:
-            self._send(self.owner, Header(Kind.HELLO, extra={
+            self.send(self.owner, Header(Kind.HELLO, extra={
                 "pid": os.getpid(), "host": socket.gethostname(), "address": self.address,
                 "agent": True}))
 
-    def _send(self, addr: str, h: Header, body: bytes = b"") -> None:
+    def send(self, addr: str, h: Header, body: bytes = b"") -> None:
+        """Send `h` (with this agent as its sender) and `body` to `addr`; nothing if empty."""
         if addr:
             h.src = self.agent_id
             self.loop.send(addr, framing.build(self.token, h, body))
@@ -184,7 +185,7 @@ class Agent:
             self._kill_procs("the controller detached")
             self.owner = ""
         else:
-            self._shutdown("asked to stop")
+            self.shutdown("asked to stop")
 
     def _on_fanout(self, h: Header, body: Any, buffers: list) -> None:
         """Deliver the enclosed message to several local procs."""
@@ -206,7 +207,7 @@ class Agent:
             self._kill_procs("a new controller attached")
         self.owner, self.owner_lease = new_owner, float(e.get("lease") or 0)  # via a gateway
         self.owner_last_seen = time.monotonic()
-        self._send(self.owner, Header(Kind.HELLO, extra={
+        self.send(self.owner, Header(Kind.HELLO, extra={
             "pid": os.getpid(), "host": socket.gethostname(), "address": self.tcp_address,
             "agent": True, "attach_id": e.get("attach_id", "")}))
 
@@ -276,7 +277,7 @@ class Agent:
             except OSError:
                 data, fds = b"", []
             if not data:
-                self._shutdown("zygote died")
+                self.shutdown("zygote died")
                 return
             msg = json.loads(data)
             if msg["op"] == "spawned":
@@ -303,7 +304,7 @@ class Agent:
                 os.unlink(os.path.join(self.rundir, pp.proc_id))
             except OSError:
                 pass
-        self._send(pp.owner, Header(Kind.PROC_EXIT, extra={
+        self.send(pp.owner, Header(Kind.PROC_EXIT, extra={
             "proc": pp.proc_id, "pid": pp.pid, "code": msg["code"], "signal": msg["signal"],
             "stderr": list(pp.stderr_tail)}))
 
@@ -314,7 +315,7 @@ class Agent:
                          name="agent-query").start()
 
     def _forward(self, owner: str, proc_id: str, stream: str, label: str, text: str) -> None:
-        self._send(owner, Header(Kind.LOG, extra={"proc": proc_id, "stream": stream,
+        self.send(owner, Header(Kind.LOG, extra={"proc": proc_id, "stream": stream,
                                                   "label": label}), text.encode())
 
     def _tick(self) -> None:
@@ -322,7 +323,7 @@ class Agent:
 
         if not self.owner:
             return
-        self._send(self.owner, Header(Kind.HEARTBEAT))
+        self.send(self.owner, Header(Kind.HEARTBEAT))
         silent = time.monotonic() - self.owner_last_seen
         if silent <= (getattr(self, "owner_lease", 0) or max(config.heartbeat_timeout, 5.0) * 2):
             return
@@ -331,9 +332,11 @@ class Agent:
             self._kill_procs("owner silent")
             self.owner = ""
         else:
-            self._shutdown("owner silent")
+            self.shutdown("owner silent")
 
-    def _shutdown(self, why: str) -> None:
+    def shutdown(self, why: str) -> None:
+        """Stop serving (I/O thread): end the procs and the zygote, then the loop; `why` is
+        logged (SIGTERM, asked to stop, owner gone, zygote died)."""
         if self.stopping:
             return
         self.stopping = True

@@ -66,4 +66,4 @@ def answer(agent: "Agent", h: Header) -> None:
         log.exception("agent query failed")
         status, body = ERROR, f"{type(e).__name__}: {e}".encode()
     if h.reply and h.port:
-        agent._send(h.reply, Header(Kind.REPLY, port=h.port, status=status), body)
+        agent.send(h.reply, Header(Kind.REPLY, port=h.port, status=status), body)

@@ -78,7 +78,7 @@ class ProcServer:
 
     def handlers(self) -> dict:
         """Message kind -> handler, for the proc's runtime."""
-        return {Kind.LOG_LEVEL: self._on_log_level, Kind.CALL: self._on_call, Kind.SPAWN_ACTOR: self._on_spawn,
+        return {Kind.LOG_LEVEL: self._on_log_level, Kind.CALL: self._on_call, Kind.SPAWN_ACTOR: self.on_spawn,
                 Kind.STOP_ACTOR: self._on_stop_actor, Kind.STOP_PROC: self._on_stop_proc,
                 Kind.DUMP_STACK: self._on_dump_stack, Kind.INTERRUPT: self._on_interrupt,
                 Kind.TIMELINE: self._on_timeline,
@@ -115,7 +115,7 @@ class ProcServer:
         for h, _, _ in self.early.pop(actor_id, ()):
             self._no_actor(h)
 
-    def _on_spawn(self, h: Header, body: Any, buffers: list) -> None:
+    def on_spawn(self, h: Header, body: Any, buffers: list) -> None:
         if h.actor in self.actors:
             return
         a = ActorInstance(self, h, body, buffers)

@@ -343,7 +343,7 @@ class RDMAAction:
             lock = threading.Lock()
 
             def done(f: Future) -> None:
-                exc = f._exc
+                exc = f.exception(0)
                 with lock:
                     left[0] -= 1
                     last = left[0] == 0
