@@ -121,3 +121,30 @@ def test_pickling_while_another_thread_imports_torch(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", half)
     body, bufs = dumps({"step": 3, "values": [1.5, 2.5], "error": ValueError("x")})
     assert loads(body, bufs)["step"] == 3
+
+
+def test_a_held_gathered_reply_goes_before_a_later_message_of_its_proc():
+    """An agent holds proc p's reply to a gathered call while q has not answered; before it
+    relays anything else p sent, it sends what it holds of p (`flush_from`), and only that:
+    the batch then waits for q alone."""
+    from runtime.host.gather import ReplyGather
+
+    sent: list = []
+    g = ReplyGather("ipc://agent", lambda addr, frames: sent.append((addr, frames)), b"t")
+    inner = g.start(Header(Kind.CALL, reply="tcp://caller:1", port=7), ["p", "q"])
+    gid = framing.extra_get(inner, "g")
+    reply = Header(Kind.REPLY, src="p", actor="a", rank=0, port=7, extra={"g": gid})
+    g.on_reply(reply, b"p-answer", [])
+    g.flush_from("q")  # q holds nothing: nothing goes
+    assert sent == []
+    g.flush_from("p")
+    (addr, frames), = sent
+    h, body, bufs = framing.parse(frames, b"t")
+    assert addr == "tcp://caller:1" and h.kind == Kind.REPLY_BATCH and h.port == 7
+    assert [(r.src, bytes(b)) for r, b, _ in framing.split_reply_batch(h, body, bufs)] == \
+        [("p", b"p-answer")]
+    g.flush_from("p")  # sent once
+    assert len(sent) == 1 and g.holding == {}
+    g.on_reply(Header(Kind.REPLY, src="q", actor="a", rank=1, port=7, extra={"g": gid}),
+               b"q-answer", [])
+    assert len(sent) == 2 and g.batches == {}

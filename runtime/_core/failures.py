@@ -6,6 +6,7 @@ Runs on the I/O thread.
 
 from __future__ import annotations
 
+import collections
 import logging
 import signal
 import time
@@ -39,13 +40,18 @@ log = logging.getLogger("runtime")
 class Failures:
     """Turns deaths and actor errors into MeshFailures and hands them to owners."""
 
+    #: causes kept of dead procs this process does not own (told by PROC_DEAD)
+    CAUSES_KEPT = 1024
+
     def __init__(self, rt: "Runtime") -> None:
         self.rt = rt
+        self.causes: collections.OrderedDict = collections.OrderedDict()
 
     def dead_message(self, proc_id: str) -> str:
         rec = self.rt.state.proc(proc_id)
-        if rec is not None and rec.failure is not None:
-            return f"actor failed: {rec.failure}"
+        failure = rec.failure if rec is not None else self.causes.get(proc_id)
+        if failure is not None:
+            return f"actor failed: {failure}"
         return f"proc {proc_id} is dead"
 
     # -- procs ------------------------------------------------------------------------------
@@ -88,11 +94,7 @@ class Failures:
                 self.deliver(m, f)
             self.fail_ports_for_actor(m, rank, f)
         self.mark_dead(proc_id, base)
-        # tell the other procs we own, so their waits on this proc fail too
-        others = [(o.address, o.route) for o in rt.state.running_procs()
-                  if o.proc_id != proc_id]
-        if others:
-            rt.messenger.cast(others, Header(Kind.PROC_DEAD, extra={"procs": [proc_id]}))
+        self.tell_others(proc_id, base)
         if not failures and rec.agent is not None:
             self.deliver(None, base)
         self.retire(proc_id)
@@ -112,6 +114,23 @@ class Failures:
                 rt.health.remove_mesh(m.health_name)
             elif m.health_name:
                 weakref.finalize(m, _remove_health_later, rt, m.health_name)
+
+    def tell_others(self, proc_id: str, failure: Optional[MeshFailure],
+                    skip: str = "") -> None:
+        """Tell whoever may wait on `proc_id` that it died, and why: the other procs this
+        process owns, and its own owner (which tells its procs and its owner in turn), so
+        that a call from anywhere fails at once in the words of the death (the exit code or
+        signal), whoever owned the proc. `skip`: the process that told us."""
+        rt = self.rt
+        why = _why(failure) if failure is not None else None
+        others = [(o.address, o.route) for o in rt.state.running_procs()
+                  if o.proc_id != proc_id and o.proc_id != skip]
+        if others:
+            rt.messenger.cast(others, Header(Kind.PROC_DEAD, extra={
+                "procs": [proc_id], "why": why}))
+        if rt.owner_address:
+            rt.send(rt.owner_address, Header(Kind.PROC_DEAD, extra={
+                "procs": [proc_id], "why": why, "up": True}))
 
     def mark_dead(self, proc_id: str, failure: Optional[MeshFailure]) -> None:
         rt = self.rt
@@ -163,8 +182,26 @@ class Failures:
             rec.exited.set_result(None)
 
     def on_proc_dead(self, h: Header, body: Any, buffers: list) -> None:
-        for p in (h.extra or {}).get("procs", []):
-            self.mark_dead(p, None)
+        """Procs another process owned are dead (from our owner; or from a proc we own,
+        `up`: told on to our other procs and our owner)."""
+        e = h.extra if isinstance(h.extra, dict) else {}
+        rt = self.rt
+        for p in e.get("procs", []):
+            if not isinstance(p, str):
+                continue
+            rec = rt.state.proc(p)
+            if rec is not None and rec.state in ("failed", "stopped"):
+                continue
+            failure = _failure(p, e.get("why"))
+            if failure is not None and rec is None:
+                self.causes[p] = failure
+                self.causes.move_to_end(p)
+                while len(self.causes) > self.CAUSES_KEPT:
+                    self.causes.popitem(last=False)
+            known = p in rt.state.dead_procs
+            self.mark_dead(p, failure)
+            if e.get("up") and not known:
+                self.tell_others(p, failure, skip=h.src)
 
     # -- actors -------------------------------------------------------------------------------
     def check_initialized(self, m: ActorMeshRecord) -> None:
@@ -273,6 +310,27 @@ def _remove_health_later(rt: "Runtime", name: str) -> None:
             rt.health.remove_mesh(name)
 
     rt.loop.schedule(remove)  # a finalizer: maybe inside this thread's send (no flush)
+
+
+def _why(f: MeshFailure) -> dict:
+    """A proc's failure as PROC_DEAD carries it (msgpack types only)."""
+    return {"mesh": f.mesh, "ranks": list(f.ranks), "cause": f.cause, "host": f.host,
+            "pid": f.pid, "code": f.exit_code, "signal": f.signal,
+            "stderr": list(f.stderr_tail)}
+
+
+def _failure(proc_id: str, why: Any) -> Optional[MeshFailure]:
+    """The MeshFailure a PROC_DEAD's `why` describes, or None (none, or malformed)."""
+    if not isinstance(why, dict):
+        return None
+    try:
+        return MeshFailure(mesh=str(why["mesh"]), ranks=[int(r) for r in why["ranks"]],
+                           cause=str(why["cause"]), host=str(why.get("host") or ""),
+                           pid=int(why.get("pid") or 0), proc_id=proc_id,
+                           exit_code=why.get("code"), signal=why.get("signal"),
+                           stderr_tail=[str(x) for x in why.get("stderr") or []])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def tail(lines: list, n: int) -> list:

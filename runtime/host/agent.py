@@ -120,7 +120,7 @@ class Agent:
             Kind.KILL_PROCS: self._on_kill, Kind.AGENT_ATTACH: self._attach,
             Kind.AGENT_STOP: self._on_stop, Kind.FANOUT: self._on_fanout,
             Kind.REPLY: self.gather.on_reply, Kind.WORKSPACE: self.workspace.on_message,
-            Kind.AGENT_QUERY: self._on_query,
+            Kind.AGENT_QUERY: self._on_query, Kind.RELAY: self._on_relay,
         }
 
     def run(self) -> None:
@@ -198,6 +198,18 @@ class Agent:
         frames = framing.build(self.token, inner, body, buffers)
         for proc_id in procs:
             self.loop.send(f"ipc://{self.rundir}/{proc_id}", frames)
+
+    def _on_relay(self, h: Header, body: Any, buffers: list) -> None:
+        """A local proc's message to a peer on another host (`peers.RelayPeer`): sent on,
+        after any gathered replies of that proc this agent still holds (they were sent
+        first). Its frames are passed as they came; the receiver checks them."""
+        to = framing.extra_get(h, "to")
+        if not isinstance(to, str) or not to.startswith("tcp://") or not buffers:
+            log.warning("agent: a relay from %s to %r dropped: not a message for another "
+                        "host", h.src, to)
+            return
+        self.gather.flush_from(h.src)
+        self.loop.send(to, buffers)
 
     def _attach(self, h: Header, body: Any = None, buffers: Any = None) -> None:
         """A controller adopts this (listening) agent; a previous owner's procs are ended."""

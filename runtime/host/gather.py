@@ -44,6 +44,7 @@ class ReplyGather:
         self._token = token
         self._ids = itertools.count(1)
         self.batches: dict[int, _Batch] = {}
+        self.holding: dict[str, set[int]] = {}  # proc id -> batches holding a reply of it
 
     def start(self, inner: Header, procs: list[str]) -> Header:
         """Take over the replies of the call `inner` to `procs`: returns the header to
@@ -69,6 +70,7 @@ class ReplyGather:
             self._flush(gid)  # what is held goes first: a batch stays within the limits
         b.size += size
         b.items.append([h.src, h.actor, h.rank, h.status, len(body), len(buffers)])
+        self.holding.setdefault(h.src, set()).add(gid)
         b.bodies.append(body)
         b.buffers.extend(buffers)
         if h.status != framing.OK:
@@ -85,11 +87,23 @@ class ReplyGather:
                 if not b.waiting:
                     self._flush(gid)
 
+    def flush_from(self, proc_id: str) -> None:
+        """Send now what is held of `proc_id`'s replies: a message it sent after them is
+        about to go (its replies must arrive first)."""
+        for gid in list(self.holding.get(proc_id, ())):
+            self._flush(gid)
+
     def _flush(self, gid: int) -> None:
         b = self.batches[gid]
         if not b.waiting:
             del self.batches[gid]
         if b.items:
+            for item in b.items:
+                held = self.holding.get(item[0])
+                if held is not None:
+                    held.discard(gid)
+                    if not held:
+                        del self.holding[item[0]]
             h, body = framing.reply_batch(b.port, b.items, b.bodies)
             self._send(b.reply, framing.build(self._token, h, body, b.buffers))
         b.items, b.bodies, b.buffers, b.size = [], [], [], 0

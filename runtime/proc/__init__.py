@@ -50,6 +50,8 @@ def main(cfg: dict) -> None:
     role = ProcRole(server, cfg.get("agent", ""), cfg.get("host_id", ""))
     rt = Runtime(proc_id=cfg["proc_id"], token=bytes.fromhex(cfg["token"]), rundir=cfg["rundir"],
                  owner_address=cfg["owner"], keys=keys, role=role, start=False)
+    if cfg.get("agent", "").startswith("ipc://"):  # other hosts: through the agent
+        rt.loop.relay = cfg["agent"]
     server.rt = rt
     set_runtime(rt)
     _features.call("debugging.install_in_proc", rt)  # debugging is above this layer

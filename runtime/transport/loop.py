@@ -50,6 +50,10 @@ class IOLoop:
         self.max_message_bytes = max_message_bytes
         self.address = ""
         self.peer_keys: dict[str, CurveKeys] = {}  # TCP peers of another cluster key
+        #: a proc's host agent (its ipc address): what this process sends to other hosts
+        #: goes through it (`peers.RelayPeer`), so that it leaves on one path and the
+        #: agent's report of this process's death follows it there
+        self.relay = ""
         self.peers = Peers(self)  # the connections (runtime/transport/peers.py)
         self._ctx: Optional[zmq.Context] = None  # made for the first TCP socket
         self._listener: Optional[Listener] = None

@@ -3,7 +3,8 @@ sender, and what happens when one fails (docs/transport.md).
 
 - To a peer on this host (`ipc://PATH`): an AF_UNIX stream this process dialed
   (`stream.Outbound`); to a peer on another host (`tcp://`): a zmq PUSH socket with
-  CurveZMQ (`ZmqPeer`). Any thread sends, under the connection's lock.
+  CurveZMQ (`ZmqPeer`), or, for a proc, its host agent's stream (`RelayPeer`: the agent
+  sends it on). Any thread sends, under the connection's lock.
 - From peers on this host: the connections they dialed (`stream.Inbound`), accepted and
   read by the I/O thread, known by the sender id of their preamble.
 """
@@ -82,6 +83,8 @@ class Peers:
                     token = cluster_token(keys) if keys is not None else loop.token
                     peer = stream.Outbound(loop, addr, framing.preamble(token, loop.name),
                                            wait_for_listener=addr not in self.broke)
+                elif loop.relay:
+                    peer = RelayPeer(loop, addr)  # a proc: through its host agent
                 elif loop.gateways and (link := loop.gateways.get(
                         getattr(loop.peer_keys.get(addr, loop.keys), "public", b""))):
                     peer = link.peer(addr)  # this cluster is reached through its gateway
@@ -213,6 +216,37 @@ class Peers:
         return {"send_sockets": len(out), "forgotten_peers": len(self.gone),
                 "inbound_connections": sum(len(c) for c in list(self.inbound.values())),
                 "queued_messages": sum(p.pending() for p in out)}
+
+
+class RelayPeer:
+    """A peer on another host that a proc reaches through its host agent: each message goes
+    on the proc's one stream to the agent, wrapped in a RELAY head, and the agent sends it
+    on (`HostAgent`'s RELAY handler). Everything the proc sends other hosts thus leaves on
+    one path, in `send` order, and is in the kernel's hands when `send` returns: the agent
+    reads it to the end before it reports the proc's death, on the same connection
+    (docs/transport.md, "Across hosts")."""
+
+    def __init__(self, loop: "IOLoop", addr: str) -> None:
+        self.loop = loop
+        self.addr = addr
+        self.opened = False
+        self.sent = 0
+        # the head is the same for every message to `addr`: built once
+        self.head = framing.build(loop.token, framing.Header(
+            framing.Kind.RELAY, src=loop.name, extra={"to": addr}))[0]
+
+    def send(self, frames: list, port: int = 0) -> None:
+        self.sent += 1
+        self.loop.peers.send(self.loop.relay, [self.head, *frames], port)
+
+    def close(self, why: str = "") -> None:
+        """Nothing of its own to close: the agent's stream is the connection."""
+
+    def finish(self) -> None:
+        """The stream to the agent finishes what it holds."""
+
+    def pending(self) -> int:
+        return 0
 
 
 class ZmqPeer:

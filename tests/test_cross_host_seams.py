@@ -1,0 +1,161 @@
+"""Across hosts, the same promises as on one host (docs/transport.md, "Across hosts"): host
+agents reached over TCP with CurveZMQ (`LocalJob`, the code of SLURM and SSH agents), their
+procs sending other hosts through their agent.
+
+- a remote proc SIGKILLed while answering pipelined calls: every answer it sent counts,
+  with the controller's I/O thread idle or busy meanwhile, and the rest fail naming SIGKILL;
+- gathered replies (proc -> agent -> caller) and an actor's failure report after them
+  arrive in the order the actor sent them;
+- a proc owned by another proc dies: the controller's calls on it fail at once, in the
+  words of the death (its owner tells its own owner), not after a ping's timeout as a
+  "network partition".
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+import runtime
+from runtime import Actor, SupervisionError, current_rank, endpoint, this_host
+from runtime.config import configured
+from runtime.job import LocalJob
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    here = os.path.dirname(os.path.abspath(__file__))  # this module's actors, by reference
+    path = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH", "")]))
+    job = LocalJob(1, progress=False, env={"PYTHONPATH": path})
+    try:
+        yield job.state().hosts
+    finally:
+        job.kill()
+
+
+@pytest.fixture
+def quiet_failures(monkeypatch):
+    """Failures the test provokes are not the root's unhandled failures."""
+    seen: list = []
+    monkeypatch.setattr(runtime, "unhandled_fault_hook", seen.append)
+    return seen
+
+
+class DiesAt(Actor):
+    @endpoint
+    def step(self, i: int, size: int, die_at: int) -> bytes:
+        if i == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return bytes(size)
+
+
+@pytest.mark.parametrize("size", [1 << 10, 1 << 20], ids=["1KiB", "1MiB"])
+@pytest.mark.parametrize("busy", [0.0, 0.5], ids=["idle", "busy"])
+def test_every_answer_a_remote_proc_sent_counts_when_it_dies(hosts, quiet_failures, size, busy):
+    """300 answers sent, then SIGKILL inside call 300 of 400: all 300 count, whatever the
+    controller's I/O thread was doing (the agent relays the proc's answers and its death on
+    one connection, in that order); the other 100 fail naming the signal."""
+    pm = hosts.spawn_procs(per_host={"procs": 1}, name=f"dies{size}{int(busy * 10)}")
+    try:
+        m = pm.spawn("dies", DiesAt)
+        m.step.call_one(-1, 1, 300).get(timeout=60)
+        futs = [m.step.call_one(i, size, 300) for i in range(400)]
+        if busy:  # the controller's I/O thread reads nothing for a while
+            runtime.get_runtime().loop.call_soon(time.sleep, busy)
+        answered, errors = 0, []
+        for f in futs:
+            try:
+                assert len(f.get(timeout=60)) == size
+                answered += 1
+            except SupervisionError as e:
+                errors.append(str(e))
+        assert answered == 300, f"{answered} of the 300 answers sent counted"
+        assert len(errors) == 100 and all("SIGKILL" in e for e in errors), errors[:2]
+    finally:
+        pm.stop().get(timeout=30)
+
+
+class Work(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def nap(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    @endpoint
+    def work(self) -> int:
+        r = current_rank().rank
+        if r == 1:
+            time.sleep(1.0)
+        return r
+
+    @endpoint
+    def boom(self) -> None:
+        raise RuntimeError("failed after answering")
+
+
+def test_gathered_answers_arrive_before_the_failure_that_followed_them(hosts, quiet_failures):
+    """Rank 0 answers a gathered call (its agent holds the answer until rank 1 answers a
+    second later), then fails: the failure report, relayed by the same agent, goes after the
+    held answer, so the call returns both answers instead of failing."""
+    pm = hosts.spawn_procs(per_host={"procs": 2}, name="gathered")
+    try:
+        with configured(gather_replies="on"):
+            m = pm.spawn("work", Work)
+            assert list(m.work.call().get(timeout=60).values()) == [0, 1]
+            fut = m.work.call()
+            time.sleep(0.2)  # rank 0 has answered; rank 1 sleeps
+            m.slice(procs=0).boom.broadcast()
+            assert list(fut.get(timeout=30).values()) == [0, 1]
+            with pytest.raises(SupervisionError, match="failed after answering"):
+                m.work.call().get(timeout=30)  # and the failure was not lost either
+    finally:
+        pm.stop().get(timeout=30)
+
+
+class Holder(Actor):
+    """Owns a proc mesh of its own (the controller's grandchild) and handles its failures."""
+
+    def __init__(self) -> None:
+        self.procs = this_host().spawn_procs(per_host={"procs": 1}, name="grandchild")
+        self.mesh = self.procs.spawn("sleeper", Work)
+
+    @endpoint
+    def child(self) -> Any:
+        return self.mesh
+
+    def __supervise__(self, failure: Any) -> bool:
+        return True  # handled here: the holder lives on
+
+
+def test_a_grandchild_procs_death_fails_the_controllers_call_in_its_words(quiet_failures):
+    """The controller calls an actor on a proc that one of its actors owns; the proc is
+    SIGKILLed: the call fails well within the 5 s liveness ping (bound: 4 s), naming SIGKILL,
+    and a new call fails at once the same way."""
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="holder")
+    try:
+        holder = pm.spawn("holder", Holder)
+        child = holder.child.call_one().get(timeout=60)
+        pid = child.pid.call_one().get(timeout=30)
+        fut = child.work.call_one()  # rank 0 of the grandchild mesh: answers at once
+        fut.get(timeout=30)
+        fut = child.nap.call_one(60)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(SupervisionError) as err:
+            fut.get(timeout=4)
+        text = str(err.value)
+        assert "SIGKILL" in text and "partition" not in text, text
+        with pytest.raises(SupervisionError, match="SIGKILL"):
+            child.work.call_one().get(timeout=4)
+        assert holder.child.call_one().get(timeout=30) is not None  # the holder lives
+    finally:
+        pm.stop().get(timeout=30)
