@@ -159,3 +159,34 @@ def test_a_grandchild_procs_death_fails_the_controllers_call_in_its_words(quiet_
         assert holder.child.call_one().get(timeout=30) is not None  # the holder lives
     finally:
         pm.stop().get(timeout=30)
+
+
+class Asker(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+    @endpoint
+    def ask(self, other: Any, n: int) -> list:
+        """Calls `other` (an actor in the controller) n times, pipelined."""
+        futs = [other.work.call_one() for _ in range(n)]
+        return [f.get(timeout=30) for f in futs]
+
+
+def test_a_remote_proc_listens_on_no_tcp_port_and_is_reached_through_its_agent(hosts):
+    """Other hosts reach a remote proc through its agent (one path, in order, and one place
+    that knows whether it still runs); the proc holds no TCP listener of its own. An actor
+    in the controller answers the proc's pipelined calls there."""
+    import psutil
+
+    pm = hosts.spawn_procs(per_host={"procs": 1}, name="routed")
+    try:
+        asker = pm.spawn("asker", Asker)
+        here = runtime.this_proc().spawn("here", Work)
+        assert asker.ask.call_one(here, 50).get(timeout=60) == [0] * 50
+        pid = asker.pid.call_one().get(timeout=30)
+        listening = [c for c in psutil.Process(pid).net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening == []
+    finally:
+        pm.stop().get(timeout=30)

@@ -133,3 +133,97 @@ def test_bad_gateway_addresses(job):
     for bad in ["127.0.0.1:5", "ipc:///x", "tcp://h"]:
         with pytest.raises(ValueError, match="gateway="):
             attach_to_workers([started[0][1]["address"]], key_file=key_file, gateway=bad)
+
+
+class Tunnel:
+    """A TCP forwarder standing in for `ssh -L` to the gateway: `cut()` drops its connections
+    and refuses new ones (closing each at once) until `mend()`."""
+
+    def __init__(self, target: str) -> None:
+        import socket
+        import threading
+
+        host, port = target.removeprefix("tcp://").rsplit(":", 1)
+        self.target = (host, int(port))
+        self.lsock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"tcp://127.0.0.1:{self.lsock.getsockname()[1]}"
+        self.up = True
+        self.conns: list = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                a, _ = self.lsock.accept()
+            except OSError:
+                return
+            if not self.up:
+                a.close()
+                continue
+            b = socket.create_connection(self.target)
+            with self.lock:
+                self.conns += [a, b]
+            for src, dst in ((a, b), (b, a)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        import socket
+
+        self.up = False
+        with self.lock:
+            conns, self.conns = self.conns, []
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def mend(self) -> None:
+        self.up = True
+
+    def close(self) -> None:
+        self.cut()
+        self.lsock.close()
+
+
+def test_a_short_cut_of_the_gateway_connection_loses_nothing(job):
+    """The tunnel to the gateway is down for 2 s (less than heartbeat_timeout: no outage is
+    declared) while an answer is relayed and a call is sent: once it is back, the answer
+    arrives and the call is made (each end sends again what the other lacks)."""
+    key_file, started, _ = job
+    tunnel = Tunnel(started[0][1]["gateway"])
+    hosts = attach_to_workers([info["address"] for _, info in started], key_file=key_file,
+                              gateway=tunnel.address)
+    try:
+        echo = hosts.spawn_procs(per_host={"procs": 1}).spawn("echo", Echo)
+        assert list(echo.ping.call(1).get(timeout=60).values()) == [1, 1]
+        slow = echo.sleep.call(1.0)  # answers while the tunnel is down
+        time.sleep(0.3)
+        tunnel.cut()
+        time.sleep(0.3)
+        during = echo.ping.call(2)  # sent while the tunnel is down
+        time.sleep(1.7)
+        tunnel.mend()
+        assert list(slow.get(timeout=30).values()) == [1.0, 1.0]
+        assert list(during.get(timeout=30).values()) == [2, 2]
+        assert list(echo.ping.call(3).get(timeout=30).values()) == [3, 3]
+    finally:
+        hosts.shutdown()
+        tunnel.close()

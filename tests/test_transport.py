@@ -148,3 +148,28 @@ def test_a_held_gathered_reply_goes_before_a_later_message_of_its_proc():
     g.on_reply(Header(Kind.REPLY, src="q", actor="a", rank=1, port=7, extra={"g": gid}),
                b"q-answer", [])
     assert len(sent) == 2 and g.batches == {}
+
+
+def test_a_gateway_end_keeps_what_it_sent_until_confirmed_and_sends_the_rest_again():
+    """`Resend` numbers messages and keeps them until the other end confirms; after a cut,
+    what the other end lacks comes in order; over its bound the oldest are let go and
+    counted. `Receipt` takes each number once, in order."""
+    from runtime.transport.gateway import Receipt, Resend
+
+    r = Resend(limit=10_000)
+    msgs = [r.add(b"D", [b"x" * 100, str(i).encode()]) for i in range(1, 6)]
+    assert [m[0] for m in msgs] == [b"D"] * 5 and r.seq == 5
+    r.confirmed(2)
+    assert r.after(3) == msgs[3:]  # the other end has up to 3
+    assert r.lost_after(3) == 0
+    got, taken = Receipt(), []
+    for m in msgs[:2] + msgs[:3] + msgs[4:] + msgs[3:]:  # a duplicate, a gap, the resend
+        if got.take(m[1]):
+            taken.append(m[3])
+    assert taken == [b"1", b"2", b"3", b"4", b"5"]
+    assert got.ack() == [b"A", msgs[4][1]] and got.ack() is None
+    small = Resend(limit=500)  # room for about two
+    for i in range(10):
+        small.add(b"D", [b"y" * 150])
+    assert small.let_go >= 7 and small.lost_after(0) == small.let_go
+    assert len(small.after(small.let_go)) == 10 - small.let_go

@@ -277,3 +277,16 @@ def gateway_outage(rt: Any, link: Any, agents: list, cause: str) -> None:
         for p in list(agent.procs):
             rt.ports.fail_waiting(p, exc)
         rt.ports.fail_waiting(agent.agent_id, exc)
+
+
+def gateway_lost(rt: Any, link: Any, text: str) -> None:
+    """A cut of the gateway's connection lost messages (more than `gateway_buffer_bytes`
+    was sent meanwhile): any call waiting on a host behind it may have lost its message or
+    its answer, so each fails now, naming the gateway (I/O thread)."""
+    exc = SupervisionError(f"{text}: the calls waiting on the hosts behind it fail, since "
+                           "their messages or answers may be among those lost")
+    for agent in list(rt.state.agents.values()):
+        if rt.messenger.gateway_of(agent.address) is link:
+            for p in list(agent.procs):
+                rt.ports.fail_waiting(p, exc)
+            rt.ports.fail_waiting(agent.agent_id, exc)

@@ -59,15 +59,27 @@ class Messenger:
             self.tcp_address = addr
         return addr
 
+    def reached_through(self, keys: auth.CurveKeys, address: str) -> str:
+        """A proc with a host agent: other hosts reach it at `address` (its agent's TCP
+        address, `#`, its id): they send there, the agent passes it on, and the proc holds
+        no TCP listener of its own (docs/transport.md, "Across hosts")."""
+        self.use_keys(keys)
+        self._tcp_by_key[keys.public] = address
+        if not self.tcp_address:
+            self.tcp_address = address
+        return address
+
     def tcp_addresses(self) -> dict[bytes, str]:
         """{cluster public key: TCP address} under which this process takes messages from
         other hosts (its own listener, or a gateway's inner address), a copy."""
         return dict(self._tcp_by_key)
 
-    def use_gateway(self, keys: auth.CurveKeys, address: str, timeout: float) -> str:
+    def use_gateway(self, keys: auth.CurveKeys, address: str, timeout: float,
+                    on_loss: Optional[Any] = None) -> str:
         """Reach the cluster of `keys` through the gateway at `address` (one connection this
         process opens; nothing there dials back): its processes send to the gateway's inner
-        address, returned, which becomes this process's TCP address for that cluster."""
+        address, returned, which becomes this process's TCP address for that cluster.
+        `on_loss(link, text)`: a cut lost messages (I/O thread)."""
         from ..transport.gateway import GatewayLink
 
         self.use_keys(keys)
@@ -75,6 +87,8 @@ class Messenger:
         if link is not None and not link.closed:
             return link.inner_address
         link = GatewayLink(self.loop, address, keys)
+        if on_loss is not None:
+            link.on_loss = lambda text: on_loss(link, text)
         inner = link.hello(timeout)
         link.start()
         self.loop.gateways[keys.public] = link

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .._base import features as _features
 from .._core import AgentRecord, ProcRecord, Runtime, get_runtime
+from .._core.liveness import gateway_lost
 from ..config import TOKEN_ENV, config
 from ..errors import MeshStoppedError
 from ..future import Future, resolved
@@ -445,7 +446,8 @@ def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[
                 or len(tcp) != len(addresses):
             raise ValueError(f"gateway={gateway!r}: expected tcp://HOST:PORT, with agents "
                              "at tcp:// addresses")
-        my_addr = rt.messenger.use_gateway(keys, gateway, timeout)
+        my_addr = rt.messenger.use_gateway(keys, gateway, timeout,
+                                           on_loss=lambda link, text: gateway_lost(rt, link, text))
     else:
         ip = _local_ip_for(tcp[0].hostname, tcp[0].port) if tcp else "127.0.0.1"
         my_addr = rt.enable_tcp(ip, keys)

@@ -47,6 +47,11 @@ _SETTINGS: tuple[Setting, ...] = (
        "meanwhile, and a connection back within it finds the meshes alive; after it the "
        "hosts behind the gateway fail and their agents end the procs.", minimum=0,
        strict=True, seconds=True),
+    _s("gateway_buffer_bytes", "int", 256 << 20, "Bytes of messages each end of a gateway "
+       "connection keeps until the other end confirms them, so that a cut connection "
+       "loses nothing: what was sent meanwhile is sent again when it returns. Past it the "
+       "oldest are let go, and a cut that needed them fails the calls behind the gateway.",
+       minimum=1 << 20),
     _s("max_message_bytes", "int", 2 << 30, "Largest message (pickle plus buffers) that may "
        "be sent: larger call arguments and endpoint results leave their arrays and tensors "
        "on the data plane (RDMABuffer), anything else raises MessageTooLargeError.", minimum=1,

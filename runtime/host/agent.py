@@ -72,6 +72,7 @@ class Agent:
         self.procs: dict[str, ProcPipes] = {}
         self.by_pid: dict[int, str] = {}
         self.pending_spawn: dict[str, dict] = {}
+        self.undelivered = 0  # messages from other hosts for procs not running here
         self.stopping = False
         self.stopped = threading.Event()  # set once shutdown has ended the procs
         self.logs = AgentLogs(getattr(args, "log_dir", None), os.getpid(), time.time())
@@ -121,6 +122,7 @@ class Agent:
             Kind.AGENT_STOP: self._on_stop, Kind.FANOUT: self._on_fanout,
             Kind.REPLY: self.gather.on_reply, Kind.WORKSPACE: self.workspace.on_message,
             Kind.AGENT_QUERY: self._on_query, Kind.RELAY: self._on_relay,
+            Kind.DELIVER: self._on_deliver,
         }
 
     def run(self) -> None:
@@ -211,6 +213,18 @@ class Agent:
         self.gather.flush_from(h.src)
         self.loop.send(to, buffers)
 
+    def _on_deliver(self, h: Header, body: Any, buffers: list) -> None:
+        """A message from another host for one local proc (`peers.AgentRoutedPeer`): passed
+        on its stream, after what the same sender sent it through this agent before."""
+        proc_id = framing.extra_get(h, "proc")
+        if proc_id not in self.procs or not buffers:  # gone (its death is being told)
+            self.undelivered += 1
+            if self.undelivered <= 10 or not self.undelivered & (self.undelivered - 1):
+                log.warning("agent: a message from %s for proc %r dropped: not running "
+                            "here [%d so far]", h.src, proc_id, self.undelivered)
+            return
+        self.loop.send(f"ipc://{self.rundir}/{proc_id}", buffers)
+
     def _attach(self, h: Header, body: Any = None, buffers: Any = None) -> None:
         """A controller adopts this (listening) agent; a previous owner's procs are ended."""
         e = h.extra or {}
@@ -237,6 +251,7 @@ class Agent:
                 "token": self.token.hex(), "rundir": self.rundir, "owner": owner,
                 "agent": self.address, "host_id": self.agent_id,
                 "key_file": self.key_file, "listen_ip": self.listen_ip,
+                "agent_tcp": self.tcp_address if self.tcp_address.startswith("tcp://") else "",
                 "workspace": self.workspace.active,  # synced code: on the proc's sys.path
             }
             self.pending_spawn[p["proc_id"]] = {
@@ -311,6 +326,7 @@ class Agent:
         pp.finish()
         self.loop.drain_from(pp.proc_id)  # its last replies first (docs/transport.md)
         self.gather.proc_exited(pp.proc_id)
+        self.loop.forget_peer(f"ipc://{self.rundir}/{pp.proc_id}")  # a send there: no redial
         if os.path.basename(pp.proc_id) == pp.proc_id:
             try:  # the proc's inbox socket file: removed now, not when the run ends
                 os.unlink(os.path.join(self.rundir, pp.proc_id))

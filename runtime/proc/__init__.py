@@ -56,7 +56,9 @@ def main(cfg: dict) -> None:
     set_runtime(rt)
     _features.call("debugging.install_in_proc", rt)  # debugging is above this layer
     telemetry.start_in_proc(cfg["proc_id"], cfg.get("mesh", ""), cfg.get("rank", 0))
-    if cfg.get("listen_ip") and keys is not None:
+    if cfg.get("agent_tcp") and rt.loop.relay and keys is not None:
+        rt.messenger.reached_through(keys, f"{cfg['agent_tcp']}#{cfg['proc_id']}")
+    elif cfg.get("listen_ip") and keys is not None:
         rt.enable_tcp(cfg["listen_ip"])
     rt.start()
     rt.send(cfg["owner"], Header(Kind.HELLO, extra={"pid": os.getpid(), "host": rt.host,

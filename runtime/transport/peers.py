@@ -83,6 +83,8 @@ class Peers:
                     token = cluster_token(keys) if keys is not None else loop.token
                     peer = stream.Outbound(loop, addr, framing.preamble(token, loop.name),
                                            wait_for_listener=addr not in self.broke)
+                elif "#" in addr:
+                    peer = AgentRoutedPeer(loop, addr)  # a proc reached through its agent
                 elif loop.relay:
                     peer = RelayPeer(loop, addr)  # a proc: through its host agent
                 elif loop.gateways and (link := loop.gateways.get(
@@ -244,6 +246,37 @@ class RelayPeer:
 
     def finish(self) -> None:
         """The stream to the agent finishes what it holds."""
+
+    def pending(self) -> int:
+        return 0
+
+
+class AgentRoutedPeer:
+    """A proc on another host, addressed `tcp://AGENT_HOST:PORT#PROC_ID`: each message goes
+    to its host agent, wrapped in a DELIVER head, and the agent passes it to the proc on its
+    stream. Everything this process sends that proc, calls and casts (which go through the
+    agent too) and answers to its ports alike, thus takes one path and keeps its order."""
+
+    def __init__(self, loop: "IOLoop", addr: str) -> None:
+        self.loop = loop
+        self.addr = addr
+        self.opened = False
+        self.sent = 0
+        self.agent, _, proc = addr.partition("#")
+        keys = loop.peer_keys.get(addr) or loop.peer_keys.get(self.agent, loop.keys)
+        token = cluster_token(keys) if keys is not None else loop.token
+        self.head = framing.build(token, framing.Header(
+            framing.Kind.DELIVER, src=loop.name, extra={"proc": proc}))[0]
+
+    def send(self, frames: list, port: int = 0) -> None:
+        self.sent += 1
+        self.loop.peers.send(self.agent, [self.head, *frames], port)
+
+    def close(self, why: str = "") -> None:
+        """Nothing of its own to close: the agent's connection is the connection."""
+
+    def finish(self) -> None:
+        """The connection to the agent finishes what it holds."""
 
     def pending(self) -> int:
         return 0
