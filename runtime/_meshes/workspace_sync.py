@@ -9,7 +9,9 @@ port, over the authenticated connection already open; no daemon, no port, no rsy
 3. the missing contents go in batches (at most 4 in flight per host), each acknowledged
    (progress per host), then a commit makes the new tree appear at once on that host;
 4. with `auto_reload`, every live proc on those hosts reloads the changed modules between
-   messages (`runtime.proc._reload`), and actor meshes whose class changed learn its endpoints.
+   messages (`runtime.proc._reload`), and actor meshes whose class changed learn its endpoints;
+   without it, every live proc there puts the synced directories on its `sys.path` (new
+   imports find them; modules it imported before keep their code).
 Hosts sync in parallel, one thread each; every wait is bounded by `workspace_timeout`, and
 a host agent that dies fails its host's sync at once (the port waits on the agent).
 """
@@ -88,6 +90,8 @@ class SyncResult:
 
     hosts: list
     reloads: list = field(default_factory=list)
+    #: without auto_reload: the live procs told to import from the synced directories
+    paths: list = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -97,7 +101,7 @@ class SyncResult:
     def errors(self) -> list[str]:
         """One text per host or proc that failed (module tracebacks included)."""
         out = [f"host {h.host} ({h.address}): {h.error}" for h in self.hosts if h.error]
-        for r in self.reloads:
+        for r in self.reloads + self.paths:
             where = f"host {r.host} ({r.address}) proc {r.mesh}[{r.rank}]"
             if r.error:
                 out.append(f"{where}: {r.error}")
@@ -113,6 +117,9 @@ class SyncResult:
                  f"({h.sent_bytes} bytes), {h.changed} changed, {h.deleted} deleted"
                  + (f", FAILED: {h.error}" if h.error else "") for h in self.hosts]
         reloaded = sorted({m for r in self.reloads for m in r.reloaded})
+        if self.paths:
+            lines.append(f"{len(self.paths)} live procs import from it now (modules they "
+                         "imported before keep their code: sync with reload to reload them)")
         if self.reloads:
             lines.append(f"reloaded in {len(self.reloads)} procs: {', '.join(reloaded) or '-'}")
         for r in self.reloads:
@@ -183,7 +190,8 @@ def _sync_host(rt: Runtime, agent: AgentRecord, listing: Scan, manifest: bytes,
         if not agent.alive:
             raise RuntimeError("its host agent is not running")
         tag = f"workspace sync to {agent.host}"
-        need = set(_ask(rt, agent, tag, {"op": "offer", "sync": sync_id},
+        need = set(_ask(rt, agent, tag, {"op": "offer", "sync": sync_id,
+                                          "names": sorted(listing.targets)},
                         manifest).get(timeout)["need"])
         unique: dict[str, FileEntry] = {}
         for f in listing.files.values():
@@ -238,10 +246,12 @@ def sync_workspace(rt: Runtime, agents: list[AgentRecord], workspace: Workspace,
         t.start()
     for t in threads:
         t.join()
+    roots = {a.agent_id: h.root for a, h in zip(agents, result.hosts) if not h.error}
     if auto_reload:
-        roots = {a.agent_id: h.root for a, h in zip(agents, result.hosts) if not h.error}
         sources = {name: str(path) for name, path in listing.targets.items()}
         result.reloads = _reload_procs(rt, agents, roots, sources, timeout)
+    else:  # live procs can import what was synced (as procs started after it can)
+        result.paths = _reload_procs(rt, agents, roots, {}, timeout, op="path")
     result.seconds = time.monotonic() - t0
     errors = result.errors()
     if errors:
@@ -250,15 +260,16 @@ def sync_workspace(rt: Runtime, agents: list[AgentRecord], workspace: Workspace,
 
 
 def _reload_procs(rt: Runtime, agents: list[AgentRecord], roots: dict, sources: dict,
-                  timeout: float) -> list[ProcReload]:
-    """Ask every live proc of this runtime on the synced hosts to reload."""
+                  timeout: float, op: str = "reload") -> list[ProcReload]:
+    """Ask every live proc of this runtime on the synced hosts to reload (op "path": only
+    to put the synced directories on its sys.path)."""
     asked = []
     ids = {a.agent_id for a in agents}
     for rec in list(rt.state.procs.values()):
         if rec.agent is None or rec.agent.agent_id not in ids or rec.stopping or \
                 rec.state not in ("starting", "running") or not roots.get(rec.agent.agent_id):
             continue
-        extra = {"op": "reload", "root": roots[rec.agent.agent_id], "sources": sources,
+        extra = {"op": op, "root": roots[rec.agent.agent_id], "sources": sources,
                  "timeout": timeout}
         fut = _ask(rt, rec.agent, f"reload in {rec.proc_id}", extra, waits_on=rec.proc_id,
                    address=rec.address, route=rec.route)

@@ -69,6 +69,14 @@ def startup(root: str) -> None:
     _applied = manifest
 
 
+def put_on_path(root: str) -> dict:
+    """A sync without reload: the synced directories go first on sys.path (what a proc
+    started after the sync gets); modules already imported keep their code."""
+    roots = _roots(root, _manifest(root))
+    _put_on_path(roots)
+    return {"path": sorted(roots.values())}
+
+
 def protected(name: str) -> bool:
     """Modules never reloaded: the runtime's, the front-ends', the standard library's."""
     top = name.partition(".")[0]
@@ -383,6 +391,9 @@ def on_message(server: Any, h: Header, body: Any, buffers: list) -> None:
         t0 = time.monotonic()
         args = (server, e["root"], e.get("sources") or {}, float(e.get("timeout", 60.0)))
         threading.Thread(target=lambda: run(_timed, t0, *args), name="monarch-reload",
+                         daemon=True).start()
+    elif e.get("op") == "path":  # a sync without reload: new imports find the synced code
+        threading.Thread(target=lambda: run(put_on_path, e["root"]), name="monarch-reload",
                          daemon=True).start()
     elif e.get("op") == "swap":
         a = server.actors.get(e.get("actor", ""))
