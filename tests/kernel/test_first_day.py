@@ -57,3 +57,23 @@ def test_sync_without_reload_makes_the_code_importable_and_keeps_earlier_dirs(
     r = _ok(kernel.execute("%%mesh p --ranks procs=0\n"
                            "import bmod, remlater\n(bmod.Z, remlater.L)\n"))
     assert r["results"] == ["ValueMesh({}, {{}: (7, 'later')})"]
+
+
+def test_a_dead_rank_makes_later_cells_say_so_in_the_meshs_words(kernel):
+    _ok(kernel.execute("%mesh alloc d --per-host procs=4 --no-progress"))
+    kernel.track_processes()
+    r = kernel.execute("%%mesh d\nimport os\nif current_rank().rank == 3:\n    os._exit(3)\n")
+    assert "1 of 4 ranks failed on d: ProcDied" in _error_text(r)
+    for line in ["%%mesh d\n1\n", "%%mesh d --noblock\n1\n", "%%mesh d --ranks procs=2:4\n1\n"]:
+        r = kernel.execute(line)
+        text = _error_text(r)
+        assert r["error"]["ename"] == "MeshRanksDead", text
+        assert text.startswith("MeshRanksDead: rank 3 of d (4 ranks) is dead; the cell did "
+                               "not run"), text
+        assert "rank 3: its proc exited with code 3" in text
+        assert "`%%mesh d --ranks procs=0:3` runs it on live ranks" in text
+        for internal in ("monarch_kernel", "runtime/", "CellRunner", "SupervisionError"):
+            assert internal not in text, text
+    r = _ok(kernel.execute("%%mesh d --ranks procs=0:3\ncurrent_rank().rank\n"))
+    assert r["results"] == ["ValueMesh({'procs': 3}, {{procs=0}: 0, {procs=1}: 1, "
+                            "{procs=2}: 2})"]
