@@ -10,8 +10,13 @@ from IPython.core.error import UsageError
 from monarch_kernel import args as margs
 
 
+#: Lines of each proc `%mesh logs` shows without --tail or --all: a page to read, not the
+#: megabytes a chatty proc writes (the notebook keeps every output).
+DEFAULT_TAIL = 200
+
+
 class LogsCommands:
-    """`%mesh logs MESH [--rank R] [--tail N] [--grep PAT] [--job VAR | --hosts VAR]`."""
+    """`%mesh logs MESH [--rank R] [--tail N | --all] [--grep PAT] [--job VAR | --hosts VAR]`."""
 
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
@@ -53,11 +58,12 @@ class LogsCommands:
         from runtime.job import Job
 
         where, name = self._where(a)
+        tail = None if a.all else DEFAULT_TAIL if a.tail is None else a.tail
         try:
             if isinstance(where, Job):
-                got = where.logs(name, rank=a.rank, tail=a.tail, grep=a.grep)
+                got = where.logs(name, rank=a.rank, tail=tail, grep=a.grep)
             else:
-                got = read_logs(where, name, rank=a.rank, tail=a.tail, grep=a.grep)
+                got = read_logs(where, name, rank=a.rank, tail=tail, grep=a.grep)
         except ValueError as e:
             raise UsageError(f"%mesh logs: {e}") from None
         if not got and not got.errors:
@@ -65,3 +71,6 @@ class LogsCommands:
                   "for jobs; for this_host(): runtime.configure(file_capture=True))")
             return
         print(str(got))
+        if got.left_out and a.tail is None:  # the default tail, not one the user asked for
+            print(f"({got.left_out} earlier lines left out: the last {tail} lines of each proc "
+                  "are shown; --tail N for more, --all for every line)")

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from test_kernel_client import Kernel
+from tests._util import wait_until
 
 pytestmark = pytest.mark.timeout(200)
 
@@ -77,3 +78,36 @@ def test_a_dead_rank_makes_later_cells_say_so_in_the_meshs_words(kernel):
     r = _ok(kernel.execute("%%mesh d --ranks procs=0:3\ncurrent_rank().rank\n"))
     assert r["results"] == ["ValueMesh({'procs': 3}, {{procs=0}: 0, {procs=1}: 1, "
                             "{procs=2}: 2})"]
+
+
+def _log_lines(text: str, rank: int) -> list[str]:
+    """The lines `%mesh logs` printed for `rank` (after its `== MESH rank R` header)."""
+    out, mine = [], False
+    for ln in text.splitlines():
+        if ln.startswith("== "):
+            mine = f" rank {rank} " in ln
+        elif mine and not ln.startswith("("):
+            out.append(ln)
+    return out
+
+
+def test_mesh_logs_shows_the_last_200_lines_of_each_proc_by_default(kernel):
+    _ok(kernel.execute("import runtime\nruntime.configure(file_capture=True)\n"))
+    _ok(kernel.execute("%mesh alloc lg --per-host procs=2 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute("%%mesh lg -q\nfor i in range(1000):\n    print('line', i)\n"))
+    wait_until(lambda: "line 999" in "\n".join(_log_lines(
+        kernel.execute("%mesh logs lg --rank 1 --tail 1")["stdout"], 1)), 20,
+        "the last line in rank 1's log file")
+    out = _ok(kernel.execute("%mesh logs lg"))["stdout"]
+    for rank in (0, 1):
+        lines = _log_lines(out, rank)
+        assert lines[-1] == "line 999" and lines[0] == "line 800", lines[:3]
+        assert len(lines) == 200
+    assert "earlier lines left out]" in out
+    assert "(1600 earlier lines left out: the last 200 lines of each proc are shown; " \
+           "--tail N for more, --all for every line)" in out, out[-300:]
+    out = _ok(kernel.execute("%mesh logs lg --rank 0 --all"))["stdout"]
+    assert _log_lines(out, 0)[:2] == ["line 0", "line 1"] and "left out" not in out
+    out = _ok(kernel.execute("%mesh logs lg --rank 0 --tail 3"))["stdout"]
+    assert _log_lines(out, 0) == ["line 997", "line 998", "line 999"]
