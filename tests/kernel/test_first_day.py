@@ -111,3 +111,22 @@ def test_mesh_logs_shows_the_last_200_lines_of_each_proc_by_default(kernel):
     assert _log_lines(out, 0)[:2] == ["line 0", "line 1"] and "left out" not in out
     out = _ok(kernel.execute("%mesh logs lg --rank 0 --tail 3"))["stdout"]
     assert _log_lines(out, 0) == ["line 997", "line 998", "line 999"]
+
+
+def test_output_without_a_final_newline_leaks_no_control_sequence(kernel):
+    _ok(kernel.execute("import runtime\nruntime.configure(file_capture=True)\n"))
+    _ok(kernel.execute("%mesh alloc q --per-host procs=2 --no-progress"))
+    kernel.track_processes()
+    r = _ok(kernel.execute("%%mesh q\nimport os\nos.write(1, b'raw')\n"
+                           "os.write(2, b'err-raw')\nNone\n"))
+    for rank in (0, 1):
+        assert f"[q {rank}] raw" in r["stdout"].splitlines(), r
+        assert f"[q {rank}] err-raw" in r["stderr"].splitlines(), r
+    r = _ok(kernel.execute("%%mesh q\nprint('next', current_rank().rank)\n"))
+    assert "\x1b" not in r["stdout"] + r["stderr"], r
+    assert "[q 1] next 1" in r["stdout"].splitlines()
+    wait_until(lambda: "next 1" in kernel.execute("%mesh logs q --rank 1")["stdout"], 20,
+               "rank 1's last line in its log file")
+    out = _ok(kernel.execute("%mesh logs q --all"))["stdout"]
+    assert "\x1b" not in out and "777;" not in out, repr(out)
+    assert sorted(_log_lines(out, 1)) == ["err-raw", "next 1", "raw"], repr(out)
