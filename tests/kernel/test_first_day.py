@@ -130,3 +130,14 @@ def test_output_without_a_final_newline_leaks_no_control_sequence(kernel):
     out = _ok(kernel.execute("%mesh logs q --all"))["stdout"]
     assert "\x1b" not in out and "777;" not in out, repr(out)
     assert sorted(_log_lines(out, 1)) == ["err-raw", "next 1", "raw"], repr(out)
+
+
+def test_status_shows_a_proc_mesh_used_only_by_mesh_cells(kernel):
+    _ok(kernel.execute("%mesh alloc only_cells --per-host procs=2 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute("%%mesh only_cells\n1\n"))
+    want = "proc mesh only_cells {procs: 2}: running, no actor meshes (%%mesh cells only)"
+    r = _ok(kernel.execute("%mesh status --text"))
+    assert want in r["results"][-1] and "no meshes" not in r["results"][-1], r
+    r = _ok(kernel.execute("%mesh status"))
+    assert want in r["stdout"], r
