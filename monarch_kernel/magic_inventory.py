@@ -145,6 +145,7 @@ class InventoryCommands:
                 entry = self.ctx.session.jobs.pop(id(m.root), None)
                 if entry is not None:  # a mesh allocated on its own job: end the job too
                     entry[1].kill()
+                    self.ctx.session.ended_jobs[id(m.root)] = entry
                     names[-1] += f" (and its {entry[1].kind} job)"
         if a.all:
             self.ctx.session.kill_jobs()

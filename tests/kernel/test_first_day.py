@@ -141,3 +141,16 @@ def test_status_shows_a_proc_mesh_used_only_by_mesh_cells(kernel):
     assert want in r["results"][-1] and "no meshes" not in r["results"][-1], r
     r = _ok(kernel.execute("%mesh status"))
     assert want in r["stdout"], r
+
+
+def test_mesh_logs_after_stop_of_a_local_job_says_where_the_logs_went(kernel):
+    _ok(kernel.execute("%mesh alloc jl --job local --hosts 1 --per-host procs=1 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute("%%mesh jl\nprint('hello from the job')\n"))
+    _ok(kernel.execute("%mesh stop jl"))
+    r = _ok(kernel.execute("%mesh logs jl"))
+    assert r["stdout"].startswith("jl was stopped with its local job (%mesh stop), and the "
+                                  "job's host agents, which read the log files, ended with "
+                                  "it: "), r
+    assert "Run %mesh logs before %mesh stop" in r["stdout"]
+    assert "Warning" not in r["stdout"] + r["stderr"] and "(no log files)" not in r["stdout"]
