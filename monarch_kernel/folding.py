@@ -168,3 +168,17 @@ class MeshRanksDead(Exception):
 
     def __reduce__(self) -> Any:
         return (MeshRanksDead, (self.mesh, self.dead, self.total, self.selection))
+
+
+class MeshCommandFailed(Exception):
+    """A %mesh command or %%mesh cell that failed while it ran (a host, a proc, a module
+    or a deadline), not because of its arguments (those are UsageError): shown as its
+    message, without the controller's frames."""
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows these lines instead of a controller-side traceback."""
+        return [f"{type(self).__name__}: {self}"]
+
+
+class MeshCellTimeout(MeshCommandFailed, TimeoutError):
+    """A %%mesh cell that did not finish within its --timeout."""

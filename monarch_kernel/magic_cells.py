@@ -10,8 +10,8 @@ from typing import Any, Optional
 from IPython.core.error import UsageError
 
 from monarch_kernel import args as margs
-from monarch_kernel.folding import (MeshCellError, MeshCellInterrupted, MeshRanksDead,
-                                    RankFailure, live_selection)
+from monarch_kernel.folding import (MeshCellError, MeshCellInterrupted, MeshCellTimeout,
+                                    MeshRanksDead, RankFailure, live_selection)
 
 #: How long a finished %%mesh cell waits for its remote output still in flight.
 OUTPUT_DRAIN_S = 2.0
@@ -154,7 +154,8 @@ def _gather(runner: Any, futs: list, timeout: Optional[float]
     ranks whose proc died; None, or if the wait was interrupted the ranks with no answer). After `timeout` seconds the
     remote cell is interrupted and a UsageError raised. On Ctrl-C (the remote cell is
     interrupted with the wait) the ranks' answers are collected for up to
-    INTERRUPT_DRAIN_S; a second Ctrl-C, or interrupts that stay local, end it at once."""
+    INTERRUPT_DRAIN_S; a second Ctrl-C, or interrupts that stay local, end it at once.
+    Past `timeout`: MeshCellTimeout."""
     from runtime import Shape, SupervisionError, ValueMesh
 
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -184,8 +185,8 @@ def _gather(runner: Any, futs: list, timeout: Optional[float]
                 hook()
             what = ("the remote cell was interrupted" if hook is not None
                     else "it goes on running remotely: %mesh interrupt is 'local'")
-            raise UsageError(f"%%mesh: the cell did not finish within {timeout:g} s "
-                             f"({what})") from None
+            raise MeshCellTimeout(f"%%mesh: the cell did not finish within {timeout:g} s "
+                                  f"({what})") from None
         i += 1
     sizes = runner.sizes
     unanswered = None if drain is None else [g for g, i in index.items() if values[i] is None]

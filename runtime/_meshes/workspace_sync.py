@@ -99,17 +99,20 @@ class SyncResult:
         return sum(h.sent_bytes for h in self.hosts)
 
     def errors(self) -> list[str]:
-        """One text per host or proc that failed (module tracebacks included)."""
+        """One text per host that failed, and per distinct proc failure (module tracebacks
+        included) with the procs it happened in: an error on 8 procs is listed once."""
         out = [f"host {h.host} ({h.address}): {h.error}" for h in self.hosts if h.error]
+        groups: dict[str, list[ProcReload]] = {}
         for r in self.reloads + self.paths:
-            where = f"host {r.host} ({r.address}) proc {r.mesh}[{r.rank}]"
-            if r.error:
-                out.append(f"{where}: {r.error}")
-            for mod, tb in r.failed.items():
-                out.append(f"{where}: reloading {mod} failed (old code kept):\n{tb}")
+            texts = [r.error] if r.error else []
+            texts += [f"reloading {mod} failed (old code kept):\n{tb}"
+                      for mod, tb in r.failed.items()]
             if r.busy:
-                out.append(f"{where}: nothing reloaded, actors busy past the timeout: "
-                           + ", ".join(r.busy))
+                texts.append("nothing reloaded, actors busy past the timeout: "
+                             + ", ".join(r.busy))
+            for text in texts:
+                groups.setdefault(text, []).append(r)
+        out += [f"{_procs_named(rs)}: {text}" for text, rs in groups.items()]
         return out
 
     def __str__(self) -> str:
@@ -117,17 +120,41 @@ class SyncResult:
                  f"({h.sent_bytes} bytes), {h.changed} changed, {h.deleted} deleted"
                  + (f", FAILED: {h.error}" if h.error else "") for h in self.hosts]
         reloaded = sorted({m for r in self.reloads for m in r.reloaded})
+        failed = any(r.error or r.failed or r.busy for r in self.reloads)
         if self.paths:
             lines.append(f"{len(self.paths)} live procs import from it now (modules they "
                          "imported before keep their code: sync with reload to reload them)")
-        if self.reloads:
-            lines.append(f"reloaded in {len(self.reloads)} procs: {', '.join(reloaded) or '-'}")
+        if reloaded:
+            lines.append(f"reloaded in {len(self.reloads)} procs: {', '.join(reloaded)}")
+        elif self.reloads and not failed:
+            lines.append(f"nothing to reload in {len(self.reloads)} procs (no module they "
+                         "imported changed)")
         for r in self.reloads:
             for actor, calls in r.waited.items():
                 lines.append(f"{r.host} proc {r.mesh}[{r.rank}]: waited for {actor}'s calls "
                              f"in progress ({', '.join(c + '()' for c in calls)})"
                              + (" past the timeout: not reloaded" if r.busy else ""))
         return "\n".join(lines)
+
+
+def _procs_named(procs: list) -> str:
+    """`host h (addr) proc trainers[0-3]` for ProcReloads, ranks folded per host and mesh."""
+    by: dict[tuple, list[int]] = {}
+    for r in procs:
+        by.setdefault((r.host, r.address, r.mesh), []).append(r.rank)
+    out = []
+    for (host, address, mesh), ranks in by.items():
+        rs, parts = sorted(set(ranks)), []
+        start = prev = rs[0]
+        for x in rs[1:] + [None]:
+            if x is not None and x == prev + 1:
+                prev = x
+                continue
+            parts.append(f"{start}-{prev}" if prev > start else f"{start}")
+            if x is not None:
+                start = prev = x
+        out.append(f"host {host} ({address}) proc {mesh}[{', '.join(parts)}]")
+    return "; ".join(out)
 
 
 def _ask(rt: Runtime, agent: AgentRecord, what: str, extra: dict, body: bytes = b"",
@@ -247,11 +274,11 @@ def sync_workspace(rt: Runtime, agents: list[AgentRecord], workspace: Workspace,
     for t in threads:
         t.join()
     roots = {a.agent_id: h.root for a, h in zip(agents, result.hosts) if not h.error}
+    sources = {name: str(path) for name, path in listing.targets.items()}
     if auto_reload:
-        sources = {name: str(path) for name, path in listing.targets.items()}
         result.reloads = _reload_procs(rt, agents, roots, sources, timeout)
     else:  # live procs can import what was synced (as procs started after it can)
-        result.paths = _reload_procs(rt, agents, roots, {}, timeout, op="path")
+        result.paths = _reload_procs(rt, agents, roots, sources, timeout, op="path")
     result.seconds = time.monotonic() - t0
     errors = result.errors()
     if errors:

@@ -154,3 +154,20 @@ def test_mesh_logs_after_stop_of_a_local_job_says_where_the_logs_went(kernel):
                                   "it: "), r
     assert "Run %mesh logs before %mesh stop" in r["stdout"]
     assert "Warning" not in r["stdout"] + r["stderr"] and "(no log files)" not in r["stdout"]
+
+
+def test_a_failed_reload_is_not_a_usage_error_and_is_reported_once(kernel, tmp_path):
+    ws = tmp_path / "ws_fail"
+    ws.mkdir()
+    (ws / "failmod.py").write_text("V = 1\n")
+    _ok(kernel.execute("%mesh alloc rl --per-host procs=3 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute(f"%mesh sync rl --dir {ws}"))
+    _ok(kernel.execute("%%mesh rl\nimport failmod\n"))
+    (ws / "failmod.py").write_text("V = 2\ndef broken(:\n")
+    r = kernel.execute(f"%mesh sync rl --dir {ws} --reload")
+    text = _error_text(r)
+    assert r["error"]["ename"] == "MeshCommandFailed", text
+    assert text.count("SyntaxError") == 1, text  # once, the procs named together
+    assert "proc rl[0-2]: reloading failmod failed (old code kept)" in text, text
+    assert "reloaded in" not in r["stdout"], r["stdout"]
