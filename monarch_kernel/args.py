@@ -277,7 +277,7 @@ class ReloadArgs:
 
 @dataclass
 class LogsArgs:
-    """`%mesh logs MESH [--rank R] [--tail N] [--grep PAT] [--job VAR | --hosts VAR]`."""
+    """`%mesh logs MESH [--rank R] [--tail N | --all] [--grep PAT] [--job VAR | --hosts VAR]`."""
 
     mesh: str
     rank: Optional[int] = None
@@ -285,6 +285,7 @@ class LogsArgs:
     grep: Optional[str] = None
     job: Optional[str] = None
     hosts: Optional[str] = None
+    all: bool = False  # every line (no default tail)
 
 
 @dataclass
@@ -493,8 +494,10 @@ def _command_parsers() -> dict[str, _Parser]:
     lg.add_argument("mesh", metavar="MESH", help="a ProcMesh (or ActorMesh) variable, or a "
                                                  "proc mesh's name")
     lg.add_argument("--rank", type=_arg_type(_non_negative_int), help="one rank (default: all)")
-    lg.add_argument("--tail", type=_arg_type(_non_negative_int),
-                    help="the last N lines of each proc")
+    many = lg.add_mutually_exclusive_group()
+    many.add_argument("--tail", type=_arg_type(_non_negative_int),
+                      help="the last N lines of each proc (default 200)")
+    many.add_argument("--all", action="store_true", help="every line of each proc")
     lg.add_argument("--grep", metavar="PAT", help="only lines matching this regular expression")
     where = lg.add_mutually_exclusive_group()
     where.add_argument("--job", metavar="VAR", type=_arg_type(parse_identifier),
@@ -624,7 +627,7 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
         return ReloadArgs(actors=ns.actors, cls=ns.cls)
     if cmd == "logs":
         return LogsArgs(mesh=ns.mesh, rank=ns.rank, tail=ns.tail, grep=ns.grep, job=ns.job,
-                        hosts=ns.hosts)
+                        hosts=ns.hosts, all=ns.all)
     if cmd == "timeline":
         return TimelineArgs(mesh=ns.mesh, last=ns.last, save=ns.save, text=ns.text)
     if cmd == "stacks":

@@ -118,3 +118,67 @@ class MeshCellInterrupted(MeshCellError, KeyboardInterrupt):
 
     def __reduce__(self) -> Any:
         return (MeshCellInterrupted, (self.failures, self.total, self.mesh))
+
+
+def live_selection(sizes: dict[str, int], dead: Sequence[dict[str, int]]) -> Optional[str]:
+    """The `--ranks` selection (`procs=0:3`) that keeps the most ranks of a mesh of `sizes`
+    while leaving out every rank at the coordinates `dead`; None if no one slice does."""
+    best: Optional[tuple[int, str]] = None
+    total = 1
+    for n in sizes.values():
+        total *= n
+    for dim, size in sizes.items():
+        bad = {c[dim] for c in dead if dim in c}
+        run_start, runs = None, []
+        for i in range(size + 1):
+            if i < size and i not in bad:
+                run_start = i if run_start is None else run_start
+            elif run_start is not None:
+                runs.append((run_start, i))
+                run_start = None
+        for a, b in runs:
+            kept = (b - a) * (total // size if size else 0)
+            text = f"{dim}={a}" if b - a == 1 else f"{dim}={a}:{b}"
+            if kept and (best is None or kept > best[0]):
+                best = (kept, text)
+    return best[1] if best else None
+
+
+class MeshRanksDead(Exception):
+    """A %%mesh cell that did not run: ranks it selected are dead (their procs died
+    earlier). Says which, how, and the `--ranks` selection that still works."""
+
+    def __init__(self, mesh: str, dead: dict[int, str], total: int,
+                 selection: Optional[str]) -> None:
+        self.mesh, self.dead, self.total, self.selection = mesh, dict(dead), total, selection
+        ranks = sorted(self.dead)
+        word = "rank" if len(ranks) == 1 else "ranks"
+        verb = "is" if len(ranks) == 1 else "are"
+        lines = [f"{word} {compress_ranks(ranks)} of {mesh} ({total} ranks) {verb} dead; "
+                 "the cell did not run"]
+        lines += [f"  rank {r}: {how}" for r, how in sorted(self.dead.items()) if how]
+        fix = f"`%%mesh {mesh} --ranks {selection}` runs it on live ranks, or " \
+            if selection else ""
+        lines.append(f"{fix}`%mesh stop {mesh}` and `%mesh alloc` a new mesh")
+        super().__init__("\n".join(lines))
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows these lines instead of a controller-side traceback."""
+        return [f"MeshRanksDead: {self}"]
+
+    def __reduce__(self) -> Any:
+        return (MeshRanksDead, (self.mesh, self.dead, self.total, self.selection))
+
+
+class MeshCommandFailed(Exception):
+    """A %mesh command or %%mesh cell that failed while it ran (a host, a proc, a module
+    or a deadline), not because of its arguments (those are UsageError): shown as its
+    message, without the controller's frames."""
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython shows these lines instead of a controller-side traceback."""
+        return [f"{type(self).__name__}: {self}"]
+
+
+class MeshCellTimeout(MeshCommandFailed, TimeoutError):
+    """A %%mesh cell that did not finish within its --timeout."""

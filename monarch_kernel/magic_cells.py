@@ -10,7 +10,8 @@ from typing import Any, Optional
 from IPython.core.error import UsageError
 
 from monarch_kernel import args as margs
-from monarch_kernel.folding import MeshCellError, MeshCellInterrupted, RankFailure
+from monarch_kernel.folding import (MeshCellError, MeshCellInterrupted, MeshCellTimeout,
+                                    MeshRanksDead, RankFailure, live_selection)
 
 #: How long a finished %%mesh cell waits for its remote output still in flight.
 OUTPUT_DRAIN_S = 2.0
@@ -71,14 +72,15 @@ class CellCommands:
         n = runner.size()
         label = procs.name
         if a.noblock:
-            fut = runner.run.call(code, str(self.cells), "")
+            fut = _start(lambda: runner.run.call(code, str(self.cells), ""), runner, procs)
             out = _chain(fut, lambda vm: _finish(vm, label), f"%%mesh {label}",
                          lambda e: _died_error(e, procs.root, n, label))
             if a.out:
                 self.ctx.ns[a.out] = out
             return None if a.quiet else out
         # a future per rank: a rank whose proc dies leaves the others' results
-        futs = list(runner.run.stream(code, str(self.cells), mark))
+        futs = _start(lambda: list(runner.run.stream(code, str(self.cells), mark)), runner,
+                      procs)
         vm, died, interrupted = _gather(runner, futs, a.timeout)
         self.ctx.session.router.wait_marks(mark, 2 * (n - len(died)), OUTPUT_DRAIN_S)
         self.ctx.session.router.flush()
@@ -96,6 +98,55 @@ class CellCommands:
         return None if a.quiet else result
 
 
+def _start(call: Any, runner: Any, procs: Any) -> Any:
+    """call() (which sends the cell), or, if ranks it selects died in an earlier cell, a
+    MeshRanksDead naming them and the `--ranks` selection that still works."""
+    from runtime import SupervisionError
+
+    try:
+        return call()
+    except SupervisionError as e:
+        raise _dead_ranks(e, runner, procs.root) from None
+
+
+def _dead_ranks(e: BaseException, runner: Any, root: Any) -> BaseException:
+    """The ranks of `runner`'s selection whose procs are gone, in the mesh's words."""
+    from monarch_kernel.session import running_runtime
+
+    rt = running_runtime()
+    f = getattr(e, "failure", None)
+    infos = root.procs
+    gone = {g for g, p in enumerate(infos)
+            if rt is not None and rt.proc_state(p.proc_id) in ("failed", "stopped")}
+    gone |= set(f.ranks if f is not None else ())
+    dead = {g: "" for g in runner.shape.global_ranks() if g in gone}
+    if not dead:
+        return e  # not a dead proc: the runtime's own words
+    for g in (f.ranks if f is not None else ()):
+        if g in dead and g < len(infos):
+            dead[g] = _how(f, infos[g])
+    coords = [dict(root.shape.coords_of(g)) for g in sorted(gone) if g < len(infos)]
+    return MeshRanksDead(root.name, dead, len(infos), live_selection(dict(root.sizes), coords))
+
+
+def _how(f: Any, info: Any) -> str:
+    """How a proc ended (`its proc exited with code 3 (host h, pid 42)`) from its failure."""
+    import signal as _signal
+
+    if f.signal:
+        try:
+            how = f"was killed by {_signal.Signals(f.signal).name}"
+        except ValueError:
+            how = f"was killed by signal {f.signal}"
+    elif f.exit_code is not None:
+        how = f"exited with code {f.exit_code}"
+    else:
+        how = f"failed: {f.cause}"
+    host = f.host or getattr(info, "host", "") or "?"
+    pid = f.pid or getattr(info, "pid", 0) or "?"
+    return f"its proc {how} (host {host}, pid {pid})"
+
+
 def _gather(runner: Any, futs: list, timeout: Optional[float]
             ) -> tuple[Any, list, Optional[list[int]]]:
     """Wait for every rank's reply (futures in arrival order): (ValueMesh of the CellResults
@@ -103,7 +154,8 @@ def _gather(runner: Any, futs: list, timeout: Optional[float]
     ranks whose proc died; None, or if the wait was interrupted the ranks with no answer). After `timeout` seconds the
     remote cell is interrupted and a UsageError raised. On Ctrl-C (the remote cell is
     interrupted with the wait) the ranks' answers are collected for up to
-    INTERRUPT_DRAIN_S; a second Ctrl-C, or interrupts that stay local, end it at once."""
+    INTERRUPT_DRAIN_S; a second Ctrl-C, or interrupts that stay local, end it at once.
+    Past `timeout`: MeshCellTimeout."""
     from runtime import Shape, SupervisionError, ValueMesh
 
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -133,8 +185,8 @@ def _gather(runner: Any, futs: list, timeout: Optional[float]
                 hook()
             what = ("the remote cell was interrupted" if hook is not None
                     else "it goes on running remotely: %mesh interrupt is 'local'")
-            raise UsageError(f"%%mesh: the cell did not finish within {timeout:g} s "
-                             f"({what})") from None
+            raise MeshCellTimeout(f"%%mesh: the cell did not finish within {timeout:g} s "
+                                  f"({what})") from None
         i += 1
     sizes = runner.sizes
     unanswered = None if drain is None else [g for g, i in index.items() if values[i] is None]

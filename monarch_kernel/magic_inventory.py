@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import time
 from typing import Any
 
@@ -58,16 +59,25 @@ class InventoryCommands:
                 pm = live[0]  # a proc mesh with no actors: nothing in the health model yet
                 return Rendered(f"proc mesh {a.name} {fmt_sizes(pm.sizes)}: "
                                 f"{proc_state(rt, pm)}, no actors")
+        # proc meshes with no actor mesh of the user's (used only by %%mesh cells, whose
+        # runners are internal): the health model has nothing of them, so say it here
+        bare = [] if a.name is not None else self._bare_proc_meshes(rt, snaps)
         try:  # the views package: the live dashboard, and its text and HTML renderings
             import monarch_widgets
         except ImportError:
             monarch_widgets = None
         if monarch_widgets is not None:
             if a.name is None and not a.text:
+                if bare:
+                    print("\n".join(bare))
                 return monarch_widgets.dashboard(self.ctx.runtime())
             from monarch_widgets.render import render_html, render_text
 
-            return Rendered(render_text(snaps), None if a.text else render_html(snaps))
+            if bare and not snaps:
+                return Rendered("\n".join(bare))
+            text = "\n".join([render_text(snaps)] + bare)
+            return Rendered(text, None if a.text else render_html(snaps) + "".join(
+                f"<div>{html.escape(b)}</div>" for b in bare))
         t = Table(["mesh", "rank", "coords", "state", "endpoint", "handled", "errors", "pid",
                    "for"], title="meshes")
         now = time.time()
@@ -77,6 +87,16 @@ class InventoryCommands:
                       act.endpoint or "", act.handled, act.errors, act.pid or "",
                       f"{now - act.since:.0f} s")
         return t
+
+    def _bare_proc_meshes(self, rt: Any, snaps: list) -> list[str]:
+        """A line per live proc mesh with no actor mesh in the health model `snaps`."""
+        from runtime import ProcMesh
+
+        used = {m.proc_mesh for m in snaps}
+        return [f"proc mesh {pm.name} {fmt_sizes(pm.sizes)}: {proc_state(rt, pm)}, no actor "
+                "meshes (%%mesh cells only)"
+                for pm in (rt.meshes() if rt is not None else [])
+                if isinstance(pm, ProcMesh) and pm.root is pm and pm.name not in used]
 
     # -- %mesh attach / admin (the views and debugger packages) --------------------------------
     def attach(self, a: margs.AttachArgs) -> Any:
@@ -125,6 +145,7 @@ class InventoryCommands:
                 entry = self.ctx.session.jobs.pop(id(m.root), None)
                 if entry is not None:  # a mesh allocated on its own job: end the job too
                     entry[1].kill()
+                    self.ctx.session.ended_jobs[id(m.root)] = entry
                     names[-1] += f" (and its {entry[1].kind} job)"
         if a.all:
             self.ctx.session.kill_jobs()

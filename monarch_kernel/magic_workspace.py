@@ -10,6 +10,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from monarch_kernel import args as margs
+from monarch_kernel.folding import MeshCommandFailed
 from monarch_kernel.magic_context import MagicContext
 
 
@@ -56,9 +57,9 @@ class WorkspaceCommands:
         try:
             result = hosts.sync_workspace(Workspace(dirs=dirs), auto_reload=cmd.reload,
                                           progress=progress, timeout=cmd.timeout)
-        except WorkspaceSyncError as e:
+        except WorkspaceSyncError as e:  # a host, proc or module failed: not bad usage
             print(e.result)
-            raise UsageError(str(e)) from None
+            raise MeshCommandFailed(f"%mesh sync: {e}") from None
         except WorkspaceError as e:
             raise UsageError(f"%mesh sync: {e}") from None
         print(result)
@@ -80,8 +81,10 @@ class WorkspaceCommands:
                              f"{e}") from None
         try:
             reload_actor_class(actors, cls)
-        except (TypeError, RuntimeError) as e:
+        except TypeError as e:  # not an Actor class
             raise UsageError(f"%mesh reload: {e}") from None
+        except RuntimeError as e:  # some actors could not take it
+            raise MeshCommandFailed(f"%mesh reload: {e}") from None
         print(f"{actors.name}: {len(actors)} live actors now run {cls.__qualname__} "
               "(state kept)")
         return None

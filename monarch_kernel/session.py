@@ -41,6 +41,8 @@ class NotebookSession:
         self.sink_rt: Any = None  # the runtime our sink is installed on
         self.magics: Any = None
         self.jobs: dict[int, tuple[Any, Any]] = {}  # id(ProcMesh) -> (ProcMesh, Job)
+        #: id(ProcMesh) -> (ProcMesh, Job) of meshes `%mesh stop` ended with their job
+        self.ended_jobs: dict[int, tuple[Any, Any]] = {}
         self.active_mesh: Any = None  # %mesh activate: (variable, ProcMesh, context, thread)
 
     def kill_jobs(self) -> None:

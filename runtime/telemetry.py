@@ -173,12 +173,75 @@ def get_meter(name: str = "monarch", version: Optional[str] = None,
               schema_url: Optional[str] = None,
               attributes: Optional[dict[str, Any]] = None) -> Any:
     """An OpenTelemetry `Meter` (`create_counter`, `create_histogram`, ...) from this
-    process's MeterProvider; a no-op one without OpenTelemetry (Monarch's `get_meter`)."""
+    process's MeterProvider; a no-op one without OpenTelemetry (Monarch's `get_meter`).
+    It and its instruments pickle by name: one sent to a proc records in that proc."""
     api = _api()
     if api is None:
         return _NOOP
     start()
-    return api[0].get_meter(name, version, schema_url, attributes)
+    key = (name, version, schema_url, attributes)
+    return Meter(key, api[0].get_meter(name, version, schema_url, attributes))
+
+
+class Meter:
+    """An OpenTelemetry meter, pickled by name: a meter or instrument made in the controller
+    (a notebook cell) and used in an actor records in the actor's process, through that
+    process's MeterProvider (pickled by value, its copy would record nowhere)."""
+
+    def __init__(self, key: tuple, inner: Any) -> None:
+        self._key, self._inner = key, inner
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if not name.startswith("create_") or not callable(attr):
+            return attr
+
+        def create(*args: Any, **kwargs: Any) -> Instrument:
+            return Instrument(self._key, name, args, kwargs, attr(*args, **kwargs))
+
+        return create
+
+    def __reduce__(self) -> Any:
+        return (get_meter, self._key)
+
+    def __repr__(self) -> str:
+        return f"<Meter {self._key[0]!r}: {self._inner!r}>"
+
+
+class Instrument:
+    """An OpenTelemetry instrument (counter, histogram, ...) that pickles by name: unpickled
+    in another process it is that process's instrument of the same meter and name."""
+
+    def __init__(self, meter: tuple, create: str, args: tuple, kwargs: dict, inner: Any
+                 ) -> None:
+        self._meter, self._create, self._args, self._kwargs = meter, create, args, kwargs
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __reduce__(self) -> Any:
+        return (_instrument, (self._meter, self._create, self._args, self._kwargs))
+
+    def __repr__(self) -> str:
+        return f"<Instrument {self._create[7:]} of meter {self._meter[0]!r}: {self._inner!r}>"
+
+
+_instruments: dict[tuple, Instrument] = {}  # (pid, meter, create, name) -> one per process
+
+
+def _instrument(meter: tuple, create: str, args: tuple, kwargs: dict) -> Any:
+    """This process's instrument `create(*args, **kwargs)` of meter `meter` (made once:
+    OpenTelemetry warns about a second instrument of one name)."""
+    name = args[0] if args else kwargs.get("name")
+    key = (os.getpid(), repr(meter), create, name)
+    with _lock:
+        got = _instruments.get(key)
+    if got is None:
+        got = getattr(get_meter(*meter), create)(*args, **kwargs)
+        with _lock:
+            got = _instruments.setdefault(key, got)
+    return got
 
 
 def _span_attributes(correlation_id: Optional[int]) -> dict[str, Any]:

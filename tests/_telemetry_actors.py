@@ -49,3 +49,21 @@ def block_opentelemetry() -> None:
     """A bootstrap: this proc behaves as if OpenTelemetry were not installed."""
     for name in ("opentelemetry", "opentelemetry.metrics", "opentelemetry.trace"):
         sys.modules[name] = None  # type: ignore[assignment]
+
+
+class Recorder(Actor):
+    """Records into instruments it is given (made in the controller, sent to the proc)."""
+
+    @endpoint
+    def record(self, counter, value: float) -> list:
+        """Install an in-memory reader in this proc, add `value` to `counter`, read it back."""
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        from runtime import telemetry
+
+        reader = InMemoryMetricReader()
+        assert telemetry.install([reader])
+        counter.add(value, {"rank": current_rank().rank})
+        return [(m.name, dp.value, dict(dp.attributes))
+                for rm in reader.get_metrics_data().resource_metrics
+                for sm in rm.scope_metrics for m in sm.metrics for dp in m.data.data_points]

@@ -57,3 +57,19 @@ def test_a_flood_of_distinct_lines_is_bounded():
     out = agg.flush(("m", "stdout"))
     assert len(out) == 3 and out[-1][:2] == ("8 similar log lines", "stdout")
     assert out[-1][2].startswith("[m 2-9] ")
+
+
+def test_tags_and_control_marks_in_the_middle_of_a_line():
+    """fd-level output without a final newline, then a tagged Python-level line (a
+    notebook cell's end mark): no control sequence survives in what is forwarded or kept."""
+    from runtime.logs import CONTROL_MARK, TAG_END, TAG_START, LineSplitter, strip_marks
+
+    mark = f"{CONTROL_MARK}end:abc{TAG_END}"
+    sp = LineSplitter("procs")
+    got = sp.feed(f"raw{TAG_START}cells{TAG_END}{mark}\nplain\n".encode())
+    assert got == [("procs", "raw"), ("cells", mark + "\n"), ("procs", "plain\n")]
+    assert strip_marks(f"raw{mark}\nnext\n") == "raw\nnext\n"
+    assert strip_marks(f"{mark}\nnext\n") == "next\n"
+    assert strip_marks(f"{mark}\nnext\n", line_open=True) == "\nnext\n"
+    assert strip_marks("a\n" + mark + "\n") == "a\n"
+    assert strip_marks("no marks\n") == "no marks\n"

@@ -92,6 +92,12 @@ def test_endpoint_accepts_monarch_keywords():
 def test_plain_method_is_not_an_endpoint_until_wrapped(ported):
     with pytest.raises(RuntimeError, match="not annotated as an endpoint"):
         ported.plain(1)
+    # an adverb on it says the same, naming the adverb (not an AttributeError)
+    with pytest.raises(RuntimeError, match=r"Ported\.plain is not annotated as an endpoint.*"
+                                           r"as_endpoint\(mesh\.plain\)\.call_one\(\.\.\.\)"):
+        ported.slice(procs=0).plain.call_one(1)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        ported.plain.nope
     ep = as_endpoint(ported.plain)
     assert list(ep.call(4).get(timeout=20).values()) == [40, 40]
     ep2 = as_endpoint(ported.slice(procs=0).plain_port, explicit_response_port=True)

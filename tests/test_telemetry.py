@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import runtime
-from tests._telemetry_actors import Meters, block_opentelemetry
+from tests._telemetry_actors import Meters, Recorder, block_opentelemetry
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,6 +71,20 @@ def test_an_in_memory_reader_in_a_proc_gets_typed_values():
             ((name, attrs),) = r["spans"]
             assert name == "custom-name" and attrs["rank"] == rank
             assert attrs["actor_name"] == "m" and attrs["actor_id"]
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_a_counter_made_in_the_controller_records_in_the_proc_it_is_sent_to():
+    """docs/runtime.md's `steps = get_meter("train").create_counter("steps")` in a notebook
+    cell, used by actors: the pickled counter is the proc's own counter of that name."""
+    pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk is not installed")
+    steps = runtime.get_meter("train").create_counter("steps")
+    pm = runtime.this_host().spawn_procs(per_host={"procs": 2})
+    try:
+        got = pm.spawn("rec", Recorder).record.call(steps, 2.5).get(timeout=60)
+        assert [r for r in got.values()] == [[("steps", 2.5, {"rank": 0})],
+                                             [("steps", 2.5, {"rank": 1})]]
     finally:
         pm.stop().get(timeout=30)
 

@@ -380,3 +380,16 @@ def test_class_reload_waits_for_a_concurrent_call_suspended_in_an_await(job):
     w.release.call().get(timeout=30)
     assert sorted(held.get(timeout=30).values()) == [(2, 2), (2, 2)]
     procs.stop().get(timeout=30)
+
+
+def test_a_reload_error_on_many_procs_is_reported_once():
+    """SyncResult folds a failure that happened alike in several procs (pure)."""
+    from runtime import HostSync, ProcReload, SyncResult
+
+    tb = "Traceback (most recent call last):\n  ...\nSyntaxError: invalid syntax\n"
+    res = SyncResult([HostSync("vm", "A")], reloads=[
+        ProcReload("vm", "A", f"p{r}", "trainers", r, failed={"mod": tb}) for r in range(8)])
+    errors = res.errors()
+    assert errors == ["host vm (A) proc trainers[0-7]: reloading mod failed (old code kept):\n"
+                      + tb]
+    assert "reloaded in" not in str(res)

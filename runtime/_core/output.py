@@ -34,7 +34,7 @@ class ProcOutput:
             self.writer.put(self.rt.output_sink, label or proc_id, stream, text)
             return
         label = label or rec.mesh
-        lines = [ln for ln in text.splitlines() if not ln.startswith(logs.CONTROL_MARK)]
+        lines = logs.strip_marks(text).splitlines()
         rec.output.extend(f"[{stream}] {ln}" for ln in lines)
         if stream == "stderr":
             rec.stderr_tail.extend(lines)

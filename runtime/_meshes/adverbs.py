@@ -258,11 +258,26 @@ class NotAnEndpoint:
         self._mesh = mesh
         self._name = name
 
+    #: what an endpoint offers: on a plain method each raises the same helpful error
+    ADVERBS = frozenset({"call", "call_one", "choose", "broadcast", "stream", "send",
+                         "rref", "ref"})
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._refuse("call")
+
+    def _refuse(self, adverb: str) -> None:
         raise RuntimeError(
             f"Actor {self._mesh._rec.cls_name}.{self._name} is not annotated as an endpoint. "
-            "To call it as one, add a @endpoint decorator to it, or wrap it: "
-            f"as_endpoint(mesh.{self._name}).call(...)")
+            "To call it as one, add a @endpoint decorator to it (outermost: above @traced), "
+            f"or wrap it: as_endpoint(mesh.{self._name}).{adverb}(...)")
+
+    def __getattr__(self, name: str) -> Any:
+        if name in NotAnEndpoint.ADVERBS:  # mesh.method.call_one(): the same message
+            def refuse(*args: Any, **kwargs: Any) -> Any:
+                self._refuse(name)
+
+            return refuse
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
         return f"<not an endpoint: {self._mesh._rec.cls_name}.{self._name}>"

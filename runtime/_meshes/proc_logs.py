@@ -27,12 +27,16 @@ class ProcLog:
     path: str  # the current file, on `host`
     lines: list[str] = field(default_factory=list)
     truncated: bool = False  # older lines were left out (the reply's size cap)
+    left_out: int = 0  # earlier lines `tail` left out
 
     def __str__(self) -> str:
         head = f"== {self.mesh} rank {self.rank} (pid {self.pid}, {self.host}, " \
                f"started {self.start}) {self.path}"
-        return "\n".join([head + (" [older lines left out]" if self.truncated else "")]
-                         + self.lines)
+        if self.left_out:
+            head += f" [{self.left_out} earlier lines left out]"
+        elif self.truncated:
+            head += " [older lines left out]"
+        return "\n".join([head] + self.lines)
 
 
 class ProcLogs(list):
@@ -44,6 +48,11 @@ class ProcLogs(list):
     def __init__(self, items: Iterable[ProcLog] = (), errors: Optional[list[str]] = None):
         super().__init__(items)
         self.errors = list(errors or [])
+
+    @property
+    def left_out(self) -> int:
+        """Lines `tail` left out, over every proc."""
+        return sum(p.left_out for p in self)
 
     @property
     def lines(self) -> list[str]:
@@ -127,7 +136,7 @@ def read_logs(where: Union[Any, list], mesh: Optional[str] = None, rank: Optiona
         for p in r["procs"]:
             out.append(ProcLog(r["host"], p["mesh"], p["rank"], p["pid"], p["start"],
                                f"{r['dir']}/{p['mesh']}.{p['rank']}.{p['pid']}.{p['start']}.log",
-                               p["lines"], p["truncated"]))
+                               p["lines"], p["truncated"], int(p.get("left_out", 0))))
     if errors:
         warnings.warn("read_logs: " + "; ".join(errors), stacklevel=2)
     out.sort(key=lambda p: (p.rank, p.start, p.host, p.pid))

@@ -9,7 +9,9 @@ port, over the authenticated connection already open; no daemon, no port, no rsy
 3. the missing contents go in batches (at most 4 in flight per host), each acknowledged
    (progress per host), then a commit makes the new tree appear at once on that host;
 4. with `auto_reload`, every live proc on those hosts reloads the changed modules between
-   messages (`runtime.proc._reload`), and actor meshes whose class changed learn its endpoints.
+   messages (`runtime.proc._reload`), and actor meshes whose class changed learn its endpoints;
+   without it, every live proc there puts the synced directories on its `sys.path` (new
+   imports find them; modules it imported before keep their code).
 Hosts sync in parallel, one thread each; every wait is bounded by `workspace_timeout`, and
 a host agent that dies fails its host's sync at once (the port waits on the agent).
 """
@@ -88,6 +90,8 @@ class SyncResult:
 
     hosts: list
     reloads: list = field(default_factory=list)
+    #: without auto_reload: the live procs told to import from the synced directories
+    paths: list = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -95,17 +99,20 @@ class SyncResult:
         return sum(h.sent_bytes for h in self.hosts)
 
     def errors(self) -> list[str]:
-        """One text per host or proc that failed (module tracebacks included)."""
+        """One text per host that failed, and per distinct proc failure (module tracebacks
+        included) with the procs it happened in: an error on 8 procs is listed once."""
         out = [f"host {h.host} ({h.address}): {h.error}" for h in self.hosts if h.error]
-        for r in self.reloads:
-            where = f"host {r.host} ({r.address}) proc {r.mesh}[{r.rank}]"
-            if r.error:
-                out.append(f"{where}: {r.error}")
-            for mod, tb in r.failed.items():
-                out.append(f"{where}: reloading {mod} failed (old code kept):\n{tb}")
+        groups: dict[str, list[ProcReload]] = {}
+        for r in self.reloads + self.paths:
+            texts = [r.error] if r.error else []
+            texts += [f"reloading {mod} failed (old code kept):\n{tb}"
+                      for mod, tb in r.failed.items()]
             if r.busy:
-                out.append(f"{where}: nothing reloaded, actors busy past the timeout: "
-                           + ", ".join(r.busy))
+                texts.append("nothing reloaded, actors busy past the timeout: "
+                             + ", ".join(r.busy))
+            for text in texts:
+                groups.setdefault(text, []).append(r)
+        out += [f"{_procs_named(rs)}: {text}" for text, rs in groups.items()]
         return out
 
     def __str__(self) -> str:
@@ -113,14 +120,41 @@ class SyncResult:
                  f"({h.sent_bytes} bytes), {h.changed} changed, {h.deleted} deleted"
                  + (f", FAILED: {h.error}" if h.error else "") for h in self.hosts]
         reloaded = sorted({m for r in self.reloads for m in r.reloaded})
-        if self.reloads:
-            lines.append(f"reloaded in {len(self.reloads)} procs: {', '.join(reloaded) or '-'}")
+        failed = any(r.error or r.failed or r.busy for r in self.reloads)
+        if self.paths:
+            lines.append(f"{len(self.paths)} live procs import from it now (modules they "
+                         "imported before keep their code: sync with reload to reload them)")
+        if reloaded:
+            lines.append(f"reloaded in {len(self.reloads)} procs: {', '.join(reloaded)}")
+        elif self.reloads and not failed:
+            lines.append(f"nothing to reload in {len(self.reloads)} procs (no module they "
+                         "imported changed)")
         for r in self.reloads:
             for actor, calls in r.waited.items():
                 lines.append(f"{r.host} proc {r.mesh}[{r.rank}]: waited for {actor}'s calls "
                              f"in progress ({', '.join(c + '()' for c in calls)})"
                              + (" past the timeout: not reloaded" if r.busy else ""))
         return "\n".join(lines)
+
+
+def _procs_named(procs: list) -> str:
+    """`host h (addr) proc trainers[0-3]` for ProcReloads, ranks folded per host and mesh."""
+    by: dict[tuple, list[int]] = {}
+    for r in procs:
+        by.setdefault((r.host, r.address, r.mesh), []).append(r.rank)
+    out = []
+    for (host, address, mesh), ranks in by.items():
+        rs, parts = sorted(set(ranks)), []
+        start = prev = rs[0]
+        for x in rs[1:] + [None]:
+            if x is not None and x == prev + 1:
+                prev = x
+                continue
+            parts.append(f"{start}-{prev}" if prev > start else f"{start}")
+            if x is not None:
+                start = prev = x
+        out.append(f"host {host} ({address}) proc {mesh}[{', '.join(parts)}]")
+    return "; ".join(out)
 
 
 def _ask(rt: Runtime, agent: AgentRecord, what: str, extra: dict, body: bytes = b"",
@@ -183,7 +217,8 @@ def _sync_host(rt: Runtime, agent: AgentRecord, listing: Scan, manifest: bytes,
         if not agent.alive:
             raise RuntimeError("its host agent is not running")
         tag = f"workspace sync to {agent.host}"
-        need = set(_ask(rt, agent, tag, {"op": "offer", "sync": sync_id},
+        need = set(_ask(rt, agent, tag, {"op": "offer", "sync": sync_id,
+                                          "names": sorted(listing.targets)},
                         manifest).get(timeout)["need"])
         unique: dict[str, FileEntry] = {}
         for f in listing.files.values():
@@ -238,10 +273,12 @@ def sync_workspace(rt: Runtime, agents: list[AgentRecord], workspace: Workspace,
         t.start()
     for t in threads:
         t.join()
+    roots = {a.agent_id: h.root for a, h in zip(agents, result.hosts) if not h.error}
+    sources = {name: str(path) for name, path in listing.targets.items()}
     if auto_reload:
-        roots = {a.agent_id: h.root for a, h in zip(agents, result.hosts) if not h.error}
-        sources = {name: str(path) for name, path in listing.targets.items()}
         result.reloads = _reload_procs(rt, agents, roots, sources, timeout)
+    else:  # live procs can import what was synced (as procs started after it can)
+        result.paths = _reload_procs(rt, agents, roots, sources, timeout, op="path")
     result.seconds = time.monotonic() - t0
     errors = result.errors()
     if errors:
@@ -250,15 +287,16 @@ def sync_workspace(rt: Runtime, agents: list[AgentRecord], workspace: Workspace,
 
 
 def _reload_procs(rt: Runtime, agents: list[AgentRecord], roots: dict, sources: dict,
-                  timeout: float) -> list[ProcReload]:
-    """Ask every live proc of this runtime on the synced hosts to reload."""
+                  timeout: float, op: str = "reload") -> list[ProcReload]:
+    """Ask every live proc of this runtime on the synced hosts to reload (op "path": only
+    to put the synced directories on its sys.path)."""
     asked = []
     ids = {a.agent_id for a in agents}
     for rec in list(rt.state.procs.values()):
         if rec.agent is None or rec.agent.agent_id not in ids or rec.stopping or \
                 rec.state not in ("starting", "running") or not roots.get(rec.agent.agent_id):
             continue
-        extra = {"op": "reload", "root": roots[rec.agent.agent_id], "sources": sources,
+        extra = {"op": op, "root": roots[rec.agent.agent_id], "sources": sources,
                  "timeout": timeout}
         fut = _ask(rt, rec.agent, f"reload in {rec.proc_id}", extra, waits_on=rec.proc_id,
                    address=rec.address, route=rec.route)

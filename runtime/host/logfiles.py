@@ -204,8 +204,9 @@ def _lines_of(paths: list[Path]) -> list[str]:
 def read(directory: Path, mesh: str, rank: Optional[int] = None, tail: Optional[int] = None,
          grep: Optional[str] = None) -> list[dict[str, Any]]:
     """The log files of `mesh` (rank `rank`, or every rank) in `directory`: one dict per
-    proc (mesh, rank, pid, start, lines, truncated), by rank then start; lines of rotated
-    files first, filtered by regular expression `grep`, then the last `tail` of them."""
+    proc (mesh, rank, pid, start, lines, truncated, left_out: the lines `tail` dropped), by
+    rank then start; lines of rotated files first, filtered by regular expression `grep`,
+    then the last `tail` of them."""
     want = _UNSAFE.sub("_", mesh)
     pattern = re.compile(grep) if grep else None
     procs: dict[str, dict[str, Any]] = {}
@@ -227,6 +228,7 @@ def read(directory: Path, mesh: str, rank: Optional[int] = None, tail: Optional[
         lines = _lines_of(files)
         if pattern is not None:
             lines = [ln for ln in lines if pattern.search(ln)]
+        e["left_out"] = max(0, len(lines) - tail) if tail is not None else 0
         if tail is not None:
             lines = lines[-tail:] if tail > 0 else []
         kept, size = len(lines), 0

@@ -29,6 +29,9 @@ class ProcPipes:
         self.forward = forward
         self.fds = {out_fd: "stdout", err_fd: "stderr"}
         self.splitters = {"stdout": logs.LineSplitter(mesh), "stderr": logs.LineSplitter(mesh)}
+        #: per stream: its last text did not end its line (control marks are stripped
+        #: from the log file and tails accordingly)
+        self.line_open = {"stdout": False, "stderr": False}
         self.stderr_tail: collections.deque = collections.deque(maxlen=tail_lines)
         self.flush_scheduled = False
         self.exited = False
@@ -91,14 +94,11 @@ class ProcPipes:
 
     def _send(self, stream: str, parts: list) -> None:
         for label, text in parts:
-            if self.log_file is not None:
-                if logs.CONTROL_MARK in text:
-                    self.log_file.write("".join(
-                        ln for ln in text.splitlines(keepends=True)
-                        if not ln.startswith(logs.CONTROL_MARK)).encode())
-                else:
-                    self.log_file.write(text.encode())
+            plain = logs.strip_marks(text, self.line_open[stream])
+            if plain:
+                self.line_open[stream] = not plain.endswith(("\n", "\r"))
+            if self.log_file is not None and plain:
+                self.log_file.write(plain.encode())
             if stream == "stderr":
-                self.stderr_tail.extend(ln for ln in text.splitlines()
-                                        if not ln.startswith(logs.CONTROL_MARK))
+                self.stderr_tail.extend(plain.splitlines())
             self.forward(self.owner, self.proc_id, stream, label, text)

@@ -4,13 +4,16 @@ The copy lives in `<agent run directory>/workspace-<agent id>/` (mode 0700, remo
 the run directory). Each sync builds a complete new generation `gen-N/` (hard links to the
 unchanged files of the previous one, the new contents written aside in `incoming/` first,
 then linked), writes its manifest, and switches the `current` link to it with one
-rename: procs see every file of a sync at once, and files the sync deleted are gone.
+rename: procs see every file of a sync at once, and files the sync deleted are gone. A sync
+replaces only the directories it names (`names` in the offer): the other directories an
+earlier sync put there stay (syncing directory B after A keeps A).
 Procs import from `current/<name>` (`runtime.proc._reload`). A new generation starts without
 `__pycache__`, so no stale bytecode survives an edit that kept size and mtime.
 
 Protocol (Kind.WORKSPACE, answered with a REPLY on the caller's port, in order, by one
 worker thread so the agent's I/O thread never waits for the disk):
-  offer  (body: JSON manifest {rel: [sha256, size, mode]}) -> {"need": [sha256, ...]}
+  offer  (body: JSON manifest {rel: [sha256, size, mode]}, extra "names": the directories
+          it covers) -> {"need": [sha256, ...]}
   put    (extra "digests", one buffer per digest)         -> {"stored": n}
   commit                                                    -> {"root", "gen", "changed", ...}
 """
@@ -49,7 +52,7 @@ class WorkspaceStore:
         self._send = send
         self.current: dict[str, list] = {}  # rel -> [digest, size, mode]
         self.gen = 0
-        self._pending: dict[str, dict] = {}  # sync id -> offered manifest
+        self._pending: dict[str, dict] = {}  # sync id -> the manifest after its commit
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: Any = None
 
@@ -90,9 +93,14 @@ class WorkspaceStore:
         for rel, (digest, size, mode) in manifest.items():
             if not _safe_rel(rel) or not _DIGEST.match(digest):
                 raise ValueError(f"bad workspace entry {rel!r}")
+        names = set(extra.get("names") or ()) | {r.split("/", 1)[0] for r in manifest}
+        if any(not n or "/" in n or n.startswith(".") for n in names):
+            raise ValueError(f"bad workspace names {sorted(names)!r}")
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         os.chmod(self.root, 0o700)
-        self._pending = {extra["sync"]: manifest}  # one sync at a time per controller
+        # the directories this sync does not name stay as an earlier sync left them
+        kept = {r: e for r, e in self.current.items() if r.split("/", 1)[0] not in names}
+        self._pending = {extra["sync"]: {**kept, **manifest}}  # one sync at a time
         have = {e[0] for e in self.current.values()}
         incoming = os.path.join(self.root, "incoming")
         stored = set(os.listdir(incoming)) if os.path.isdir(incoming) else set()

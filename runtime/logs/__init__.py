@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import io
 import os
+import re
 import sys
 import threading
 from typing import Callable, Optional
@@ -23,6 +24,21 @@ TAG_END = "\x07"
 #: Lines starting with this are control marks for the output sink (e.g. the notebook's
 #: end-of-cell marks): forwarded to the sink, but kept out of output and stderr tails.
 CONTROL_MARK = "\x1b]777;mk-"
+_CONTROL = re.compile(r"\x1b\]777;mk-[^\x07\n]*\x07(\r?\n)?")
+
+
+def strip_marks(text: str, line_open: bool = False) -> str:
+    """`text` without control marks: a mark that starts a line goes with its newline; one
+    after a partial line (output without a final newline; `line_open`: `text` continues a
+    line) leaves that line's newline in place."""
+    if CONTROL_MARK not in text:
+        return text
+
+    def drop(m: "re.Match[str]") -> str:
+        at_start = text[m.start() - 1] in "\r\n" if m.start() else not line_open
+        return "" if at_start else (m.group(1) or "")
+
+    return _CONTROL.sub(drop, text)
 
 Sink = Callable[[str, str, str], None]
 
@@ -182,18 +198,25 @@ class LineSplitter:
         return bool(self._buf)
 
     def _split(self, text: str) -> list[tuple[str, str]]:
+        """(label, text) runs of `text`. A tag also counts in the middle of a line: a
+        Python-level write after fd-level output without a newline (`os.write(1, b"raw")`)
+        tags its line there; the text before it keeps the line's label."""
         out: list[tuple[str, str]] = []
         for line in text.splitlines(keepends=True):
             label = self.default_label
-            if line.startswith(TAG_START):
-                end = line.find(TAG_END)
-                if end > 0:
-                    label = line[len(TAG_START):end]
-                    line = line[end + 1:]
-            if out and out[-1][0] == label:
-                out[-1] = (label, out[-1][1] + line)
-            else:
-                out.append((label, line))
+            while line:
+                if line.startswith(TAG_START):
+                    end = line.find(TAG_END)
+                    if end > 0:
+                        label = line[len(TAG_START):end]
+                        line = line[end + 1:]
+                        continue
+                cut = line.find(TAG_START, 1)
+                seg, line = (line, "") if cut < 0 else (line[:cut], line[cut:])
+                if out and out[-1][0] == label:
+                    out[-1] = (label, out[-1][1] + seg)
+                else:
+                    out.append((label, seg))
         return out
 
 

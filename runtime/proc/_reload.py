@@ -69,6 +69,31 @@ def startup(root: str) -> None:
     _applied = manifest
 
 
+def put_on_path(root: str, sources: dict) -> dict:
+    """A sync without reload: the synced directories go first on sys.path (what a proc
+    started after the sync gets); modules already imported keep their code, and stay due
+    for the next reload if their file changed (modules imported later load the synced
+    files: a reload with nothing changed since leaves them alone)."""
+    global _applied
+    manifest = _manifest(root)
+    roots = _roots(root, manifest)
+    applied = dict(manifest)
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if not isinstance(f, str) or protected(name):
+            continue
+        rel = module_rel(f, roots) or module_rel(f, sources)
+        if rel is None or rel not in applied:
+            continue
+        if rel in _applied:
+            applied[rel] = _applied[rel]  # what its code was loaded from
+        else:
+            del applied[rel]  # loaded before any sync: due for the next reload
+    _put_on_path(roots)
+    _applied = applied
+    return {"path": sorted(roots.values())}
+
+
 def protected(name: str) -> bool:
     """Modules never reloaded: the runtime's, the front-ends', the standard library's."""
     top = name.partition(".")[0]
@@ -384,6 +409,9 @@ def on_message(server: Any, h: Header, body: Any, buffers: list) -> None:
         args = (server, e["root"], e.get("sources") or {}, float(e.get("timeout", 60.0)))
         threading.Thread(target=lambda: run(_timed, t0, *args), name="monarch-reload",
                          daemon=True).start()
+    elif e.get("op") == "path":  # a sync without reload: new imports find the synced code
+        threading.Thread(target=lambda: run(put_on_path, e["root"], e.get("sources") or {}),
+                         name="monarch-reload", daemon=True).start()
     elif e.get("op") == "swap":
         a = server.actors.get(e.get("actor", ""))
         if a is None:

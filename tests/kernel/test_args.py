@@ -56,6 +56,7 @@ def test_simple_commands():
     assert parse_mesh_line("logs trainers --rank 1 --tail 20 --grep 'loss [0-9]' --job j") == \
         LogsArgs("trainers", rank=1, tail=20, grep="loss [0-9]", job="j")
     assert parse_mesh_line("logs t --hosts h").hosts == "h"
+    assert parse_mesh_line("logs t --all").all and not parse_mesh_line("logs t").all
     assert parse_mesh_line("timeline") == TimelineArgs()
     assert parse_mesh_line("timeline t --last 30 --save t.json --text") == \
         TimelineArgs("t", last=30.0, save="t.json", text=True)
@@ -116,6 +117,7 @@ def test_cell_help():
     ("logs", "required: MESH"),
     ("logs t --tail -1", "integer >= 0"),
     ("logs t --job a --hosts b", "not allowed with"),
+    ("logs t --tail 3 --all", "not allowed with"),
     ("timeline t --last 0", "must be positive"),
     ("stacks", "required: MESH"),
     ("stacks t --rank -1", "integer >= 0"),

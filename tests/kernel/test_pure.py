@@ -5,7 +5,8 @@ import pickle
 import threading
 
 from monarch_kernel.remote.cell_exec import Unpicklable, new_namespace, portable, run_cell
-from monarch_kernel.folding import MeshCellError, RankFailure, compress_ranks, fold, render
+from monarch_kernel.folding import (MeshCellError, RankFailure, compress_ranks, fold,
+                                    live_selection, render)
 from monarch_kernel.output import LinePrefixer, OutputRouter
 
 
@@ -178,3 +179,13 @@ def test_router_settle_waits_for_late_output_then_quiet():
     t.join()
     assert waited >= 0.1  # kept waiting while output kept coming
     assert r.settle(grace=0.0, quiet=0.05, limit=0.2) <= 0.2
+
+
+def test_live_selection_keeps_the_most_ranks_without_the_dead_ones():
+    assert live_selection({"procs": 4}, [{"procs": 3}]) == "procs=0:3"
+    assert live_selection({"procs": 4}, [{"procs": 0}]) == "procs=1:4"
+    assert live_selection({"procs": 5}, [{"procs": 1}]) == "procs=2:5"
+    assert live_selection({"procs": 2}, [{"procs": 0}]) == "procs=1"
+    assert live_selection({"hosts": 2, "procs": 4}, [{"hosts": 1, "procs": 2}]) == "hosts=0"
+    assert live_selection({"hosts": 4, "procs": 2}, [{"hosts": 0, "procs": 1}]) == "hosts=1:4"
+    assert live_selection({"procs": 2}, [{"procs": 0}, {"procs": 1}]) is None

@@ -1,0 +1,173 @@
+"""A new user's first day (issue 53), through the installed `monarch` kernel driven by
+jupyter_client: what they meet with `%mesh sync`, a dead rank, `%mesh logs` and
+`%mesh status`, in the mesh's words."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from test_kernel_client import Kernel
+from tests._util import wait_until
+
+pytestmark = pytest.mark.timeout(200)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel()
+    rundirs: list = []
+    try:
+        yield k
+        rundirs.append(k.value("import runtime; runtime.get_runtime().rundir"))
+    finally:
+        k.close()
+        for d in rundirs:  # the kernel is killed, so its runtime cannot remove it
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _ok(r: dict) -> dict:
+    assert r["error"] is None, "\n".join(r["error"]["traceback"])
+    return r
+
+
+def _error_text(r: dict) -> str:
+    assert r["error"] is not None, r
+    return "\n".join(r["error"]["traceback"])
+
+
+def test_sync_without_reload_makes_the_code_importable_and_keeps_earlier_dirs(
+        kernel, tmp_path):
+    a, b = tmp_path / "dir_a", tmp_path / "dir_b"
+    a.mkdir()
+    b.mkdir()
+    (a / "remmod.py").write_text("X = 42\n")
+    (a / "remlater.py").write_text("L = 'later'\n")
+    (b / "bmod.py").write_text("Z = 7\n")
+    _ok(kernel.execute("%mesh alloc p --per-host procs=2 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute("%%mesh p\n1\n"))  # the procs are live before the sync
+    r = _ok(kernel.execute(f"%mesh sync p --dir {a}"))
+    assert "2 live procs import from it now" in r["stdout"], r["stdout"]
+    r = _ok(kernel.execute("%%mesh p\nimport remmod\nremmod.X\n"))
+    assert r["results"] == ["ValueMesh({'procs': 2}, {{procs=0}: 42, {procs=1}: 42})"]
+    # a second directory synced later: the first stays on the hosts
+    r = _ok(kernel.execute(f"%mesh sync p --dir {b}"))
+    assert "0 deleted" in r["stdout"], r["stdout"]
+    r = _ok(kernel.execute("%%mesh p --ranks procs=0\n"
+                           "import bmod, remlater\n(bmod.Z, remlater.L)\n"))
+    assert r["results"] == ["ValueMesh({}, {{}: (7, 'later')})"]
+
+
+def test_a_dead_rank_makes_later_cells_say_so_in_the_meshs_words(kernel):
+    _ok(kernel.execute("%mesh alloc d --per-host procs=4 --no-progress"))
+    kernel.track_processes()
+    r = kernel.execute("%%mesh d\nimport os\nif current_rank().rank == 3:\n    os._exit(3)\n")
+    assert "1 of 4 ranks failed on d: ProcDied" in _error_text(r)
+    for line in ["%%mesh d\n1\n", "%%mesh d --noblock\n1\n", "%%mesh d --ranks procs=2:4\n1\n"]:
+        r = kernel.execute(line)
+        text = _error_text(r)
+        assert r["error"]["ename"] == "MeshRanksDead", text
+        assert text.startswith("MeshRanksDead: rank 3 of d (4 ranks) is dead; the cell did "
+                               "not run"), text
+        assert "rank 3: its proc exited with code 3" in text
+        assert "`%%mesh d --ranks procs=0:3` runs it on live ranks" in text
+        for internal in ("monarch_kernel", "runtime/", "CellRunner", "SupervisionError"):
+            assert internal not in text, text
+    r = _ok(kernel.execute("%%mesh d --ranks procs=0:3\ncurrent_rank().rank\n"))
+    assert r["results"] == ["ValueMesh({'procs': 3}, {{procs=0}: 0, {procs=1}: 1, "
+                            "{procs=2}: 2})"]
+
+
+def _log_lines(text: str, rank: int) -> list[str]:
+    """The lines `%mesh logs` printed for `rank` (after its `== MESH rank R` header)."""
+    out, mine = [], False
+    for ln in text.splitlines():
+        if ln.startswith("== "):
+            mine = f" rank {rank} " in ln
+        elif mine and not ln.startswith("("):
+            out.append(ln)
+    return out
+
+
+def test_mesh_logs_shows_the_last_200_lines_of_each_proc_by_default(kernel):
+    _ok(kernel.execute("import runtime\nruntime.configure(file_capture=True)\n"))
+    _ok(kernel.execute("%mesh alloc lg --per-host procs=2 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute("%%mesh lg -q\nfor i in range(1000):\n    print('line', i)\n"))
+    wait_until(lambda: "line 999" in "\n".join(_log_lines(
+        kernel.execute("%mesh logs lg --rank 1 --tail 1")["stdout"], 1)), 20,
+        "the last line in rank 1's log file")
+    out = _ok(kernel.execute("%mesh logs lg"))["stdout"]
+    for rank in (0, 1):
+        lines = _log_lines(out, rank)
+        assert lines[-1] == "line 999" and lines[0] == "line 800", lines[:3]
+        assert len(lines) == 200
+    assert "earlier lines left out]" in out
+    assert "(1600 earlier lines left out: the last 200 lines of each proc are shown; " \
+           "--tail N for more, --all for every line)" in out, out[-300:]
+    out = _ok(kernel.execute("%mesh logs lg --rank 0 --all"))["stdout"]
+    assert _log_lines(out, 0)[:2] == ["line 0", "line 1"] and "left out" not in out
+    out = _ok(kernel.execute("%mesh logs lg --rank 0 --tail 3"))["stdout"]
+    assert _log_lines(out, 0) == ["line 997", "line 998", "line 999"]
+
+
+def test_output_without_a_final_newline_leaks_no_control_sequence(kernel):
+    _ok(kernel.execute("import runtime\nruntime.configure(file_capture=True)\n"))
+    _ok(kernel.execute("%mesh alloc q --per-host procs=2 --no-progress"))
+    kernel.track_processes()
+    r = _ok(kernel.execute("%%mesh q\nimport os\nos.write(1, b'raw')\n"
+                           "os.write(2, b'err-raw')\nNone\n"))
+    for rank in (0, 1):
+        assert f"[q {rank}] raw" in r["stdout"].splitlines(), r
+        assert f"[q {rank}] err-raw" in r["stderr"].splitlines(), r
+    r = _ok(kernel.execute("%%mesh q\nprint('next', current_rank().rank)\n"))
+    assert "\x1b" not in r["stdout"] + r["stderr"], r
+    assert "[q 1] next 1" in r["stdout"].splitlines()
+    wait_until(lambda: "next 1" in kernel.execute("%mesh logs q --rank 1")["stdout"], 20,
+               "rank 1's last line in its log file")
+    out = _ok(kernel.execute("%mesh logs q --all"))["stdout"]
+    assert "\x1b" not in out and "777;" not in out, repr(out)
+    assert sorted(_log_lines(out, 1)) == ["err-raw", "next 1", "raw"], repr(out)
+
+
+def test_status_shows_a_proc_mesh_used_only_by_mesh_cells(kernel):
+    _ok(kernel.execute("%mesh alloc only_cells --per-host procs=2 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute("%%mesh only_cells\n1\n"))
+    want = "proc mesh only_cells {procs: 2}: running, no actor meshes (%%mesh cells only)"
+    r = _ok(kernel.execute("%mesh status --text"))
+    assert want in r["results"][-1] and "no meshes" not in r["results"][-1], r
+    r = _ok(kernel.execute("%mesh status"))
+    assert want in r["stdout"], r
+
+
+def test_mesh_logs_after_stop_of_a_local_job_says_where_the_logs_went(kernel):
+    _ok(kernel.execute("%mesh alloc jl --job local --hosts 1 --per-host procs=1 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute("%%mesh jl\nprint('hello from the job')\n"))
+    _ok(kernel.execute("%mesh stop jl"))
+    r = _ok(kernel.execute("%mesh logs jl"))
+    assert r["stdout"].startswith("jl was stopped with its local job (%mesh stop), and the "
+                                  "job's host agents, which read the log files, ended with "
+                                  "it: "), r
+    assert "Run %mesh logs before %mesh stop" in r["stdout"]
+    assert "Warning" not in r["stdout"] + r["stderr"] and "(no log files)" not in r["stdout"]
+
+
+def test_a_failed_reload_is_not_a_usage_error_and_is_reported_once(kernel, tmp_path):
+    ws = tmp_path / "ws_fail"
+    ws.mkdir()
+    (ws / "failmod.py").write_text("V = 1\n")
+    _ok(kernel.execute("%mesh alloc rl --per-host procs=3 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute(f"%mesh sync rl --dir {ws}"))
+    _ok(kernel.execute("%%mesh rl\nimport failmod\n"))
+    (ws / "failmod.py").write_text("V = 2\ndef broken(:\n")
+    r = kernel.execute(f"%mesh sync rl --dir {ws} --reload")
+    text = _error_text(r)
+    assert r["error"]["ename"] == "MeshCommandFailed", text
+    assert text.count("SyntaxError") == 1, text  # once, the procs named together
+    assert "proc rl[0-2]: reloading failmod failed (old code kept)" in text, text
+    assert "reloaded in" not in r["stdout"], r["stdout"]
