@@ -28,11 +28,24 @@ from runtime.job import LocalJob
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def hosts():
+def _job(n: int) -> LocalJob:
     here = os.path.dirname(os.path.abspath(__file__))  # this module's actors, by reference
     path = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH", "")]))
-    job = LocalJob(1, progress=False, env={"PYTHONPATH": path})
+    return LocalJob(n, progress=False, env={"PYTHONPATH": path})
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    job = _job(1)
+    try:
+        yield job.state().hosts
+    finally:
+        job.kill()
+
+
+@pytest.fixture
+def two_hosts():
+    job = _job(2)
     try:
         yield job.state().hosts
     finally:
@@ -190,3 +203,17 @@ def test_a_remote_proc_listens_on_no_tcp_port_and_is_reached_through_its_agent(h
         assert listening == []
     finally:
         pm.stop().get(timeout=30)
+
+
+def test_chaos_across_hosts_loses_no_answer_and_hangs_no_call(two_hosts, quiet_failures,
+                                                              tmp_path):
+    """Two threads pipeline calls to random actors on 2 hosts x 2 procs while a random proc
+    is SIGKILLed every 1.5 s for 12 s (tests/_chaos.py): no answer wrong, no call hung,
+    every answer a killed proc sent counted, every kill detected naming SIGKILL."""
+    from _chaos import run
+
+    out = run(two_hosts, str(tmp_path), seconds=12, every=1.5)
+    assert out.kills and out.answered > 100, out
+    assert not out.wrong and not out.hung and not out.other_errors, out
+    assert not out.lost, f"{len(out.lost)} answers sent and not counted: {out.lost[:5]}"
+    assert not out.undetected, out.undetected

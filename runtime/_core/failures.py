@@ -140,8 +140,10 @@ class Failures:
         rt.ports.fail_waiting(proc_id, SupervisionError(
             msg + ("\n" + failure.report() if failure is not None else ""), failure))
         rec = rt.state.proc(proc_id)
-        if rec is not None and rec.address:
-            rt.loop.forget_peer(rec.address)
+        if rec is not None:  # its connections go: nothing dials a dead proc again
+            for addr in (rec.address, rec.tcp_address):
+                if addr:
+                    rt.loop.forget_peer(addr)
 
     def on_proc_exit(self, h: Header, body: Any, buffers: list) -> None:
         e = h.extra or {}

@@ -55,6 +55,8 @@ _DEST = re.compile(r"tcp://[A-Za-z0-9._\-\[\]:]+:\d{1,5}")
 HEARTBEAT_MS, HEARTBEAT_TIMEOUT_MS = 1000, 5000
 _PORT = struct.Struct("!Q")
 _SEQ = _PORT
+#: sockets to peers the gateway keeps open (the least recently used beyond it are closed)
+MAX_PEERS = 1024
 _links: "weakref.WeakSet[GatewayLink]" = weakref.WeakSet()  # this process's, as a client
 
 
@@ -294,11 +296,15 @@ class Gateway:
             return self._drop(f"a message to {dest[:80]!r}, which is not tcp://HOST:PORT")
         if not body[0].bytes.startswith(self.token):
             return self._drop(f"a message to {dest} without the cluster's token")
-        sock = self.out.get(dest)
+        sock = self.out.pop(dest, None)  # most recently used last
         if sock is None:
             from .peers import _push_socket
 
-            sock = self.out[dest] = _push_socket(self.ctx, dest, self.keys)
+            sock = _push_socket(self.ctx, dest, self.keys)
+            if len(self.out) >= MAX_PEERS:  # the least recently used goes (dialed again
+                old = next(iter(self.out))  # if it is needed again)
+                self.out.pop(old).close(linger=2000)
+        self.out[dest] = sock
         try:
             sock.send_multipart(body, _NOBLOCK, copy=False)
             self.stats["to_peers"] += 1

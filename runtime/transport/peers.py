@@ -29,6 +29,8 @@ log = logging.getLogger("runtime.transport")
 _NOBLOCK = int(zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
 GONE_KEPT = 1024
+#: the longest wait between zmq's dials of a TCP peer that does not answer
+RECONNECT_MAX_MS = 1000
 #: seconds a new connection has to send its preamble, and how many may be waiting to: a
 #: connection that says nothing holds no descriptor for long
 PREAMBLE_TIMEOUT_S = 10.0
@@ -346,8 +348,10 @@ def _push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.
     s = ctx.socket(zmq.PUSH)
     s.setsockopt(zmq.SNDHWM, 0)
     s.setsockopt(zmq.LINGER, 2000)
+    # peers bind soon after spawn: the first retries come fast (10 ms, doubling), and a
+    # peer that stays away (a dead or lost host) is dialed once a second, not 100 times
     s.setsockopt(zmq.RECONNECT_IVL, 10)
-    s.setsockopt(zmq.RECONNECT_IVL_MAX, 0)  # constant 10 ms: peers bind soon after spawn
+    s.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_MAX_MS)
     if addr.startswith("tcp://") and keys is not None:
         s.curve_serverkey = keys.public
         s.curve_publickey = keys.public
