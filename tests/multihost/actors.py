@@ -120,3 +120,16 @@ def _point(mesh, rank: int) -> dict:
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class DiesAt(Actor):
+    """Answers `size` bytes per call; SIGKILLs its own proc inside call `die_at`."""
+
+    @endpoint
+    def step(self, i: int, size: int, die_at: int) -> bytes:
+        if i == die_at:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
+        return bytes(size)

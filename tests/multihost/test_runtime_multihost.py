@@ -108,6 +108,32 @@ def test_ports_across_hosts(cluster, mesh3):
     recv.close()
 
 
+@pytest.mark.parametrize("size", [1 << 10, 1 << 20], ids=["1KiB", "1MiB"])
+def test_every_answer_a_remote_proc_sent_counts_when_it_dies(cluster, mesh3, size,
+                                                            monkeypatch):
+    """A proc on another host SIGKILLed inside call 300 of 400, the controller's I/O thread
+    busy for 0.5 s meanwhile: its 300 answers all count (it sent them through its agent,
+    which reports its death after them on the same connection), the rest fail naming
+    SIGKILL."""
+    from .actors import DiesAt
+
+    monkeypatch.setattr(runtime, "unhandled_fault_hook", lambda failure: None)
+    hosts, procs, where = mesh3
+    dies = procs.slice(hosts=2, procs=0).spawn(f"dies{size}", DiesAt)
+    dies.step.call_one(-1, 1, 300).get(timeout=30)
+    futs = [dies.step.call_one(i, size, 300) for i in range(400)]
+    runtime.get_runtime().loop.call_soon(time.sleep, 0.5)
+    answered, errors = 0, []
+    for f in futs:
+        try:
+            assert len(f.get(timeout=60)) == size
+            answered += 1
+        except runtime.SupervisionError as e:
+            errors.append(str(e))
+    assert answered == 300, f"{answered} of the 300 answers sent counted"
+    assert len(errors) == 100 and all("SIGKILL" in e for e in errors), errors[:2]
+
+
 def test_cast_sends_one_message_per_host(cluster, mesh3):
     hosts, procs, where = mesh3
     rt = runtime.get_runtime()
