@@ -88,11 +88,16 @@ def run(hosts: Any, log_dir: str, seconds: float, every: float, depth: int = 10,
             futs = []
             for _ in range(depth):
                 seq += 1
-                futs.append((seq, one.step.call_one(who, seq)))
+                try:
+                    futs.append((seq, one.step.call_one(who, seq)))
+                except SupervisionError as e:  # its death was known: it fails here
+                    futs.append((seq, e))
             for s, f in futs:
                 with lock:
                     out.calls += 1
                 try:
+                    if isinstance(f, BaseException):
+                        raise f
                     got = f.get(timeout=bound)
                 except TimeoutError:
                     with lock:

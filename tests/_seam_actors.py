@@ -55,6 +55,13 @@ class Worker(Actor):
         return np.ones(n, dtype=np.uint8)
 
     @endpoint
+    def note(self, path: str, seconds: float, blob=None) -> None:
+        """Sleep, then append a line to `path`: the sender counts what was handled."""
+        time.sleep(seconds)
+        with open(path, "a") as f:
+            f.write("x\n")
+
+    @endpoint
     def exit_now(self, code: int) -> None:
         os._exit(code)
 

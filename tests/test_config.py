@@ -319,3 +319,13 @@ def test_ignored_monarch_setting_reads_back_until_cleared():
     finally:
         runtime.config.clear_runtime_config()
     assert "rdma_allow_tcp_fallback" not in runtime.config.get_runtime_config()
+
+
+def test_spawn_env_carries_settings_set_here_once_even_after_their_block(clean):
+    """A setting set in a configured() block that ended goes to procs spawned later with its
+    value now: a host agent started inside the block keeps the old value in its
+    environment, and the proc's own environment must override it."""
+    with configured(max_message_bytes=4 << 20):
+        assert config.spawn_env()["MONARCH_MAX_MESSAGE_BYTES"] == str(4 << 20)
+    assert config.spawn_env()["MONARCH_MAX_MESSAGE_BYTES"] == str(2 << 30)
+    assert "MONARCH_MAX_MESSAGE_BYTES" not in config.to_env()  # agents: as before

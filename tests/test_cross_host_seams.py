@@ -67,6 +67,15 @@ class DiesAt(Actor):
             os.kill(os.getpid(), signal.SIGKILL)
         return bytes(size)
 
+def _call(mesh, i: int, size: int):
+    """Call i of the pipeline: its future, or the error raised at the call site (a call
+    made once the proc's death is known fails there)."""
+    try:
+        return mesh.step.call_one(i, size, 300)
+    except SupervisionError as e:
+        return e
+
+
 
 @pytest.mark.parametrize("size", [1 << 10, 1 << 20], ids=["1KiB", "1MiB"])
 @pytest.mark.parametrize("busy", [0.0, 0.5], ids=["idle", "busy"])
@@ -78,12 +87,14 @@ def test_every_answer_a_remote_proc_sent_counts_when_it_dies(hosts, quiet_failur
     try:
         m = pm.spawn("dies", DiesAt)
         m.step.call_one(-1, 1, 300).get(timeout=60)
-        futs = [m.step.call_one(i, size, 300) for i in range(400)]
+        futs = [_call(m, i, size) for i in range(400)]
         if busy:  # the controller's I/O thread reads nothing for a while
             runtime.get_runtime().loop.call_soon(time.sleep, busy)
         answered, errors = 0, []
         for f in futs:
             try:
+                if isinstance(f, BaseException):
+                    raise f
                 assert len(f.get(timeout=60)) == size
                 answered += 1
             except SupervisionError as e:

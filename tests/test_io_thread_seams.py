@@ -13,6 +13,7 @@ import pytest
 import runtime
 from runtime import this_host
 from _seam_actors import Worker
+from _util import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -184,6 +185,34 @@ def test_a_slow_actor_slows_its_callers(workers):
     assert most_bytes <= 4, most_bytes
     assert [f.get(timeout=30) for f in futs[40:]] == [1 << 20] * 30
     assert all(f.get(timeout=30) == 0.01 for f in futs[:40])
+
+
+def test_a_slow_actor_slows_its_broadcasters(workers, tmp_path):
+    """Broadcasts and sends (no answer) to an actor that takes them slowly count in the
+    same window until the actor confirms it took them: the sender waits instead of filling
+    the actor's mailbox (measured: sent minus handled, which the actor writes to a file)."""
+    one = workers.slice(procs=1)
+    path = tmp_path / "handled"
+    path.touch()
+
+    def backlog(sent: int) -> int:
+        return sent - path.read_text().count("x")
+
+    most = 0
+    with runtime.configured(mailbox_limit=8):
+        for i in range(40):
+            one.note.broadcast(str(path), 0.005)
+            most = max(most, backlog(i + 1))
+    assert most <= 8, most
+    wait_until(lambda: backlog(40) == 0, 30, "the actor did not take every broadcast")
+    blob = np.zeros(1 << 20, dtype=np.uint8)  # 1 MiB each
+    most_bytes = 0
+    with runtime.configured(mailbox_bytes=4 << 20):
+        for i in range(20):
+            runtime.send(one.note, (str(path), 0.005, blob), {})
+            most_bytes = max(most_bytes, backlog(41 + i))
+    assert most_bytes <= 4, most_bytes
+    wait_until(lambda: backlog(60) == 0, 30, "the actor did not take every message")
 
 
 def test_procs_sending_large_answers_are_alive_while_the_bytes_flow():

@@ -322,3 +322,38 @@ def test_ctrl_c_cancels_the_wait_and_interrupts_the_remote_call(echo):
     with pytest.raises(ActorError, match="KeyboardInterrupt"):
         fut.get(timeout=5)
     assert one.ping.call_one("free").get(timeout=5) == "free"
+
+
+def test_a_setting_configured_while_the_host_agent_started_does_not_outlive_its_block(tmp_path):
+    """this_host()'s agent starts inside a `configured(max_message_bytes=4 MiB)` block (its
+    environment keeps 4 MiB); a proc spawned after the block gets the setting's value now,
+    the default, not the agent's."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    script = tmp_path / "limits.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {root!r})
+        import runtime
+        from runtime import Actor, endpoint, this_host
+
+        class Limit(Actor):
+            @endpoint
+            def limit(self):
+                from runtime.config import config
+                return config.max_message_bytes
+
+        with runtime.configured(max_message_bytes=4 << 20):
+            with this_host().spawn_procs(per_host={{"procs": 1}}, name="inside") as pm:
+                print(pm.spawn("l", Limit).limit.call_one().get(timeout=60))
+        with this_host().spawn_procs(per_host={{"procs": 1}}, name="after") as pm:
+            print(pm.spawn("l", Limit).limit.call_one().get(timeout=60))
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90,
+                       cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-2:] == [str(4 << 20), str(2 << 30)], r.stdout

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
+from ..config import config
 from ..future import Future
 from ..supervision import MeshFailure
 
@@ -107,10 +108,40 @@ class ActorMeshRecord:
     #: notified as calls end, for callers waiting for room in the window (`room_waiters`)
     room: threading.Condition = field(default_factory=threading.Condition)
     room_waiters: int = 0
+    #: per rank: sizes of this process's messages without an answer (broadcast, send) not
+    #: yet confirmed taken by the actor (TAKEN), oldest first
+    unconfirmed: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.inflight_bytes) != len(self.inflight):
             self.inflight_bytes = [0] * len(self.inflight)
+
+    def take_room(self, rank: int, size: int, confirm: bool = False) -> None:
+        """A message of `size` bytes to `rank` counts against the call window (its room was
+        waited for); `confirm`: it expects no answer, the actor's TAKEN ends it."""
+        self.inflight[rank] += 1
+        self.inflight_bytes[rank] += size
+        if confirm:
+            self.unconfirmed.setdefault(rank, collections.deque()).append(size)
+
+    def release(self, rank: int, n: int = 1, size: int = 0) -> None:
+        """`n` messages of `size` bytes in all to `rank` ended: room in the window; callers
+        waiting for room wake once a quarter of it is free."""
+        self.inflight[rank] -= n
+        self.inflight_bytes[rank] -= size
+        if self.room_waiters and self.inflight[rank] <= config.mailbox_limit * 3 // 4 and \
+                self.inflight_bytes[rank] <= config.mailbox_bytes * 3 // 4:
+            with self.room:
+                self.room.notify_all()
+
+    def confirmed(self, rank: int, n: int) -> None:
+        """The actor at `rank` took `n` more of this process's messages without an answer
+        (I/O thread): the oldest `n` leave the window."""
+        sizes = self.unconfirmed.get(rank)
+        if not sizes or not 0 <= rank < len(self.inflight):
+            return
+        n = min(n, len(sizes))
+        self.release(rank, n, sum(sizes.popleft() for _ in range(n)))
 
     def actor_name(self, rank: int) -> str:
         """Monarch's name of the actor at `rank`: its spawner's name, then `<mod.Cls name{..}>`."""

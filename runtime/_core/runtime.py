@@ -17,7 +17,7 @@ from ..config import config
 from ..future import Future
 from ..supervision.health import HealthModel
 from ..transport import auth
-from ..transport.framing import Header, Kind
+from ..transport.framing import Header, Kind, extra_get
 from ..transport.loop import IOLoop
 from .failures import Failures
 from .liveness import Liveness
@@ -80,6 +80,7 @@ class Runtime:
             Kind.ACTOR_FAILED: self.failures.on_actor_failed,
             Kind.ACTOR_STOPPED: self.failures.on_actor_stopped,
             Kind.PROC_DEAD: self.failures.on_proc_dead,
+            Kind.TAKEN: self._on_taken,
         }
         self._handlers.update(self.role.handlers())
         if start:
@@ -146,6 +147,13 @@ class Runtime:
         """Route messages of `kind` to `fn(header, body, buffers)` on the I/O thread
         (extension point: the debugger uses Kind.DEBUG)."""
         self._handlers[int(kind)] = fn
+
+    def _on_taken(self, h: Header, body: Any, buffers: list) -> None:
+        """An actor took messages of ours that have no answer: they leave the call window."""
+        rec = self.state.actor_meshes.get(h.actor)
+        n = extra_get(h, "n")
+        if rec is not None and type(n) is int and n > 0:
+            rec.confirmed(h.rank, n)
 
     def _dispatch(self, h: Header, body: Any, buffers: list) -> None:
         rec = dict.get(self.state.procs, h.src)

@@ -19,7 +19,7 @@ from ..shapes import Shape
 from ..transport.framing import Header, Kind
 from ..value_mesh import ValueMesh
 from .arguments import ArgumentEncoder, releasing
-from .collector import ReplyCollector
+from .collector import ReplyCollector, take_room
 
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
@@ -191,11 +191,7 @@ class EndpointRef:
         ranks = self._ranks()
         self._check_usable(ranks)
         body, bufs = self._args.encode(args, kwargs)
-        rt = self._mesh._rt
-        rec = self._mesh._rec
-        h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self._name,
-                   extra=self._call_extra())
-        rt.messenger.cast([rec.target(r) for r in ranks], h, body, tuple(bufs))
+        self._cast_unanswered(ranks, body, bufs)
 
     def rref(self, *args: Any, **kwargs: Any) -> Any:
         """Monarch's tensor-engine adverb: call the endpoint on the procs of the mesh
@@ -217,12 +213,32 @@ class EndpointRef:
             raise ValueError(f"selection must be 'all' or 'choose', got {selection!r}")
         self._check_usable(ranks)
         body, bufs = self._args.encode(args, kwargs)
+        self._cast_unanswered(ranks, body, bufs, port)
+
+    def _cast_unanswered(self, ranks: list[int], body: bytes, bufs: list,
+                         port: Any = None) -> None:
+        """Send a call whose answer does not come back to this process (none, or to `port`):
+        it counts in the call window like a call until each actor confirms it took it
+        (TAKEN), so a flood of broadcasts to a slow actor waits here instead of filling its
+        mailbox (docs/transport.md, "Full queues")."""
         rt = self._mesh._rt
+        rec = self._mesh._rec
+        targets = [rec.target(r) for r in ranks]
+        size = len(body) + sum(memoryview(b).nbytes for b in bufs)
+        take_room(rt, rec, ranks, size, confirm=True)
+        first = targets[0][0] or (targets[0][1] or ("",))[0] if targets else ""
+        extra = {**(self._call_extra() or {}), "taken": rt.reply_address_for(first)}
         h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self._name,
-                   extra=self._call_extra())
+                   extra=extra)
         if port is not None:
             h.reply, h.port = port.address, port.port_id
-        rt.messenger.cast([rec.target(r) for r in ranks], h, body, tuple(bufs))
+        try:
+            rt.messenger.cast(targets, h, body, tuple(bufs))
+        except BaseException:  # not sent: nothing of it stays in the window
+            for r in ranks:
+                rec.unconfirmed[r].pop()
+                rec.release(r, 1, size)
+            raise
 
     def stream(self, *args: Any, **kwargs: Any) -> Iterator[Future[Any]]:
         """Call every actor; yields one future per actor, in the order replies arrive."""

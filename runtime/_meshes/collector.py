@@ -83,6 +83,20 @@ def wait_for_room(rt: Any, rec: Any, ranks: list[int], size: int) -> None:
             rec.room_waiters -= 1
 
 
+def take_room(rt: Any, rec: Any, ranks: list[int], size: int, confirm: bool = False) -> None:
+    """Count a message of `size` bytes to each of `ranks` in this process's call window to
+    actor mesh `rec`, once there is room (`wait_for_room`). `confirm`: a message without an
+    answer (broadcast, send), which leaves the window when the actor confirms it took it."""
+    inflight, inflight_bytes = rec.inflight, rec.inflight_bytes
+    limit, limit_bytes = config.mailbox_limit, config.mailbox_bytes
+    for r in ranks:
+        if inflight[r] >= limit or (inflight[r] and inflight_bytes[r] + size > limit_bytes):
+            wait_for_room(rt, rec, ranks, size)
+            break
+    for r in ranks:
+        rec.take_room(r, size, confirm)
+
+
 class ReplyCollector:
     """Gathers the replies of one call. Started (and its messages sent) in the caller's
     thread; replies and failures arrive on the I/O thread, in the order their senders sent
@@ -140,18 +154,10 @@ class ReplyCollector:
         for f in (self.futs if type(self.futs) is list else (self.fut,)):
             f.reply_ports = (port,)
             f.interrupt_hook = interrupt
-        inflight, inflight_bytes = rec.inflight, rec.inflight_bytes
         bufs = self.bufs
         size = self.size = len(self.body) + (sum(memoryview(b).nbytes for b in bufs)
                                              if bufs else 0)
-        limit, limit_bytes = config.mailbox_limit, config.mailbox_bytes
-        for r in ranks:
-            if inflight[r] >= limit or (inflight[r] and inflight_bytes[r] + size > limit_bytes):
-                wait_for_room(rt, rec, ranks, size)
-                break
-        for r in ranks:
-            inflight[r] += 1
-            inflight_bytes[r] += size
+        take_room(rt, rec, ranks, size)
         h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self.method,
                    reply=rt.reply_address_for(first),
                    port=port, extra=self.extra)
@@ -175,14 +181,8 @@ class ReplyCollector:
 
     def _finish_rank(self, r: int) -> None:
         del self.remaining[r]
-        rec = self.rec
-        rec.inflight[r] -= 1
-        rec.inflight_bytes[r] -= self.size
-        if rec.room_waiters and rec.inflight[r] <= config.mailbox_limit * 3 // 4 and \
-                rec.inflight_bytes[r] <= config.mailbox_bytes * 3 // 4:
-            with rec.room:  # callers wait for room: wake them once a quarter is free
-                rec.room.notify_all()
-        note_reply(self.rt, rec, r)
+        self.rec.release(r, 1, self.size)
+        note_reply(self.rt, self.rec, r)
 
     def on_reply(self, h: Header, body: Any, buffers: list) -> None:
         with self.lock:

@@ -191,7 +191,7 @@ class HostMesh(MeshTrait):
                 addr = f"ipc://{rt.rundir}/{proc_id}" if not agent.remote else ""
                 procs.append(ProcRecord(proc_id, rank, name, agent, addr, host=agent.host))
                 spec = {"proc_id": proc_id, "rank": rank, "mesh": name,
-                        "env": {**config.to_env(), **debug_env, **(env or {}), **binds[j]}}
+                        "env": {**config.spawn_env(), **debug_env, **(env or {}), **binds[j]}}
                 if n_inner > 1:  # the proc's host picks its intra-op threads from this
                     spec["env"][PROCS_PER_HOST] = str(n_inner)
                 if gpu_env is not None:  # one GPU per proc: decided here for this host

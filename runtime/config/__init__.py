@@ -72,12 +72,12 @@ _SETTINGS: tuple[Setting, ...] = (
        "for it to listen (a proc still starting: its bootstrap, its imports) before the calls "
        "they carry fail, naming the address; a peer whose death is known fails them at "
        "once.", live=True, minimum=0, seconds=True),
-    _s("mailbox_limit", "int", 1000, "Calls one process may have in flight to one actor "
-       "(sent, not yet answered): a caller past it waits in call() (its own thread, never "
-       "the I/O thread) until answers come back, so a slow actor slows its callers instead "
-       "of filling its mailbox.", minimum=1),
-    _s("mailbox_bytes", "int", 64 << 20, "Bytes of calls one process may have in flight to "
-       "one actor; past it a caller waits as for mailbox_limit (one call is always let "
+    _s("mailbox_limit", "int", 1000, "Messages one process may have in flight to one "
+       "actor (calls not yet answered, broadcasts and sends not yet taken): a sender past it "
+       "waits in the call (its own thread, never the I/O thread) until there is room, so a "
+       "slow actor slows its senders instead of filling its mailbox.", minimum=1),
+    _s("mailbox_bytes", "int", 64 << 20, "Bytes of messages one process may have in flight "
+       "to one actor; past it a sender waits as for mailbox_limit (one message is always let "
        "through, whatever its size).", minimum=1),
     _s("output_buffer_bytes", "int", 8 << 20, "Forwarded proc output the controller holds "
        "while its terminal or notebook does not take it (a paused `| less`, a stalled ssh): "
@@ -225,6 +225,8 @@ class Config:
         env = os.environ if environ is None else environ
         object.__setattr__(self, "_environ", env)
         object.__setattr__(self, "_explicit", {})  # set by configure() or assignment
+        #: every setting ever set explicitly here (also those reset since): `spawn_env`
+        object.__setattr__(self, "_touched", set())
         object.__setattr__(self, "_parsed", {})  # live settings: (raw text, value)
         object.__setattr__(self, "_base", {})  # import-time settings: value from env/default
         self.reload()
@@ -256,6 +258,7 @@ class Config:
     def _set(self, values: Mapping[str, Any]) -> None:
         for name, value in values.items():
             self._explicit[name] = value
+            self._touched.add(name)
             if not SETTINGS[name].live:
                 self.__dict__[name] = value
 
@@ -287,6 +290,17 @@ class Config:
             value = getattr(self, s.name)
             if s.name in self._explicit or value != s.default:
                 out[s.env] = s.to_text(value)
+        return out
+
+    def spawn_env(self) -> dict[str, str]:
+        """Environment for a proc spawned now: `to_env()`, plus the current value of every
+        setting this process has ever set (a `configured()` block that has ended included),
+        so that a host agent started while a setting had another value (its environment
+        keeps that value) does not pass it on to procs spawned later."""
+        out = self.to_env()
+        for name in self._touched:
+            s = SETTINGS[name]
+            out.setdefault(s.env, s.to_text(getattr(self, name)))
         return out
 
     def __repr__(self) -> str:

@@ -202,7 +202,7 @@ class Agent:
             self.loop.send(f"ipc://{self.rundir}/{proc_id}", frames)
 
     def _on_relay(self, h: Header, body: Any, buffers: list) -> None:
-        """A local proc's message to a peer on another host (`peers.RelayPeer`): sent on,
+        """A local proc's message to a peer on another host (`peers.relay_peer`): sent on,
         after any gathered replies of that proc this agent still holds (they were sent
         first). Its frames are passed as they came; the receiver checks them."""
         to = framing.extra_get(h, "to")
@@ -214,7 +214,7 @@ class Agent:
         self.loop.send(to, buffers)
 
     def _on_deliver(self, h: Header, body: Any, buffers: list) -> None:
-        """A message from another host for one local proc (`peers.AgentRoutedPeer`): passed
+        """A message from another host for one local proc (`peers.agent_routed_peer`): passed
         on its stream, after what the same sender sent it through this agent before."""
         proc_id = framing.extra_get(h, "proc")
         if proc_id not in self.procs or not buffers:  # gone (its death is being told)

@@ -105,6 +105,7 @@ class ActorInstance:
         self.last_exception: Optional[BaseException] = None  # kept for post-mortem debugging
         self.current_port = -1
         self.current_reply = ""  # the caller's address while a call with a reply runs
+        self.taken: dict[str, int] = {}  # sender -> its messages without answer taken since
         self.instance: Any = None
         self.context: Optional[ActorContext] = None  # set when its thread starts
         self.endpoints: dict = {}
@@ -131,7 +132,10 @@ class ActorInstance:
             item = mailbox.get()
             what = item[0]
             if what == "call":
-                self._handle_call(item[1], item[2], item[3])
+                h = item[1]
+                self._handle_call(h, item[2], item[3])
+                if h.extra is not None and "taken" in h.extra:  # no answer comes back:
+                    self._confirm(h.extra["taken"])  # its sender hears that it was taken
             elif what == "supervise":
                 self.supervision.on_mailbox_entry()
             elif what == "run":  # between two messages: a reload's pause, a class swap
@@ -141,6 +145,30 @@ class ActorInstance:
                 self.rt.loop.call_soon(self.server.actor_stopped, self)
                 return
             del item  # free the message (its buffers) before waiting for the next one
+            if self.taken and mailbox.empty():  # nothing more to take now: say what was
+                for sender in list(self.taken):
+                    self._send_taken(sender, self.taken.pop(sender))
+
+    def _confirm(self, sender: Any) -> None:
+        """One more message without an answer from `sender` (the address its TAKEN goes to)
+        was handled: tell the sender once a quarter of its window has been taken, or when
+        nothing more waits in the mailbox (one message per batch, not per message)."""
+        if not isinstance(sender, str):
+            return
+        n = self.taken.get(sender, 0) + 1
+        if n < config.mailbox_limit // 4 and not self.mailbox.empty():
+            self.taken[sender] = n
+            return
+        self.taken.pop(sender, None)
+        self._send_taken(sender, n)
+
+    def _send_taken(self, sender: str, n: int) -> None:
+        """Tell `sender` this actor took `n` more of its messages without an answer."""
+        try:
+            self.rt.send(sender, Header(Kind.TAKEN, actor=self.actor_id, rank=self.rank,
+                                        extra={"n": n}))
+        except Exception:  # noqa: BLE001 - the sender is gone: nothing waits on it
+            log.debug("%s rank %d: TAKEN to %s not sent", self.name, self.rank, sender)
 
     def _init(self) -> None:
         assert self._spawn is not None  # set by __init__, taken once, here

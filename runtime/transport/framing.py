@@ -49,6 +49,7 @@ class Kind(enum.IntEnum):
     TIMELINE = 27  # to a proc: reply with its timeline records (runtime/timeline.py)
     RELAY = 28  # proc -> its host agent: send the enclosed message to a peer on another host
     DELIVER = 29  # to an agent from another host: pass the enclosed message to one local proc
+    TAKEN = 30  # actor -> a sender: it took n of the sender's messages that have no answer
     LOG_LEVEL = 40  # to a proc: the level its Actor.logger records print at (logging_option)
     WORKSPACE = 41  # to an agent: sync workspace files; to a proc: reload changed modules
 

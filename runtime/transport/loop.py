@@ -51,7 +51,7 @@ class IOLoop:
         self.address = ""
         self.peer_keys: dict[str, CurveKeys] = {}  # TCP peers of another cluster key
         #: a proc's host agent (its ipc address): what this process sends to other hosts
-        #: goes through it (`peers.RelayPeer`), so that it leaves on one path and the
+        #: goes through it (`peers.relay_peer`), so that it leaves on one path and the
         #: agent's report of this process's death follows it there
         self.relay = ""
         self.peers = Peers(self)  # the connections (runtime/transport/peers.py)

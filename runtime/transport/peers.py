@@ -3,8 +3,9 @@ sender, and what happens when one fails (docs/transport.md).
 
 - To a peer on this host (`ipc://PATH`): an AF_UNIX stream this process dialed
   (`stream.Outbound`); to a peer on another host (`tcp://`): a zmq PUSH socket with
-  CurveZMQ (`ZmqPeer`), or, for a proc, its host agent's stream (`RelayPeer`: the agent
-  sends it on). Any thread sends, under the connection's lock.
+  CurveZMQ (`ZmqPeer`), or, for a proc, its host agent's stream (`relay_peer`: the agent
+  sends it on); to a proc on another host, its agent (`agent_routed_peer`). Any thread
+  sends, under the connection's lock.
 - From peers on this host: the connections they dialed (`stream.Inbound`), accepted and
   read by the I/O thread, known by the sender id of their preamble.
 """
@@ -86,9 +87,9 @@ class Peers:
                     peer = stream.Outbound(loop, addr, framing.preamble(token, loop.name),
                                            wait_for_listener=addr not in self.broke)
                 elif "#" in addr:
-                    peer = AgentRoutedPeer(loop, addr)  # a proc reached through its agent
+                    peer = agent_routed_peer(loop, addr)  # a proc reached through its agent
                 elif loop.relay:
-                    peer = RelayPeer(loop, addr)  # a proc: through its host agent
+                    peer = relay_peer(loop, addr)  # a proc: through its host agent
                 elif loop.gateways and (link := loop.gateways.get(
                         getattr(loop.peer_keys.get(addr, loop.keys), "public", b""))):
                     peer = link.peer(addr)  # this cluster is reached through its gateway
@@ -222,66 +223,58 @@ class Peers:
                 "queued_messages": sum(p.pending() for p in out)}
 
 
-class RelayPeer:
-    """A peer on another host that a proc reaches through its host agent: each message goes
-    on the proc's one stream to the agent, wrapped in a RELAY head, and the agent sends it
-    on (`HostAgent`'s RELAY handler). Everything the proc sends other hosts thus leaves on
-    one path, in `send` order, and is in the kernel's hands when `send` returns: the agent
-    reads it to the end before it reports the proc's death, on the same connection
-    (docs/transport.md, "Across hosts")."""
+class WrappedPeer:
+    """A peer reached through another connection of this process: each message goes there
+    behind a head built once for the peer (docs/transport.md, "Across hosts").
 
-    def __init__(self, loop: "IOLoop", addr: str) -> None:
+    - `relay_peer`: a peer on another host that a proc reaches through its host agent, on
+      the proc's one stream to it (RELAY; the agent's `_on_relay` sends it on). Everything
+      the proc sends other hosts leaves on one path, in `send` order, and is in the
+      kernel's hands when `send` returns: the agent reads it to the end before it reports
+      the proc's death, on the same connection.
+    - `agent_routed_peer`: a proc on another host, addressed `tcp://AGENT_HOST:PORT#PROC_ID`,
+      reached through that agent (DELIVER; its `_on_deliver` passes it on the proc's
+      stream): calls and casts (which go through the agent too) and answers to the proc's
+      ports take one path and keep their order."""
+
+    opened = False
+
+    def __init__(self, loop: "IOLoop", addr: str, via: str, head: bytes) -> None:
         self.loop = loop
         self.addr = addr
-        self.opened = False
+        self.via = via
+        self.head = head
         self.sent = 0
-        # the head is the same for every message to `addr`: built once
-        self.head = framing.build(loop.token, framing.Header(
-            framing.Kind.RELAY, src=loop.name, extra={"to": addr}))[0]
 
     def send(self, frames: list, port: int = 0) -> None:
         self.sent += 1
-        self.loop.peers.send(self.loop.relay, [self.head, *frames], port)
+        self.loop.peers.send(self.via, [self.head, *frames], port)
 
     def close(self, why: str = "") -> None:
-        """Nothing of its own to close: the agent's stream is the connection."""
+        """Nothing of its own to close: the connection it goes through is the connection."""
 
     def finish(self) -> None:
-        """The stream to the agent finishes what it holds."""
+        """The connection it goes through finishes what it holds."""
 
     def pending(self) -> int:
         return 0
 
 
-class AgentRoutedPeer:
-    """A proc on another host, addressed `tcp://AGENT_HOST:PORT#PROC_ID`: each message goes
-    to its host agent, wrapped in a DELIVER head, and the agent passes it to the proc on its
-    stream. Everything this process sends that proc, calls and casts (which go through the
-    agent too) and answers to its ports alike, thus takes one path and keeps its order."""
+def relay_peer(loop: "IOLoop", addr: str) -> WrappedPeer:
+    """`addr` on another host, for a proc: through its host agent (`loop.relay`)."""
+    head = framing.build(loop.token, framing.Header(
+        framing.Kind.RELAY, src=loop.name, extra={"to": addr}))[0]
+    return WrappedPeer(loop, addr, loop.relay, head)
 
-    def __init__(self, loop: "IOLoop", addr: str) -> None:
-        self.loop = loop
-        self.addr = addr
-        self.opened = False
-        self.sent = 0
-        self.agent, _, proc = addr.partition("#")
-        keys = loop.peer_keys.get(addr) or loop.peer_keys.get(self.agent, loop.keys)
-        token = cluster_token(keys) if keys is not None else loop.token
-        self.head = framing.build(token, framing.Header(
-            framing.Kind.DELIVER, src=loop.name, extra={"proc": proc}))[0]
 
-    def send(self, frames: list, port: int = 0) -> None:
-        self.sent += 1
-        self.loop.peers.send(self.agent, [self.head, *frames], port)
-
-    def close(self, why: str = "") -> None:
-        """Nothing of its own to close: the agent's connection is the connection."""
-
-    def finish(self) -> None:
-        """The connection to the agent finishes what it holds."""
-
-    def pending(self) -> int:
-        return 0
+def agent_routed_peer(loop: "IOLoop", addr: str) -> WrappedPeer:
+    """The proc at `tcp://AGENT#PROC`: through its agent, with that cluster's token."""
+    agent, _, proc = addr.partition("#")
+    keys = loop.peer_keys.get(addr) or loop.peer_keys.get(agent, loop.keys)
+    token = cluster_token(keys) if keys is not None else loop.token
+    head = framing.build(token, framing.Header(
+        framing.Kind.DELIVER, src=loop.name, extra={"proc": proc}))[0]
+    return WrappedPeer(loop, addr, agent, head)
 
 
 class ZmqPeer:
