@@ -93,6 +93,9 @@ class Failures:
                 failures.append((m, f))
                 self.deliver(m, f)
             self.fail_ports_for_actor(m, rank, f)
+            base.seen_by_waiter |= f.seen_by_waiter
+        # a wait that raises for this death shows it: the fault hook need not report it too
+        base.seen_by_waiter |= bool(rt.ports.waiting_on(proc_id))
         self.mark_dead(proc_id, base)
         self.tell_others(proc_id, base)
         if not failures and rec.agent is not None:

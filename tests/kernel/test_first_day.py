@@ -171,3 +171,71 @@ def test_a_failed_reload_is_not_a_usage_error_and_is_reported_once(kernel, tmp_p
     assert text.count("SyntaxError") == 1, text  # once, the procs named together
     assert "proc rl[0-2]: reloading failmod failed (old code kept)" in text, text
     assert "reloaded in" not in r["stdout"], r["stdout"]
+
+
+def _ranks_in(text: str) -> set[int]:
+    """`0-2, 5` -> {0, 1, 2, 5}."""
+    out: set[int] = set()
+    for part in text.split(","):
+        a, _, b = part.strip().partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def _stderr_until(kernel, cond, timeout: float, what: str) -> str:
+    """The stderr of every cell (any parent) from now on, read until `cond(text)`."""
+    import time
+
+    text = ""
+    deadline = time.monotonic() + timeout
+    while not cond(text):
+        assert time.monotonic() < deadline, f"{what}; stderr so far:\n{text}"
+        try:
+            msg = kernel.kc.get_iopub_msg(timeout=0.5)
+        except Exception:  # queue.Empty: nothing yet
+            continue
+        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stderr":
+            text += msg["content"]["text"]
+    return text
+
+
+def test_failures_on_n_ranks_are_reported_once(kernel):
+    import re
+
+    # a rank that dies in a %%mesh cell: the cell's error says so, once
+    _ok(kernel.execute("%mesh alloc fo --per-host procs=2 --no-progress"))
+    kernel.track_processes()
+    r = kernel.execute("%%mesh fo\nimport os\nif current_rank().rank == 1:\n    os.abort()\n")
+    text = r["stderr"] + _error_text(r)
+    assert "1 of 2 ranks failed on fo: ProcDied" in text
+    assert text.count("Fatal Python error: Aborted") == 1, text  # the dump, streamed live
+    assert "its stderr is above ([fo 1] lines)" in text, text
+    # a failing __init__ on every proc: one report naming the ranks (no report of fo's
+    # rank, which the cell showed: a report of it would have come first)
+    _ok(kernel.execute("%mesh alloc fi --per-host procs=4 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute("from runtime import Actor, endpoint\n"
+                       "class Bad(Actor):\n    def __init__(self):\n"
+                       "        raise ValueError('boom in init')\n"
+                       "    @endpoint\n    def f(self) -> int:\n        return 1\n"))
+    kernel.kc.execute("bad = fi.spawn('bad', Bad)")
+
+    def named(err: str) -> set[int]:
+        got: set[int] = set()
+        for pat in (r"the same failure on ranks? ([\d, -]+) of 'bad'",
+                    r"MeshFailure: mesh 'bad' rank\(s\) \[(\d+)\]",
+                    r"mesh 'bad' ranks? ([\d, -]+) \([^)]*\) failed too"):
+            for m in re.finditer(pat, err):
+                got |= _ranks_in(m.group(1))
+        return got
+
+    err = _stderr_until(kernel, lambda t: named(t) == {0, 1, 2, 3}, 60,
+                        "a report naming every rank of bad")
+    assert err.count("[monarch] unhandled failure:\n") == 1, err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert "mesh 'fo'" not in err, err
+    # the call raises naming every rank whose __init__ failed, not only the first
+    r = kernel.execute("bad.f.call().get(timeout=20)")
+    assert "actor mesh 'bad' ranks 0-3 (4 of 4) failed in __init__:\n__init__ raised " \
+           "ValueError: boom in init" in _error_text(r), _error_text(r)
+    _ok(kernel.execute("%mesh stop fo fi"))
