@@ -37,6 +37,12 @@ def _error_text(r: dict) -> str:
     return "\n".join(r["error"]["traceback"])
 
 
+def _usage_error(r: dict) -> str:
+    """A UsageError's one line (IPython prints it on stderr; the reply says error)."""
+    assert r["reply"]["status"] == "error" and r["reply"]["ename"] == "UsageError", r
+    return r["stderr"]
+
+
 def test_sync_without_reload_makes_the_code_importable_and_keeps_earlier_dirs(
         kernel, tmp_path):
     a, b = tmp_path / "dir_a", tmp_path / "dir_b"
@@ -239,3 +245,30 @@ def test_failures_on_n_ranks_are_reported_once(kernel):
     assert "actor mesh 'bad' ranks 0-3 (4 of 4) failed in __init__:\n__init__ raised " \
            "ValueError: boom in init" in _error_text(r), _error_text(r)
     _ok(kernel.execute("%mesh stop fo fi"))
+
+
+def test_current_rank_env_and_sync_dirs_as_a_user_expects(kernel, tmp_path):
+    _ok(kernel.execute("%mesh alloc sm --per-host procs=2 --no-progress --env A=1 B=2"))
+    kernel.track_processes()
+    r = _ok(kernel.execute("%%mesh sm\nimport os\n"
+                           "print(f'rank {current_rank}', current_rank, os.environ['B'])\n"
+                           "(int(current_rank), current_rank().rank)\n"))
+    assert "[sm 1] rank 1 1 2" in r["stdout"].splitlines(), r["stdout"]
+    assert r["results"] == ["ValueMesh({'procs': 2}, {{procs=0}: (0, 0), {procs=1}: (1, 1)})"]
+    # a file given to --dir: said so, not "does not exist"
+    f = tmp_path / "single.py"
+    f.write_text("S = 1\n")
+    text = _usage_error(kernel.execute(f"%mesh sync sm --dir {f}"))
+    assert f"workspace directory {f} is a file, not a directory: sync the directory that " \
+           f"holds it ({tmp_path})" in text, text
+    # two directories with one name: the magic says how to name one, and naming works
+    for d, mod in (("x", "xmod"), ("y", "ymod")):
+        (tmp_path / d / "src").mkdir(parents=True)
+        (tmp_path / d / "src" / f"{mod}.py").write_text(f"V = {mod!r}\n")
+    x, y = tmp_path / "x" / "src", tmp_path / "y" / "src"
+    text = _usage_error(kernel.execute(f"%mesh sync sm --dir {x} --dir {y}"))
+    assert f"would both land on 'src' on the hosts; name one: --dir OTHER_NAME={y}" in text
+    _ok(kernel.execute(f"%mesh sync sm --dir {x} --dir ysrc={y}"))
+    r = _ok(kernel.execute("%%mesh sm --ranks procs=0\nimport xmod, ymod\n(xmod.V, ymod.V)\n"))
+    assert r["results"] == ["ValueMesh({}, {{}: ('xmod', 'ymod')})"], r
+    _ok(kernel.execute("%mesh stop sm"))
