@@ -272,3 +272,19 @@ def test_current_rank_env_and_sync_dirs_as_a_user_expects(kernel, tmp_path):
     r = _ok(kernel.execute("%%mesh sm --ranks procs=0\nimport xmod, ymod\n(xmod.V, ymod.V)\n"))
     assert r["results"] == ["ValueMesh({}, {{}: ('xmod', 'ymod')})"], r
     _ok(kernel.execute("%mesh stop sm"))
+
+
+def test_a_call_in_flight_when_its_mesh_is_stopped_says_the_mesh_was_stopped(kernel):
+    _ok(kernel.execute("%mesh alloc sf --per-host procs=2 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute("import time\nfrom runtime import Actor, endpoint\n"
+                       "class Slow(Actor):\n    @endpoint\n    def slow(self) -> int:\n"
+                       "        time.sleep(60)\n        return 1\n"
+                       "slow = sf.spawn('slow', Slow)\nslow.initialized.get(timeout=30)\n"
+                       "inflight = slow.slow.call()\n"))
+    _ok(kernel.execute("%mesh stop sf"))
+    r = kernel.execute("inflight.get(timeout=30)")
+    text = _error_text(r)
+    assert r["error"]["ename"] == "MeshStoppedError", text
+    assert "proc mesh 'sf' was stopped while the call was in flight (rank " in text, text
+    assert "is dead" not in text, text
