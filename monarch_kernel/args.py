@@ -265,6 +265,31 @@ class SyncArgs:
     dirs: list[str] = field(default_factory=list)  # default: the working directory
     reload: bool = False
     timeout: Optional[float] = None
+    #: {local directory: its name on the hosts}, from `--dir NAME=DIR` and DIR's own name
+    names: dict[str, str] = field(default_factory=dict)
+
+
+def sync_names(dirs: list[str]) -> dict[str, str]:
+    """`--dir [NAME=]DIR` values -> {DIR: NAME on the hosts} (NAME defaults to DIR's own
+    name; a DIR that exists as written is never split at `=`); MagicArgError when two land
+    on one name, saying how to rename one."""
+    import os
+
+    out: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    for value in dirs:
+        name, sep, path = value.partition("=")
+        if not sep or os.path.exists(os.path.expanduser(value)) or "/" in name or not name:
+            name, path = "", value
+        full = os.path.abspath(os.path.expanduser(path))
+        name = name or os.path.basename(full.rstrip("/"))
+        if name in owner and owner[name] != full:
+            raise MagicArgError(
+                f"%mesh sync: --dir {owner[name]} and --dir {full} would both land on "
+                f"{name!r} on the hosts; name one: --dir OTHER_NAME={path}")
+        owner[name] = full
+        out[full] = name
+    return out
 
 
 @dataclass
@@ -376,8 +401,8 @@ def _command_parsers() -> dict[str, _Parser]:
                         "(default: this host)")
     a.add_argument("--mesh-name", dest="mesh_name", metavar="LABEL",
                    help="the mesh's name in output and dashboards (default NAME)")
-    a.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="environment variable for the procs (repeatable)")
+    a.add_argument("--env", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="environment variables for the procs (--env A=1 B=2, or repeated)")
     a.add_argument("--no-progress", dest="progress", action="store_false",
                    help="do not show the start-up progress display")
     a.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
@@ -448,8 +473,9 @@ def _command_parsers() -> dict[str, _Parser]:
                     "(HostMesh.sync_workspace): only changed files travel; progress per host.")
     sy.add_argument("mesh", metavar="MESH", nargs="?", type=_arg_type(parse_identifier),
                     help="a HostMesh or ProcMesh variable (default: this host)")
-    sy.add_argument("--dir", dest="dirs", action="append", default=[], metavar="DIR",
-                    help="a workspace directory (repeatable; default: the working directory)")
+    sy.add_argument("--dir", dest="dirs", action="append", default=[], metavar="[NAME=]DIR",
+                    help="a workspace directory (repeatable; default: the working directory); "
+                         "NAME=DIR: under NAME on the hosts (default: DIR's own name)")
     sy.add_argument("--reload", action="store_true",
                     help="live procs on those hosts reload the changed modules")
     sy.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
@@ -622,7 +648,8 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
     if cmd == "deactivate":
         return DeactivateArgs()
     if cmd == "sync":
-        return SyncArgs(mesh=ns.mesh, dirs=list(ns.dirs), reload=ns.reload, timeout=ns.timeout)
+        return SyncArgs(mesh=ns.mesh, dirs=list(ns.dirs), reload=ns.reload, timeout=ns.timeout,
+                        names=sync_names(list(ns.dirs)))
     if cmd == "reload":
         return ReloadArgs(actors=ns.actors, cls=ns.cls)
     if cmd == "logs":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from IPython.core.error import UsageError
 
@@ -85,7 +85,8 @@ class CellCommands:
         self.ctx.session.router.wait_marks(mark, 2 * (n - len(died)), OUTPUT_DRAIN_S)
         self.ctx.session.router.flush()
         try:
-            lost = [_proc_died(e, procs.root) for e in died]
+            router = self.ctx.session.router
+            lost = [_proc_died(e, procs.root, router.wrote_stderr) for e in died]
             if interrupted is not None:
                 lost += _unanswered(interrupted, procs.root, {f.rank for f in lost})
             result = _finish(vm, label, lost, interrupted is not None)
@@ -193,9 +194,11 @@ def _gather(runner: Any, futs: list, timeout: Optional[float]
     return ValueMesh(Shape(tuple(sizes), tuple(sizes.values())), values), died, unanswered
 
 
-def _proc_died(e: BaseException, root: Any) -> RankFailure:
+def _proc_died(e: BaseException, root: Any,
+               shown: Optional[Callable[[str, int], bool]] = None) -> RankFailure:
     """A rank whose proc died (or stopped answering) while it ran the cell, in the user's
-    words: which rank of their proc mesh, how, where, and its last lines of stderr."""
+    words: which rank of their proc mesh, how, where, and its last lines of stderr, unless
+    `shown(mesh, rank)` says they are in the cell already (streamed live: said once)."""
     import signal as _signal
 
     f = getattr(e, "failure", None)
@@ -216,8 +219,11 @@ def _proc_died(e: BaseException, root: Any) -> RankFailure:
     lines = [f"the proc of {root.name} rank {rank} {how} (host {host}, pid {pid}); "
              "the cell did not finish there"]
     if f is not None and f.stderr_tail:
-        lines.append("last lines of its stderr:")
-        lines.extend("  " + ln for ln in f.stderr_tail)
+        if shown is not None and shown(root.name, rank):
+            lines.append(f"its stderr is above ([{root.name} {rank}] lines)")
+        else:
+            lines.append("last lines of its stderr:")
+            lines.extend("  " + ln for ln in f.stderr_tail)
     return RankFailure(rank, dict(coords), "ProcDied", lines[0], "\n".join(lines) + "\n")
 
 

@@ -41,7 +41,7 @@ class WorkspaceCommands:
 
         self.ctx.runtime()
         hosts = self._hosts(cmd.mesh)
-        dirs = cmd.dirs or [os.getcwd()]
+        dirs: Any = cmd.names or [os.getcwd()]  # {directory: name on the hosts}
         lock = threading.Lock()
         shown: dict[str, int] = {}
 

@@ -99,12 +99,14 @@ class OutputRouter:
         self.target: Optional[dict] = None
         self.chunks = 0
         self.last_output = 0.0
+        self._stderr_labels: set[str] = set()  # who wrote to stderr in the target cell
 
     def set_target(self, parent: Optional[dict]) -> None:
         """Send what follows to the cell with this parent header (flushing what was held)."""
         with self._lock:
             if parent is not self.target:
                 self._write_all(self._prefixer.close_lines())
+                self._stderr_labels = set()
             self.target = parent
 
     def __call__(self, label: str, stream: str, text: str) -> None:
@@ -121,10 +123,19 @@ class OutputRouter:
             out = self._prefixer.feed(label, stream, text)
             if out:
                 self._write(stream, out, self.target)
+                if stream == "stderr":
+                    self._stderr_labels.add(label)
             if self._prefixer.has_pending() and self._timer is None:
                 self._timer = threading.Timer(self._delay, self._flush_partials)
                 self._timer.daemon = True
                 self._timer.start()
+
+    def wrote_stderr(self, mesh: str, rank: int) -> bool:
+        """Whether rank `rank` of proc mesh `mesh` wrote to stderr in the cell output goes
+        to now (its last lines need not be repeated in that cell's error)."""
+        with self._lock:
+            return any(lb == f"{mesh} {rank}" or lb.startswith(f"{mesh} {rank}@")
+                       for lb in self._stderr_labels)
 
     def _take_marks(self, text: str) -> str:
         """Count and remove end-of-cell marks; a mark on its own line goes with its line,

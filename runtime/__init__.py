@@ -5,6 +5,14 @@ The root package, above every layer (docs/architecture.md): the public facade. I
 it runs `runtime._wiring`, which provides the calls lower layers make into upper ones.
 """
 
+import warnings as _warnings
+
+# `python -m runtime.transport.auth keygen PATH` runs a module this package imports: runpy
+# warns about that (before it runs the module, after this runs); for that command the
+# warning is noise, and nothing else matches it
+_warnings.filterwarnings("ignore", message=r"'runtime\.transport\.auth' found in sys\.modules",
+                         category=RuntimeWarning)
+
 from .actor import (Actor, ActorContext, CreatorInstance, concurrent_endpoint, context,
                     current_actor_name, current_rank, current_size, endpoint)
 from .channel import Accumulator, Channel, Port, PortReceiver

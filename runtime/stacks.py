@@ -258,8 +258,11 @@ class ProcStacks:
 
 
 def threads_from(data: dict[str, Any]) -> list[ThreadStack]:
-    """py-spy's JSON threads as ThreadStack objects."""
-    return [ThreadStack(str(t.get("thread_name") or ""), int(t.get("thread_id") or 0),
-                        int(t.get("os_thread_id") or 0), bool(t.get("owns_gil")),
-                        bool(t.get("active")), list(t.get("frames") or []))
-            for t in data.get("threads", [])]
+    """py-spy's JSON threads as ThreadStack objects: the program's threads (actors, main,
+    its own) first, then the runtime's and front-ends' helpers (named `monarch-*`: I/O,
+    fault hook, the jedi warm-up of %%mesh completion), each in py-spy's order."""
+    threads = [ThreadStack(str(t.get("thread_name") or ""), int(t.get("thread_id") or 0),
+                           int(t.get("os_thread_id") or 0), bool(t.get("owns_gil")),
+                           bool(t.get("active")), list(t.get("frames") or []))
+               for t in data.get("threads", [])]
+    return sorted(threads, key=lambda t: t.name.startswith("monarch-"))

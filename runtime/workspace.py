@@ -67,6 +67,10 @@ class Workspace:
         out: dict[str, Path] = {}
         for local, name in items:
             local = local.expanduser().resolve()
+            if local.is_file():
+                raise WorkspaceError(f"workspace directory {local} is a file, not a "
+                                     f"directory: sync the directory that holds it "
+                                     f"({local.parent})")
             if not local.is_dir():
                 raise WorkspaceError(f"workspace directory {local} does not exist")
             name = name.strip("/") or local.name
@@ -75,7 +79,8 @@ class Workspace:
                                      "directory name")
             if name in out:
                 raise WorkspaceError(f"two workspace directories land on one name {name!r}: "
-                                     f"{out[name]} and {local}; name them with a dict")
+                                     f"{out[name]} and {local}; name them with a dict "
+                                     "{directory: name} (Workspace(dirs={...}))")
             out[name] = local
         return out
 

@@ -154,3 +154,40 @@ def test_keygen_makes_a_private_directory_and_refuses_an_open_one(tmp_path):
     open_dir.chmod(0o755)
     assert auth.main(["keygen", str(open_dir / "cluster.key")]) == 1
     assert not (open_dir / "cluster.key").exists()
+
+
+@pytest.mark.timeout(120)
+def test_the_command_lines_say_what_they_do(tmp_path, own_root):
+    """`keygen` from the command line prints no runpy warning; `runtime.host --help` says
+    --listen needs a key on loopback too, as the agent does; a listening agent prints one
+    line saying where it listens."""
+    from tests._util import wait_until
+
+    env = {**os.environ, "MONARCH_RUNTIME_DIR": str(own_root)}
+    env.pop("MONARCH_KEY_FILE", None)
+    d = tmp_path / "keys"
+    r = _run(["-m", "runtime.transport.auth", "keygen", str(d / "cluster.key")], env)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout == f"wrote {d / 'cluster.key'} (mode 600)\n"
+    r = _run(["-m", "runtime.host", "--help"], env)
+    helptext = " ".join(r.stdout.split())
+    assert "unless loopback" not in helptext
+    assert "loopback too, with CurveZMQ: needs --key-file or MONARCH_KEY_FILE" in helptext
+    r = _run(["-m", "runtime.host", "--listen", "tcp://127.0.0.1:0"], env)
+    assert r.returncode != 0 and "--listen needs a CurveZMQ key file" in r.stderr, r.stderr
+    out = tmp_path / "agent.out"
+    with open(out, "w") as f:
+        p = subprocess.Popen([sys.executable, "-m", "runtime.host", "--listen",
+                              "tcp://127.0.0.1:0", "--key-file", str(d / "cluster.key")],
+                             env={**env, "PYTHONPATH": ROOT}, stdout=f,
+                             stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        line = wait_until(lambda: out.read_text(), 60, "the agent's first line")
+        assert re.fullmatch(
+            rf"monarch host agent on \S+ \(pid {p.pid}\) listening on "
+            rf"tcp://127\.0\.0\.1:(\d+) with the key {re.escape(str(d / 'cluster.key'))}; "
+            rf"attach_to_workers\(\['tcp://127\.0\.0\.1:\1'\], key_file=\.\.\.\) reaches it; "
+            rf"stop it with kill {p.pid}\n", line), line
+    finally:
+        p.kill()
+        p.wait(timeout=30)

@@ -225,3 +225,19 @@ def test_pr_set_ptracer_admits_the_agents_py_spy_under_ptrace_scope_1(tmp_path):
             os.killpg(p.pid, 9)
             p.wait()
     assert "OK" in out, out[-3000:]
+
+
+def test_the_runtimes_own_threads_come_after_the_programs():
+    """A helper thread (`monarch-*`: the jedi warm-up of %%mesh completion, the I/O thread)
+    does not top the stacks, even when py-spy lists it first and it holds the GIL."""
+    data = {"threads": [
+        {"thread_name": "monarch-jedi-warmup", "thread_id": 3, "owns_gil": True,
+         "active": True},
+        {"thread_name": "actor-trainers-0", "thread_id": 2, "active": True},
+        {"thread_name": "monarch-io-p-0", "thread_id": 4},
+        {"thread_name": "MainThread", "thread_id": 1}]}
+    got = stacks.threads_from(data)
+    assert [t.name for t in got] == ["actor-trainers-0", "MainThread", "monarch-jedi-warmup",
+                                     "monarch-io-p-0"]
+    text = str(stacks.ProcStacks("trainers", 0, "h", 42, threads=got))
+    assert text.index("'actor-trainers-0'") < text.index("Thread 3 'monarch-jedi-warmup'")

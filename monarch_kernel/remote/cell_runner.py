@@ -23,12 +23,36 @@ def namespace_of(key: str) -> dict[str, Any]:
     return _NAMESPACES.get(key, {})
 
 
+class CurrentRank:
+    """`current_rank` in a %%mesh cell: call it for the Point (`current_rank().rank`, as in
+    an actor); as a value it is the rank, so `f"{current_rank}"` and `print(current_rank)`
+    show `3`, `int(current_rank)` and `range(current_rank)` work."""
+
+    def __call__(self) -> Any:
+        """This rank's Point in the cell's selection (`runtime.current_rank()`)."""
+        return current_rank()
+
+    def __int__(self) -> int:
+        return int(current_rank().rank)
+
+    __index__ = __int__
+
+    def __str__(self) -> str:
+        return str(int(self))
+
+    def __format__(self, spec: str) -> str:
+        return format(int(self), spec)
+
+    def __repr__(self) -> str:
+        return f"{int(self)} (current_rank() is {current_rank()!r})"
+
+
 class CellRunner(Actor):
     """Runs cells for %%mesh; its namespace is this proc's notebook-like globals."""
 
     def __init__(self, key: str = "") -> None:
         point = current_rank()
-        self.ns = new_namespace(current_rank=current_rank, current_size=current_size)
+        self.ns = new_namespace(current_rank=CurrentRank(), current_size=current_size)
         if key:  # the CellCompleter spawned with the same key completes against it
             _NAMESPACES[key] = self.ns
         self.rank = point.rank

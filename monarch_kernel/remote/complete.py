@@ -205,8 +205,9 @@ class CellCompleter(Actor):
     def __init__(self, key: str) -> None:
         self.key = key
         self.rank = current_rank().rank
-        # Import IPython's completer now, off the request path (about 0.2 s).
-        threading.Thread(target=_warm, name="mesh-complete-warm", daemon=True).start()
+        # Import IPython's completer now, off the request path (about 0.2 s). Named
+        # monarch-*: %mesh stacks lists it after the program's threads
+        threading.Thread(target=_warm, name="monarch-jedi-warmup", daemon=True).start()
 
     def _ns(self) -> dict:
         from monarch_kernel.remote.cell_runner import namespace_of

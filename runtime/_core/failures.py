@@ -14,7 +14,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
 from ..config import config
-from ..errors import SupervisionError, actor_failed_message
+from ..errors import MeshStoppedError, SupervisionError, actor_failed_message
 from ..supervision import MeshFailure
 from ..supervision.health import ActorState
 from ..transport.framing import Header, Kind
@@ -52,6 +52,9 @@ class Failures:
         failure = rec.failure if rec is not None else self.causes.get(proc_id)
         if failure is not None:
             return f"actor failed: {failure}"
+        if rec is not None and rec.state == "stopped":  # asked for: in the mesh's words
+            return (f"proc mesh {rec.mesh!r} was stopped while the call was in flight "
+                    f"(rank {rec.rank}, proc {proc_id}); the call did not finish")
         return f"proc {proc_id} is dead"
 
     # -- procs ------------------------------------------------------------------------------
@@ -93,6 +96,9 @@ class Failures:
                 failures.append((m, f))
                 self.deliver(m, f)
             self.fail_ports_for_actor(m, rank, f)
+            base.seen_by_waiter |= f.seen_by_waiter
+        # a wait that raises for this death shows it: the fault hook need not report it too
+        base.seen_by_waiter |= bool(rt.ports.waiting_on(proc_id))
         self.mark_dead(proc_id, base)
         self.tell_others(proc_id, base)
         if not failures and rec.agent is not None:
@@ -137,9 +143,11 @@ class Failures:
         rt.loop.drain_from(proc_id)  # what it sent before it died counts (docs/transport.md)
         rt.state.dead_procs.add(proc_id)
         msg = self.dead_message(proc_id)
-        rt.ports.fail_waiting(proc_id, SupervisionError(
-            msg + ("\n" + failure.report() if failure is not None else ""), failure))
         rec = rt.state.proc(proc_id)
+        cls = MeshStoppedError if rec is not None and rec.state == "stopped" else \
+            SupervisionError
+        rt.ports.fail_waiting(proc_id, cls(
+            msg + ("\n" + failure.report() if failure is not None else ""), failure))
         if rec is not None:  # its connections go: nothing dials a dead proc again
             for addr in (rec.address, rec.tcp_address):
                 if addr:

@@ -122,8 +122,7 @@ class EndpointRef:
             f = rec.failed.get(r)
             if f is not None:
                 if r in rec.init_failed:
-                    raise SupervisionError(
-                        f"actor mesh {rec.name!r} rank {r} failed in __init__:\n{rec.ready[r]}", f)
+                    raise SupervisionError(_init_failed_message(rec, ranks), f)
                 raise SupervisionError(actor_failed_message(
                     rec.cls_name, rec.name, r, f.cause, rec.actor_name(r)) + "\n" + f.report(), f)
 
@@ -314,3 +313,20 @@ def as_endpoint(not_an_endpoint: Any, *, propagate: Any = None,
         if params and params[0].kind != inspect.Parameter.VAR_POSITIONAL:
             sig = sig.replace(parameters=params[1:])
     return EndpointRef(mesh, name, sig, {"as": "port" if explicit_response_port else "call"})
+
+
+def _init_failed_message(rec: Any, ranks: list[int]) -> str:
+    """Every rank of `ranks` whose `__init__` failed, each distinct error once with the
+    ranks that raised it (not only the first failed rank)."""
+    from ..supervision.fold import ranks_phrase
+
+    failed = [r for r in ranks if r in rec.init_failed]
+    texts: dict[str, list[int]] = {}
+    for r in failed:
+        texts.setdefault(str(rec.ready[r]), []).append(r)
+    head = (f"actor mesh {rec.name!r} {ranks_phrase(failed)} ({len(failed)} of "
+            f"{len(rec.proc_ids)}) failed in __init__:")
+    if len(texts) == 1:
+        return f"{head}\n{next(iter(texts))}"
+    return "\n".join([head] + [f"--- {ranks_phrase(rs)} ---\n{t}" for t, rs in texts.items()])
+

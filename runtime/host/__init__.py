@@ -35,8 +35,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--token", help="session token (hex); default MONARCH_TOKEN or random")
     p.add_argument("--rundir", help="private directory for ipc sockets")
     p.add_argument("--agent-id")
-    p.add_argument("--listen", help="also listen on tcp://ADDR:PORT (CurveZMQ required "
-                                    "unless loopback)")
+    p.add_argument("--listen", help="also listen on tcp://ADDR:PORT, loopback too, with "
+                                    "CurveZMQ: needs --key-file or MONARCH_KEY_FILE (make one "
+                                    "with python -m runtime.transport.auth keygen PATH); "
+                                    "prints where it listens")
     p.add_argument("--key-file", help="CurveZMQ key file (mode 600); default MONARCH_KEY_FILE")
     p.add_argument("--advertise", help="the address controllers dial, when it differs from "
                                        "--listen (e.g. listening on 0.0.0.0)")
@@ -71,5 +73,21 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     agent = Agent(args)
     signal.signal(signal.SIGTERM, lambda *_: agent.loop.call_soon(agent.shutdown, "SIGTERM"))
+    if args.listen:
+        print(listening_line(agent.tcp_address, agent.key_file,
+                             agent.gateway.address if agent.gateway else ""), flush=True)
     agent.run()
     return 0
+
+
+def listening_line(address: str, key_file: str, gateway: str = "") -> str:
+    """The one line a listening agent prints: where controllers reach it, with which key,
+    and how to stop it (Ctrl-C is ignored: a job's agents outlive a terminal's)."""
+    import socket
+
+    gw = f"; gateway at {gateway}" if gateway else ""
+    key = f" with the key {key_file}" if key_file else " with the key of MONARCH_KEY_FILE"
+    return (f"monarch host agent on {socket.gethostname()} (pid {os.getpid()}) listening on "
+            f"{address}{key}{gw}; attach_to_workers([{address!r}], key_file=...) reaches "
+            f"it; stop it with kill {os.getpid()}")
+

@@ -7,6 +7,7 @@ fail-fast shutdown reaches the core through `runtime._base.features`.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -155,6 +156,67 @@ def is_interactive() -> bool:
 _reported: set[tuple[str, str]] = set()
 _report_lock = threading.Lock()
 
+#: reports that arrive within this many seconds of each other are folded: the same failure
+#: on N ranks (a failing `__init__` on every proc) is printed once, naming the ranks
+FOLD_WINDOW_S = 0.1
+#: a failure like one printed at most this long ago is one line naming its rank
+LATE_S = 60.0
+_batch: list[MeshFailure] = []
+_batch_timer: Optional[threading.Timer] = None
+_printed: dict[tuple, tuple[float, list[MeshFailure]]] = {}
+
+
+def _report_interactive(failure: MeshFailure) -> None:
+    """Print `failure` folded with the same failure on other ranks: the first of a batch
+    starts a FOLD_WINDOW_S timer, whose end prints each group once; one that matches a
+    report printed in the last LATE_S seconds gets one line."""
+    global _batch_timer
+    from .fold import failure_key, late_line
+
+    with _report_lock:
+        key = failure_key(failure)
+        seen = _printed.get(key)
+        if seen is None or time.monotonic() - seen[0] > LATE_S:
+            _batch.append(failure)
+            if _batch_timer is None:
+                _batch_timer = threading.Timer(FOLD_WINDOW_S, _flush_reports)
+                _batch_timer.name = "monarch-fault-report"
+                _batch_timer.daemon = True
+                _batch_timer.start()
+            return
+        line = late_line(failure, seen[1])
+        seen[1].append(failure)
+    print(f"[monarch] unhandled failure: {line}", file=sys.stderr, flush=True)
+
+
+def _flush_reports() -> None:
+    """Print the batch: one report per group of the same failure (a waiter that raised for
+    one meanwhile has shown it: it is left out)."""
+    global _batch_timer
+    from .fold import failure_key, folded_report, group
+
+    with _report_lock:
+        batch, _batch[:] = list(_batch), []
+        _batch_timer = None
+        groups = group([f for f in batch if not f.seen_by_waiter])
+        now = time.monotonic()
+        for members in groups:
+            _printed[failure_key(members[0])] = (now, list(members))
+    for members in groups:
+        print(f"[monarch] unhandled failure:\n{folded_report(members)}", file=sys.stderr,
+              flush=True)
+
+
+def _flush_at_exit() -> None:
+    """At exit, print what a fold window still holds (nothing is lost to the window)."""
+    timer = _batch_timer
+    if timer is not None:
+        timer.cancel()
+        _flush_reports()
+
+
+atexit.register(_flush_at_exit)
+
 
 def default_unhandled_fault_hook(failure: MeshFailure) -> None:
     """At the root: in a script, report and exit non-zero; interactively, report once
@@ -165,8 +227,7 @@ def default_unhandled_fault_hook(failure: MeshFailure) -> None:
         _reported.add(key)
     if is_interactive():
         if first and not failure.seen_by_waiter:
-            print(f"[monarch] unhandled failure:\n{failure.report()}", file=sys.stderr,
-                  flush=True)
+            _report_interactive(failure)
         return
     print(f"[monarch] unhandled failure, exiting (fail fast):\n{failure.report()}",
           file=sys.stderr, flush=True)
@@ -180,7 +241,6 @@ def default_unhandled_fault_hook(failure: MeshFailure) -> None:
 def _run_atexit(timeout: float) -> None:
     """Run the process's `atexit` handlers before a fail-fast exit (as Monarch's does), on
     a thread of their own, bounded by `timeout` (a handler may wait on the runtime)."""
-    import atexit
 
     def run() -> None:
         try:

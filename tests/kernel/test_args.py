@@ -15,6 +15,8 @@ def test_alloc_defaults_and_options():
     assert a == AllocArgs(name="t", per_host={"hosts": 1, "procs": 4}, hosts="job",
                           mesh_name="tr", env={"A": "1", "B": "x=y"}, progress=False,
                           timeout=30.0)
+    # several after one --env, as docs/kernel.md writes it
+    assert parse_mesh_line("alloc t --env A=1 B=2 --no-progress").env == {"A": "1", "B": "2"}
 
 
 def test_alloc_on_a_job_passes_the_job_arguments_through():
@@ -161,9 +163,21 @@ def test_sync_and_reload_commands():
     from monarch_kernel.args import MagicArgError, ReloadArgs, SyncArgs, parse_mesh_line
 
     assert parse_mesh_line("sync") == SyncArgs()
+    cwd = __import__("os").getcwd()
     assert parse_mesh_line("sync procs --dir a --dir b --reload --timeout 5") == SyncArgs(
-        mesh="procs", dirs=["a", "b"], reload=True, timeout=5.0)
+        mesh="procs", dirs=["a", "b"], reload=True, timeout=5.0,
+        names={f"{cwd}/a": "a", f"{cwd}/b": "b"})
     assert parse_mesh_line("reload g") == ReloadArgs(actors="g")
+    import os
+
+    here = os.getcwd()
+    a = parse_mesh_line("sync --dir /x/src --dir lib=/y/src")
+    assert a.names == {"/x/src": "src", "/y/src": "lib"}
+    with pytest.raises(MagicArgError, match=r"--dir /x/src and --dir /y/src would both land "
+                                            r"on 'src' on the hosts; name one: "
+                                            r"--dir OTHER_NAME=/y/src"):
+        parse_mesh_line("sync --dir /x/src --dir /y/src")
+    assert parse_mesh_line("sync --dir a").names == {os.path.join(here, "a"): "a"}
     assert parse_mesh_line("reload g --class mod.Greeter") == ReloadArgs("g", "mod.Greeter")
     with pytest.raises(MagicArgError):
         parse_mesh_line("reload")

@@ -37,6 +37,12 @@ def _error_text(r: dict) -> str:
     return "\n".join(r["error"]["traceback"])
 
 
+def _usage_error(r: dict) -> str:
+    """A UsageError's one line (IPython prints it on stderr; the reply says error)."""
+    assert r["reply"]["status"] == "error" and r["reply"]["ename"] == "UsageError", r
+    return r["stderr"]
+
+
 def test_sync_without_reload_makes_the_code_importable_and_keeps_earlier_dirs(
         kernel, tmp_path):
     a, b = tmp_path / "dir_a", tmp_path / "dir_b"
@@ -171,3 +177,114 @@ def test_a_failed_reload_is_not_a_usage_error_and_is_reported_once(kernel, tmp_p
     assert text.count("SyntaxError") == 1, text  # once, the procs named together
     assert "proc rl[0-2]: reloading failmod failed (old code kept)" in text, text
     assert "reloaded in" not in r["stdout"], r["stdout"]
+
+
+def _ranks_in(text: str) -> set[int]:
+    """`0-2, 5` -> {0, 1, 2, 5}."""
+    out: set[int] = set()
+    for part in text.split(","):
+        a, _, b = part.strip().partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def _stderr_until(kernel, cond, timeout: float, what: str) -> str:
+    """The stderr of every cell (any parent) from now on, read until `cond(text)`."""
+    import time
+
+    text = ""
+    deadline = time.monotonic() + timeout
+    while not cond(text):
+        assert time.monotonic() < deadline, f"{what}; stderr so far:\n{text}"
+        try:
+            msg = kernel.kc.get_iopub_msg(timeout=0.5)
+        except Exception:  # queue.Empty: nothing yet
+            continue
+        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stderr":
+            text += msg["content"]["text"]
+    return text
+
+
+def test_failures_on_n_ranks_are_reported_once(kernel):
+    import re
+
+    # a rank that dies in a %%mesh cell: the cell's error says so, once
+    _ok(kernel.execute("%mesh alloc fo --per-host procs=2 --no-progress"))
+    kernel.track_processes()
+    r = kernel.execute("%%mesh fo\nimport os\nif current_rank().rank == 1:\n    os.abort()\n")
+    text = r["stderr"] + _error_text(r)
+    assert "1 of 2 ranks failed on fo: ProcDied" in text
+    assert text.count("Fatal Python error: Aborted") == 1, text  # the dump, streamed live
+    assert "its stderr is above ([fo 1] lines)" in text, text
+    # a failing __init__ on every proc: one report naming the ranks (no report of fo's
+    # rank, which the cell showed: a report of it would have come first)
+    _ok(kernel.execute("%mesh alloc fi --per-host procs=4 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute("from runtime import Actor, endpoint\n"
+                       "class Bad(Actor):\n    def __init__(self):\n"
+                       "        raise ValueError('boom in init')\n"
+                       "    @endpoint\n    def f(self) -> int:\n        return 1\n"))
+    kernel.kc.execute("bad = fi.spawn('bad', Bad)")
+
+    def named(err: str) -> set[int]:
+        got: set[int] = set()
+        for pat in (r"the same failure on ranks? ([\d, -]+) of 'bad'",
+                    r"MeshFailure: mesh 'bad' rank\(s\) \[(\d+)\]",
+                    r"mesh 'bad' ranks? ([\d, -]+) \([^)]*\) failed too"):
+            for m in re.finditer(pat, err):
+                got |= _ranks_in(m.group(1))
+        return got
+
+    err = _stderr_until(kernel, lambda t: named(t) == {0, 1, 2, 3}, 60,
+                        "a report naming every rank of bad")
+    assert err.count("[monarch] unhandled failure:\n") == 1, err
+    assert err.count("Traceback (most recent call last)") == 1, err
+    assert "mesh 'fo'" not in err, err
+    # the call raises naming every rank whose __init__ failed, not only the first
+    r = kernel.execute("bad.f.call().get(timeout=20)")
+    assert "actor mesh 'bad' ranks 0-3 (4 of 4) failed in __init__:\n__init__ raised " \
+           "ValueError: boom in init" in _error_text(r), _error_text(r)
+    _ok(kernel.execute("%mesh stop fo fi"))
+
+
+def test_current_rank_env_and_sync_dirs_as_a_user_expects(kernel, tmp_path):
+    _ok(kernel.execute("%mesh alloc sm --per-host procs=2 --no-progress --env A=1 B=2"))
+    kernel.track_processes()
+    r = _ok(kernel.execute("%%mesh sm\nimport os\n"
+                           "print(f'rank {current_rank}', current_rank, os.environ['B'])\n"
+                           "(int(current_rank), current_rank().rank)\n"))
+    assert "[sm 1] rank 1 1 2" in r["stdout"].splitlines(), r["stdout"]
+    assert r["results"] == ["ValueMesh({'procs': 2}, {{procs=0}: (0, 0), {procs=1}: (1, 1)})"]
+    # a file given to --dir: said so, not "does not exist"
+    f = tmp_path / "single.py"
+    f.write_text("S = 1\n")
+    text = _usage_error(kernel.execute(f"%mesh sync sm --dir {f}"))
+    assert f"workspace directory {f} is a file, not a directory: sync the directory that " \
+           f"holds it ({tmp_path})" in text, text
+    # two directories with one name: the magic says how to name one, and naming works
+    for d, mod in (("x", "xmod"), ("y", "ymod")):
+        (tmp_path / d / "src").mkdir(parents=True)
+        (tmp_path / d / "src" / f"{mod}.py").write_text(f"V = {mod!r}\n")
+    x, y = tmp_path / "x" / "src", tmp_path / "y" / "src"
+    text = _usage_error(kernel.execute(f"%mesh sync sm --dir {x} --dir {y}"))
+    assert f"would both land on 'src' on the hosts; name one: --dir OTHER_NAME={y}" in text
+    _ok(kernel.execute(f"%mesh sync sm --dir {x} --dir ysrc={y}"))
+    r = _ok(kernel.execute("%%mesh sm --ranks procs=0\nimport xmod, ymod\n(xmod.V, ymod.V)\n"))
+    assert r["results"] == ["ValueMesh({}, {{}: ('xmod', 'ymod')})"], r
+    _ok(kernel.execute("%mesh stop sm"))
+
+
+def test_a_call_in_flight_when_its_mesh_is_stopped_says_the_mesh_was_stopped(kernel):
+    _ok(kernel.execute("%mesh alloc sf --per-host procs=2 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute("import time\nfrom runtime import Actor, endpoint\n"
+                       "class Slow(Actor):\n    @endpoint\n    def slow(self) -> int:\n"
+                       "        time.sleep(60)\n        return 1\n"
+                       "slow = sf.spawn('slow', Slow)\nslow.initialized.get(timeout=30)\n"
+                       "inflight = slow.slow.call()\n"))
+    _ok(kernel.execute("%mesh stop sf"))
+    r = kernel.execute("inflight.get(timeout=30)")
+    text = _error_text(r)
+    assert r["error"]["ename"] == "MeshStoppedError", text
+    assert "proc mesh 'sf' was stopped while the call was in flight (rank " in text, text
+    assert "is dead" not in text, text

@@ -203,6 +203,11 @@ def test_workspace_reload(tmp_path):
     assert "all cells ran" in printed
     synced = [cell_text(c) for c in cells if "".join(c.source).startswith("%mesh sync")]
     assert "sent 1 (" in synced[0] and "reloaded in 2 procs: trainer" in synced[1], synced
+    # without --reload, the live procs import what the sync put on their host at once
+    imported = output_of(cells, "%%mesh procs\n# the live procs import")
+    assert len(re.findall(r"\(0\.1, 'workspace-agent-\w+/current/mylib/trainer\.py'\)",
+                          imported)) == 2, imported
+    assert "2 live procs import from it now" in synced[0], synced
     before = output_of(cells, 't = procs.spawn("t", trainer.Trainer)')
     assert "'lr': 0.1, 'steps': 1, 'weight': 0.9" in before, before
     after = output_of(cells, "# the same actors")
