@@ -1,7 +1,7 @@
 """Chaos across hosts: two caller threads pipeline calls (10 deep) to random actors of a
 2 hosts x 2 procs mesh (`LocalJob` agents over CurveZMQ TCP, the code of SLURM and SSH
 agents) while a random proc is SIGKILLed every `--every` seconds for `--seconds`
-(tests/_chaos.py, which the test suite runs for 12 s). Prints what happened: calls
+(tests/_chaos.py, which the test suite runs for 8 s). Prints what happened: calls
 answered and failed, and the invariants (none wrong, none hung, no answer lost that a
 killed proc had sent, every kill detected naming SIGKILL).
 
