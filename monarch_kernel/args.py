@@ -232,6 +232,11 @@ class StopArgs:
 
 
 @dataclass
+class CancelArgs:
+    names: list[str]
+
+
+@dataclass
 class InterruptArgs:
     mode: Optional[str] = None  # "remote" | "local" | None (show)
 
@@ -354,6 +359,7 @@ _COMMANDS = {
     "list": "table of the meshes this notebook created",
     "status": "live dashboard of one mesh or all",
     "stop": "stop a mesh, or all of them",
+    "cancel": "cancel the calls in flight to a mesh (its actors stop them and stay usable)",
     "interrupt": "what Ctrl-C does to remote work (remote or local)",
     "attach": "attach the debugger to an actor paused at a breakpoint",
     "debug": "list, attach, cast to, continue paused actors; --postmortem (see '%mesh debug help')",
@@ -439,6 +445,15 @@ def _command_parsers() -> dict[str, _Parser]:
     sp.add_argument("names", metavar="NAME", nargs="*",
                     help="meshes to stop: notebook variables, or mesh names")
     sp.add_argument("--all", action="store_true", help="stop every mesh")
+
+    cn = ps["cancel"] = _Parser(
+        prog="%mesh cancel",
+        description="Cancel every call this notebook has in flight to the actors of these "
+                    "meshes, as Future.cancel() does: a running handler is interrupted (an "
+                    "async one cancelled at its next await), a queued call is not run, the "
+                    "calls raise CancelledError, and the actors stay usable.")
+    cn.add_argument("names", metavar="NAME", nargs="+",
+                    help="meshes: notebook variables, or mesh names")
 
     it = ps["interrupt"] = _Parser(
         prog="%mesh interrupt",
@@ -637,6 +652,8 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
         if not ns.all and not ns.names:
             raise MagicArgError("%mesh stop: give a mesh name, or --all")
         return StopArgs(names=list(ns.names), all=ns.all)
+    if cmd == "cancel":
+        return CancelArgs(names=list(ns.names))
     if cmd == "interrupt":
         return InterruptArgs(mode=ns.mode)
     if cmd == "attach":

@@ -117,6 +117,13 @@ class InventoryCommands:
         return Rendered(controls.serve_admin(self.ctx.runtime()))
 
     # -- %mesh stop ------------------------------------------------------------------------------
+    def cancel(self, a: margs.CancelArgs) -> None:
+        """`%mesh cancel NAME...`: cancel the calls in flight to these meshes' actors."""
+        for name in a.names:
+            for m in self._meshes_named(name, "cancel"):
+                n = type(m).cancel_calls(m)  # not an endpoint called cancel_calls
+                print(f"%mesh cancel: {n} call(s) in flight to {m.name!r} cancelled")
+
     def stop(self, a: margs.StopArgs) -> Any:
         from runtime import ActorMesh, ProcMesh
 
@@ -153,7 +160,7 @@ class InventoryCommands:
               + (f": {', '.join(names)}" if names else ""))
         return None
 
-    def _meshes_named(self, name: str) -> list:
+    def _meshes_named(self, name: str, cmd: str = "stop") -> list:
         """The mesh in variable `name`, else the live meshes whose name is `name`."""
         from runtime import ActorMesh, ProcMesh
 
@@ -168,7 +175,7 @@ class InventoryCommands:
         if not found:
             what = (f"is a {type(obj).__name__}, not a mesh" if name in self.ctx.ns
                     else "is neither a mesh variable nor a live mesh's name")
-            raise UsageError(f"%mesh stop: {name!r} {what}; see %mesh list")
+            raise UsageError(f"%mesh {cmd}: {name!r} {what}; see %mesh list")
         return found
 
     # -- %mesh interrupt ------------------------------------------------------------------------

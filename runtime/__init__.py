@@ -19,8 +19,8 @@ from .channel import Accumulator, Channel, Port, PortReceiver
 from ._core import get_runtime, shutdown
 from .config import (clear_runtime_config, configure, configured, get_global_config,
                      get_runtime_config)
-from .errors import (ActorError, MeshStoppedError, MessageTooLargeError, SerializationError,
-                     SupervisionError)
+from .errors import (ActorError, CancelledError, MeshStoppedError, MessageTooLargeError,
+                     SerializationError, SupervisionError)
 from .future import Future
 from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, ProcMesh,
                       active_mesh_names, as_endpoint, attach_to_workers,
@@ -101,7 +101,7 @@ unhandled_fault_hook = default_unhandled_fault_hook
 
 __all__ = [
     "active_mesh_names", "Actor", "ActorContext", "Context", "enable_transport", "Endpoint", "NotAnEndpoint",
-    "as_endpoint", "concurrent_endpoint", "get_or_spawn_controller", "send", "ActorError",
+    "as_endpoint", "concurrent_endpoint", "get_or_spawn_controller", "send", "ActorError", "CancelledError",
     "ActorMesh", "ActorState", "Accumulator", "Channel", "Extent", "Future", "HostMesh",
     "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcLog", "ProcLogs", "ProcMesh", "SerializationError", "Shape",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import linecache
 import re
 from typing import Any, Callable, Optional
@@ -110,6 +111,12 @@ class MeshStoppedError(SupervisionError):
 
     def __reduce__(self) -> Any:
         return (MeshStoppedError, (self.args[0], self.failure))
+
+
+class CancelledError(RuntimeErrorBase, concurrent.futures.CancelledError):
+    """A call ended by `Future.cancel()` (or `%mesh cancel`): its actors were told to stop
+    it (a running handler gets an exception at its next Python bytecode, an async one is
+    cancelled at its next await, a queued call is not run) and stay usable."""
 
 
 def actor_failed_message(cls_name: str, mesh: str, rank: int, cause: str,

@@ -223,6 +223,20 @@ class Future(Generic[R]):
             return True
         return self._flag
 
+    def cancel(self) -> bool:
+        """Cancel the call this future waits on: its actors stop it (a running handler gets
+        an exception at its next Python bytecode, an `async` one is cancelled at its next
+        await, a call still queued is not run) and stay usable; the future fails with
+        `runtime.CancelledError` naming the call. False when it is resolved already, or is
+        not a remote call's (nothing to cancel)."""
+        if self._flag:
+            return False
+        cancel = getattr(self._on_interrupt, "cancel", None)
+        if cancel is None:
+            return False
+        cancel(self._label or "the call")
+        return True
+
     def _interrupted(self) -> None:
         """The wait was interrupted (Ctrl-C, task cancelled): tell the remote side."""
         hook = self._on_interrupt

@@ -75,6 +75,10 @@ class Ports:
     def __len__(self) -> int:
         return len(self._ports)
 
+    def waiters(self) -> list[tuple[int, Waiter]]:
+        """The open ports and what each delivers to, a copy (any thread)."""
+        return list(self._ports.items())
+
     def close(self, pid: int) -> None:
         self._ports.pop(pid, None)
 

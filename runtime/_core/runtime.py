@@ -256,12 +256,16 @@ class Runtime:
         rec = self.state.proc(proc_id)
         return rec.state if rec is not None else None
 
-    def interrupt(self, proc_ids: list, port: int = 0) -> None:
-        """Raise KeyboardInterrupt in the actors of these procs serving `port` (0: all)."""
+    def interrupt(self, proc_ids: Any, port: int = 0, cancel: bool = False) -> None:
+        """Raise KeyboardInterrupt in the actors of these procs serving `port` (0: all);
+        `cancel`: the call on `port` is cancelled (an async handler's task is cancelled,
+        and the call is dropped if it still waits in a mailbox)."""
+        extra = {"cancel": True} if cancel else None
         for p in proc_ids:
             rec = self.state.proc(p)
             if rec is not None:
-                self.send_to_proc(rec.address, rec.route, Header(Kind.INTERRUPT, port=port))
+                self.send_to_proc(rec.address, rec.route,
+                                  Header(Kind.INTERRUPT, port=port, extra=extra))
 
     def table_sizes(self) -> dict[str, int]:
         """Entries in this runtime's tables (records, ports, health, sockets, actors in a

@@ -10,6 +10,7 @@ from ..future import Future, resolved
 from ..shapes import MeshTrait, Shape
 from ..transport.framing import Header, Kind
 from .adverbs import EndpointRef, NotAnEndpoint
+from .collector import cancel_calls
 
 if TYPE_CHECKING:
     from .proc_mesh import ProcMesh
@@ -130,6 +131,12 @@ class ActorMesh(MeshTrait):
         if rec.initialized is None:
             return resolved(None)
         return rec.initialized
+
+    def cancel_calls(self) -> int:
+        """Cancel every call this process has in flight to these actors, as
+        `Future.cancel()` does (`%mesh cancel`); returns how many."""
+        rec = self._rec
+        return cancel_calls(self._rt, set(rec.proc_ids), rec.actor_id)
 
     def stop(self, reason: str = "stopped by client") -> Future:
         """Stop these actors (running `__cleanup__`); their procs keep running. `reason` (as

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from ..config import config
 from .._core.liveness import note_reply
-from ..errors import ActorError, SupervisionError
+from ..errors import ActorError, CancelledError, SupervisionError
 from ..future import Future, resolve_later
 from ..shapes import Shape
 from ..transport.framing import ERROR, Header, Kind
@@ -26,7 +26,8 @@ FAILED_RANKS_GRACE_S = 0.5
 
 class CallInterrupt:
     """A call's interrupt hook (Ctrl-C in a wait on its future): KeyboardInterrupt in the
-    actors of its procs serving its port."""
+    actors of its procs serving its port; `cancel` (`Future.cancel()`) also drops the call
+    where it still waits in a mailbox and fails it here at once."""
 
     __slots__ = ("rt", "procs", "port")
 
@@ -37,6 +38,14 @@ class CallInterrupt:
 
     def __call__(self) -> None:
         self.rt.interrupt(self.procs, self.port)
+
+    def cancel(self, label: str) -> None:
+        """Stop the call everywhere and fail it with CancelledError (any thread)."""
+        rt = self.rt
+        rt.interrupt(self.procs, self.port, cancel=True)
+        exc = CancelledError(f"{label} was cancelled (Future.cancel()): its actors were "
+                             "told to stop it and stay usable")
+        rt.loop.call_soon(rt.ports.fail, self.port, exc)
 
 
 class _Encoded:
@@ -95,6 +104,20 @@ def take_room(rt: Any, rec: Any, ranks: list[int], size: int, confirm: bool = Fa
             break
     for r in ranks:
         rec.take_room(r, size, confirm)
+
+
+def cancel_calls(rt: Any, proc_ids: set, actor_id: Optional[str] = None) -> int:
+    """Cancel every call of this process in flight to actors on `proc_ids` (of actor mesh
+    `actor_id` only, if given), as `Future.cancel()` does; returns how many."""
+    n = 0
+    for port, w in rt.ports.waiters():
+        if type(w) is not ReplyCollector or w.done or (
+                actor_id is not None and w.rec.actor_id != actor_id) or \
+                not proc_ids.intersection(w.procs):
+            continue
+        CallInterrupt(rt, w.procs, port).cancel(w.label)
+        n += 1
+    return n
 
 
 class ReplyCollector:

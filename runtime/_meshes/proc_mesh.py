@@ -23,6 +23,7 @@ from ..shapes import MeshTrait, Shape
 from ..supervision.health import ActorHealth, ActorState
 from ..transport.framing import Header, Kind
 from ..transport.serialization import check_size, dumps
+from .collector import cancel_calls
 
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
@@ -208,6 +209,11 @@ class ProcMesh(MeshTrait):
         am = ActorMesh(rt, rec, shape, self, actor_class)
         rt.register_mesh(am)
         return am
+
+    def cancel_calls(self) -> int:
+        """Cancel every call this process has in flight to actors on these procs, as
+        `Future.cancel()` does (`%mesh cancel`); returns how many."""
+        return cancel_calls(self._rt, {p.proc_id for p in self._view_procs()})
 
     def stop(self, reason: str = "stopped by client") -> Future:
         """Stop every proc of this mesh (actors run `__cleanup__` first). Returns a Future.

@@ -104,6 +104,7 @@ class ActorInstance:
         self.abort_reason: Optional[str] = None  # set by context().actor_instance.abort()
         self.last_exception: Optional[BaseException] = None  # kept for post-mortem debugging
         self.current_port = -1
+        self.current_src = ""  # the caller's id while a call runs
         self.current_reply = ""  # the caller's address while a call with a reply runs
         self.taken: dict[str, int] = {}  # sender -> its messages without answer taken since
         self.instance: Any = None
@@ -240,6 +241,8 @@ class ActorInstance:
             if h.port:
                 self._reply_error(h, _endpoints.failed_reply(self, self.failed))
             return
+        if h.port and self.server.was_cancelled(h.src, h.port):
+            return  # cancelled while it waited here (Future.cancel()): not run
         if self.instance is None and self._spawn is None:  # dropped: the proc is exiting
             if h.port:
                 self._reply_error(h, ActorError(
@@ -259,6 +262,7 @@ class ActorInstance:
         self.set_state("busy", name)
         t0, errors0 = timeline.now_ns(), self.errors  # the timeline's record (%mesh timeline)
         self.current_port = h.port
+        self.current_src = h.src
         self.current_reply = h.reply if h.extra is None else extra_get(h, "caller", h.reply)
         ok = False
         result = None
@@ -437,8 +441,11 @@ class ActorInstance:
         self.mailbox.put((STOP, Header(Kind.STOP_ACTOR, actor=self.actor_id, rank=self.rank,
                                         reply=self.owner_addr)))
 
-    def interrupt(self) -> None:
-        """Raise KeyboardInterrupt in this actor's thread at its next Python instruction."""
+    def interrupt(self, cancel: bool = False) -> None:
+        """Raise KeyboardInterrupt in this actor's thread at its next Python instruction;
+        `cancel`: a running async endpoint is cancelled at its next await instead."""
+        if cancel and self.aloop.cancel_running():
+            return
         tid = self.thread.ident
         if tid is not None:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),

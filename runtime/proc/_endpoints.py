@@ -66,6 +66,18 @@ class ActorLoop:
             self.in_async = False
             self.main_task = None
 
+    def cancel_running(self) -> bool:
+        """Cancel the async endpoint running now at its next await (any thread); False if
+        none runs."""
+        task, loop = self.main_task, self.loop
+        if not self.in_async or task is None or loop is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(task.cancel)
+        except RuntimeError:  # the loop closed meanwhile
+            return False
+        return True
+
     def call_while_awaiting(self, fn: Any, *args: Any) -> None:
         """Run `fn(*args)` on the loop soon if an async endpoint awaits there (any thread);
         else nothing (the caller's mailbox entry handles it)."""
@@ -183,9 +195,10 @@ def is_fatal(ep: EndpointDef, exc: BaseException) -> bool:
     """An exception that fails the actor instead of going to the caller: any escaping an
     explicit-response-port endpoint (it answers through its port), and a BaseException
     that is not an Exception (SystemExit, ...); KeyboardInterrupt (Ctrl-C on the caller's
-    side interrupts remote calls) goes to the caller."""
-    if isinstance(exc, KeyboardInterrupt):
-        return False
+    side interrupts remote calls) and asyncio's CancelledError (a cancelled call) go to the
+    caller."""
+    if isinstance(exc, KeyboardInterrupt) or type(exc).__name__ == "CancelledError":
+        return False  # Ctrl-C or Future.cancel() on the caller's side: the caller's error
     return ep.explicit_response_port or not isinstance(exc, Exception)
 
 

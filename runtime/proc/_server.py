@@ -55,6 +55,8 @@ class ProcServer:
         self.actors: dict[str, ActorInstance] = {}
         self.stopped_actors: collections.OrderedDict = collections.OrderedDict()
         self.early: dict[str, list] = {}  # actor id -> calls that came before its spawn
+        #: (caller id, port) of calls cancelled before they ran (Future.cancel()), latest 1,024
+        self.cancelled: collections.OrderedDict = collections.OrderedDict()
         # actor id -> [(deadline, STOP_ACTOR header)]: stops the actor has not finished; an
         # entry leaves when the actor stops, so a stopped actor is not kept for the timeout
         self.stops_due: dict[str, list] = {}
@@ -200,9 +202,25 @@ class ProcServer:
                      timeline.encode(int(extra_get(h, "since", 0) or 0)))
 
     def _on_interrupt(self, h: Header, body: Any, buffers: list) -> None:
+        """Ctrl-C in a caller's wait, or `Future.cancel()` (`cancel`): the actors serving the
+        call on `h.port` from `h.src` are interrupted; a cancelled call still queued is
+        dropped when its turn comes (`cancelled`)."""
+        cancel = bool(extra_get(h, "cancel"))
+        if cancel and h.port:
+            self.cancelled[(h.src, h.port)] = None
+            while len(self.cancelled) > 1024:
+                self.cancelled.popitem(last=False)
         for a in self.actors.values():
-            if a.state == "busy" and (h.port == 0 or a.current_port == h.port):
-                a.interrupt()
+            if a.state == "busy" and (h.port == 0 or (a.current_port == h.port and
+                                                      a.current_src in ("", h.src))):
+                a.interrupt(cancel)
+
+    def was_cancelled(self, src: str, port: int) -> bool:
+        """Whether the call from `src` on `port` was cancelled before it ran (taken: asked
+        once, by the actor about to run it)."""
+        if not self.cancelled:
+            return False
+        return self.cancelled.pop((src, port), False) is None
 
     def deliver_to_actor(self, actor_id: str, failure: MeshFailure) -> bool:
         a = self.actors.get(actor_id)

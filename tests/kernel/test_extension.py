@@ -404,3 +404,32 @@ def test_mesh_timeline_and_stacks(ip, tmp_path):
             assert cap.stdout.count("Thread ") >= 4 and "== obs rank 0" in cap.stdout
     finally:
         ip.run_line_magic("mesh", "stop obs")
+
+
+def test_mesh_cancel_stops_a_cell_running_on_the_mesh_and_the_mesh_runs_the_next(ip):
+    """`%mesh cancel NAME` cancels what this notebook has in flight to the mesh: a
+    `--noblock` cell spinning on every rank fails with CancelledError, and the next cell
+    runs on the same procs."""
+    from runtime import CancelledError
+
+    with capture_output():
+        ip.run_line_magic("mesh", "alloc cancelme --per-host procs=2 --no-progress")
+    code = ("import time\n"
+            "end = time.monotonic() + 60\n"
+            "while time.monotonic() < end:\n"
+            "    time.sleep(0.01)\n")
+    fut = ip.run_cell_magic("mesh", "cancelme --noblock", code)
+    # started on the ranks or still queued there: cancelled either way
+    with capture_output() as shown:
+        ip.run_line_magic("mesh", "cancel cancelme")
+    assert "call(s) in flight to 'cancelme' cancelled" in shown.stdout, shown.stdout
+    with pytest.raises(Exception) as e:
+        fut.get(timeout=30)
+    assert isinstance(e.value, CancelledError), repr(e.value)
+    with capture_output():
+        ip.run_cell_magic("mesh", "cancelme -o again", "current_rank().rank + 1")
+    assert sorted(ip.user_ns["again"].values()) == [1, 2]
+    with pytest.raises(Exception, match="cancel: 'nosuch' is neither"):
+        ip.run_line_magic("mesh", "cancel nosuch")
+    with capture_output():
+        ip.run_line_magic("mesh", "stop cancelme")
