@@ -237,6 +237,11 @@ class CancelArgs:
 
 
 @dataclass
+class WhyArgs:
+    name: Optional[str] = None
+
+
+@dataclass
 class InterruptArgs:
     mode: Optional[str] = None  # "remote" | "local" | None (show)
 
@@ -360,6 +365,7 @@ _COMMANDS = {
     "status": "live dashboard of one mesh or all",
     "stop": "stop a mesh, or all of them",
     "cancel": "cancel the calls in flight to a mesh (its actors stop them and stay usable)",
+    "why": "why is it stuck: what busy actors run, what waits, the cycles and their fix",
     "interrupt": "what Ctrl-C does to remote work (remote or local)",
     "attach": "attach the debugger to an actor paused at a breakpoint",
     "debug": "list, attach, cast to, continue paused actors; --postmortem (see '%mesh debug help')",
@@ -454,6 +460,15 @@ def _command_parsers() -> dict[str, _Parser]:
                     "calls raise CancelledError, and the actors stay usable.")
     cn.add_argument("names", metavar="NAME", nargs="+",
                     help="meshes: notebook variables, or mesh names")
+
+    wy = ps["why"] = _Parser(
+        prog="%mesh why",
+        description="Why is it stuck? For each actor of MESH (all meshes without it) that is "
+                    "busy or has messages waiting: what it runs and for how long, what waits "
+                    "behind it, what its handler waits on, and the cycles that cannot resolve "
+                    "with what would fix them (runtime.diagnose).")
+    wy.add_argument("name", metavar="MESH", nargs="?",
+                    help="a mesh: a notebook variable, or a mesh name")
 
     it = ps["interrupt"] = _Parser(
         prog="%mesh interrupt",
@@ -654,6 +669,8 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
         return StopArgs(names=list(ns.names), all=ns.all)
     if cmd == "cancel":
         return CancelArgs(names=list(ns.names))
+    if cmd == "why":
+        return WhyArgs(name=ns.name)
     if cmd == "interrupt":
         return InterruptArgs(mode=ns.mode)
     if cmd == "attach":

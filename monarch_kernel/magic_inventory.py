@@ -124,6 +124,16 @@ class InventoryCommands:
                 n = type(m).cancel_calls(m)  # not an endpoint called cancel_calls
                 print(f"%mesh cancel: {n} call(s) in flight to {m.name!r} cancelled")
 
+    def why(self, a: margs.WhyArgs) -> None:
+        """`%mesh why [MESH]`: why the actors of MESH (or of every mesh) are stuck."""
+        import runtime
+
+        if a.name is None:
+            print(runtime.diagnose())
+            return
+        for m in self._meshes_named(a.name, "why"):
+            print(runtime.diagnose(m))
+
     def stop(self, a: margs.StopArgs) -> Any:
         from runtime import ActorMesh, ProcMesh
 

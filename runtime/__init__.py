@@ -27,6 +27,7 @@ from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, Pr
                       get_or_spawn_controller, send, this_host, this_proc)
 from ._meshes.proc_logs import ProcLog, ProcLogs, read_logs
 from ._meshes.proc_stacks import proc_stacks
+from ._meshes.diagnose import Diagnosis, diagnose
 from ._meshes.proc_timeline import read_timeline
 from .stacks import ProcStacks, StacksError
 from .timeline import Timeline
@@ -101,7 +102,7 @@ unhandled_fault_hook = default_unhandled_fault_hook
 
 __all__ = [
     "active_mesh_names", "Actor", "ActorContext", "Context", "enable_transport", "Endpoint", "NotAnEndpoint",
-    "as_endpoint", "concurrent_endpoint", "get_or_spawn_controller", "send", "ActorError", "CancelledError",
+    "as_endpoint", "concurrent_endpoint", "get_or_spawn_controller", "send", "ActorError", "CancelledError", "Diagnosis", "diagnose",
     "ActorMesh", "ActorState", "Accumulator", "Channel", "Extent", "Future", "HostMesh",
     "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcLog", "ProcLogs", "ProcMesh", "SerializationError", "Shape",

@@ -22,6 +22,14 @@ _PENDING = object()
 #: Functions called as fn(future) about every 0.1 s by a thread blocked in Future.get();
 #: the debugger uses this to open a pdb prompt in the waiting cell.
 _wait_hooks: list = []
+#: thread id -> the future that thread is blocked on in `get()` now (`waiting_in`): what a
+#: busy actor waits on, for `runtime.diagnose`
+_waiting: dict = {}
+
+
+def waiting_in(thread_id: Optional[int]) -> Optional["Future"]:
+    """The future thread `thread_id` is blocked on in `get()` now, or None."""
+    return _waiting.get(thread_id) if thread_id is not None else None
 
 
 def add_wait_hook(fn: Callable[["Future"], None]) -> None:
@@ -168,6 +176,11 @@ class Future(Generic[R]):
         self._on_interrupt = fn
 
     @property
+    def label(self) -> str:
+        """What this future is for, in error messages (`Echo.ping.call_one`)."""
+        return self._label
+
+    @property
     def reply_ports(self) -> tuple:
         """The reply ports of the call this future waits on (the debugger matches its
         sessions to a wait by them); () when it is not a call's."""
@@ -181,6 +194,9 @@ class Future(Generic[R]):
     def _wait(self, timeout: Optional[float]) -> None:
         if self._flag:
             return
+        me = threading.get_ident()
+        outer = _waiting.get(me)
+        _waiting[me] = self
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
             # Wait in slices so Ctrl-C in the main thread is seen promptly and wait hooks run.
@@ -203,6 +219,11 @@ class Future(Generic[R]):
         except KeyboardInterrupt:
             self._interrupted()
             raise
+        finally:
+            if outer is None:
+                _waiting.pop(me, None)
+            else:
+                _waiting[me] = outer
 
     def _wait_flag(self, timeout: float) -> bool:
         """Block up to `timeout` seconds until resolved."""

@@ -125,10 +125,12 @@ class Liveness:
             m = rt.state.actor_meshes.get(actor_id)
             if m is None or m.stopped:
                 continue
-            state, endpoint, since, handled, errors = st
+            state, endpoint, since, handled, errors = st[:5]
             rank = m.rank_of(rec.proc_id)
             if rank < 0 or rank in m.failed or m.ready[rank] is None:
                 continue
+            if len(st) >= 7:  # what waits in its mailbox, and what it waits on (diagnose)
+                m.diag[rank] = (state, endpoint, since, st[5], st[6])
             if state == "busy":
                 if stale_busy(m, rank, since):
                     continue

@@ -75,6 +75,10 @@ class Ports:
     def __len__(self) -> int:
         return len(self._ports)
 
+    def waiter(self, pid: int) -> Optional[Waiter]:
+        """What port `pid` delivers to, or None (closed)."""
+        return self._ports.get(pid)
+
     def waiters(self) -> list[tuple[int, Waiter]]:
         """The open ports and what each delivers to, a copy (any thread)."""
         return list(self._ports.items())

@@ -111,6 +111,9 @@ class ActorMeshRecord:
     #: per rank: sizes of this process's messages without an answer (broadcast, send) not
     #: yet confirmed taken by the actor (TAKEN), oldest first
     unconfirmed: dict = field(default_factory=dict)
+    #: per rank, from its last heartbeat: (state, endpoint, since, messages waiting in its
+    #: mailbox, what its handler waits on or None) for `runtime.diagnose`
+    diag: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.inflight_bytes) != len(self.inflight):

@@ -195,6 +195,11 @@ class ReplyCollector:
             rt.close_port(port)
             raise
 
+    def target(self) -> dict:
+        """What this call waits on, for a diagnosis: the actor mesh and ranks."""
+        return {"actor": self.rec.actor_id, "mesh": self.rec.name, "ranks": list(self.remaining.copy()),
+                "label": self.label}
+
     def _gatherable(self) -> bool:
         """Whether host agents may gather the replies (runtime/host/gather.py): for call()
         of an endpoint whose replies come back from the actors it reached (not through a

@@ -13,6 +13,7 @@ import ctypes
 import inspect
 import logging
 import os
+import sys
 import queue
 import threading
 import time
@@ -21,6 +22,7 @@ import types
 from typing import Any, Optional
 
 from .. import logs, timeline
+from ..future import waiting_in
 from .._base import context as _context
 from . import _endpoints, _supervise
 from ._replies import UnsendableResult, encode_result, reply_extra
@@ -441,10 +443,35 @@ class ActorInstance:
         self.mailbox.put((STOP, Header(Kind.STOP_ACTOR, actor=self.actor_id, rank=self.rank,
                                         reply=self.owner_addr)))
 
+    def waiting_on(self) -> Optional[dict]:
+        """What this actor's thread is blocked on now, for a diagnosis (`runtime.diagnose`):
+        a call (its actor mesh and ranks), another future (its label), an async endpoint's
+        await, or None (running code, or idle)."""
+        fut = waiting_in(self.thread.ident)
+        if fut is None:
+            return {"label": "an await in its async endpoint"} if self._at_await() else None
+        for port in fut.reply_ports:
+            w = self.rt.ports.waiter(port)
+            target = getattr(w, "target", None)
+            if target is not None:
+                return target()
+        return {"label": fut.label or "a future"}
+
+    def _at_await(self) -> bool:
+        """Whether this actor's thread waits in its asyncio loop now (an async endpoint at
+        an await), not running code (which may be sync code inside an async endpoint, such
+        as a %%mesh cell's)."""
+        tid = self.thread.ident
+        if not self.aloop.in_async or tid is None:
+            return False
+        frame = sys._current_frames().get(tid)
+        name = frame.f_code.co_filename if frame is not None else ""
+        return os.sep + "asyncio" + os.sep in name or name.endswith("selectors.py")
+
     def interrupt(self, cancel: bool = False) -> None:
         """Raise KeyboardInterrupt in this actor's thread at its next Python instruction;
         `cancel`: a running async endpoint is cancelled at its next await instead."""
-        if cancel and self.aloop.cancel_running():
+        if cancel and self._at_await() and self.aloop.cancel_running():
             return
         tid = self.thread.ident
         if tid is not None:

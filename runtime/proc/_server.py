@@ -242,7 +242,8 @@ class ProcServer:
                 "threads": threading.active_count()}
 
     def heartbeat_extra(self) -> dict:
-        actors = {a.actor_id: [a.state, a.endpoint, a.since, a.handled, a.errors]
+        actors = {a.actor_id: [a.state, a.endpoint, a.since, a.handled, a.errors,
+                               a.mailbox.qsize(), a.waiting_on() if a.state == "busy" else None]
                   for a in self.actors.values() if a.state != "starting"}
         extra: dict = {"actors": actors}
         if self._proc is not None:

@@ -12,6 +12,7 @@ from IPython.utils.capture import capture_output
 
 import runtime
 import torch
+from _util import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -433,3 +434,37 @@ def test_mesh_cancel_stops_a_cell_running_on_the_mesh_and_the_mesh_runs_the_next
         ip.run_line_magic("mesh", "cancel nosuch")
     with capture_output():
         ip.run_line_magic("mesh", "stop cancelme")
+
+
+def test_mesh_why_names_a_cell_that_calls_its_own_mesh(ip):
+    """`%mesh why NAME`: a %%mesh cell whose code waits on a value nothing sends is shown
+    running, in the mesh's words, with what it waits on; once `%mesh cancel` stopped it
+    there, nothing is stuck."""
+    with capture_output():
+        ip.run_line_magic("mesh", "alloc whyme --per-host procs=1 --no-progress")
+    code = ("from runtime import Channel\n"
+            "_, recv = Channel.open()\n"
+            "recv.recv().get(timeout=60)\n")
+    fut = ip.run_cell_magic("mesh", "whyme --noblock", code)
+    try:
+        def shown() -> str:
+            with capture_output() as out:
+                ip.run_line_magic("mesh", "why whyme")
+            return out.stdout if "Channel port" in out.stdout else ""
+
+        text = wait_until(shown, 20, "the wait was not diagnosed")
+        assert "whyme (a %%mesh cell) rank 0: running" in text, repr(text)
+    finally:
+        with capture_output():
+            ip.run_line_magic("mesh", "cancel whyme")
+    with pytest.raises(Exception):
+        fut.get(timeout=30)
+
+    def calm() -> bool:  # from the next heartbeat on (every heartbeat_interval)
+        with capture_output() as out:
+            ip.run_line_magic("mesh", "why whyme")
+        return "nothing is stuck" in out.stdout
+
+    wait_until(calm, 20, "still shown stuck after the cancel")
+    with capture_output():
+        ip.run_line_magic("mesh", "stop whyme")
