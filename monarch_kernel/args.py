@@ -169,6 +169,24 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def parse_duration(text: str) -> float:
+    """Seconds from `5s`, `500ms`, `2m` or a plain number of seconds; positive and finite."""
+    t = text.strip().lower()
+    scale = 1.0
+    for unit, mult in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+        if t.endswith(unit):
+            t, scale = t[:-len(unit)], mult
+            break
+    try:
+        v = float(t) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 5s, 500ms or 2m, got {text!r}") from None
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive duration, got {text!r}")
+    return v
+
+
 def _arg_type(fn: Any) -> Any:
     """Wrap a MagicArgError-raising parser as an argparse type (message kept on one line)."""
 
@@ -334,6 +352,16 @@ class TimelineArgs:
 
 
 @dataclass
+class ChaosArgs:
+    """`%mesh chaos MESH --kill-every DUR [--for DUR]` / `%mesh chaos MESH --stop`."""
+
+    mesh: str
+    kill_every: Optional[float] = None
+    duration: Optional[float] = None
+    stop: bool = False
+
+
+@dataclass
 class StacksArgs:
     """`%mesh stacks MESH [--rank R] [--native] [--timeout S]`."""
 
@@ -355,7 +383,7 @@ class CellArgs:
 
 MeshCommand = Union[AllocArgs, JobAllocArgs, SpawnArgs, ListArgs, StatusArgs, StopArgs, InterruptArgs,
                     AttachArgs, AdminArgs, ActivateArgs, DeactivateArgs, SyncArgs, ReloadArgs,
-                    LogsArgs, TimelineArgs, StacksArgs]
+                    LogsArgs, TimelineArgs, StacksArgs, ChaosArgs]
 
 
 _COMMANDS = {
@@ -377,6 +405,7 @@ _COMMANDS = {
     "logs": "what a mesh's procs wrote, from their log files (exited procs too)",
     "timeline": "per rank, the endpoint calls and spans of the last minutes; --save: a Chrome trace",
     "stacks": "every thread of a mesh's procs, taken from outside by py-spy (GIL holder, --native)",
+    "chaos": "SIGKILL a random proc of a mesh at an interval while you work (--stop ends it)",
 }
 
 
@@ -542,6 +571,19 @@ def _command_parsers() -> dict[str, _Parser]:
     sk.add_argument("--native", action="store_true", help="native (C/C++) frames too")
     sk.add_argument("--timeout", type=_arg_type(_positive_float), default=10.0,
                     help="seconds py-spy may take per proc (default 10)")
+    ch = ps["chaos"] = _Parser(
+        prog="%mesh chaos",
+        description="SIGKILL a random live proc of MESH (only that mesh) every --kill-every, "
+                    "from a background thread, while the notebook keeps working: see "
+                    "__supervise__ and your recovery code at work. One line per kill; ends "
+                    "after --for, when no live proc is left, or with '%mesh chaos MESH --stop'.")
+    ch.add_argument("mesh", metavar="MESH", help="a ProcMesh or ActorMesh variable, or a proc "
+                                                 "mesh's name")
+    ch.add_argument("--kill-every", dest="kill_every", metavar="DUR",
+                    type=_arg_type(parse_duration), help="interval between kills (5s, 500ms)")
+    ch.add_argument("--for", dest="duration", metavar="DUR", type=_arg_type(parse_duration),
+                    help="stop after this long (default: until --stop or no live proc)")
+    ch.add_argument("--stop", action="store_true", help="stop the chaos on MESH")
     lg = ps["logs"] = _Parser(
         prog="%mesh logs",
         description="Print what the procs of MESH wrote, read from the log files their host "
@@ -693,6 +735,14 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
         return TimelineArgs(mesh=ns.mesh, last=ns.last, save=ns.save, text=ns.text)
     if cmd == "stacks":
         return StacksArgs(mesh=ns.mesh, rank=ns.rank, native=ns.native, timeout=ns.timeout)
+    if cmd == "chaos":
+        if ns.stop and (ns.kill_every is not None or ns.duration is not None):
+            raise MagicArgError("%mesh chaos: --stop takes no --kill-every or --for")
+        if not ns.stop and ns.kill_every is None:
+            raise MagicArgError("%mesh chaos: say how often with --kill-every DUR (e.g. 5s), "
+                                "or --stop")
+        return ChaosArgs(mesh=ns.mesh, kill_every=ns.kill_every, duration=ns.duration,
+                         stop=ns.stop)
     raise MagicArgError(f"%mesh: unknown command {cmd!r}")  # pragma: no cover
 
 

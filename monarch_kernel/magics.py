@@ -1,6 +1,7 @@
 """The %mesh line magic and the %%mesh cell magic.
 
-`%mesh alloc|spawn|list|status|stop|interrupt ...` manages meshes; `%mesh activate NAME`
+`%mesh alloc|spawn|list|status|stop|interrupt ...` manages meshes, `%mesh chaos` kills
+random procs of one on purpose; `%mesh activate NAME`
 and `%mesh deactivate` make torch in later cells run on a mesh (the tensor engine);
 `%%mesh MESH` runs the cell's code on every proc of MESH. Bad arguments raise IPython's
 UsageError, which the notebook shows as one line, never a traceback.
@@ -16,6 +17,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from monarch_kernel import args as margs
 from monarch_kernel.magic_alloc import AllocCommands
 from monarch_kernel.magic_cells import CellCommands
+from monarch_kernel.magic_chaos import ChaosCommands
 from monarch_kernel.magic_context import MagicContext
 from monarch_kernel.magic_inventory import InventoryCommands
 from monarch_kernel.magic_workspace import WorkspaceCommands
@@ -35,6 +37,7 @@ class MeshMagics(Magics):
         workspace = WorkspaceCommands(self.ctx)
         self.cells = CellCommands(self.ctx)
         observe = ObserveCommands(self.ctx)
+        self.chaos = ChaosCommands(self.ctx)
         self._handlers = {
             "alloc": alloc.alloc, "joballoc": alloc.joballoc,
             "spawn": alloc.spawn, "activate": alloc.activate,
@@ -44,6 +47,7 @@ class MeshMagics(Magics):
             "interrupt": inventory.interrupt, "logs": LogsCommands(self.ctx).logs,
             "sync": workspace.sync, "reload": workspace.reload,
             "timeline": observe.timeline, "stacks": observe.stacks,
+            "chaos": self.chaos.chaos,
         }
 
     # -- entry points ----------------------------------------------------------------------

@@ -37,6 +37,15 @@ def test_supervision_example_recovers():
 
 
 @pytest.mark.timeout(150)
+def test_chaos_example_recovers_from_injected_failures():
+    r = run_example("chaos.py")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "injecting actor failure: workers" in r.stderr  # a failure was injected...
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("trained ") and "injected failures handled: 0," not in last, last
+
+
+@pytest.mark.timeout(150)
 def test_philosophers_example_feeds_everyone_and_stops():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "philosophers.py"),
                         "--seats", "3", "--seconds", "2"], capture_output=True, text=True,

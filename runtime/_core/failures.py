@@ -256,6 +256,7 @@ class Failures:
             proc_id=rec.proc_id if rec else "", traceback=e.get("traceback", ""),
             caused_by=caused_by if isinstance(caused_by, MeshFailure) else None,
             point=_point(m, rank), actor_name=m.actor_name(rank), call=e.get("call") or "",
+            is_injected=e.get("injected") is True,
         )
         if e.get("init"):
             m.init_failed.add(rank)

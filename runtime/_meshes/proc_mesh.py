@@ -20,6 +20,7 @@ from ..config import config
 from ..errors import MeshStoppedError, SerializationError, SupervisionError
 from ..future import Future, completed
 from ..shapes import MeshTrait, Shape
+from ..supervision import injection as _injection
 from ..supervision.health import ActorHealth, ActorState
 from ..transport.framing import Header, Kind
 from ..transport.serialization import check_size, dumps
@@ -198,13 +199,16 @@ class ProcMesh(MeshTrait):
             return dead
 
         dead = set(rt.state.change(add))
+        injection = None if internal else _injection.rules_here()  # inject_actor_failures
         for i, p in enumerate(procs):
             if i not in dead:
+                extra = {"name": name, "rank": i, "labels": list(labels),
+                         "sizes": list(sizes), "cls": actor_class.__name__,
+                         "qcls": qualified_class(actor_class), "creator": creator}
+                if injection is not None:
+                    extra["inject"] = injection
                 h = Header(Kind.SPAWN_ACTOR, actor=rec.actor_id, reply=reply, rank=i,
-                           extra={"name": name, "rank": i, "labels": list(labels),
-                                  "sizes": list(sizes), "cls": actor_class.__name__,
-                                  "qcls": qualified_class(actor_class),
-                                  "creator": creator})
+                           extra=extra)
                 rt.send_to_proc(p.address, p.route, h, body, tuple(bufs))
         am = ActorMesh(rt, rec, shape, self, actor_class)
         rt.register_mesh(am)

@@ -32,6 +32,7 @@ from ..config import config
 from ..errors import ActorError
 from ..shapes import Point, Shape
 from ..supervision import MeshFailure
+from ..supervision import injection as _injection
 from ..transport.framing import ERROR, OK, Header, Kind, extra_get
 from ..transport import cuda_tensors
 from ..transport.serialization import dumps, loads
@@ -95,6 +96,9 @@ class ActorInstance:
         self.class_name: Optional[str] = e.get("cls")
         self.qualified_class: Optional[str] = e.get("qcls")
         self.creator = _creator(e.get("creator"))
+        #: inject_actor_failures' rules it was spawned under (passed on to its spawns)
+        self.injection: Optional[dict] = _injection.parse(e.get("inject"))
+        self.injector = _supervise.Injector(self, self.injection)
         self.owner_addr: str = h.reply
         self.mailbox: queue.SimpleQueue = _endpoints.Mailbox()
         self.state = "starting"
@@ -199,6 +203,7 @@ class ActorInstance:
         self.set_state("idle")
         self.rt.send(self.owner_addr, Header(Kind.ACTOR_READY, actor=self.actor_id,
                                              rank=self.rank))
+        self.injector.start()  # inject_actor_failures: its rolls, if its class is named
 
     def set_state(self, state: str, endpoint: Optional[str] = None) -> None:
         """What the actor is doing now (its heartbeats report it): "idle", "busy" (in
@@ -397,7 +402,7 @@ class ActorInstance:
                     return
 
     def fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None,
-             call: str = "") -> None:
+             call: str = "", injected: bool = False) -> None:
         """The actor fails for good: its owner hears why (ACTOR_FAILED, with the child's
         failure that caused it, if any); later calls get a SupervisionError."""
         self.failed = cause
@@ -408,7 +413,9 @@ class ActorInstance:
                 body, _ = dumps(caused_by)
             except Exception:
                 body = b""
-        extra = {"cause": cause, "traceback": tb, "call": call}
+        extra: dict[str, Any] = {"cause": cause, "traceback": tb, "call": call}
+        if injected:
+            extra["injected"] = True
         self.rt.send(self.owner_addr, Header(Kind.ACTOR_FAILED, actor=self.actor_id,
                                              rank=self.rank, extra=extra), body)
 

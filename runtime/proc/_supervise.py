@@ -1,4 +1,5 @@
-"""How an actor receives supervision events (`Supervision`; private, used by
+"""How an actor receives supervision events (`Supervision`), and fails on purpose under
+`inject_actor_failures` (`Injector`); private, used by
 `_actor_instance`).
 
 Failures of meshes an actor owns reach its proc's I/O thread one by one (one message per
@@ -16,6 +17,9 @@ from __future__ import annotations
 
 import collections
 import inspect
+import logging
+import os
+import random
 import threading
 import time
 import traceback
@@ -25,6 +29,8 @@ from ..supervision import MeshFailure
 
 if TYPE_CHECKING:
     from ._actor_instance import ActorInstance
+
+log = logging.getLogger("runtime.proc")
 
 #: failures of one actor's meshes are handed over once none has arrived for this long...
 BATCH_QUIET_S = 0.25
@@ -137,6 +143,8 @@ class Supervision:
     def _handler(self, f: MeshFailure) -> Any:
         """The actor's `__supervise__`, or None after failing the actor when it has none."""
         handler = getattr(self.actor.instance, "__supervise__", None)
+        if handler is not None and self.actor.injector.supervisor and not f.is_injected:
+            return _not_handled  # inject_actor_failures(supervisors=...): a real fault
         if handler is None:
             self._failed(f"unhandled failure of a mesh it owns: {f}", "", f)
         return handler
@@ -159,6 +167,52 @@ class Supervision:
         task = a.aloop.main_task
         if task is not None and not task.done():
             task.cancel()
+
+
+class Injector:
+    """`inject_actor_failures` in one actor: whether its class fails on purpose (rolls on
+    the I/O thread every interval; a hit fails it between messages, `is_injected`), and
+    whether its `__supervise__` sees injected failures only."""
+
+    def __init__(self, actor: "ActorInstance", rules: Optional[dict]) -> None:
+        self.actor = actor
+        qcls = actor.qualified_class or ""
+        self.policy: Optional[list] = ((rules or {}).get("policies") or {}).get(qcls)
+        self.supervisor = qcls in ((rules or {}).get("supervisors") or [])
+        self.rng = random.Random(os.urandom(16))  # procs forked alike: not one sequence
+
+    def start(self) -> None:
+        """After `__init__` (the actor's thread): the first roll in one interval."""
+        if self.policy is not None:
+            self.actor.rt.loop.schedule(self._arm)
+
+    def _arm(self) -> None:
+        assert self.policy is not None
+        self.actor.rt.loop.call_later(self.policy[1], self._roll)
+
+    def _roll(self) -> None:
+        """One roll (I/O thread): a hit queues the failure behind the current message."""
+        a = self.actor
+        if a.failed is not None or a.state == "stopped" or a.server.stopping:
+            return
+        assert self.policy is not None
+        if self.rng.random() < self.policy[0]:
+            a.mailbox.put(("run", Injector._fail))
+        else:
+            self._arm()
+
+    @staticmethod
+    def _fail(a: "ActorInstance") -> None:
+        """Fail the actor on purpose (its thread): its owner hears `is_injected`."""
+        if a.failed is None and a.state != "stopped":
+            log.warning("injecting actor failure: %s[%d]", a.name, a.rank)
+            a.fail(f"injected failure: periodic chaos check selected actor {a.class_name} "
+                   f"{a.name} (rank {a.rank})", injected=True)
+
+
+def _not_handled(f: MeshFailure) -> bool:
+    """A chaos supervisor's answer to a failure that was not injected: not handled."""
+    return False
 
 
 def _order(f: MeshFailure) -> tuple:

@@ -54,6 +54,10 @@ class MeshFailure:
     #: front-end spawned for its own work, such as a notebook's cell runner): that mesh's
     #: name; `mesh` then names the user's proc mesh it served, and no report names it
     internal: str = ""
+    #: True for a failure `runtime.fault_injection.inject_actor_failures` caused (Monarch's
+    #: `MeshFailure.is_injected`); a failure it caused further up (an owner that did not
+    #: handle it) is not injected itself, its `caused_by` is
+    is_injected: bool = False
 
     def serve(self, proc_mesh: str, internal: str) -> "MeshFailure":
         """Make this failure of an internal mesh the user's: reported against proc mesh

@@ -183,3 +183,16 @@ def test_sync_and_reload_commands():
         parse_mesh_line("reload")
     with pytest.raises(MagicArgError):
         parse_mesh_line("sync 1bad")
+
+
+def test_chaos_line_durations_and_errors():
+    from monarch_kernel import args as a
+
+    assert a.parse_mesh_line("chaos p --kill-every 500ms --for 2m") == a.ChaosArgs(
+        mesh="p", kill_every=0.5, duration=120.0)
+    assert a.parse_mesh_line("chaos p --stop") == a.ChaosArgs(mesh="p", stop=True)
+    for bad, msg in (("chaos p", "--kill-every"), ("chaos p --kill-every soon", "duration"),
+                     ("chaos p --kill-every 0s", "positive"),
+                     ("chaos p --stop --for 1s", "--stop takes no")):
+        with pytest.raises(a.MagicArgError, match=msg):
+            a.parse_mesh_line(bad)

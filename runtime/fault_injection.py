@@ -1,0 +1,88 @@
+"""Failures on demand, with the API of Monarch's `monarch.actor.fault_injection`: actors of
+the named classes fail at random while a context is open, so `__supervise__` and recovery
+code can be tried on purpose. Their failures are real ones (the owner hears of them, waits
+on them fail) that carry `MeshFailure.is_injected`.
+
+Layer 8 (a feature that plugs in): imports `actor` and `supervision`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Generator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .actor import Actor, qualified_class
+from .supervision import injection as _rules
+
+__all__ = ["ActorFailurePolicy", "inject_actor_failures"]
+
+
+@dataclass(frozen=True)
+class ActorFailurePolicy:
+    """Every `interval_seconds`, an actor fails with `probability` (0 to 1), as in Monarch."""
+
+    probability: float
+    interval_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        p, s = self.probability, self.interval_seconds
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) \
+                or not 0.0 <= p <= 1.0:
+            raise ValueError(f"ActorFailurePolicy: probability must be a number from 0 to 1, "
+                             f"got {p!r}")
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) \
+                or s <= 0.0:
+            raise ValueError(f"ActorFailurePolicy: interval_seconds must be a positive, finite "
+                             f"number, got {s!r}")
+
+
+def _actor_class(cls: object, what: str) -> type:
+    """`cls` if it is an Actor subclass; TypeError naming `what` otherwise."""
+    if not (isinstance(cls, type) and issubclass(cls, Actor)) or cls is Actor:
+        raise TypeError(f"inject_actor_failures: {what} must be Actor subclasses, got {cls!r}")
+    return cls
+
+
+@contextmanager
+def inject_actor_failures(
+    policies: Mapping[type, ActorFailurePolicy],
+    *,
+    supervisors: Collection[type] = (),
+) -> Generator[None, None, None]:
+    """Make actors of the named classes, spawned while the context is open, fail at random.
+
+    Each such actor rolls every `interval_seconds` after its `__init__` and fails with
+    `probability`: its owner hears of it as of any failure (`__supervise__`, with
+    `failure.is_injected` true), and calls to it fail with `SupervisionError`. An actor
+    spawned inside keeps its policy after the context closes, and passes the rules on to
+    the actors it spawns. A class in `supervisors` (it must define `__supervise__`) has its
+    `__supervise__` called for injected failures only: any other failure is left
+    unhandled, so a real fault still fails the job. Classes not named are never touched.
+    """
+    if not isinstance(policies, Mapping):
+        raise TypeError("inject_actor_failures: policies must be a mapping "
+                        f"{{ActorClass: ActorFailurePolicy(...)}}, got {type(policies).__name__}")
+    if isinstance(supervisors, (str, bytes)) or not isinstance(supervisors, Collection):
+        raise TypeError("inject_actor_failures: supervisors must be a collection of Actor "
+                        f"classes, got {supervisors!r}")
+    rules: dict = {"policies": {}, "supervisors": []}
+    for cls, policy in policies.items():
+        _actor_class(cls, "the keys of policies")
+        if not isinstance(policy, ActorFailurePolicy):
+            raise TypeError(f"inject_actor_failures: the policy for {cls.__name__} must be an "
+                            f"ActorFailurePolicy, got {policy!r}")
+        rules["policies"][qualified_class(cls)] = [float(policy.probability),
+                                                    float(policy.interval_seconds)]
+    for cls in supervisors:
+        _actor_class(cls, "supervisors")
+        if getattr(cls, "__supervise__", None) is None:
+            raise TypeError(f"inject_actor_failures: supervisor {cls.__name__} must define "
+                            "__supervise__")
+        rules["supervisors"].append(qualified_class(cls))
+    _rules.push(rules)
+    try:
+        yield
+    finally:
+        _rules.pop(rules)

@@ -1,0 +1,91 @@
+"""Failures on demand (`runtime.inject_actor_failures`, Monarch's fault_injection): the
+named classes fail at random and their owners hear `MeshFailure.is_injected`; supervisors
+named in `supervisors=` handle injected failures only; classes not named are untouched."""
+
+from __future__ import annotations
+
+import pytest
+
+import runtime
+from runtime import (ActorFailurePolicy, SupervisionError, inject_actor_failures,
+                     this_host)
+from _fault_injection_actors import ChaosOwner, Crashes, Flaky, Steady
+from _util import wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def failures(monkeypatch):
+    seen: list = []
+    monkeypatch.setattr(runtime, "unhandled_fault_hook", seen.append)
+    return seen
+
+
+@pytest.fixture
+def procs(failures):
+    owners = this_host().spawn_procs(per_host={"procs": 1}, name="fi_owners")
+    kids = this_host().spawn_procs(per_host={"procs": 2}, name="fi_kids")
+    try:
+        yield owners, kids
+    finally:
+        owners.stop().get(timeout=30)
+        kids.stop().get(timeout=30)
+
+
+def test_injected_failures_reach_the_supervisor_with_is_injected(procs):
+    owners, kids = procs
+    with inject_actor_failures({Flaky: ActorFailurePolicy(1.0, 0.1)},
+                               supervisors=[ChaosOwner]):
+        owner = owners.spawn("owner", ChaosOwner, kids, Flaky)
+    seen = wait_until(lambda: len(got := owner.failures.call_one().get(timeout=10)) >= 2
+                      and got, timeout=30, what="both ranks' injected failures")
+    assert sorted(r for _, ranks, _, _ in seen for r in ranks) == [0, 1], seen
+    for mesh, _, injected, cause in seen:
+        assert mesh == "kids" and injected is True, seen
+        assert "injected failure" in cause and "Flaky" in cause, cause
+
+
+def test_the_controller_hears_is_injected_and_other_classes_are_untouched(procs, failures):
+    _, kids = procs
+    with inject_actor_failures({Flaky: ActorFailurePolicy(1.0, 0.1)}):
+        flaky = kids.spawn("flaky", Flaky)
+        steady = kids.spawn("steady", Steady)
+    wait_until(lambda: len(failures) >= 2, timeout=30, what="both ranks reported")
+    assert {f.mesh for f in failures} == {"flaky"}
+    assert all(f.is_injected for f in failures), [str(f) for f in failures]
+    with pytest.raises(SupervisionError):
+        flaky.ping.call().get(timeout=10)
+    # the class nobody named still answers on the very same procs
+    assert list(steady.ping.call().get(timeout=10).values()) == [2, 2]
+
+
+def test_a_chaos_supervisor_leaves_a_real_fault_unhandled(procs, failures):
+    owners, kids = procs
+    with inject_actor_failures({}, supervisors=[ChaosOwner]):
+        owner = owners.spawn("owner", ChaosOwner, kids, Crashes)
+    owner.initialized.get(timeout=30)
+    owner.crash_kids.call_one().get(timeout=30)
+    # not injected: the patched __supervise__ is not called, the owner fails, the root hears
+    wait_until(lambda: any(f.mesh == "owner" for f in failures), timeout=30,
+               what="the owner's failure at the root")
+    f = next(f for f in failures if f.mesh == "owner")
+    assert f.is_injected is False
+    assert f.caused_by is not None and f.caused_by.mesh == "kids"
+    assert f.caused_by.is_injected is False
+
+
+def test_bad_arguments_are_refused_by_name():
+    with pytest.raises(ValueError, match="probability"):
+        ActorFailurePolicy(1.5)
+    with pytest.raises(ValueError, match="interval_seconds"):
+        ActorFailurePolicy(0.5, 0)
+    with pytest.raises(TypeError, match="Actor subclasses"):
+        with inject_actor_failures({int: ActorFailurePolicy(0.5)}):
+            pass
+    with pytest.raises(TypeError, match="ActorFailurePolicy"):
+        with inject_actor_failures({Flaky: 0.5}):
+            pass
+    with pytest.raises(TypeError, match="must define __supervise__"):
+        with inject_actor_failures({}, supervisors=[Steady]):
+            pass
