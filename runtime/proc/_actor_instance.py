@@ -112,7 +112,7 @@ class ActorInstance:
         self.current_port = -1
         self.current_src = ""  # the caller's id while a call runs
         self.current_reply = ""  # the caller's address while a call with a reply runs
-        self.taken: dict[str, int] = {}  # sender -> its messages without answer taken since
+        self.taken = Confirmations(self)  # messages without an answer, told to their senders
         self.instance: Any = None
         self.context: Optional[ActorContext] = None  # set when its thread starts
         self.endpoints: dict = {}
@@ -142,7 +142,7 @@ class ActorInstance:
                 h = item[1]
                 self._handle_call(h, item[2], item[3])
                 if h.extra is not None and "taken" in h.extra:  # no answer comes back:
-                    self._confirm(h.extra["taken"])  # its sender hears that it was taken
+                    self.taken.took(h.extra["taken"])  # its sender hears that it was taken
             elif what == "supervise":
                 self.supervision.on_mailbox_entry()
             elif what == "run":  # between two messages: a reload's pause, a class swap
@@ -152,30 +152,8 @@ class ActorInstance:
                 self.rt.loop.call_soon(self.server.actor_stopped, self)
                 return
             del item  # free the message (its buffers) before waiting for the next one
-            if self.taken and mailbox.empty():  # nothing more to take now: say what was
-                for sender in list(self.taken):
-                    self._send_taken(sender, self.taken.pop(sender))
-
-    def _confirm(self, sender: Any) -> None:
-        """One more message without an answer from `sender` (the address its TAKEN goes to)
-        was handled: tell the sender once a quarter of its window has been taken, or when
-        nothing more waits in the mailbox (one message per batch, not per message)."""
-        if not isinstance(sender, str):
-            return
-        n = self.taken.get(sender, 0) + 1
-        if n < config.mailbox_limit // 4 and not self.mailbox.empty():
-            self.taken[sender] = n
-            return
-        self.taken.pop(sender, None)
-        self._send_taken(sender, n)
-
-    def _send_taken(self, sender: str, n: int) -> None:
-        """Tell `sender` this actor took `n` more of its messages without an answer."""
-        try:
-            self.rt.send(sender, Header(Kind.TAKEN, actor=self.actor_id, rank=self.rank,
-                                        extra={"n": n}))
-        except Exception:  # noqa: BLE001 - the sender is gone: nothing waits on it
-            log.debug("%s rank %d: TAKEN to %s not sent", self.name, self.rank, sender)
+            if self.taken.counts and mailbox.empty():  # nothing more to take now: say so
+                self.taken.flush()
 
     def _init(self) -> None:
         assert self._spawn is not None  # set by __init__, taken once, here
@@ -484,6 +462,40 @@ class ActorInstance:
         if tid is not None:
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid),
                                                        ctypes.py_object(KeyboardInterrupt))
+
+
+class Confirmations:
+    """An actor's count of the messages without an answer (broadcast, send) it took, per
+    sender, until it tells the sender (TAKEN: they leave its call window): once a quarter of
+    the window was taken, or when nothing more waits in the mailbox (one message per batch,
+    not per message). Only the actor's thread uses it."""
+
+    def __init__(self, actor: "ActorInstance") -> None:
+        self.actor = actor
+        self.counts: dict[str, int] = {}  # sender's address -> taken since it was told
+
+    def took(self, sender: Any) -> None:
+        """One more message from `sender` (the address its TAKEN goes to) was handled."""
+        if not isinstance(sender, str):
+            return
+        n = self.counts.get(sender, 0) + 1
+        if n < config.mailbox_limit // 4 and not self.actor.mailbox.empty():
+            self.counts[sender] = n
+            return
+        self.counts.pop(sender, None)
+        self._tell(sender, n)
+
+    def flush(self) -> None:
+        """Tell every sender what was taken of its messages so far."""
+        for sender in list(self.counts):
+            self._tell(sender, self.counts.pop(sender))
+
+    def _tell(self, sender: str, n: int) -> None:
+        a = self.actor
+        try:
+            a.rt.send(sender, Header(Kind.TAKEN, actor=a.actor_id, rank=a.rank, extra={"n": n}))
+        except Exception:  # noqa: BLE001 - the sender is gone: nothing waits on it
+            log.debug("%s rank %d: TAKEN to %s not sent", a.name, a.rank, sender)
 
 
 _COROUTINE = types.CoroutineType
