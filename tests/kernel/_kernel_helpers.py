@@ -78,3 +78,18 @@ def kill_all(snap: dict[int, float]) -> None:
             psutil.Process(pid).kill()
         except psutil.Error:
             pass
+
+
+def ipython_shell():
+    """The process's IPython test shell (IPython makes one per process: a second
+    `start_ipython()` returns None, so a test module after another gets the same shell).
+    Its history file, a NamedTemporaryFile(delete=False) in /tmp, is removed at its exit."""
+    from pathlib import Path
+
+    from IPython.testing.globalipapp import get_ipython, start_ipython
+
+    shell = start_ipython()
+    if shell is None:
+        return get_ipython()
+    shell.tempfiles.append(Path(shell.history_manager.hist_file))
+    return shell

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
+from _kernel_helpers import ipython_shell
 from IPython.utils.capture import capture_output
 
 import runtime
@@ -21,8 +20,7 @@ pytestmark = pytest.mark.timeout(90)
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = start_ipython()
-    shell.tempfiles.append(Path(shell.history_manager.hist_file))
+    shell = ipython_shell()
     shell.run_line_magic("load_ext", "monarch_kernel")
     try:
         yield shell

@@ -3,11 +3,10 @@ with real procs, remote output is routed with prefixes, and bad input is a Usage
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.testing.globalipapp import start_ipython
+from _kernel_helpers import ipython_shell
 from IPython.utils.capture import capture_output
 
 import runtime
@@ -19,10 +18,7 @@ pytestmark = pytest.mark.timeout(90)
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = start_ipython()
-    # IPython's test shell keeps its history in a NamedTemporaryFile(delete=False) in /tmp;
-    # its exit handler removes the shell's tempfiles after it closes the history session
-    shell.tempfiles.append(Path(shell.history_manager.hist_file))
+    shell = ipython_shell()
     shell.run_line_magic("load_ext", "monarch_kernel")
     shell.run_line_magic("load_ext", "monarch_kernel")  # loading twice is harmless
     try:
