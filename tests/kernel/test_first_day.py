@@ -288,3 +288,24 @@ def test_a_call_in_flight_when_its_mesh_is_stopped_says_the_mesh_was_stopped(ker
     assert r["error"]["ename"] == "MeshStoppedError", text
     assert "proc mesh 'sf' was stopped while the call was in flight (rank " in text, text
     assert "is dead" not in text, text
+
+
+def test_the_cell_after_an_interrupt_says_it_waits_for_a_rank_stuck_in_a_c_call(kernel):
+    from test_kernel_client import interrupt_cell_error
+
+    _ok(kernel.execute("%mesh alloc ic --per-host procs=1 --no-progress"))
+    kernel.track_processes()
+    err = interrupt_cell_error(kernel, "%%mesh ic\nimport time\nprint('stuck', flush=True)\n"
+                                       "time.sleep(12)\n", "stuck")
+    text = "\n".join(err["traceback"])
+    assert err["ename"] == "MeshCellInterrupted", err
+    assert "a C call sees Ctrl-C only when it returns: the next cell there waits" in text, text
+    # the next cell waits for the sleep to end: it says so first, then runs
+    r = _ok(kernel.execute("%%mesh ic\n'next'\n", timeout=60))
+    assert "%%mesh ic: rank 0 still runs the interrupted cell " in r["stdout"], r["stdout"]
+    assert "this cell starts there when it ends" in r["stdout"], r["stdout"]
+    assert r["results"] == ["ValueMesh({'procs': 1}, {{procs=0}: 'next'})"], r
+    # once it has ended, no such line
+    r = _ok(kernel.execute("%%mesh ic\n'again'\n"))
+    assert "still runs" not in r["stdout"], r["stdout"]
+    _ok(kernel.execute("%mesh stop ic"))
