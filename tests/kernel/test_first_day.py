@@ -309,3 +309,35 @@ def test_the_cell_after_an_interrupt_says_it_waits_for_a_rank_stuck_in_a_c_call(
     r = _ok(kernel.execute("%%mesh ic\n'again'\n"))
     assert "still runs" not in r["stdout"], r["stdout"]
     _ok(kernel.execute("%mesh stop ic"))
+
+
+def test_a_spawn_with_the_class_from_before_a_reload_says_what_to_do(kernel, tmp_path):
+    ws = tmp_path / "ws_stale"
+    ws.mkdir()
+    src = ("from runtime import Actor, endpoint\n"
+           "class Tr(Actor):\n    @endpoint\n    def a(self) -> int:\n        return 1\n")
+    (ws / "stalemod.py").write_text(src)
+    _ok(kernel.execute("%mesh alloc sr --per-host procs=1 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute(f"import sys\nsys.path.insert(0, {str(ws)!r})\nimport stalemod\n"))
+    _ok(kernel.execute(f"%mesh sync sr --dir {ws}"))
+    _ok(kernel.execute("tr = sr.spawn('tr', stalemod.Tr)\ntr.a.call().get(timeout=30)"))
+    (ws / "stalemod.py").write_text(src + "    @endpoint\n    def b(self) -> int:\n"
+                                          "        return 2\n")
+    _ok(kernel.execute(f"%mesh sync sr --dir {ws} --reload"))
+    r = _ok(kernel.execute("tr.b.call_one().get(timeout=30)"))  # the live actors have it
+    assert r["results"] == ["2"], r
+    # a fresh spawn with the notebook's copy (not reloaded): the refusal says what to do
+    r = kernel.execute("tr2 = sr.spawn('tr2', stalemod.Tr)\ntr2.b.call_one().get(timeout=30)")
+    text = _error_text(r)
+    assert "Tr has no endpoint 'b' (its endpoints: a). Live actors of 'tr' run Tr as " \
+           "reloaded, which has it; 'tr2' was spawned with the controller's copy of Tr " \
+           "from before the reload" in text, text
+    assert "importlib.reload(stalemod) and `from stalemod import Tr` again, then spawn " \
+           "again" in text, text
+    # doing so works
+    r = _ok(kernel.execute("import importlib\nimportlib.reload(stalemod)\n"
+                           "tr3 = sr.spawn('tr3', stalemod.Tr)\n"
+                           "tr3.b.call_one().get(timeout=30)"))
+    assert r["results"] == ["2"], r
+    _ok(kernel.execute(f"sys.path.remove({str(ws)!r})\n%mesh stop sr"))
