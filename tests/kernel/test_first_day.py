@@ -341,3 +341,19 @@ def test_a_spawn_with_the_class_from_before_a_reload_says_what_to_do(kernel, tmp
                            "tr3.b.call_one().get(timeout=30)"))
     assert r["results"] == ["2"], r
     _ok(kernel.execute(f"sys.path.remove({str(ws)!r})\n%mesh stop sr"))
+
+
+def test_two_agents_on_one_machine_have_distinct_names_in_reports(kernel):
+    import re
+    import socket
+
+    host = re.escape(socket.gethostname())
+    _ok(kernel.execute("%mesh alloc tw --job local --hosts 2 --per-host procs=1 --no-progress",
+                       timeout=90))
+    kernel.track_processes()
+    r = _ok(kernel.execute("%mesh logs tw --tail 1"))
+    named = dict(re.findall(rf"== tw rank (\d) \(pid \d+, ({host}:\d+), started", r["stdout"]))
+    assert set(named) == {"0", "1"} and named["0"] != named["1"], r["stdout"]
+    r = kernel.execute("%%mesh tw\nimport os\nif current_rank().rank == 1:\n    os._exit(3)\n")
+    assert f"exited with code 3 (host {named['1']}, pid " in _error_text(r), _error_text(r)
+    _ok(kernel.execute("%mesh stop tw"))
