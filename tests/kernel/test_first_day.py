@@ -348,8 +348,9 @@ def test_two_agents_on_one_machine_have_distinct_names_in_reports(kernel):
     import socket
 
     host = re.escape(socket.gethostname())
-    _ok(kernel.execute("%mesh alloc tw --job local --hosts 2 --per-host procs=1 --no-progress",
-                       timeout=90))
+    r = _ok(kernel.execute("%mesh alloc tw --job local --hosts 2 --per-host procs=1 "
+                           "--no-progress", timeout=90))
+    assert not any("local agents" in d for d in r["displays"]), r  # --no-progress: no bar
     kernel.track_processes()
     r = _ok(kernel.execute("%mesh logs tw --tail 1"))
     named = dict(re.findall(rf"== tw rank (\d) \(pid \d+, ({host}:\d+), started", r["stdout"]))
