@@ -358,3 +358,21 @@ def test_two_agents_on_one_machine_have_distinct_names_in_reports(kernel):
     r = kernel.execute("%%mesh tw\nimport os\nif current_rank().rank == 1:\n    os._exit(3)\n")
     assert f"exited with code 3 (host {named['1']}, pid " in _error_text(r), _error_text(r)
     _ok(kernel.execute("%mesh stop tw"))
+
+
+def test_errors_raised_at_the_call_site_show_the_users_line_not_runtime_frames(kernel):
+    _ok(kernel.execute("%mesh alloc cs --per-host procs=1 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute("from runtime import Actor, endpoint\n"
+                       "class Fails(Actor):\n    @endpoint\n    def f(self) -> int:\n"
+                       "        raise ValueError('bad input')\n"
+                       "fails = cs.spawn('fails', Fails)\n"))
+    r = kernel.execute("fails.f.call_one().get(timeout=30)")  # an ActorError from .get()
+    text = _error_text(r)
+    assert r["error"]["ename"] == "ActorError" and "bad input" in text, text
+    assert "future.py" not in text, text
+    _ok(kernel.execute("%mesh stop cs"))
+    r = kernel.execute("fails.f.call()")  # a stopped mesh, raised by the call itself
+    text = _error_text(r)
+    assert r["error"]["ename"] == "MeshStoppedError", text
+    assert "fails.f.call()" in text and "adverbs.py" not in text, text
