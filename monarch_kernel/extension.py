@@ -43,6 +43,9 @@ def load(shell: Any) -> None:
         shell.events.register("post_run_cell", sess.post_run_cell)
         _add_matcher(shell)
         _sessions.set_current(sess)
+    from monarch_kernel import tracebacks
+
+    tracebacks.install(shell)  # the runtime's errors show the user's lines, not runtime's
     from runtime.hooks import add_startup_hook
 
     add_startup_hook(sess.on_runtime_start)

@@ -82,6 +82,7 @@ class AllocCommands:
             raise UsageError(one_line(e, "%mesh alloc")) from None
         self.ctx.runtime()
         job = spec.make_job()
+        job.progress = a.progress  # --no-progress: no bar while the job's agents start
         note = Rendered(f"starting a {spec.kind} job for {spec.name}: {spec.hosts} host(s), "
                         f"{spec.per_host} per host")
         handle = display(note, display_id=True) if a.progress else None

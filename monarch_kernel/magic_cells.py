@@ -25,6 +25,8 @@ class CellCommands:
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
         self.cells = 0
+        # per proc mesh: ranks an interrupted cell left running, and their unanswered calls
+        self.busy: dict[int, tuple[Any, set, list, int]] = {}
 
     # -- %%mesh ------------------------------------------------------------------------------------
     def _runner_for(self, procs: Any) -> Any:
@@ -56,6 +58,24 @@ class CellCommands:
             return None
         return entry[2] if procs is procs.root else entry[2].restricted_to(procs)
 
+    def _say_if_busy(self, root: Any, runner: Any) -> None:
+        """Print a line when ranks this cell selects still run an interrupted cell (stuck
+        in a C call, which sees Ctrl-C only when it returns): this cell waits for them."""
+        entry = self.busy.get(id(root))
+        if entry is None or entry[0] is not root:
+            return
+        _, ranks, futs, cell = entry
+        if all(f.done() for f in futs):
+            del self.busy[id(root)]
+            return
+        waiting = sorted(ranks & set(runner.shape.global_ranks()))
+        if waiting:
+            which = ", ".join(map(str, waiting))
+            print(f"%%mesh {root.name}: rank{'s' if len(waiting) > 1 else ''} {which} still "
+                  f"run{'' if len(waiting) > 1 else 's'} the interrupted cell {cell} (a C call "
+                  "sees Ctrl-C only when it returns); this cell starts there when it ends",
+                  flush=True)
+
     def run_cell(self, a: margs.CellArgs, code: str) -> Any:
         from runtime import ShapeError
 
@@ -67,6 +87,7 @@ class CellCommands:
                 runner = runner.slice(**a.ranks)
             except (ShapeError, ValueError, KeyError) as e:
                 raise UsageError(f"%%mesh: --ranks: {e}") from None
+        self._say_if_busy(procs.root, runner)
         self.cells += 1
         mark = uuid.uuid4().hex
         n = runner.size()
@@ -82,6 +103,9 @@ class CellCommands:
         futs = _start(lambda: list(runner.run.stream(code, str(self.cells), mark)), runner,
                       procs)
         vm, died, interrupted = _gather(runner, futs, a.timeout)
+        if interrupted:
+            self.busy[id(procs.root)] = (procs.root, set(interrupted),
+                                         [f for f in futs if not f.done()], self.cells)
         self.ctx.session.router.wait_marks(mark, 2 * (n - len(died)), OUTPUT_DRAIN_S)
         self.ctx.session.router.flush()
         try:
@@ -234,7 +258,8 @@ def _unanswered(ranks: list[int], root: Any, known: set) -> list[RankFailure]:
         if rank in known:
             continue
         line = (f"{root.name} rank {rank} was interrupted and did not answer within "
-                f"{INTERRUPT_DRAIN_S:g} s; the cell did not finish there")
+                f"{INTERRUPT_DRAIN_S:g} s (a C call sees Ctrl-C only when it returns: the next "
+                "cell there waits for it); the cell did not finish there")
         coords = dict(root.shape.coords_of(rank)) if 0 <= rank < len(root.procs) else {}
         out.append(RankFailure(rank, coords, "KeyboardInterrupt", line, line + "\n"))
     return out

@@ -191,3 +191,22 @@ def test_the_command_lines_say_what_they_do(tmp_path, own_root):
     finally:
         p.kill()
         p.wait(timeout=30)
+
+
+@pytest.mark.timeout(120)
+def test_the_agent_refuses_a_key_in_an_open_directory_in_one_line(tmp_path):
+    """`python -m runtime.host --key-file` with a key in a directory others can read: one
+    line naming the file and the fix, exit status 2, no traceback."""
+    d = tmp_path / "open"
+    d.mkdir(mode=0o700)
+    k = d / "cluster.key"
+    auth.write_key_file(str(k))
+    d.chmod(0o755)
+    env = {k_: v for k_, v in os.environ.items() if k_ != "MONARCH_KEY_FILE"}
+    r = _run(["-m", "runtime.host", "--listen", "tcp://127.0.0.1:0", "--key-file", str(k)],
+             env)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [
+        f"runtime.host: PermissionError: the directory of key file (--key-file) {k}, {d} has "
+        "mode 0o755, so it is readable by others; chmod 700 it"], r.stderr

@@ -74,7 +74,7 @@ class Failures:
         if kill and rec.agent is not None and rec.agent.alive:
             rt.send(rec.agent.address, Header(Kind.KILL_PROCS, extra={
                 "procs": [proc_id], "signal": int(signal.SIGKILL)}))
-        base = MeshFailure(mesh=rec.mesh, ranks=[rec.rank], cause=cause, host=rec.host,
+        base = MeshFailure(mesh=rec.mesh, ranks=[rec.rank], cause=cause, host=rec.place,
                            pid=rec.pid, proc_id=proc_id, exit_code=code, signal=sig,
                            stderr_tail=tail(list(rec.stderr_tail), config.stderr_tail_lines))
         rec.failure = base
@@ -82,7 +82,7 @@ class Failures:
         for m, rank in rt.state.meshes_on(proc_id):
             if m.stopped or rank in m.failed:
                 continue
-            f = MeshFailure(mesh=m.name, ranks=[rank], cause=cause, host=rec.host, pid=rec.pid,
+            f = MeshFailure(mesh=m.name, ranks=[rank], cause=cause, host=rec.place, pid=rec.pid,
                             proc_id=proc_id, exit_code=code, signal=sig,
                             stderr_tail=base.stderr_tail, point=_point(m, rank),
                             actor_name=m.actor_name(rank))
@@ -252,7 +252,7 @@ class Failures:
                 caused_by = None
         failure = MeshFailure(
             mesh=m.name, ranks=[rank], cause=e.get("cause", "actor failed"),
-            host=rec.host if rec else "", pid=rec.pid if rec else 0,
+            host=rec.place if rec else "", pid=rec.pid if rec else 0,
             proc_id=rec.proc_id if rec else "", traceback=e.get("traceback", ""),
             caused_by=caused_by if isinstance(caused_by, MeshFailure) else None,
             point=_point(m, rank), actor_name=m.actor_name(rank), call=e.get("call") or "",

@@ -119,7 +119,7 @@ class Liveness:
         rec.last_seen = now
         e = h.extra or {}
         if "rss" in e:
-            rt.health.update_proc(ProcStats(rec.proc_id, rec.host, rec.pid, e.get("cpu", 0.0),
+            rt.health.update_proc(ProcStats(rec.proc_id, rec.place, rec.pid, e.get("cpu", 0.0),
                                             e.get("rss", 0), e.get("gpu"), e.get("tensor_bytes")))
         for actor_id, st in (e.get("actors") or {}).items():
             m = rt.state.actor_meshes.get(actor_id)
@@ -161,7 +161,7 @@ class Liveness:
                 code, sig = split_status(agent.popen.returncode)
                 cause = f"host agent {describe_status(code, sig)}"
             elif agent.remote and now - self._heard(agent.agent_id, agent.last_seen) > timeout:
-                cause = f"host {agent.host} unreachable (no heartbeat for {timeout:g} s)"
+                cause = f"host {agent.label} unreachable (no heartbeat for {timeout:g} s)"
                 link = rt.messenger.gateway_of(agent.address)
                 if link is not None and 2 * config.heartbeat_interval < link.silent_for(now) \
                         <= timeout:

@@ -33,6 +33,14 @@ class AgentRecord:
     hello: bool = False
     lost: bool = False  # remote agent declared unreachable; it may come back
     stale: set = field(default_factory=set)  # procs failed while it was lost: kill on return
+    #: how reports name it where several agents share its host (`vm:41234`: host:port)
+    name: str = ""
+
+    @property
+    def label(self) -> str:
+        """The agent's name in reports: its host, or host:port where its host runs
+        several agents of one job."""
+        return self.name or self.host
 
 
 @dataclass
@@ -56,6 +64,14 @@ class ProcRecord:
     tcp_address: str = ""
     log_stream: bool = True  # forward output to the output sink (logging_option)
     log_window: float = 0.0  # > 0: aggregate output over this many seconds
+
+    @property
+    def place(self) -> str:
+        """Where reports say the proc runs: its host, or its agent's host:port where
+        several agents share that host (`host` stays the machine's name)."""
+        if self.agent is not None and self.agent.name:
+            return self.agent.name
+        return self.host
 
     @property
     def route(self) -> Optional[tuple]:

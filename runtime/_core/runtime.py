@@ -193,7 +193,7 @@ class Runtime:
             rec.state = "running"
         rec.last_seen = time.monotonic()
         for m, r in state.meshes_on(rec.proc_id):
-            self.health.update(m.health_name, r, None, pid=rec.pid, host=rec.host)
+            self.health.update(m.health_name, r, None, pid=rec.pid, host=rec.place)
 
     # -- output and operations ------------------------------------------------------------------
     def set_output_sink(self, fn: Optional[Callable[[str, str, str], None]]) -> None:

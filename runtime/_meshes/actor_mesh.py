@@ -110,7 +110,8 @@ class ActorMesh(MeshTrait):
                 return NotAnEndpoint(self, name)
             have = ", ".join(sorted(rec.sigs)) or "none"
             raise AttributeError(
-                f"{rec.cls_name} has no endpoint {name!r} (its endpoints: {have})")
+                f"{rec.cls_name} has no endpoint {name!r} (its endpoints: {have})"
+                + _reloaded_elsewhere(self.__dict__.get("_rt"), rec, name))
         ep = EndpointRef(self, name, rec.sigs[name])
         self.__dict__[name] = ep  # endpoints are looked up once per view
         return ep
@@ -228,3 +229,24 @@ def _rebuild_actor_mesh(state: dict) -> ActorMesh:
         )
         rec = rt.state.change(rt.state.add_actor_mesh, rec)
     return ActorMesh(rt, rec, state["shape"], None)
+
+
+def _reloaded_elsewhere(rt: Optional[Runtime], rec: ActorMeshRecord, name: str) -> str:
+    """When live actors of another mesh run a reloaded version of this mesh's class that has
+    endpoint `name`: a sentence saying this mesh has the class from before the reload, and
+    what to do; else ""."""
+    if rt is None:
+        return ""
+    qual = rec.qual_cls or rec.cls_name
+    others = [r.name for r in list(rt.state.actor_meshes.values())
+              if r is not rec and not r.stopped and name in r.sigs
+              and (r.qual_cls or r.cls_name) == qual]
+    if not others:
+        return ""
+    module, _, cls = qual.rpartition(".")
+    redo = (f"re-run the cell that defines {cls}" if module in ("", "__main__") else
+            f"importlib.reload({module}) and `from {module} import {cls}` again")
+    return (f". Live actors of {others[0]!r} run {cls} as reloaded, which has it; "
+            f"{rec.name!r} was spawned with the controller's copy of {cls} from before the "
+            f"reload (the controller is not reloaded): {redo}, then spawn again, or give "
+            "these actors the new class with runtime.reload_actor_class (%mesh reload)")

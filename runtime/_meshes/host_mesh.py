@@ -377,6 +377,20 @@ def this_host() -> HostMesh:
         return hm
 
 
+def _name_shared_hosts(agents: list[AgentRecord]) -> None:
+    """Agents of one attach that share a host (a LocalJob, two agents on one machine) are
+    named host:port in reports, so that each is told apart; the others by their host."""
+    from urllib.parse import urlparse
+
+    count: dict[str, int] = {}
+    for a in agents:
+        count[a.host] = count.get(a.host, 0) + 1
+    for a in agents:
+        port = urlparse(a.address).port if a.address.startswith("tcp://") else None
+        if count[a.host] > 1 and port:
+            a.name = f"{a.host}:{port}"
+
+
 def _local_ip_for(host: str, port: int) -> str:
     """The address of this machine on the route to `host` (what the agents can reach)."""
     import socket
@@ -481,6 +495,7 @@ def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[
     def seen() -> None:
         for a in agents:
             a.last_seen = time.monotonic()
+        _name_shared_hosts(agents)
 
     rt.state.change(seen)
     return HostMesh(rt, agents, Shape((name,), (len(agents),)))

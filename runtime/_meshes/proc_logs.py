@@ -122,19 +122,19 @@ def read_logs(where: Union[Any, list], mesh: Optional[str] = None, rank: Optiona
                 rt.send(address, Header(Kind.AGENT_QUERY, reply=rt.reply_address_for(address),
                                         port=port, extra=query))
 
-            questions.ask(a, f"logs from {a.host or a.address}", send, _decode)
+            questions.ask(a, f"logs from {a.label or a.address}", send, _decode)
     errors = [f"host agent {a.address}: not running" for a in agents if not a.alive]
     out: list[ProcLog] = []
     for agent, r, err in questions.answers(timeout):
         if isinstance(err, TimeoutError):
-            errors.append(f"host agent {agent.host or agent.address}: no answer within "
+            errors.append(f"host agent {agent.label or agent.address}: no answer within "
                           f"{timeout:g} s")
             continue
         if err is not None:
             questions.close()
             raise ValueError(f"read_logs: {err}") from None
         for p in r["procs"]:
-            out.append(ProcLog(r["host"], p["mesh"], p["rank"], p["pid"], p["start"],
+            out.append(ProcLog(agent.name or r["host"], p["mesh"], p["rank"], p["pid"], p["start"],
                                f"{r['dir']}/{p['mesh']}.{p['rank']}.{p['pid']}.{p['start']}.log",
                                p["lines"], p["truncated"], int(p.get("left_out", 0))))
     if errors:

@@ -29,7 +29,7 @@ def _stacks_of(rt: Runtime, recs: list[tuple[int, Any]], native: bool,
     out: list[ProcStacks] = []
     questions: Questions[ProcStacks] = Questions(rt)
     for rank, rec in recs:
-        entry = ProcStacks(rec.mesh, rank, rec.host, rec.pid, rec.proc_id, bool(native))
+        entry = ProcStacks(rec.mesh, rank, rec.place, rec.pid, rec.proc_id, bool(native))
         out.append(entry)
         if rec.agent is None:
             entry.error = "this proc runs in the controller (this_proc()): no host agent"
@@ -56,7 +56,7 @@ def _stacks_of(rt: Runtime, recs: list[tuple[int, Any]], native: bool,
             raise err
         else:
             entry.pid = got.get("pid", entry.pid)
-            entry.host = got.get("host", entry.host)
+            entry.host = entry.host or got.get("host", "")
             entry.threads = threads_from(got)
     return out
 

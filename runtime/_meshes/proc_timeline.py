@@ -46,7 +46,7 @@ def read_timeline(mesh: Any, last: float = 300.0, timeout: float = 10.0) -> Time
     lanes: list[Lane] = []
     questions: Questions[Lane] = Questions(rt)
     for rank, rec in enumerate(pm._view_procs()):
-        lane = Lane(pm.name, rank, rec.host, rec.pid, rec.proc_id)
+        lane = Lane(pm.name, rank, rec.place, rec.pid, rec.proc_id)
         lanes.append(lane)
         if rec.state in ("failed", "stopped"):
             lane.error = f"proc {rec.state}"

@@ -216,7 +216,7 @@ def _sync_host(rt: Runtime, agent: AgentRecord, listing: Scan, manifest: bytes,
     try:
         if not agent.alive:
             raise RuntimeError("its host agent is not running")
-        tag = f"workspace sync to {agent.host}"
+        tag = f"workspace sync to {agent.label}"
         need = set(_ask(rt, agent, tag, {"op": "offer", "sync": sync_id,
                                           "names": sorted(listing.targets)},
                         manifest).get(timeout)["need"])
@@ -264,9 +264,9 @@ def sync_workspace(rt: Runtime, agents: list[AgentRecord], workspace: Workspace,
     listing = scan(workspace, config.workspace_max_bytes)
     manifest = json.dumps(listing.manifest()).encode()
     sync_id = os.urandom(8).hex()
-    result = SyncResult([HostSync(a.host, a.address, len(listing.files), listing.total_bytes)
+    result = SyncResult([HostSync(a.label, a.address, len(listing.files), listing.total_bytes)
                          for a in agents])
-    threads = [threading.Thread(target=_sync_host, name=f"workspace-{a.host}", daemon=True,
+    threads = [threading.Thread(target=_sync_host, name=f"workspace-{a.label}", daemon=True,
                                 args=(rt, a, listing, manifest, sync_id, timeout, progress, h))
                for a, h in zip(agents, result.hosts)]
     for t in threads:
@@ -300,7 +300,7 @@ def _reload_procs(rt: Runtime, agents: list[AgentRecord], roots: dict, sources: 
                  "timeout": timeout}
         fut = _ask(rt, rec.agent, f"reload in {rec.proc_id}", extra, waits_on=rec.proc_id,
                    address=rec.address, route=rec.route)
-        asked.append((ProcReload(rec.agent.host, rec.agent.address, rec.proc_id, rec.mesh,
+        asked.append((ProcReload(rec.agent.label, rec.agent.address, rec.proc_id, rec.mesh,
                                  rec.rank), fut))
     for out, fut in asked:
         try:

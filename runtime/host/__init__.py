@@ -21,6 +21,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 from typing import Optional
 
 from .._base import process as _process
@@ -60,10 +61,14 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     # a key file this user does not own privately is refused (PermissionError) before
     # anything is swept, made, forked or bound
-    if args.key_file:
-        auth.check_key_file(args.key_file, "key file (--key-file)")
-    else:
-        auth.keys_from_env()
+    try:
+        if args.key_file:
+            auth.check_key_file(args.key_file, "key file (--key-file)")
+        else:
+            auth.keys_from_env()
+    except (OSError, ValueError) as e:  # refused or unreadable: one line, not a traceback
+        print(f"runtime.host: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 2
     if args.parent_pid:
         _process.die_with_parent(args.parent_pid)
     _process.set_process_name("monarch-agent")

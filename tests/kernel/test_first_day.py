@@ -288,3 +288,91 @@ def test_a_call_in_flight_when_its_mesh_is_stopped_says_the_mesh_was_stopped(ker
     assert r["error"]["ename"] == "MeshStoppedError", text
     assert "proc mesh 'sf' was stopped while the call was in flight (rank " in text, text
     assert "is dead" not in text, text
+
+
+def test_the_cell_after_an_interrupt_says_it_waits_for_a_rank_stuck_in_a_c_call(kernel):
+    from test_kernel_client import interrupt_cell_error
+
+    _ok(kernel.execute("%mesh alloc ic --per-host procs=1 --no-progress"))
+    kernel.track_processes()
+    err = interrupt_cell_error(kernel, "%%mesh ic\nimport time\nprint('stuck', flush=True)\n"
+                                       "time.sleep(12)\n", "stuck")
+    text = "\n".join(err["traceback"])
+    assert err["ename"] == "MeshCellInterrupted", err
+    assert "a C call sees Ctrl-C only when it returns: the next cell there waits" in text, text
+    # the next cell waits for the sleep to end: it says so first, then runs
+    r = _ok(kernel.execute("%%mesh ic\n'next'\n", timeout=60))
+    assert "%%mesh ic: rank 0 still runs the interrupted cell " in r["stdout"], r["stdout"]
+    assert "this cell starts there when it ends" in r["stdout"], r["stdout"]
+    assert r["results"] == ["ValueMesh({'procs': 1}, {{procs=0}: 'next'})"], r
+    # once it has ended, no such line
+    r = _ok(kernel.execute("%%mesh ic\n'again'\n"))
+    assert "still runs" not in r["stdout"], r["stdout"]
+    _ok(kernel.execute("%mesh stop ic"))
+
+
+def test_a_spawn_with_the_class_from_before_a_reload_says_what_to_do(kernel, tmp_path):
+    ws = tmp_path / "ws_stale"
+    ws.mkdir()
+    src = ("from runtime import Actor, endpoint\n"
+           "class Tr(Actor):\n    @endpoint\n    def a(self) -> int:\n        return 1\n")
+    (ws / "stalemod.py").write_text(src)
+    _ok(kernel.execute("%mesh alloc sr --per-host procs=1 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute(f"import sys\nsys.path.insert(0, {str(ws)!r})\nimport stalemod\n"))
+    _ok(kernel.execute(f"%mesh sync sr --dir {ws}"))
+    _ok(kernel.execute("tr = sr.spawn('tr', stalemod.Tr)\ntr.a.call().get(timeout=30)"))
+    (ws / "stalemod.py").write_text(src + "    @endpoint\n    def b(self) -> int:\n"
+                                          "        return 2\n")
+    _ok(kernel.execute(f"%mesh sync sr --dir {ws} --reload"))
+    r = _ok(kernel.execute("tr.b.call_one().get(timeout=30)"))  # the live actors have it
+    assert r["results"] == ["2"], r
+    # a fresh spawn with the notebook's copy (not reloaded): the refusal says what to do
+    r = kernel.execute("tr2 = sr.spawn('tr2', stalemod.Tr)\ntr2.b.call_one().get(timeout=30)")
+    text = _error_text(r)
+    assert "Tr has no endpoint 'b' (its endpoints: a). Live actors of 'tr' run Tr as " \
+           "reloaded, which has it; 'tr2' was spawned with the controller's copy of Tr " \
+           "from before the reload" in text, text
+    assert "importlib.reload(stalemod) and `from stalemod import Tr` again, then spawn " \
+           "again" in text, text
+    # doing so works
+    r = _ok(kernel.execute("import importlib\nimportlib.reload(stalemod)\n"
+                           "tr3 = sr.spawn('tr3', stalemod.Tr)\n"
+                           "tr3.b.call_one().get(timeout=30)"))
+    assert r["results"] == ["2"], r
+    _ok(kernel.execute(f"sys.path.remove({str(ws)!r})\n%mesh stop sr"))
+
+
+def test_two_agents_on_one_machine_have_distinct_names_in_reports(kernel):
+    import re
+    import socket
+
+    host = re.escape(socket.gethostname())
+    r = _ok(kernel.execute("%mesh alloc tw --job local --hosts 2 --per-host procs=1 "
+                           "--no-progress", timeout=90))
+    assert not any("local agents" in d for d in r["displays"]), r  # --no-progress: no bar
+    kernel.track_processes()
+    r = _ok(kernel.execute("%mesh logs tw --tail 1"))
+    named = dict(re.findall(rf"== tw rank (\d) \(pid \d+, ({host}:\d+), started", r["stdout"]))
+    assert set(named) == {"0", "1"} and named["0"] != named["1"], r["stdout"]
+    r = kernel.execute("%%mesh tw\nimport os\nif current_rank().rank == 1:\n    os._exit(3)\n")
+    assert f"exited with code 3 (host {named['1']}, pid " in _error_text(r), _error_text(r)
+    _ok(kernel.execute("%mesh stop tw"))
+
+
+def test_errors_raised_at_the_call_site_show_the_users_line_not_runtime_frames(kernel):
+    _ok(kernel.execute("%mesh alloc cs --per-host procs=1 --no-progress"))
+    kernel.track_processes()
+    _ok(kernel.execute("from runtime import Actor, endpoint\n"
+                       "class Fails(Actor):\n    @endpoint\n    def f(self) -> int:\n"
+                       "        raise ValueError('bad input')\n"
+                       "fails = cs.spawn('fails', Fails)\n"))
+    r = kernel.execute("fails.f.call_one().get(timeout=30)")  # an ActorError from .get()
+    text = _error_text(r)
+    assert r["error"]["ename"] == "ActorError" and "bad input" in text, text
+    assert "future.py" not in text, text
+    _ok(kernel.execute("%mesh stop cs"))
+    r = kernel.execute("fails.f.call()")  # a stopped mesh, raised by the call itself
+    text = _error_text(r)
+    assert r["error"]["ename"] == "MeshStoppedError", text
+    assert "fails.f.call()" in text and "adverbs.py" not in text, text
