@@ -97,6 +97,9 @@ class Outbound:
         self.hello: Optional[list] = None  # the preamble while it waits for the connect
         self.sent = 0
         self.give_up_at = time.monotonic() + config.connect_timeout  # while connecting
+        # set before the first connect: one that fails at once (a dead peer's path) reports
+        # on the I/O thread, which may read it before _connect returns
+        self.sock: Optional[socket.socket] = None
         self.sock = self._connect()
         if self.sock is not None:
             self.state, self.opened = "open", True
