@@ -110,3 +110,19 @@ def test_explain_names_each_actor_and_each_cycle_once():
     assert explain([]).startswith("nothing is stuck")
     assert runtime.Diagnosis([a, b]).cycles == [ln for ln in text.splitlines()
                                                 if ln.startswith("cycle:")]
+
+
+def test_a_long_wait_in_the_main_thread_prints_the_diagnosis_once(procs, capsys):
+    """A cell (here: the main thread) waiting on a stuck call past `stuck_after` gets the
+    diagnosis printed under it once, without asking."""
+    a = procs.spawn("stuckmain", Hangs)
+    fut = a.call_self.call_one(a)
+    try:
+        with runtime.configured(stuck_after=0.5), pytest.raises(TimeoutError):
+            fut.get(timeout=5)  # the call cannot answer: the wait ends at its bound
+        err = capsys.readouterr().err
+        assert err.count("has waited") == 1, err
+        assert "stuckmain rank 0: running call_self()" in err and "calls its own actor" in err
+    finally:
+        fut.cancel()
+        a.stop().get(timeout=30)

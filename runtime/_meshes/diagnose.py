@@ -11,11 +11,15 @@ Layer 7 (user API): imports _core and the basics.
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from .._core import get_runtime
+from ..config import config
+from ..future import add_wait_hook
 
 __all__ = ["Diagnosis", "Stuck", "diagnose", "explain"]
 
@@ -146,3 +150,41 @@ def diagnose(mesh: Any = None) -> Diagnosis:
             entries.append(Stuck(name, rec.actor_id, rank, state, endpoint or "",
                                  max(0.0, now - since) if since else 0.0, queued or 0, waits))
     return Diagnosis(entries)
+
+
+class _StuckWatch:
+    """A wait hook (`future.add_wait_hook`: every 0.1 s of a wait): when the main thread
+    (a notebook cell, a script) has waited on one call for `stuck_after` seconds, print
+    the diagnosis once to stderr (under the cell), as soon as it finds something busy
+    (the heartbeats that say so come every `heartbeat_interval`)."""
+
+    def __init__(self) -> None:
+        self.fut: Any = None
+        self.since = 0.0
+        self.told = False
+
+    def __call__(self, fut: Any) -> None:
+        if threading.current_thread() is not threading.main_thread() or not fut.reply_ports:
+            return
+        limit = config.stuck_after
+        if not limit:
+            return
+        now = time.monotonic()
+        if fut is not self.fut:
+            self.fut, self.since, self.told = fut, now, False
+            return
+        if self.told or now - self.since < limit:
+            return
+        try:
+            d = diagnose()
+        except Exception:  # noqa: BLE001 - a diagnosis never breaks the wait
+            self.told = True
+            return
+        if not d.entries and now - self.since < limit + 10:
+            return  # nothing busy yet: the next heartbeats may say
+        self.told = True
+        print(f"[monarch] {fut.label or 'a call'} has waited {now - self.since:.0f} s; "
+              f"why (runtime.diagnose(), %mesh why):\n{d}", file=sys.stderr, flush=True)
+
+
+add_wait_hook(_StuckWatch())

@@ -101,6 +101,9 @@ _SETTINGS: tuple[Setting, ...] = (
     _s("fault_policy", "str", "auto", "What an unhandled failure does at the root: raise, "
        "exit the process, or auto (raise when interactive, else exit).", live=True,
        choices=("auto", "raise", "exit")),
+    _s("stuck_after", "float", 30.0, "A main-thread wait on a call longer than this prints "
+       "runtime.diagnose() once, under the cell (what the actors run, what they wait on, "
+       "the cycles and their fix); 0: never.", live=True, minimum=0, seconds=True),
     _s("admin", "bool", True, "The controller serves its loopback admin endpoint "
        "(monarch-admin, monarch-debug, the dashboard).", live=True),
     _s("gather_replies", "str", "auto", "Host agents gather the replies of their procs to a "
