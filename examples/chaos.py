@@ -50,13 +50,14 @@ class Trainer(Actor):
 def main() -> None:
     with this_host().spawn_procs(per_host={"procs": 1}, name="trainer") as tprocs, \
             this_host().spawn_procs(per_host={"procs": 2}, name="workers") as wprocs:
-        # Worker fails with probability 0.2 every 0.5 s; Trainer's __supervise__ is called
-        # for injected failures only (a real fault would still fail the program)
-        with inject_actor_failures({Worker: ActorFailurePolicy(0.2, 0.5)},
+        # each Worker fails with probability 0.5 every 0.25 s (over the run's few seconds
+        # that is certain to happen: about 1 in 10^7 runs sees none); Trainer's __supervise__
+        # is called for injected failures only (a real fault would still fail the program)
+        with inject_actor_failures({Worker: ActorFailurePolicy(0.5, 0.25)},
                                    supervisors=[Trainer]):
             trainer = tprocs.spawn("trainer", Trainer, wprocs)
         total = 0
-        while total < 200:
+        while total < 300:
             r = trainer.train.call_one(20).get(timeout=60)
             total += r["steps"]
         print(f"trained {total} steps; injected failures handled: {r['injected']}, "

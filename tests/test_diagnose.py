@@ -53,7 +53,7 @@ def test_a_sync_endpoint_calling_its_own_actor_is_named_with_its_fix(procs):
         text = str(d)
         assert "selfcall rank 0: running call_self()" in text, text
         assert "1 message(s) wait behind it" in text, text
-        assert "calls its own actor" in d.cycles[0] and "async" in d.cycles[0], text
+        assert "calls its own actor" in d.cycles[0] and "@concurrent_endpoint" in d.cycles[0]
     finally:
         fut.cancel()
         a.stop().get(timeout=30)

@@ -57,8 +57,9 @@ def _targets(e: Stuck) -> list[tuple[str, int]]:
     return [(w["actor"], r) for r in w.get("ranks") or []]
 
 
-_FIX = ("make it an `async` endpoint (it can take other messages while it awaits) or a "
-        "@concurrent_endpoint, or call an actor that is not waiting on it")
+_FIX = ("make it an async @concurrent_endpoint that awaits the call (the actor takes other "
+        "messages while it awaits; a plain async endpoint does not), or call an actor that is "
+        "not waiting on it")
 
 
 def explain(entries: list[Stuck]) -> str:

@@ -215,3 +215,14 @@ def test_workspace_reload(tmp_path):
     assert "hello #1" in output_of(cells, "class Greeter(Actor):")
     assert "2 live actors now run Greeter" in output_of(cells, "%mesh reload g")
     assert "bonjour #2" in output_of(cells, "g.hello.call().get()")
+
+
+@pytest.mark.timeout(180)
+def test_why_stuck(tmp_path):
+    status, printed, cells = execute("why_stuck.ipynb", tmp_path)
+    assert status == 0, printed
+    why = output_of(cells, "import time\ntime.sleep(1.5)\n%mesh why stuck")
+    assert "greeter rank 0: running hello()" in why and "calls its own actor" in why, why
+    assert "@concurrent_endpoint" in why
+    assert "CancelledError" in output_of(cells, "%mesh cancel stuck")
+    assert "hello world" in output_of(cells, "class Greeter2")
