@@ -7,7 +7,9 @@ bug that fails on 64 ranks prints its traceback once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
+
+from runtime.supervision.fold import compress_ranks  # noqa: F401 - one copy, runtime's
 
 
 @dataclass(frozen=True)
@@ -19,23 +21,6 @@ class RankFailure:
     error_type: str
     message: str
     traceback: str
-
-
-def compress_ranks(ranks: Iterable[int]) -> str:
-    """`[0, 1, 2, 5, 7, 8]` -> `"0-2, 5, 7-8"`."""
-    rs = sorted(set(ranks))
-    if not rs:
-        return ""
-    parts: list[str] = []
-    start = prev = rs[0]
-    for r in rs[1:]:
-        if r == prev + 1:
-            prev = r
-            continue
-        parts.append(f"{start}-{prev}" if prev > start else f"{start}")
-        start = prev = r
-    parts.append(f"{start}-{prev}" if prev > start else f"{start}")
-    return ", ".join(parts)
 
 
 def fold(failures: Sequence[RankFailure]) -> list[tuple[list[RankFailure], str]]:
