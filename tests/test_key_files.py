@@ -182,7 +182,11 @@ def test_the_command_lines_say_what_they_do(tmp_path, own_root):
                              env={**env, "PYTHONPATH": ROOT}, stdout=f,
                              stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        line = wait_until(lambda: out.read_text(), 60, "the agent's first line")
+        def whole_line() -> str:  # the line may reach the file in more than one write
+            text = out.read_text()
+            return text if text.endswith("\n") else ""
+
+        line = wait_until(whole_line, 60, "the agent's first line")
         assert re.fullmatch(
             rf"monarch host agent on \S+ \(pid {p.pid}\) listening on "
             rf"tcp://127\.0\.0\.1:(\d+) with the key {re.escape(str(d / 'cluster.key'))}; "
