@@ -17,3 +17,32 @@ def wait_until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "",
             return got
         assert time.monotonic() < deadline, what or "condition not met in time"
         time.sleep(every)
+
+
+def pipeline_until_death(mesh: Any, size: int, busy: float = 0.0, n: int = 400,
+                         die_at: int = 300) -> tuple[int, list]:
+    """Pipeline `n` calls `step(i, size, die_at)` to one actor whose proc SIGKILLs itself
+    inside call `die_at` (its answers to the calls before were sent); with `busy`, the
+    controller's I/O thread then sleeps that long. Returns (answers that counted, the
+    SupervisionError texts of the rest); a call made once the death is known fails at the
+    call site and counts among the errors."""
+    import runtime
+
+    futs: list = []
+    for i in range(n):
+        try:
+            futs.append(mesh.step.call_one(i, size, die_at))
+        except runtime.SupervisionError as e:
+            futs.append(e)
+    if busy:
+        runtime.get_runtime().loop.call_soon(time.sleep, busy)
+    answered, errors = 0, []
+    for f in futs:
+        try:
+            if isinstance(f, BaseException):
+                raise f
+            assert len(f.get(timeout=60)) == size
+            answered += 1
+        except runtime.SupervisionError as e:
+            errors.append(str(e))
+    return answered, errors

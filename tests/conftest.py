@@ -74,6 +74,17 @@ _detections: list[tuple[str, float]] = []
 
 
 @pytest.fixture
+def failures(monkeypatch):
+    """The failures that reach `runtime.unhandled_fault_hook` during the test, recorded
+    instead of the root's policy (the test provokes them on purpose)."""
+    import runtime
+
+    seen: list = []
+    monkeypatch.setattr(runtime, "unhandled_fault_hook", seen.append)
+    return seen
+
+
+@pytest.fixture
 def record_detection():
     """Record how long a fault took to be detected; printed at the end of the run."""
     def rec(name: str, seconds: float) -> None:

@@ -24,6 +24,7 @@ import runtime
 from runtime import Actor, SupervisionError, current_rank, endpoint, this_host
 from runtime.config import configured
 from runtime.job import LocalJob
+from _util import pipeline_until_death
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -52,14 +53,6 @@ def two_hosts():
         job.kill()
 
 
-@pytest.fixture
-def quiet_failures(monkeypatch):
-    """Failures the test provokes are not the root's unhandled failures."""
-    seen: list = []
-    monkeypatch.setattr(runtime, "unhandled_fault_hook", seen.append)
-    return seen
-
-
 class DiesAt(Actor):
     @endpoint
     def step(self, i: int, size: int, die_at: int) -> bytes:
@@ -67,19 +60,9 @@ class DiesAt(Actor):
             os.kill(os.getpid(), signal.SIGKILL)
         return bytes(size)
 
-def _call(mesh, i: int, size: int):
-    """Call i of the pipeline: its future, or the error raised at the call site (a call
-    made once the proc's death is known fails there)."""
-    try:
-        return mesh.step.call_one(i, size, 300)
-    except SupervisionError as e:
-        return e
-
-
-
 @pytest.mark.parametrize("size", [1 << 10, 1 << 20], ids=["1KiB", "1MiB"])
 @pytest.mark.parametrize("busy", [0.0, 0.5], ids=["idle", "busy"])
-def test_every_answer_a_remote_proc_sent_counts_when_it_dies(hosts, quiet_failures, size, busy):
+def test_every_answer_a_remote_proc_sent_counts_when_it_dies(hosts, failures, size, busy):
     """300 answers sent, then SIGKILL inside call 300 of 400: all 300 count, whatever the
     controller's I/O thread was doing (the agent relays the proc's answers and its death on
     one connection, in that order); the other 100 fail naming the signal."""
@@ -87,18 +70,7 @@ def test_every_answer_a_remote_proc_sent_counts_when_it_dies(hosts, quiet_failur
     try:
         m = pm.spawn("dies", DiesAt)
         m.step.call_one(-1, 1, 300).get(timeout=60)
-        futs = [_call(m, i, size) for i in range(400)]
-        if busy:  # the controller's I/O thread reads nothing for a while
-            runtime.get_runtime().loop.call_soon(time.sleep, busy)
-        answered, errors = 0, []
-        for f in futs:
-            try:
-                if isinstance(f, BaseException):
-                    raise f
-                assert len(f.get(timeout=60)) == size
-                answered += 1
-            except SupervisionError as e:
-                errors.append(str(e))
+        answered, errors = pipeline_until_death(m, size, busy)
         assert answered == 300, f"{answered} of the 300 answers sent counted"
         assert len(errors) == 100 and all("SIGKILL" in e for e in errors), errors[:2]
     finally:
@@ -127,7 +99,7 @@ class Work(Actor):
         raise RuntimeError("failed after answering")
 
 
-def test_gathered_answers_arrive_before_the_failure_that_followed_them(hosts, quiet_failures):
+def test_gathered_answers_arrive_before_the_failure_that_followed_them(hosts, failures):
     """Rank 0 answers a gathered call (its agent holds the answer until rank 1 answers a
     second later), then fails: the failure report, relayed by the same agent, goes after the
     held answer, so the call returns both answers instead of failing."""
@@ -161,7 +133,7 @@ class Holder(Actor):
         return True  # handled here: the holder lives on
 
 
-def test_a_grandchild_procs_death_fails_the_controllers_call_in_its_words(quiet_failures):
+def test_a_grandchild_procs_death_fails_the_controllers_call_in_its_words(failures):
     """The controller calls an actor on a proc that one of its actors owns; the proc is
     SIGKILLed: the call fails well within the 5 s liveness ping (bound: 4 s), naming SIGKILL,
     and a new call fails at once the same way."""
@@ -216,7 +188,7 @@ def test_a_remote_proc_listens_on_no_tcp_port_and_is_reached_through_its_agent(h
         pm.stop().get(timeout=30)
 
 
-def test_chaos_across_hosts_loses_no_answer_and_hangs_no_call(two_hosts, quiet_failures,
+def test_chaos_across_hosts_loses_no_answer_and_hangs_no_call(two_hosts, failures,
                                                               tmp_path):
     """Two threads pipeline calls to random actors on 2 hosts x 2 procs while a random proc
     is SIGKILLed every second for 8 s (tests/_chaos.py): no answer wrong, no call hung,

@@ -16,13 +16,6 @@ pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture
-def failures(monkeypatch):
-    seen: list = []
-    monkeypatch.setattr(runtime, "unhandled_fault_hook", seen.append)
-    return seen
-
-
-@pytest.fixture
 def procs(failures):
     owners = this_host().spawn_procs(per_host={"procs": 1}, name="fi_owners")
     kids = this_host().spawn_procs(per_host={"procs": 2}, name="fi_kids")

@@ -26,13 +26,6 @@ pytestmark = pytest.mark.timeout(90)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture
-def failures(monkeypatch):
-    seen: list = []
-    monkeypatch.setattr(runtime, "unhandled_fault_hook", seen.append)
-    return seen
-
-
 def _wait_for(cond, timeout: float = 20.0) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -18,13 +18,6 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-def failures(monkeypatch):
-    seen: list = []
-    monkeypatch.setattr(runtime, "unhandled_fault_hook", seen.append)
-    return seen
-
-
-@pytest.fixture
 def two_meshes(failures):
     owners = this_host().spawn_procs(per_host={"procs": 1}, name="sup_owners")
     kids = this_host().spawn_procs(per_host={"gpus": 4}, name="sup_kids")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import subprocess
@@ -93,3 +94,21 @@ def ipython_shell():
         return get_ipython()
     shell.tempfiles.append(Path(shell.history_manager.hist_file))
     return shell
+
+
+@contextlib.contextmanager
+def ipython_with_extension():
+    """The IPython test shell with `%load_ext monarch_kernel` for a test module; afterwards
+    every mesh is stopped, the extension unloaded and the runtime shut down."""
+    import runtime
+
+    shell = ipython_shell()
+    shell.run_line_magic("load_ext", "monarch_kernel")
+    try:
+        yield shell
+    finally:
+        try:
+            shell.run_line_magic("mesh", "stop --all")
+        finally:
+            shell.run_line_magic("unload_ext", "monarch_kernel")
+            runtime.shutdown()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 from IPython.core.error import UsageError
-from _kernel_helpers import ipython_shell
+from _kernel_helpers import ipython_with_extension
 from IPython.utils.capture import capture_output
 
 import runtime
@@ -20,16 +20,8 @@ pytestmark = pytest.mark.timeout(90)
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = ipython_shell()
-    shell.run_line_magic("load_ext", "monarch_kernel")
-    try:
+    with ipython_with_extension() as shell:
         yield shell
-    finally:
-        try:
-            shell.run_line_magic("mesh", "stop --all")
-        finally:
-            shell.run_line_magic("unload_ext", "monarch_kernel")
-            runtime.shutdown()
 
 
 def test_chaos_kills_under_calls_and_every_kill_is_reported(ip, monkeypatch):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from IPython.core.error import UsageError
-from _kernel_helpers import ipython_shell
+from _kernel_helpers import ipython_with_extension
 from IPython.utils.capture import capture_output
 
 import runtime
@@ -18,17 +18,9 @@ pytestmark = pytest.mark.timeout(90)
 
 @pytest.fixture(scope="module")
 def ip():
-    shell = ipython_shell()
-    shell.run_line_magic("load_ext", "monarch_kernel")
-    shell.run_line_magic("load_ext", "monarch_kernel")  # loading twice is harmless
-    try:
+    with ipython_with_extension() as shell:
+        shell.run_line_magic("load_ext", "monarch_kernel")  # loading twice is harmless
         yield shell
-    finally:
-        try:
-            shell.run_line_magic("mesh", "stop --all")
-        finally:
-            shell.run_line_magic("unload_ext", "monarch_kernel")
-            runtime.shutdown()
 
 
 def test_help_is_printed_not_raised(ip):

@@ -4,11 +4,10 @@ jupyter_client: what they meet with `%mesh sync`, a dead rank, `%mesh logs` and
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
-from test_kernel_client import Kernel
+from test_kernel_client import kernel_session
 from tests._util import wait_until
 
 pytestmark = pytest.mark.timeout(200)
@@ -16,15 +15,8 @@ pytestmark = pytest.mark.timeout(200)
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = Kernel()
-    rundirs: list = []
-    try:
+    with kernel_session() as k:
         yield k
-        rundirs.append(k.value("import runtime; runtime.get_runtime().rundir"))
-    finally:
-        k.close()
-        for d in rundirs:  # the kernel is killed, so its runtime cannot remove it
-            shutil.rmtree(d, ignore_errors=True)
 
 
 def _ok(r: dict) -> dict:
@@ -190,19 +182,20 @@ def _ranks_in(text: str) -> set[int]:
 
 def _stderr_until(kernel, cond, timeout: float, what: str) -> str:
     """The stderr of every cell (any parent) from now on, read until `cond(text)`."""
-    import time
+    text: list = []
 
-    text = ""
-    deadline = time.monotonic() + timeout
-    while not cond(text):
-        assert time.monotonic() < deadline, f"{what}; stderr so far:\n{text}"
+    def read() -> bool:
         try:
             msg = kernel.kc.get_iopub_msg(timeout=0.5)
         except Exception:  # queue.Empty: nothing yet
-            continue
+            return cond("".join(text))
         if msg["msg_type"] == "stream" and msg["content"]["name"] == "stderr":
-            text += msg["content"]["text"]
-    return text
+            text.append(msg["content"]["text"])
+        return cond("".join(text))
+
+    if not cond(""):
+        wait_until(read, timeout, f"{what} (the stderr read is in the kernel's IOPub)", every=0)
+    return "".join(text)
 
 
 def test_failures_on_n_ranks_are_reported_once(kernel):

@@ -3,8 +3,10 @@ output, await, one-line errors, interrupt of remote work, and restart with no or
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 from jupyter_client.manager import start_new_kernel
@@ -75,6 +77,21 @@ class Kernel:
             self.km.shutdown_kernel(now=True)
         finally:
             kill_all(self.pids)
+
+
+@contextlib.contextmanager
+def kernel_session() -> Iterator["Kernel"]:
+    """A Monarch kernel for a test module; its runtime's directory is removed afterwards
+    (the kernel is killed, so its runtime cannot remove it)."""
+    k = Kernel()
+    rundirs: list = []
+    try:
+        yield k
+        rundirs.append(k.value("import runtime; runtime.get_runtime().rundir"))
+    finally:
+        k.close()
+        for d in rundirs:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -1,26 +1,18 @@
 """logging_option in a notebook cell: aggregated lines land in the cell that caused them."""
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
-from test_kernel_client import Kernel
+from test_kernel_client import kernel_session
 
 pytestmark = pytest.mark.timeout(150)
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = Kernel()
-    rundirs: list = []
-    try:
+    with kernel_session() as k:
         yield k
-        rundirs.append(k.value("import runtime; runtime.get_runtime().rundir"))
-    finally:
-        k.close()
-        for d in rundirs:  # the kernel is killed, so its runtime cannot remove it
-            shutil.rmtree(d, ignore_errors=True)
 
 
 def test_aggregated_lines_print_in_the_cell(kernel):

@@ -18,17 +18,9 @@ from runtime.config import config
 from .actors import Where
 from .agents import HB_TIMEOUT, REPO
 from .mhcluster import pid_alive
+from _util import pipeline_until_death
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _call(mesh, i: int, size: int):
-    """Call i of the pipeline: its future, or the error raised at the call site (a call
-    made once the proc's death is known fails there)."""
-    try:
-        return mesh.step.call_one(i, size, 300)
-    except runtime.SupervisionError as e:
-        return e
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -130,17 +122,7 @@ def test_every_answer_a_remote_proc_sent_counts_when_it_dies(cluster, mesh3, siz
     hosts, procs, where = mesh3
     dies = procs.slice(hosts=2, procs=0).spawn(f"dies{size}", DiesAt)
     dies.step.call_one(-1, 1, 300).get(timeout=30)
-    futs = [_call(dies, i, size) for i in range(400)]
-    runtime.get_runtime().loop.call_soon(time.sleep, 0.5)
-    answered, errors = 0, []
-    for f in futs:
-        try:
-            if isinstance(f, BaseException):
-                raise f
-            assert len(f.get(timeout=60)) == size
-            answered += 1
-        except runtime.SupervisionError as e:
-            errors.append(str(e))
+    answered, errors = pipeline_until_death(dies, size, busy=0.5)
     assert answered == 300, f"{answered} of the 300 answers sent counted"
     assert len(errors) == 100 and all("SIGKILL" in e for e in errors), errors[:2]
 
