@@ -17,6 +17,7 @@ from ..config import config
 from ..errors import MeshStoppedError, SupervisionError, actor_failed_message
 from ..supervision import MeshFailure
 from ..supervision.health import ActorState
+from ..transport import casttree
 from ..transport.framing import Header, Kind
 from ..transport.serialization import loads
 from .records import ActorMeshRecord
@@ -137,6 +138,53 @@ class Failures:
         if rt.owner_address:
             rt.send(rt.owner_address, Header(Kind.PROC_DEAD, extra={
                 "procs": [proc_id], "why": why, "up": True}))
+
+    def relay_died(self, address: str, label: str) -> None:
+        """The host agent at `address` died (`label`: where, and why): casts go around it
+        from now on, and the calls in flight down a cast tree through it fail the ranks of
+        its subtree (runtime/transport/casttree.py): at once, or once the nearest live
+        relay above it, told here, says they are gone (I/O thread)."""
+        rt = self.rt
+        rt.messenger.agent_down(address)
+        dead = rt.messenger.dead_agents
+        tell: dict[str, set] = {}
+        for _port, w in rt.ports.waiters():
+            relay_died = getattr(w, "relay_died", None)
+            if relay_died is None:
+                continue
+            got = relay_died(address, dead, label)
+            if got is not None:
+                tell.setdefault(got[0], set()).update(got[1])
+        for up, procs in tell.items():  # the dead relay's live ancestor stops waiting for it
+            rt.send(up, Header(Kind.RELAY_LOST, extra={"relays": [address],
+                                                       "procs": sorted(procs)}))
+        self._release_behind(address, label)
+
+    def _release_behind(self, address: str, label: str) -> None:
+        """Messages without an answer (broadcast, send) to ranks below a dead relay may be
+        lost with it: they leave the call window (nothing will confirm them), said once
+        per mesh in the log."""
+        rt = self.rt
+        fanout = config.cast_fanout
+        for m in list(rt.state.actor_meshes.values()):
+            base = m.agents() if m.routes else ()
+            if len(base) <= fanout or not m.unconfirmed or address not in base:
+                continue
+            want: dict = {}
+            for r, route in enumerate(m.routes):
+                if route:
+                    want.setdefault(route[0], []).append(r)
+            tree = casttree.build(base, want, fanout,
+                                  rt.messenger.dead_agents - {address})
+            behind = [r for r in tree.below.get(address, ()) if m.unconfirmed.get(r)]
+            for r in behind:
+                m.confirmed(r, len(m.unconfirmed[r]))
+            if behind:
+                from ..supervision.fold import ranks_phrase
+
+                log.warning("actor mesh %r: messages without an answer to %s went through "
+                            "host %s, which died: they may not have arrived", m.name,
+                            ranks_phrase(behind), label)
 
     def mark_dead(self, proc_id: str, failure: Optional[MeshFailure]) -> None:
         rt = self.rt

@@ -182,6 +182,7 @@ class Liveness:
                 agent.lost = agent.remote and agent.popen is None and agent.hello
                 for p in list(agent.procs):
                     rt.failures.proc_failed(p, cause)
+                rt.failures.relay_died(agent.address, f"{agent.label} ({cause})")
                 # requests to the agent itself (workspace sync) fail with it
                 rt.ports.fail_waiting(agent.agent_id, SupervisionError(cause))
                 if agent.popen is not None:  # a local agent that exited: gone for good

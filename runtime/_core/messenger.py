@@ -8,10 +8,10 @@ call fails.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ..config import config
-from ..transport import auth, framing
+from ..transport import auth, casttree, framing
 from ..transport.framing import Header, Kind
 from ..transport.loop import IOLoop
 
@@ -30,6 +30,9 @@ class Messenger:
         self.tcp_address = ""
         self._tcp_by_key: dict[bytes, str] = {}
         self.far_agents: set[str] = set()  # addresses of host agents on other hosts
+        self.dead_agents: set[str] = set()  # host agents known dead: casts go around them
+        self._trees: dict = {}  # (targets, base, fanout) -> the cast tree (agent_down clears)
+        self.cast_messages = 0  # messages `cast` has put on the wire (counted per cast)
         if keys is not None:
             self.use_keys(keys)
 
@@ -146,22 +149,62 @@ class Messenger:
                        header.port if header.reply else 0)
 
     def send_to_proc(self, address: str, route: Optional[tuple], header: Header,
-                     body: bytes = b"", buffers: tuple = ()) -> None:
-        """Send to one proc: directly when its address is known, else through its agent."""
+                     body: bytes = b"", buffers: tuple = (),
+                     base: Optional[Sequence[str]] = None) -> None:
+        """Send to one proc: directly when its address is known, else through its agent
+        (down the cast tree of `base`, its mesh's agents, when that has one)."""
         if address:
             self.send(address, header, body, buffers)
         elif route:
-            self.cast([(address, route)], header, body, buffers)
+            self.cast([(address, route)], header, body, buffers, base=base)
 
     def _gathers(self, agent_addr: str) -> bool:
         mode = config.gather_replies
         return mode == "on" or (mode == "auto" and agent_addr in self.far_agents)
 
+    # -- agents known dead (the cast tree goes around them) --------------------------------------
+    def agent_down(self, address: str) -> None:
+        """The host agent at `address` is dead: casts go around it from now on (for good:
+        a host that comes back within its lease relays nothing more, so no path changes
+        twice)."""
+        if address not in self.dead_agents:
+            self.dead_agents.add(address)
+            self._trees.clear()
+
+    def tree_for(self, targets: list, base: Optional[Sequence[str]]) -> Optional[casttree.Tree]:
+        """The cast tree a cast to `targets` ((address, route) per proc) goes down, laid over
+        `base` (the agents of their mesh, in rank order), or None when it goes straight
+        to each agent (`base` has at most `cast_fanout` agents). Kept for the same targets
+        list object: a whole mesh's casts build it once."""
+        fanout = config.cast_fanout
+        if base is None or len(base) <= fanout:
+            return None
+        key = (id(targets), id(base), fanout)
+        got = self._trees.get(key)
+        if got is not None and got[0] is targets and got[1] is base:
+            return got[2]
+        by_agent: dict[str, list] = {}
+        for address, route in targets:
+            if not address and route:
+                by_agent.setdefault(route[0], []).append(route[1])
+        tree = casttree.build(base, by_agent, fanout, self.dead_agents)
+        if len(self._trees) >= 64:
+            self._trees.pop(next(iter(self._trees)))
+        self._trees[key] = (targets, base, tree)
+        return tree
+
     def cast(self, targets: list, header: Header, body: bytes = b"",
-             buffers: tuple = (), gather: bool = False) -> None:
+             buffers: tuple = (), gather: bool = False,
+             base: Optional[Sequence[str]] = None,
+             tree: Optional[casttree.Tree] = None) -> Optional[casttree.Tree]:
         """Send one message to many procs: directly to those with an address, and one
         FANOUT per host agent for the rest (the agent delivers to its local procs). With
-        `gather`, each agent sends the replies of its procs back as one REPLY_BATCH."""
+        `gather`, each agent sends the replies of its procs back as one REPLY_BATCH.
+
+        `base`: the agents of the targets' mesh in rank order. When it has more than
+        `cast_fanout`, the FANOUTs go down the cast tree laid over it (runtime/transport/
+        casttree.py) and the tree is returned (None otherwise): the caller keeps it to know
+        which replies come through which relay (`tree`: that tree, from `tree_for`)."""
         if not header.src:
             header.src = self.proc_id
         by_agent: dict[str, list] = {}
@@ -175,14 +218,33 @@ class Messenger:
                 if tok != frames_tok:
                     frames, frames_tok = framing.build(tok, header, body, buffers), tok
                 send(address, frames, port)
+                self.cast_messages += 1
             elif route:
                 by_agent.setdefault(route[0], []).append(route[1])
-        if by_agent:
-            inner = framing.encode_header(header)
-            for agent_addr, procs in by_agent.items():
+        if not by_agent:
+            return None
+        inner = framing.encode_header(header)
+        if tree is None:
+            tree = self.tree_for(targets, base)
+        if tree is not None:
+            gathered = gather and config.gather_replies != "off"
+            for agent_addr, procs, sub in tree.roots:
                 extra: dict[str, Any] = {"header": inner, "procs": procs}
-                if gather and len(procs) > 1 and self._gathers(agent_addr):
+                if sub:
+                    extra["sub"] = sub
+                if gathered:
                     extra["gather"] = True
                 h = Header(Kind.FANOUT, src=self.proc_id, extra=extra)
                 send(agent_addr, framing.build(self.token_for(agent_addr), h, body, buffers),
                      port)
+            self.cast_messages += len(tree.roots)
+            return tree
+        for agent_addr, procs in by_agent.items():
+            extra = {"header": inner, "procs": procs}
+            if gather and len(procs) > 1 and self._gathers(agent_addr):
+                extra["gather"] = True
+            h = Header(Kind.FANOUT, src=self.proc_id, extra=extra)
+            send(agent_addr, framing.build(self.token_for(agent_addr), h, body, buffers),
+                 port)
+        self.cast_messages += len(by_agent)
+        return None

@@ -108,6 +108,11 @@ class Ports:
                 entry.on_reply(rh, rbody, rbufs)
             elif bulk.is_bulk(rbody):
                 bulk.discard(rbody)
+        gone = framing.extra_get(h, "gone")
+        if gone and entry is not None and isinstance(gone, list):
+            on_gone = getattr(entry, "on_gone", None)  # a call sent down a cast tree
+            if on_gone is not None:
+                on_gone(gone)
 
     def fail(self, pid: int, exc: BaseException, proc: Optional[str] = None,
              actor: Optional[str] = None) -> None:

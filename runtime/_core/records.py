@@ -130,6 +130,8 @@ class ActorMeshRecord:
     #: per rank, from its last heartbeat: (state, endpoint, since, messages waiting in its
     #: mailbox, what its handler waits on or None) for `runtime.diagnose`
     diag: dict = field(default_factory=dict)
+    #: (len(routes), agents in rank order): `agents()`, kept
+    agent_order: Optional[tuple] = None
 
     def __post_init__(self) -> None:
         if len(self.inflight_bytes) != len(self.inflight):
@@ -172,6 +174,15 @@ class ActorMeshRecord:
 
     def target(self, rank: int) -> tuple:
         return (self.addresses[rank], self.routes[rank] if self.routes else None)
+
+    def agents(self) -> tuple:
+        """The host agents of this mesh's procs in rank order, each once: the base its cast
+        tree is laid over (runtime/transport/casttree.py; one object while routes stay)."""
+        got = self.agent_order
+        if got is None or got[0] != len(self.routes):
+            got = self.agent_order = (len(self.routes), tuple(dict.fromkeys(
+                r[0] for r in self.routes if r)))
+        return got[1]
 
     def rank_of(self, proc_id: str) -> int:
         """The rank of `proc_id` in this mesh, or -1."""

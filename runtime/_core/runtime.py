@@ -111,8 +111,8 @@ class Runtime:
         self.messenger.send(addr, header, body, buffers)
 
     def send_to_proc(self, address: str, route: Optional[tuple], header: Header,
-                     body: bytes = b"", buffers: tuple = ()) -> None:
-        self.messenger.send_to_proc(address, route, header, body, buffers)
+                     body: bytes = b"", buffers: tuple = (), base: Any = None) -> None:
+        self.messenger.send_to_proc(address, route, header, body, buffers, base)
 
     def reply_address_for(self, target_addr: str) -> str:
         return self.messenger.reply_address_for(target_addr)

@@ -177,7 +177,8 @@ class ActorMesh(MeshTrait):
             addr, route = rec.target(r)
             reply = rt.reply_address_for(addr or (route or ("",))[0])
             rt.send_to_proc(addr, route, Header(Kind.STOP_ACTOR, actor=rec.actor_id, rank=r,
-                                                reply=reply, port=port))
+                                                reply=reply, port=port),
+                            base=rec.agents() if rec.routes else None)  # after its casts
         return fut
 
     def _stop_now(self, timeout: float = 5.0) -> None:

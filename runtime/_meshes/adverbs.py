@@ -232,7 +232,8 @@ class EndpointRef:
         if port is not None:
             h.reply, h.port = port.address, port.port_id
         try:
-            rt.messenger.cast(targets, h, body, tuple(bufs))
+            rt.messenger.cast(targets, h, body, tuple(bufs),
+                              base=rec.agents() if rec.routes else None)
         except BaseException:  # not sent: nothing of it stays in the window
             for r in ranks:
                 rec.unconfirmed[r].pop()

@@ -127,7 +127,8 @@ class ReplyCollector:
 
     __slots__ = ("rt", "rec", "method", "label", "extra", "targets", "shape", "ranks",
                  "values", "index", "remaining", "mode", "futs", "fut", "next_stream", "body",
-                 "bufs", "port", "error", "done", "lock", "procs", "size")
+                 "bufs", "port", "error", "done", "lock", "procs", "size", "tree",
+                 "tree_gathered", "deferred", "gone")
 
     def __init__(self, rt: Any, rec: Any, method: str, label: str, extra: Optional[dict],
                  where: tuple[list, frozenset], shape: Optional[Shape], ranks: list[int],
@@ -162,6 +163,15 @@ class ReplyCollector:
         self.error: Optional[BaseException] = None
         self.done = False
         self.lock = threading.Lock()
+        # sent down a cast tree (runtime/transport/casttree.py): which relay each answer
+        # comes through; gathered, every rank is settled by the tree (an answer, an error
+        # reply, or "gone" once its proc exited or a relay on its way died), so a death
+        # reported on another path waits in `deferred` until the tree says the proc is
+        # gone (`gone`: said before the death was reported here)
+        self.tree: Any = None
+        self.tree_gathered = False
+        self.deferred: Optional[dict] = None
+        self.gone: Optional[set] = None
 
     def start(self) -> None:
         rt = self.rt
@@ -186,9 +196,15 @@ class ReplyCollector:
                    port=port, extra=self.extra)
         body, bufs = self.body, self.bufs
         self.body = self.bufs = None
+        gather = self.mode == "call" and self._gatherable()
+        base = rec.agents() if rec.routes else None
+        tree = self.tree = rt.messenger.tree_for(targets, base)
+        if tree is not None and gather and config.gather_replies != "off":
+            self.tree_gathered = True
+            self.deferred, self.gone = {}, set()
         try:
-            rt.messenger.cast(targets, h, body, tuple(bufs),
-                              gather=self.mode == "call" and self._gatherable())
+            rt.messenger.cast(targets, h, body, tuple(bufs), gather=gather, base=base,
+                              tree=tree)
         except BaseException:  # not sent: raised at the call site, and nothing kept for it
             for r in ranks:
                 self._finish_rank(r)
@@ -315,9 +331,70 @@ class ReplyCollector:
         with self.lock:
             self._on_fail(exc, proc, actor)
 
-    def _on_fail(self, exc: BaseException, proc: Optional[str], actor: Optional[str]) -> None:
+    def on_gone(self, procs: list) -> None:
+        """A cast tree says these procs will not answer this call (they exited, or a relay
+        on their way died): the deaths told here fail their ranks now (I/O thread)."""
+        with self.lock:
+            if self.done or not self.tree_gathered:
+                return
+            for p in procs:
+                exc = self.deferred.pop(p, None)
+                if exc is None:
+                    self.gone.add(p)
+                else:
+                    self._on_fail(exc, p, None, settled=True)
+
+    def relay_died(self, agent: str, dead: Any, cause: str) -> Optional[tuple]:
+        """Host agent `agent` (dead: every agent known dead) died while this call was in
+        flight (I/O thread). Gathered: the ranks of its subtree are failed once the nearest
+        live relay above it has said they are gone, or now if there is none; returned:
+        (that relay, its subtree's procs) to tell. Not gathered: the ranks below it are
+        failed now, since the call may not have reached them."""
+        tree = self.tree
+        if tree is None or agent not in tree.parent:
+            return None
+        with self.lock:
+            if self.done:
+                return None
+            rec = self.rec
+            procs = tree.subtree(agent) if self.tree_gathered else set(tree.below.get(agent, ()))
+            ranks = [r for r in self.remaining if rec.proc_ids[r] in procs]
+            if not ranks:
+                return None
+            from ..supervision.fold import ranks_phrase
+
+            how = ("before their answers came back through it" if self.tree_gathered else
+                   "before it was known whether the call reached them")
+            exc = SupervisionError(
+                f"{self.label}: {ranks_phrase(ranks)} of actor mesh {rec.name!r} were "
+                f"reached through host {cause}, which died {how}; they may have run it")
+            if not self.tree_gathered:
+                for r in ranks:
+                    self._on_fail(exc, rec.proc_ids[r], None)
+                return None
+            up = tree.nearest_live_ancestor(agent, dead)
+            for r in ranks:
+                p = rec.proc_ids[r]
+                if not up or p in self.gone:
+                    self.gone.discard(p)
+                    self.deferred.pop(p, None)
+                    self._on_fail(exc, p, None, settled=True)
+                else:  # this names the whole subtree (and the host's death)
+                    self.deferred[p] = exc
+            return (up, procs) if up else None
+
+    def _on_fail(self, exc: BaseException, proc: Optional[str], actor: Optional[str],
+                 settled: bool = False) -> None:
         if self.done or (actor is not None and actor != self.rec.actor_id):
             return
+        if self.tree_gathered and proc is not None and not settled:
+            if not self._proc_dead(proc):
+                return  # an actor failed, its proc lives: its error replies come up the tree
+            if proc in self.gone:
+                self.gone.discard(proc)
+            else:  # its answers may still be on their way up the tree: wait for "gone"
+                self.deferred.setdefault(proc, exc)
+                return
         proc_ids = self.rec.proc_ids
         failed_ranks = [r for r in self.remaining if proc is None or proc_ids[r] == proc]
         if not failed_ranks:
@@ -344,6 +421,13 @@ class ReplyCollector:
         self._close()
         self.rt.ports.settle()
         self.fut.set_exception(self.error or exc)
+
+    def _proc_dead(self, proc: str) -> bool:
+        state = self.rt.state
+        if proc in state.dead_procs:
+            return True
+        rec = state.proc(proc)
+        return rec is not None and rec.state in ("failed", "stopped")
 
     def _wait_for_others(self, exc: BaseException) -> None:
         """A rank's actor failed: give the other ranks a moment (their actors often fail

@@ -110,6 +110,10 @@ _SETTINGS: tuple[Setting, ...] = (
        "call() into one message to the caller: less CPU for a controller that calls many "
        "actors, one more local hop per reply. auto: for agents on other hosts.", live=True,
        choices=("auto", "on", "off")),
+    _s("cast_fanout", "int", 16, "A cast to procs on more host agents than this goes down a "
+       "tree of agents, each relaying to at most this many, and call()'s replies are "
+       "gathered up the same tree: the caller sends and receives at most this many messages "
+       "per cast (docs/transport.md, \"The cast tree\").", live=True, minimum=2),
     _s("hugepages", "bool", True, "Procs ask glibc for transparent huge pages "
        "(GLIBC_TUNABLES; an existing setting is kept).", live=True),
     _s("keep_message_memory", "bool", True, "Procs keep the memory of large messages for "

@@ -21,6 +21,7 @@ from typing import Any, Optional
 from .._base import process as _process
 from ..transport import framing
 from ..transport.framing import Header, Kind
+from .casts import CastRelay
 from .gather import ReplyGather
 from .logfiles import AgentLogs, capture_wanted
 from .output import ProcPipes
@@ -115,14 +116,17 @@ class Agent:
                            "gateway": self.gateway.address if self.gateway else ""}, f)
             os.replace(tmp, args.address_file)
         self.gather = ReplyGather(self.address, self.loop.send, self.token)
+        self.casts = CastRelay(self.loop, self.token, self.agent_id, self.rundir, self.gather,
+                               self.tcp_address)
         self.workspace = WorkspaceStore(self.rundir, self.agent_id, self.send)
         self._handlers = {
             Kind.HEARTBEAT: self._on_heartbeat, Kind.SPAWN_PROCS: self._spawn,
             Kind.KILL_PROCS: self._on_kill, Kind.AGENT_ATTACH: self._attach,
-            Kind.AGENT_STOP: self._on_stop, Kind.FANOUT: self._on_fanout,
+            Kind.AGENT_STOP: self._on_stop, Kind.FANOUT: self.casts.on_fanout,
             Kind.REPLY: self.gather.on_reply, Kind.WORKSPACE: self.workspace.on_message,
             Kind.AGENT_QUERY: self._on_query, Kind.RELAY: self._on_relay,
-            Kind.DELIVER: self._on_deliver,
+            Kind.DELIVER: self._on_deliver, Kind.REPLY_BATCH: self.gather.on_batch,
+            Kind.RELAY_LOST: self.casts.on_relay_lost,
         }
 
     def run(self) -> None:
@@ -189,18 +193,6 @@ class Agent:
         else:
             self.shutdown("asked to stop")
 
-    def _on_fanout(self, h: Header, body: Any, buffers: list) -> None:
-        """Deliver the enclosed message to several local procs."""
-        e = h.extra or {}
-        raw = e["header"]
-        inner = framing.decode_header(raw if isinstance(raw, bytes) else bytes(raw))
-        procs = e.get("procs", [])
-        if e.get("gather") and inner.port and inner.reply:
-            inner = self.gather.start(inner, procs)
-        frames = framing.build(self.token, inner, body, buffers)
-        for proc_id in procs:
-            self.loop.send(f"ipc://{self.rundir}/{proc_id}", frames)
-
     def _on_relay(self, h: Header, body: Any, buffers: list) -> None:
         """A local proc's message to a peer on another host (`peers.relay_peer`): sent on,
         after any gathered replies of that proc this agent still holds (they were sent
@@ -210,7 +202,8 @@ class Agent:
             log.warning("agent: a relay from %s to %r dropped: not a message for another "
                         "host", h.src, to)
             return
-        self.gather.flush_from(h.src)
+        if framing.peek_kind(buffers[0], len(self.token)) != Kind.HEARTBEAT:
+            self.gather.flush_from(h.src)  # (a heartbeat needs no order: batches stay)
         self.loop.send(to, buffers)
 
     def _on_deliver(self, h: Header, body: Any, buffers: list) -> None:

@@ -14,17 +14,34 @@ agent's I/O thread.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable
+import logging
+from typing import Any, Callable, Iterable
 
 from ..config import config
-from ..transport import framing
+from ..transport import casttree, framing
 from ..transport.framing import Header
+
+log = logging.getLogger("runtime.host")
+
+
+#: dead relays and reaped procs an agent remembers (a cast that raced with the news skips
+#: them rather than wait for them)
+LOST_KEPT = 4096
+
+
+def _remember(seen: dict, items: Iterable[str]) -> None:
+    """Add `items` to the bounded, oldest-first record `seen`."""
+    for x in items:
+        seen[x] = None
+    while len(seen) > LOST_KEPT:
+        del seen[next(iter(seen))]
 
 
 class _Batch:
-    __slots__ = ("reply", "port", "waiting", "items", "bodies", "buffers", "size", "failed")
+    __slots__ = ("reply", "port", "waiting", "items", "bodies", "buffers", "size", "failed",
+                 "gone", "up_g")
 
-    def __init__(self, reply: str, port: int, procs: list[str]) -> None:
+    def __init__(self, reply: str, port: int, procs: Iterable[str], up_g: Any) -> None:
         self.reply = reply
         self.port = port
         self.waiting = set(procs)
@@ -33,6 +50,10 @@ class _Batch:
         self.buffers: list = []
         self.size = 0  # bytes of the bodies and buffers held
         self.failed = False  # an error went out: the rest is sent as it comes
+        #: procs that will not answer through this agent (exited, behind a dead relay),
+        #: told to the caller with the next batch so it stops waiting for them here
+        self.gone: list = []
+        self.up_g = up_g  # the parent agent's batch id (a cast tree), else None
 
 
 class ReplyGather:
@@ -45,16 +66,32 @@ class ReplyGather:
         self._ids = itertools.count(1)
         self.batches: dict[int, _Batch] = {}
         self.holding: dict[str, set[int]] = {}  # proc id -> batches holding a reply of it
+        self.lost: dict[str, None] = {}  # child relays known dead (oldest first, bounded)
+        self.exited: dict[str, None] = {}  # local procs reaped (oldest first, bounded)
 
-    def start(self, inner: Header, procs: list[str]) -> Header:
-        """Take over the replies of the call `inner` to `procs`: returns the header to
-        deliver, with this agent as the reply address."""
+    def start(self, inner: Header, procs: list[str], sub: list = ()) -> Header:
+        """Take over the replies of the call `inner` to `procs` (this agent's) and to the
+        subtrees `sub` below it (a cast tree's child nodes): returns the header to deliver,
+        with this agent as the reply address. A proc that exited here, or one below a
+        child relay known dead, is gone at once (its death was told, or is being told, to
+        the caller)."""
         gid = next(self._ids)
-        self.batches[gid] = _Batch(inner.reply, inner.port, procs)
         extra = dict(inner.extra) if isinstance(inner.extra, dict) else {}
-        extra.update(g=gid, caller=inner.reply)
+        up_g = extra.get("g") if "caller" in extra else None  # from a parent agent
+        waiting, gone = [], []
+        exited = self.exited
+        for p in procs:
+            (gone if p in exited else waiting).append(p)
+        for node in sub:
+            (gone if node[0] in self.lost else waiting).extend(casttree.procs_of(node))
+        b = self.batches[gid] = _Batch(inner.reply, inner.port, waiting, up_g)
+        b.gone = gone
+        extra["g"] = gid
+        extra.setdefault("caller", inner.reply)  # the call's own caller, kept down a tree
         inner.extra = extra
         inner.reply = self.address
+        if not b.waiting:
+            self._flush(gid)
         return inner
 
     def on_reply(self, h: Header, body: Any, buffers: list) -> None:
@@ -63,29 +100,71 @@ class ReplyGather:
         b = self.batches.get(gid) if isinstance(gid, int) else None
         if b is None or h.src not in b.waiting:
             return
-        b.waiting.discard(h.src)
+        self._add(gid, b, h.src, h.actor, h.rank, h.status, body, buffers)
+        if b.failed or not b.waiting:
+            self._flush(gid)
+
+    def on_batch(self, h: Header, body: Any, buffers: list) -> None:
+        """A REPLY_BATCH from a child agent of a cast tree (I/O thread): its replies and its
+        gone procs join this agent's batch of the same call."""
+        gid = framing.extra_get(h, "g")
+        b = self.batches.get(gid) if isinstance(gid, int) else None
+        if b is None:
+            log.warning("agent: a reply batch from %s for no call of this agent; dropped",
+                        h.src)
+            return
+        try:
+            replies = framing.split_reply_batch(h, body, buffers)
+        except framing.FrameError as e:
+            log.warning("agent: dropped a reply batch from %s: %s", h.src, e)
+            return
+        for rh, rbody, rbufs in replies:
+            if rh.src in b.waiting:
+                self._add(gid, b, rh.src, rh.actor, rh.rank, rh.status, rbody, rbufs)
+        gone = framing.extra_get(h, "gone")
+        if isinstance(gone, list):
+            for p in gone:
+                if p in b.waiting:
+                    b.waiting.discard(p)
+                    b.gone.append(p)
+        if b.failed or not b.waiting or b.gone:
+            self._flush(gid)
+
+    def _add(self, gid: int, b: _Batch, src: str, actor: str, rank: int, status: int,
+             body: Any, buffers: list) -> None:
         size = len(body) + sum(framing.nbytes(x) for x in buffers)
         if b.items and (len(b.buffers) + len(buffers) + 4 > framing.MAX_FRAMES
                         or b.size + size > config.max_message_bytes):
             self._flush(gid)  # what is held goes first: a batch stays within the limits
+        b.waiting.discard(src)  # after: the flush above keeps the batch (it still waits)
         b.size += size
-        b.items.append([h.src, h.actor, h.rank, h.status, len(body), len(buffers)])
-        self.holding.setdefault(h.src, set()).add(gid)
+        b.items.append([src, actor, rank, status, len(body), len(buffers)])
+        self.holding.setdefault(src, set()).add(gid)
         b.bodies.append(body)
         b.buffers.extend(buffers)
-        if h.status != framing.OK:
+        if status != framing.OK:
             b.failed = True
-        if b.failed or not b.waiting:
-            self._flush(gid)
 
     def proc_exited(self, proc_id: str) -> None:
-        """A local proc is gone: its batches stop waiting for it (the caller learns of
-        the exit from the agent's PROC_EXIT and fails that rank)."""
+        """A local proc is gone: its batches stop waiting for it and tell the caller (which
+        also learns of the exit from the agent's PROC_EXIT and fails that rank)."""
+        _remember(self.exited, [proc_id])
+        self._gone([proc_id])
+
+    def relay_lost(self, relays: Iterable[str], procs: Iterable[str]) -> None:
+        """Relays below this agent died (its caller says so): their subtrees' `procs` will
+        not answer through them; every batch stops waiting for them, and a cast that still
+        names one of them as a child (sent before the caller knew) does not wait for it."""
+        _remember(self.lost, relays)
+        self._gone(list(procs))
+
+    def _gone(self, procs: list) -> None:
         for gid, b in list(self.batches.items()):
-            if proc_id in b.waiting:
-                b.waiting.discard(proc_id)
-                if not b.waiting:
-                    self._flush(gid)
+            hit = [p for p in procs if p in b.waiting]
+            if hit:
+                b.waiting.difference_update(hit)
+                b.gone.extend(hit)
+                self._flush(gid)
 
     def flush_from(self, proc_id: str) -> None:
         """Send now what is held of `proc_id`'s replies: a message it sent after them is
@@ -97,7 +176,7 @@ class ReplyGather:
         b = self.batches[gid]
         if not b.waiting:
             del self.batches[gid]
-        if b.items:
+        if b.items or b.gone:
             for item in b.items:
                 held = self.holding.get(item[0])
                 if held is not None:
@@ -105,6 +184,9 @@ class ReplyGather:
                     if not held:
                         del self.holding[item[0]]
             h, body = framing.reply_batch(b.port, b.items, b.bodies)
+            if b.up_g is not None:
+                h.extra["g"] = b.up_g
+            if b.gone:
+                h.extra["gone"] = b.gone
             self._send(b.reply, framing.build(self._token, h, body, b.buffers))
-        b.items, b.bodies, b.buffers, b.size = [], [], [], 0
-
+        b.items, b.bodies, b.buffers, b.size, b.gone = [], [], [], 0, []

@@ -50,6 +50,7 @@ class Kind(enum.IntEnum):
     RELAY = 28  # proc -> its host agent: send the enclosed message to a peer on another host
     DELIVER = 29  # to an agent from another host: pass the enclosed message to one local proc
     TAKEN = 30  # actor -> a sender: it took n of the sender's messages that have no answer
+    RELAY_LOST = 31  # caller -> agent of a cast tree: a relay below it died, with its procs
     LOG_LEVEL = 40  # to a proc: the level its Actor.logger records print at (logging_option)
     WORKSPACE = 41  # to an agent: sync workspace files; to a proc: reload changed modules
 
@@ -143,6 +144,18 @@ def parse(frames: Sequence[Any], token: bytes | Sequence[bytes]) -> tuple[Header
 
 
 _compare = hmac.compare_digest
+
+
+def peek_kind(head: Any, token_len: int) -> int:
+    """The kind of the message whose head frame is `head`, read without decoding it (-1
+    when it does not look like one): a relay decides how urgent a message is unread."""
+    try:
+        i = token_len + _HLEN.size
+        if head[i] & 0xF0 == 0x90 and head[i + 1] < 0x80:  # fixarray, positive fixint
+            return head[i + 1]
+    except (IndexError, TypeError):
+        pass
+    return -1
 
 
 def _as_bytes(f: Any) -> bytes:

@@ -264,6 +264,7 @@ class IOLoop:
                             " [%d dropped so far]", self.name, e, framing.summarize(frames), n)
             return
         self.stats.received += 1
+        self.stats.by_kind[header.kind] += 1
         try:
             self.on_message(header, body, buffers)
         except Exception:
@@ -416,12 +417,13 @@ class Timers:
 class LoopStats:
     """Counters of one loop: messages sent (by every thread), received and dropped."""
 
-    __slots__ = ("loop", "received", "dropped")
+    __slots__ = ("loop", "received", "dropped", "by_kind")
 
     def __init__(self, loop: IOLoop) -> None:
         self.loop = loop
         self.received = 0  # every message received
         self.dropped = 0
+        self.by_kind: collections.Counter = collections.Counter()  # received, by Kind value
 
     def __getitem__(self, key: str) -> int:
         if key == "sent":

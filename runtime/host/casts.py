@@ -1,0 +1,87 @@
+"""The host agent's part in a cast: delivering a FANOUT to its procs and, in a cast tree,
+relaying it to its child agents first (runtime/transport/casttree.py), with the replies of
+its subtree gathered here (runtime/host/gather.py). Runs on the agent's I/O thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..transport import casttree, framing
+from ..transport.framing import Header, Kind
+from .gather import ReplyGather
+
+log = logging.getLogger("runtime.host")
+
+
+class CastRelay:
+    """Delivers casts to this agent's procs and relays them down its cast tree."""
+
+    def __init__(self, loop: Any, token: bytes, agent_id: str, rundir: str,
+                 gather: ReplyGather, tcp_address: str) -> None:
+        self.loop = loop
+        self.token = token
+        self.agent_id = agent_id
+        self.rundir = rundir
+        self.gather = gather
+        self.tcp_address = tcp_address  # where agents on other hosts answer ("" if none)
+
+    def on_fanout(self, h: Header, body: Any, buffers: list) -> None:
+        """Deliver the enclosed message to several local procs, and in a cast tree forward
+        it to the child agents of `sub` first (runtime/transport/casttree.py); gathered,
+        the replies of the whole subtree come back here and go up as one batch."""
+        e = h.extra or {}
+        raw = e["header"]
+        inner = framing.decode_header(raw if isinstance(raw, bytes) else bytes(raw))
+        procs = e.get("procs", [])
+        sub = e.get("sub") or []
+        if sub:
+            why = casttree.valid_node(["", [], sub])
+            if why is not None:
+                log.warning("agent: a cast from %s dropped: its tree is malformed (%s)",
+                            h.src, why)
+                return
+        gather = bool(e.get("gather") and inner.port and inner.reply)
+        if gather:
+            inner = self.gather.start(inner, procs, sub)
+        if sub:
+            self._forward(inner, sub, gather, body, buffers)
+        frames = framing.build(self.token, inner, body, buffers)
+        for proc_id in procs:
+            self.loop.send(f"ipc://{self.rundir}/{proc_id}", frames)
+
+    def _forward(self, inner: Header, sub: list, gather: bool, body: Any,
+                 buffers: list) -> None:
+        """A cast on to this agent's children in its tree: each gets its own subtree;
+        gathered, they answer to this agent (over TCP where they are other hosts)."""
+        by_reach: dict[bool, bytes] = {}
+        for agent, procs, kids in sub:
+            if agent in self.gather.lost:  # dead (the caller said so): nothing to relay
+                continue
+            far = agent.startswith("tcp://")
+            raw = by_reach.get(far)
+            if raw is None:
+                h = inner
+                if gather and far and self.tcp_address:
+                    h = framing.decode_header(framing.encode_header(inner))
+                    h.reply = self.tcp_address
+                raw = by_reach[far] = framing.encode_header(h)
+            extra: dict[str, Any] = {"header": raw, "procs": procs}
+            if kids:
+                extra["sub"] = kids
+            if gather:
+                extra["gather"] = True
+            self.loop.send(agent, framing.build(
+                self.token, Header(Kind.FANOUT, src=self.agent_id, extra=extra), body,
+                buffers))
+
+    def on_relay_lost(self, h: Header, body: Any, buffers: list) -> None:
+        """A relay below this agent died (its caller says so): stop waiting for its
+        subtree's replies, and tell the caller they are gone."""
+        procs, relays = framing.extra_get(h, "procs"), framing.extra_get(h, "relays")
+        if isinstance(procs, list) and isinstance(relays, list) and \
+                all(isinstance(p, str) for p in procs + relays):
+            self.gather.relay_lost(relays, procs)
+        else:
+            log.warning("agent: a malformed RELAY_LOST from %s dropped", h.src)

@@ -1,0 +1,280 @@
+"""The cast tree (runtime/transport/casttree.py, docs/transport.md "The cast tree"): its
+shape as pure logic, then casts, gathered replies, order and a dead relay on a real tree of
+20 host agents (LocalJob) with a small fan-out, so the tree has relays."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import runtime
+from runtime import Actor, endpoint
+from runtime.config import configured
+from runtime.transport import casttree
+
+# -- the shape (pure) -------------------------------------------------------------------------
+
+
+def _names(n: int) -> list[str]:
+    return [f"a{i}" for i in range(n)]
+
+
+def _paths(tree: casttree.Tree) -> dict[str, tuple]:
+    """agent -> the agents a message to it passes, from the sender's child down."""
+    out = {}
+    for agent in tree.own:
+        path, up = [agent], tree.parent[agent]
+        while up:
+            path.append(up)
+            up = tree.parent[up]
+        out[agent] = tuple(reversed(path))
+    return out
+
+
+def test_chunks_are_near_equal_and_cover_everything() -> None:
+    assert casttree.chunks(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    assert casttree.chunks(3, 16) == [(0, 1), (1, 2), (2, 3)]
+    assert casttree.chunks(0, 4) == []
+
+
+@pytest.mark.parametrize("n,fanout", [(5, 16), (20, 4), (100, 3), (1024, 16), (4096, 16)])
+def test_every_agent_once_and_no_node_has_more_children_than_the_fanout(n: int,
+                                                                        fanout: int) -> None:
+    base = _names(n)
+    tree = casttree.build(base, {a: [a + "/p"] for a in base}, fanout)
+    seen = [p for node in tree.roots for p in casttree.procs_of(node)]
+    assert sorted(seen) == sorted(a + "/p" for a in base)
+    assert len(tree.roots) <= fanout
+
+    def check(node: list) -> None:
+        assert len(node[2]) <= fanout
+        for k in node[2]:
+            check(k)
+
+    for node in tree.roots:
+        check(node)
+    depth = 1
+    while fanout ** depth < n:
+        depth += 1
+    assert tree.depth <= depth  # log_fanout(n) levels, rounded up
+    assert n <= fanout or tree.depth >= 2
+
+
+def test_a_slice_takes_the_same_path_to_each_agent_as_the_whole_mesh() -> None:
+    base = _names(50)
+    whole = _paths(casttree.build(base, {a: [a] for a in base}, 4))
+    for picked in (["a49"], ["a7", "a30"], base[10:20], base[::7]):
+        part = _paths(casttree.build(base, {a: [a] for a in picked}, 4))
+        for a in picked:
+            assert part[a] == whole[a]
+        # relays with no target of their own are there only on the way to a target
+        assert set(part) - set(picked) <= {x for a in picked for x in whole[a]}
+
+
+def test_a_dead_relay_moves_only_its_own_subtree() -> None:
+    base = _names(20)
+    want = {a: [a] for a in base}
+    before = casttree.build(base, want, 3)
+    relay = next(a for a in before.below if before.parent[a])  # a relay below a relay
+    under = set(before.below[relay])
+    after = casttree.build(base, want, 3, dead={relay})
+    assert relay not in after.own
+    assert sorted(p for n in after.roots for p in casttree.procs_of(n)) == \
+        sorted(set(base) - {relay})
+    old, new = _paths(before), _paths(after)
+    for a in base:
+        if a == relay:
+            continue
+        if a in under:  # promoted: the same path without the dead relay
+            assert new[a] == tuple(x for x in old[a] if x != relay)
+        else:
+            assert new[a] == old[a]
+    assert after.nearest_live_ancestor(next(iter(under)), {relay}) == before.parent[relay]
+
+
+def test_subtree_and_deep_procs() -> None:
+    base = _names(20)
+    tree = casttree.build(base, {a: [a + "/p"] for a in base}, 4)
+    root = tree.roots[0][0]
+    assert tree.subtree(root) == {a + "/p" for a in base[:5]}
+    assert tree.deep_procs() == {a + "/p" for a in base} - {n[0] + "/p" for n in tree.roots}
+
+
+@pytest.mark.parametrize("bad,why", [
+    ([["a", ["p"]]], "not [agent, procs, children]"),
+    ([["a", "p", []]], "wrong types"),
+    ([["a", [1], []]], "not a string"),
+    ("x", "wrong types"),
+])
+def test_a_malformed_tree_is_refused(bad: object, why: str) -> None:
+    assert why in (casttree.valid_node(["", [], bad]) or "")
+    assert casttree.valid_node(["", [], [["a", ["p"], [["b", [], []]]]]]) is None
+
+
+def test_a_fanout_below_two_is_refused() -> None:
+    with pytest.raises(ValueError, match="cast_fanout must be at least 2"):
+        casttree.build(["a"], {"a": ["p"]}, 1)
+
+
+# -- a real tree: 20 host agents (LocalJob, TCP with CurveZMQ on loopback) --------------------
+
+class Node(Actor):
+    """What the tree tests ask of each rank."""
+
+    def __init__(self) -> None:
+        self.seen: list = []
+
+    @endpoint
+    def rank(self) -> int:
+        return runtime.current_rank().rank
+
+    @endpoint
+    def note(self, x: int) -> None:
+        self.seen.append(x)
+
+    @endpoint
+    def notes(self) -> list:
+        return list(self.seen)
+
+    @endpoint
+    def agent_pid(self) -> int:
+        """The pid of this proc's host agent (proc <- zygote <- agent)."""
+        import psutil
+
+        return psutil.Process(os.getppid()).ppid()
+
+    @endpoint
+    def wait_for(self, path: str) -> int:
+        """Answer once `path` exists (bounded: 60 s)."""
+        deadline = time.monotonic() + 60
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return runtime.current_rank().rank
+
+    @endpoint
+    def answer_then_die(self, dies: int, others_after: float) -> int:
+        """Rank `dies` answers at once and is SIGKILLed 0.3 s later; the others answer after
+        `others_after` seconds (so the answer of `dies` waits in its agents' batches)."""
+        import threading
+
+        me = runtime.current_rank().rank
+        if me == dies:
+            threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        else:
+            time.sleep(others_after)
+        return me
+
+
+def _job(n: int):
+    from runtime.job import LocalJob
+
+    here = os.path.dirname(os.path.abspath(__file__))  # this module's actors, by reference
+    path = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH", "")]))
+    return LocalJob(n, progress=False, env={"PYTHONPATH": path})
+
+
+def _mesh(job, name: str):
+    procs = job.state().hosts.spawn_procs(per_host={"procs": 1}, name=name)
+    m = procs.spawn(name, Node)
+    m.initialized.get(timeout=120)
+    return m
+
+
+def _rank_slice(m, lo: int, hi: int):
+    return m.slice(hosts=slice(lo, hi))
+
+
+@pytest.fixture(scope="module")
+def tree20():
+    """20 agents, one proc each, with cast_fanout=4: the controller sends 4, each of those
+    relays to 4 (three levels, the controller's included)."""
+    with configured(cast_fanout=4):
+        job = _job(20)
+        try:
+            yield _mesh(job, "tree")
+        finally:
+            job.kill()
+
+
+@pytest.mark.timeout(240)
+def test_a_cast_reaches_every_rank_once_through_at_most_fanout_messages(tree20) -> None:
+    rt = runtime.get_runtime()
+    stats = rt.loop.stats
+    from runtime.transport.framing import Kind
+
+    tree20.rank.call().get(timeout=60)  # warm: connections opened
+    sent0, batches0, replies0 = (rt.messenger.cast_messages, stats.by_kind[Kind.REPLY_BATCH],
+                                 stats.by_kind[Kind.REPLY])
+    for _ in range(10):
+        got = tree20.rank.call().get(timeout=60)
+        assert sorted(got.values()) == list(range(20))
+    assert rt.messenger.cast_messages - sent0 == 10 * 4
+    assert stats.by_kind[Kind.REPLY_BATCH] - batches0 <= 10 * 4
+    assert stats.by_kind[Kind.REPLY] - replies0 == 0  # every answer came in a batch
+    for i in range(30):
+        tree20.note.broadcast(i)
+    notes = tree20.notes.call().get(timeout=60)
+    assert all(list(n) == list(range(30)) for n in notes.values())
+
+
+@pytest.mark.timeout(240)
+def test_a_direct_call_after_casts_sees_them(tree20) -> None:
+    """Order per sender: casts to the mesh and a call to one actor take the same path, so a
+    call_one right after broadcasts sees every one of them, on every rank."""
+    for r in range(20):
+        one = _rank_slice(tree20, r, r + 1)
+        before = len(one.notes.call_one().get(timeout=30))
+        for i in range(20):
+            tree20.note.broadcast(1000 + i)
+        after = one.notes.call_one().get(timeout=30)
+        assert after[before:] == [1000 + i for i in range(20)], r
+
+
+@pytest.mark.timeout(240)
+def test_an_answer_sent_before_a_death_counts_through_the_tree(tree20) -> None:
+    """Rank 13 (a proc below a relay) answers, then dies while its answer waits in the batches
+    of its agents for the slow ranks: its death reaches the controller first, on another
+    path, yet the call returns every answer."""
+    got = tree20.answer_then_die.call(13, 2.0).get(timeout=60)
+    assert sorted(got.values()) == list(range(20))
+
+
+@pytest.mark.timeout(240)
+def test_a_relay_killed_mid_cast_fails_exactly_its_subtree(tmp_path) -> None:
+    """fan-out 3 over 20 agents: rank 1's agent relays to rank 2's, below rank 0's. It is
+    SIGKILLed while a gathered call() and a stream() wait on every rank: the call fails
+    naming ranks 1 and 2 (their answers would have come through it), the stream fails
+    exactly ranks 1 and 2 and answers the other 18; the next casts go around it."""
+    with configured(cast_fanout=3):
+        job = _job(20)
+        try:
+            m = _mesh(job, "relays")
+            base = [str(r) for r in range(20)]
+            tree = casttree.build(base, {a: [a] for a in base}, 3)
+            assert tree.parent["1"] == "0" and tree.below["1"] == ["2"]  # the shape tested
+            pids = m.agent_pid.call().get(timeout=60)
+            relay_pid = list(pids.values())[1]
+            gate = str(tmp_path / "go")
+            call = m.wait_for.call(gate)
+            stream = list(m.wait_for.stream(gate))
+            os.kill(relay_pid, signal.SIGKILL)
+            with pytest.raises(runtime.SupervisionError) as err:
+                call.get(timeout=60)
+            assert "ranks 1-2" in str(err.value) or "ranks 1, 2" in str(err.value), err.value
+            open(gate, "w").close()
+            answered, failed = [], 0
+            for f in stream:
+                try:
+                    answered.append(f.get(timeout=60))
+                except runtime.SupervisionError:
+                    failed += 1
+            assert sorted(answered) == [0] + list(range(3, 20)) and failed == 2
+            # around the dead relay: rank 2 is reached through rank 0's agent now
+            rest = _rank_slice(m, 2, 20).rank.call().get(timeout=60)
+            assert sorted(rest.values()) == list(range(18))  # ranks within the slice
+            assert _rank_slice(m, 0, 1).rank.call_one().get(timeout=30) == 0
+        finally:
+            job.kill()
