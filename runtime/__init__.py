@@ -21,7 +21,7 @@ from .config import (clear_runtime_config, configure, configured, get_global_con
                      get_runtime_config)
 from .errors import (ActorError, CancelledError, MeshStoppedError, MessageTooLargeError,
                      SerializationError, SupervisionError)
-from .future import Future
+from .future import CallScope, Future, call_scope
 from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, ProcMesh,
                       active_mesh_names, as_endpoint, attach_to_workers,
                       get_or_spawn_controller, send, this_host, this_proc)
@@ -103,7 +103,7 @@ unhandled_fault_hook = default_unhandled_fault_hook
 
 __all__ = [
     "active_mesh_names", "Actor", "ActorContext", "Context", "enable_transport", "Endpoint", "NotAnEndpoint",
-    "as_endpoint", "concurrent_endpoint", "get_or_spawn_controller", "send", "ActorError", "CancelledError", "Diagnosis", "diagnose",
+    "as_endpoint", "concurrent_endpoint", "get_or_spawn_controller", "send", "ActorError", "CallScope", "call_scope", "CancelledError", "Diagnosis", "diagnose",
     "ActorMesh", "ActorState", "Accumulator", "Channel", "Extent", "Future", "HostMesh",
     "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcLog", "ProcLogs", "ProcMesh", "SerializationError", "Shape",
