@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from .._base.process import hostname
 from ..config import config
-from ..future import Future
+from ..future import Future, when_all
 from ..supervision.health import HealthModel
 from ..transport import auth
 from ..transport.framing import Header, Kind, extra_get
@@ -284,9 +284,10 @@ class Runtime:
             return live
 
         live = self.state.change(mark)
-        from ..future import when_all
+        def all_dead() -> None:
+            fut.set_result(None)
 
-        when_all([r.exited for r in live], lambda: fut.set_result(None))
+        when_all([r.exited for r in live], all_dead)
         for r in live:
             self.send(r.agent.address, Header(Kind.KILL_PROCS, extra={
                 "procs": [r.proc_id], "signal": int(signal.SIGKILL)}))

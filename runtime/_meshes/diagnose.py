@@ -192,10 +192,10 @@ def _add_native_stacks(rt: Any, entries: list, in_c: list, timeout: float) -> No
     the proc's host agent, every proc at once), or the reason there is none."""
     import dataclasses
 
-    from .proc_stacks import _stacks_of
+    from .proc_stacks import stacks_of_procs
 
     try:
-        got = _stacks_of(rt, [(p.rank, p) for _, p, _ in in_c], True, timeout)
+        got = stacks_of_procs(rt, [(p.rank, p) for _, p, _ in in_c], True, timeout)
     except Exception as e:  # noqa: BLE001 - a diagnosis without stacks still helps
         got = [None] * len(in_c)
         why = f"no native stack: {e}"
