@@ -19,7 +19,7 @@ from .channel import Accumulator, Channel, Port, PortReceiver
 from ._core import get_runtime, shutdown
 from .config import (clear_runtime_config, configure, configured, get_global_config,
                      get_runtime_config)
-from .errors import (ActorError, CancelledError, MeshStoppedError, MessageTooLargeError,
+from .errors import (ActorError, CancelledError, InjectedFault, MeshStoppedError, MessageTooLargeError,
                      SerializationError, SupervisionError)
 from .future import CallScope, Future, call_scope
 from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, ProcMesh,
@@ -117,5 +117,5 @@ __all__ = [
     "this_host", "this_proc", "unhandled_fault_hook",
     "Workspace", "WorkspaceError", "WorkspaceTooLarge", "WorkspaceSyncError", "SyncResult",
     "HostSync", "ProcReload", "reload_actor_class", "ActorFailurePolicy",
-    "inject_actor_failures",
+    "InjectedFault", "inject_actor_failures",
 ]

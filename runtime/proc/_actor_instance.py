@@ -261,6 +261,7 @@ class ActorInstance:
                 args = (_endpoints.response_port(self, h), *args)
             if _call_hook is not None:
                 _call_hook()
+            self.injector.maybe_raise()  # inject_actor_failures(mode="raise") hit it
             if ep.concurrent:
                 self.aloop.start(self._run_concurrent(ep, h, ep.fn(self.instance, *args, **kwargs)),
                                  ep.name)
