@@ -255,6 +255,11 @@ class CancelArgs:
 
 
 @dataclass
+class KillArgs:
+    names: list[str]
+
+
+@dataclass
 class WhyArgs:
     name: Optional[str] = None
 
@@ -383,7 +388,7 @@ class CellArgs:
 
 MeshCommand = Union[AllocArgs, JobAllocArgs, SpawnArgs, ListArgs, StatusArgs, StopArgs, InterruptArgs,
                     AttachArgs, AdminArgs, ActivateArgs, DeactivateArgs, SyncArgs, ReloadArgs,
-                    LogsArgs, TimelineArgs, StacksArgs, ChaosArgs]
+                    LogsArgs, TimelineArgs, StacksArgs, ChaosArgs, KillArgs]
 
 
 _COMMANDS = {
@@ -393,6 +398,7 @@ _COMMANDS = {
     "status": "live dashboard of one mesh or all",
     "stop": "stop a mesh, or all of them",
     "cancel": "cancel the calls in flight to a mesh (its actors stop them and stay usable)",
+    "kill": "SIGKILL the procs hosting a mesh, for a handler cancel cannot stop (stuck in C)",
     "why": "why is it stuck: what busy actors run, what waits, the cycles and their fix",
     "interrupt": "what Ctrl-C does to remote work (remote or local)",
     "attach": "attach the debugger to an actor paused at a breakpoint",
@@ -488,6 +494,15 @@ def _command_parsers() -> dict[str, _Parser]:
                     "async one cancelled at its next await), a queued call is not run, the "
                     "calls raise CancelledError, and the actors stay usable.")
     cn.add_argument("names", metavar="NAME", nargs="+",
+                    help="meshes: notebook variables, or mesh names")
+
+    kl = ps["kill"] = _Parser(
+        prog="%mesh kill",
+        description="SIGKILL the procs that host these meshes (ActorMesh.kill(), "
+                    "ProcMesh.kill()), for a handler that cancel cannot stop (one blocked in "
+                    "a C call: %mesh why says so): every actor on those procs fails, and the "
+                    "failure report says the user killed it. %mesh stop ends procs cleanly.")
+    kl.add_argument("names", metavar="NAME", nargs="+",
                     help="meshes: notebook variables, or mesh names")
 
     wy = ps["why"] = _Parser(
@@ -711,6 +726,8 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
         return StopArgs(names=list(ns.names), all=ns.all)
     if cmd == "cancel":
         return CancelArgs(names=list(ns.names))
+    if cmd == "kill":
+        return KillArgs(names=list(ns.names))
     if cmd == "why":
         return WhyArgs(name=ns.name)
     if cmd == "interrupt":

@@ -86,6 +86,9 @@ def unload(shell: Any) -> None:
     if completer is not None and mesh_matcher in completer.custom_matchers:
         completer.custom_matchers.remove(mesh_matcher)
     remove_startup_hook(sess.on_runtime_start)
+    if sess.cell_calls is not None:  # unloaded inside a cell: its post_run_cell never comes
+        sess.cell_calls.close()
+        sess.cell_calls = None
     sess.remove_sink()
 
 

@@ -229,7 +229,9 @@ def _proc_died(e: BaseException, root: Any,
     rank = f.ranks[0] if f is not None and f.ranks else -1
     info = {p.rank: p for p in root.procs}.get(rank)
     coords = root.shape.coords_of(rank) if 0 <= rank < len(root.procs) else {}
-    if f is not None and f.signal:
+    if f is not None and f.signal and f.cause.startswith("killed by "):
+        how = f"was {f.cause}"  # on purpose: kill() (the user), %mesh chaos (injected)
+    elif f is not None and f.signal:
         try:
             how = f"was killed by {_signal.Signals(f.signal).name}"
         except ValueError:

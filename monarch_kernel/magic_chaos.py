@@ -63,7 +63,10 @@ class ChaosRun:
                 break
             p = rng.choice(live)
             try:
-                rt.kill_proc(p.proc_id)  # SIGKILL by pid, sent by the proc's host agent
+                # SIGKILL by pid, sent by the proc's host agent; its failure says chaos
+                # did it and is `is_injected`, in every report of it
+                rt.kill_proc(p.proc_id, reason=f"killed by %mesh chaos on {self.pm.name!r}, "
+                             "an injected failure", injected=True)
             except Exception as e:  # noqa: BLE001 - it went meanwhile: try another next time
                 self._say(f"rank {p.rank} (pid {p.pid}) could not be killed: {e}")
                 continue

@@ -124,6 +124,23 @@ class InventoryCommands:
                 n = type(m).cancel_calls(m)  # not an endpoint called cancel_calls
                 print(f"%mesh cancel: {n} call(s) in flight to {m.name!r} cancelled")
 
+    def kill(self, a: margs.KillArgs) -> None:
+        """`%mesh kill NAME...`: SIGKILL the procs hosting these meshes; waits (30 s at
+        most) until their deaths are known, so the next cell sees the failure."""
+        for name in a.names:
+            for m in self._meshes_named(name, "kill"):
+                try:
+                    type(m).kill(m).get(timeout=30)  # not an endpoint called kill
+                except (ValueError, RuntimeError, KeyError) as e:
+                    raise UsageError(f"%mesh kill: {name}: {e}") from None
+                except TimeoutError:
+                    print(f"%mesh kill: {m.name!r}: killed; no death report within 30 s")
+                    continue
+                from runtime import ProcMesh
+
+                n = len(m.procs) if isinstance(m, ProcMesh) else m.size()
+                print(f"%mesh kill: killed the {n} proc(s) hosting {m.name!r} (SIGKILL)")
+
     def why(self, a: margs.WhyArgs) -> None:
         """`%mesh why [MESH]`: why the actors of MESH (or of every mesh) are stuck."""
         import runtime

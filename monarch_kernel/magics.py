@@ -42,7 +42,7 @@ class MeshMagics(Magics):
             "alloc": alloc.alloc, "joballoc": alloc.joballoc,
             "spawn": alloc.spawn, "activate": alloc.activate,
             "deactivate": alloc.deactivate, "list": inventory.list,
-            "status": inventory.status, "stop": inventory.stop, "cancel": inventory.cancel, "why": inventory.why,
+            "status": inventory.status, "stop": inventory.stop, "cancel": inventory.cancel, "kill": inventory.kill, "why": inventory.why,
             "attach": inventory.attach, "admin": inventory.admin,
             "interrupt": inventory.interrupt, "logs": LogsCommands(self.ctx).logs,
             "sync": workspace.sync, "reload": workspace.reload,

@@ -32,6 +32,18 @@ def set_current(sess: Optional["NotebookSession"]) -> Optional["NotebookSession"
     return old
 
 
+def cell_interrupted(result: Any) -> bool:
+    """Whether a cell ended by an interrupt: IPython's ExecutionResult with a
+    KeyboardInterrupt (or asyncio's CancelledError), or None (ipykernel reports an awaiting
+    cell cancelled by the stop button without a result)."""
+    import asyncio
+
+    if result is None:
+        return True
+    err = getattr(result, "error_in_exec", None)
+    return isinstance(err, (KeyboardInterrupt, asyncio.CancelledError))
+
+
 class NotebookSession:
     """The kernel-side state of the notebook controller."""
 
@@ -44,6 +56,7 @@ class NotebookSession:
         #: id(ProcMesh) -> (ProcMesh, Job) of meshes `%mesh stop` ended with their job
         self.ended_jobs: dict[int, tuple[Any, Any]] = {}
         self.active_mesh: Any = None  # %mesh activate: (variable, ProcMesh, context, thread)
+        self.cell_calls: Any = None  # the running cell's runtime.CallScope
 
     def kill_jobs(self) -> None:
         """End every job `%mesh alloc --job` started (cancels cluster allocations)."""
@@ -67,16 +80,47 @@ class NotebookSession:
         return parent or None
 
     def pre_run_cell(self, info: Any = None) -> None:
+        """A cell starts: route output to it, and collect the calls it starts."""
         self.router.set_target(self.current_parent())
         self._adopt_runtime()
+        self._open_cell_calls()
 
     def post_run_cell(self, result: Any = None) -> None:
+        """A cell ended: if it was interrupted, cancel the calls it started that still run;
+        let its remote output in."""
+        self._close_cell_calls(result)
         self._adopt_runtime()
         rt = self.sink_rt
         if rt is not None and running_runtime() is rt and rt.meshes():
             self.router.settle()  # a short grace for remote output still on its way
             rt.flush_output()  # lines held by logging_option(aggregate_window_sec=...)
         self.router.flush()
+
+    def _open_cell_calls(self) -> None:
+        """Open a CallScope for this cell (Ctrl-C in it interrupts only its own calls)."""
+        from runtime import CallScope
+
+        if self.cell_calls is not None:  # a cell whose end was never reported
+            self.cell_calls.close()
+        self.cell_calls = CallScope().open()
+
+    def _close_cell_calls(self, result: Any) -> None:
+        """Close the cell's CallScope; an interrupted cell (KeyboardInterrupt, or None: the
+        kernel cancelled an awaiting cell) cancels the calls it started that still run,
+        and says which. Calls of earlier cells go on."""
+        scope, self.cell_calls = self.cell_calls, None
+        if scope is None:
+            return
+        scope.close()
+        if not cell_interrupted(result):
+            return
+        cancelled = scope.cancel()
+        if cancelled:
+            shown = ", ".join(cancelled[:3]) + (f" and {len(cancelled) - 3} more"
+                                                if len(cancelled) > 3 else "")
+            print(f"interrupted: cancelled {len(cancelled)} call"
+                  f"{'s' if len(cancelled) > 1 else ''} this cell started ({shown}); "
+                  "calls of earlier cells go on", file=sys.stderr, flush=True)
 
     def _adopt_runtime(self) -> None:
         """Route output of a runtime that plain code (not a magic) started."""

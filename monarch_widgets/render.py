@@ -11,7 +11,7 @@ from typing import Optional
 
 from monarch_widgets.fmt import fmt_bytes, fmt_cpu, fmt_duration
 from monarch_widgets.state import grid_shape
-from runtime.supervision.health import ActorState, MeshHealth
+from runtime.supervision.health import ActorHealth, ActorState, MeshHealth
 
 COLORS: dict[str, str] = {
     "starting": "#9aa5b1", "idle": "#3fb950", "busy": "#2f81f7", "failed": "#e5534b",
@@ -52,9 +52,18 @@ def render_text(snapshot: list[MeshHealth], now: Optional[float] = None, *,
                     a.endpoint or a.last_error):
                 what = a.last_error if a.state == ActorState.FAILED else a.endpoint
                 out.append(f"  rank {a.rank} {a.state.value} for "
-                           f"{fmt_duration(now - a.since)}: {what}")
+                           f"{fmt_duration(now - a.since)}: {what}" + waiting_note(a))
     out.append("legend: " + "  ".join(f"{v} {k}" for k, v in SYMBOLS.items()))
     return "\n".join(out)
+
+
+def waiting_note(a: ActorHealth) -> str:
+    """"; waits on X; N queued" for a busy (or paused) actor, from its last heartbeat;
+    "" otherwise."""
+    if a.state not in (ActorState.BUSY, ActorState.PAUSED):
+        return ""
+    note = f"; waits on {a.waits}" if a.waits else ""
+    return note + (f"; {a.queued} queued" if a.queued else "")
 
 
 def _actor_title(a, now: float) -> str:
@@ -63,6 +72,8 @@ def _actor_title(a, now: float) -> str:
              f"handled {a.handled}, errors {a.errors}"]
     if a.endpoint:
         parts.append(f"endpoint {a.endpoint}")
+    if a.state in (ActorState.BUSY, ActorState.PAUSED) and (a.waits or a.queued):
+        parts.append(f"waits on {a.waits or '-'}; {a.queued} queued")
     if a.last_error:
         parts.append(f"last error: {a.last_error}")
     return "\n".join(parts)
@@ -99,9 +110,12 @@ def render_html(snapshot: list[MeshHealth], now: Optional[float] = None, *,
         parts.append(f'<div style="display:grid;grid-template-columns:repeat({cols},14px);'
                      f'gap:2px;margin-bottom:4px">')
         for a in m.actors:
-            parts.append(f'<div data-rank="{a.rank}" data-state="{a.state.value}" '
-                         f'title="{esc(_actor_title(a, now))}" style="width:14px;height:14px;'
-                         f'border-radius:2px;background:{COLORS[a.state.value]}"></div>')
+            waiting = bool(waiting_note(a))
+            mark = ";outline:2px dashed #d29922" if waiting else ""
+            parts.append(f'<div data-rank="{a.rank}" data-state="{a.state.value}"'
+                         + (' data-waiting="1"' if waiting else "") +
+                         f' title="{esc(_actor_title(a, now))}" style="width:14px;height:14px;'
+                         f'border-radius:2px;background:{COLORS[a.state.value]}{mark}"></div>')
         parts.append("</div>")
         if m.procs:
             engine = any(p.tensor_bytes is not None for p in m.procs)
@@ -118,6 +132,11 @@ def render_html(snapshot: list[MeshHealth], now: Optional[float] = None, *,
                              + "</tr>")
             parts.append("</table>")
         for a in m.actors:
+            note = waiting_note(a)
+            if note:
+                parts.append(f'<div class="monarch-waiting">rank {a.rank} {a.state.value} in '
+                             f'{esc(a.endpoint or "?")}() for {fmt_duration(now - a.since)}'
+                             f'{esc(note)}</div>')
             if a.state == ActorState.FAILED and a.last_error:
                 tb = (f"<pre style='font-size:10px;max-height:12em;overflow:auto'>"
                       f"{esc(a.last_traceback)}</pre>" if a.last_traceback else "")

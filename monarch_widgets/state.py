@@ -8,7 +8,11 @@ Layout of the dict (arrays, not objects, per actor, to keep it small):
    "texts": [str, ...],                     # interned error strings and tracebacks
    "meshes": [{"name", "proc_mesh", "state", "counts", "dims": [[dim, size], ...],
                "actors": [[rank, state_code, proc_index, endpoint|null, age_s,
-                           handled, errors, error_text_index, traceback_text_index], ...]}]}
+                           handled, errors, error_text_index, traceback_text_index,
+                           queued, waits_text_index], ...]}]}
+  queued: messages waiting in the actor's mailbox; waits: what its running handler waits on
+  (a call, a C call it is blocked in, a port; -1 when it runs code), as `runtime.diagnose`
+  reads them from heartbeats.
 """
 
 from __future__ import annotations
@@ -72,7 +76,9 @@ def build_state(snapshot: list[MeshHealth], *, version: int = 0, now: float = 0.
             actors.append([a.rank, STATE_CODES[a.state], pi, a.endpoint,
                            round(now - a.since, 1), a.handled, a.errors,
                            intern(a.last_error, MAX_ERROR_CHARS),
-                           intern(a.last_traceback, MAX_TRACEBACK_CHARS)])
+                           intern(a.last_traceback, MAX_TRACEBACK_CHARS), a.queued,
+                           intern(a.waits, MAX_ERROR_CHARS)
+                           if a.state in (ActorState.BUSY, ActorState.PAUSED) else -1])
         meshes.append({"name": m.name, "proc_mesh": m.proc_mesh, "state": m.state,
                        "counts": m.counts(), "dims": [[k, int(v)] for k, v in m.sizes.items()],
                        "actors": actors})
@@ -106,5 +112,7 @@ def actor_at(state: dict[str, Any], mesh: str, rank: int) -> Optional[dict[str, 
                         "proc": proc, "endpoint": a[3], "since": state["t"] - a[4], "handled": a[5],
                         "errors": a[6],
                         "last_error": state["texts"][a[7]] if a[7] >= 0 else None,
-                        "last_traceback": state["texts"][a[8]] if a[8] >= 0 else None}
+                        "last_traceback": state["texts"][a[8]] if a[8] >= 0 else None,
+                        "queued": a[9],
+                        "waits": state["texts"][a[10]] if a[10] >= 0 else None}
     return None

@@ -20,7 +20,7 @@ from textual.widgets import Button, Footer, Header, Label, Log, Static, Tree
 from textual.widgets.tree import TreeNode
 
 from monarch_widgets.fmt import fmt_bytes, fmt_cpu, fmt_duration
-from monarch_widgets.render import COLORS
+from monarch_widgets.render import COLORS, waiting_note
 from runtime.supervision.health import ActorHealth, MeshHealth, ProcStats
 
 Key = tuple  # ("host", host) | ("proc", proc_id) | ("actor", mesh, rank)
@@ -247,6 +247,11 @@ class AdminApp(App[None]):
                     at = Text(f"{a.mesh}[{a.rank}] ") + _state_text(a.state.value)
                     if a.endpoint:
                         at += Text(f" {a.endpoint}", style="italic")
+                    if waiting_note(a):  # what its handler waits on (runtime.diagnose's)
+                        what = a.waits or f"{a.queued} queued"
+                        at += Text(f"  waits on {what[:48]}" + ("..." if len(what) > 48
+                                                                else ""),
+                                   style=COLORS["paused"])
                     labels[("actor", a.mesh, a.rank)] = (at, pkey)
         return labels
 
@@ -332,6 +337,9 @@ class AdminApp(App[None]):
         t += Text(f"coords {coords}\nproc {a.proc_id} on {a.host} pid {a.pid}\n"
                   f"endpoint {a.endpoint or '-'}\nmessages {a.handled} handled, "
                   f"{a.errors} errors\n")
+        if waiting_note(a):
+            t += Text(f"waits on {a.waits or '- (runs code)'}\n{a.queued} message(s) queued "
+                      "behind it (%mesh why explains)\n", style=COLORS["paused"])
         if a.last_error:
             t += Text(f"last error: {a.last_error}\n", style="bold red")
         if a.last_traceback:

@@ -19,9 +19,9 @@ from .channel import Accumulator, Channel, Port, PortReceiver
 from ._core import get_runtime, shutdown
 from .config import (clear_runtime_config, configure, configured, get_global_config,
                      get_runtime_config)
-from .errors import (ActorError, CancelledError, MeshStoppedError, MessageTooLargeError,
+from .errors import (ActorError, CancelledError, InjectedFault, MeshStoppedError, MessageTooLargeError,
                      SerializationError, SupervisionError)
-from .future import Future
+from .future import CallScope, Future, call_scope
 from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, ProcMesh,
                       active_mesh_names, as_endpoint, attach_to_workers,
                       get_or_spawn_controller, send, this_host, this_proc)
@@ -103,7 +103,7 @@ unhandled_fault_hook = default_unhandled_fault_hook
 
 __all__ = [
     "active_mesh_names", "Actor", "ActorContext", "Context", "enable_transport", "Endpoint", "NotAnEndpoint",
-    "as_endpoint", "concurrent_endpoint", "get_or_spawn_controller", "send", "ActorError", "CancelledError", "Diagnosis", "diagnose",
+    "as_endpoint", "concurrent_endpoint", "get_or_spawn_controller", "send", "ActorError", "CallScope", "call_scope", "CancelledError", "Diagnosis", "diagnose",
     "ActorMesh", "ActorState", "Accumulator", "Channel", "Extent", "Future", "HostMesh",
     "MeshFailure", "MeshStoppedError", "MessageTooLargeError", "Point",
     "Port", "PortReceiver", "ProcInfo", "ProcLog", "ProcLogs", "ProcMesh", "SerializationError", "Shape",
@@ -117,5 +117,5 @@ __all__ = [
     "this_host", "this_proc", "unhandled_fault_hook",
     "Workspace", "WorkspaceError", "WorkspaceTooLarge", "WorkspaceSyncError", "SyncResult",
     "HostSync", "ProcReload", "reload_actor_class", "ActorFailurePolicy",
-    "inject_actor_failures",
+    "InjectedFault", "inject_actor_failures",
 ]

@@ -119,6 +119,12 @@ class CancelledError(RuntimeErrorBase, concurrent.futures.CancelledError):
     cancelled at its next await, a queued call is not run) and stay usable."""
 
 
+class InjectedFault(Exception):
+    """Raised in an endpoint on purpose by `inject_actor_failures` with an
+    `ActorFailurePolicy(..., mode="raise")`: the call fails with an ActorError naming it,
+    and the actor lives on."""
+
+
 def actor_failed_message(cls_name: str, mesh: str, rank: int, cause: str,
                          name: str = "") -> str:
     """The first line of a SupervisionError for a failed actor (Monarch's wording); `name`

@@ -21,10 +21,14 @@ __all__ = ["ActorFailurePolicy", "inject_actor_failures"]
 
 @dataclass(frozen=True)
 class ActorFailurePolicy:
-    """Every `interval_seconds`, an actor fails with `probability` (0 to 1), as in Monarch."""
+    """Every `interval_seconds`, an actor fails with `probability` (0 to 1), as in Monarch.
+    `mode="raise"` (not in Monarch): a hit makes the actor's next endpoint call raise
+    `InjectedFault` instead (the caller gets an ActorError, the actor lives on and keeps
+    rolling), to try the code that handles failed calls rather than failed actors."""
 
     probability: float
     interval_seconds: float = 1.0
+    mode: str = "fail"
 
     def __post_init__(self) -> None:
         p, s = self.probability, self.interval_seconds
@@ -36,6 +40,9 @@ class ActorFailurePolicy:
                 or s <= 0.0:
             raise ValueError(f"ActorFailurePolicy: interval_seconds must be a positive, finite "
                              f"number, got {s!r}")
+        if self.mode not in ("fail", "raise"):
+            raise ValueError(f"ActorFailurePolicy: mode must be 'fail' (the actor fails) or "
+                             f"'raise' (its next call raises InjectedFault), got {self.mode!r}")
 
 
 def _actor_class(cls: object, what: str) -> type:
@@ -55,7 +62,9 @@ def inject_actor_failures(
 
     Each such actor rolls every `interval_seconds` after its `__init__` and fails with
     `probability`: its owner hears of it as of any failure (`__supervise__`, with
-    `failure.is_injected` true), and calls to it fail with `SupervisionError`. An actor
+    `failure.is_injected` true), and calls to it fail with `SupervisionError`; with
+    `mode="raise"` its next endpoint call raises `InjectedFault` instead (an ActorError for
+    the caller; the actor lives on). An actor
     spawned inside keeps its policy after the context closes, and passes the rules on to
     the actors it spawns. A class in `supervisors` (it must define `__supervise__`) has its
     `__supervise__` called for injected failures only: any other failure is left
@@ -74,7 +83,8 @@ def inject_actor_failures(
             raise TypeError(f"inject_actor_failures: the policy for {cls.__name__} must be an "
                             f"ActorFailurePolicy, got {policy!r}")
         rules["policies"][qualified_class(cls)] = [float(policy.probability),
-                                                    float(policy.interval_seconds)]
+                                                    float(policy.interval_seconds),
+                                                    policy.mode]
     for cls in supervisors:
         _actor_class(cls, "supervisors")
         if getattr(cls, "__supervise__", None) is None:

@@ -32,6 +32,103 @@ def waiting_in(thread_id: Optional[int]) -> Optional["Future"]:
     return _waiting.get(thread_id) if thread_id is not None else None
 
 
+#: thread id -> the CallScope open in that thread (`call_scope`)
+_scopes: dict = {}
+
+
+class CallScope:
+    """The remote calls one thread starts while this scope is open (a notebook cell's):
+    an interrupted wait in that thread (Ctrl-C, a cancelled `await`) interrupts a call only
+    if this scope started it (a call started before goes on), and `cancel()` cancels the
+    calls of this scope still running. Open it with `with runtime.call_scope() as calls:`,
+    or `open()` / `close()`; scopes nest per thread (the inner one counts)."""
+
+    __slots__ = ("_calls", "_interrupted", "_thread", "_outer", "_prune_at", "_open")
+
+    def __init__(self) -> None:
+        """A scope not yet open."""
+        self._calls: dict = {}  # a call's interrupt hook -> its futures
+        self._interrupted: set = set()  # hooks whose wait was interrupted (run already)
+        self._thread: Optional[int] = None
+        self._outer: Optional["CallScope"] = None
+        self._prune_at = 1024
+        self._open = False
+
+    def open(self) -> "CallScope":
+        """Make this the calling thread's scope (until `close()`); returns self."""
+        if self._open:
+            raise RuntimeError("this CallScope is open already")
+        self._thread = me = threading.get_ident()
+        self._outer = _scopes.get(me)
+        _scopes[me] = self
+        self._open = True
+        return self
+
+    def close(self) -> None:
+        """Stop collecting calls (the calls stay known to `pending()` and `cancel()`)."""
+        if not self._open:
+            return
+        self._open = False
+        if _scopes.get(self._thread) is self:
+            if self._outer is None:
+                _scopes.pop(self._thread, None)
+            else:
+                _scopes[self._thread] = self._outer
+        self._outer = None
+
+    def __enter__(self) -> "CallScope":
+        return self.open()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _add(self, hook: Any, futs: Any) -> None:
+        """A call started in this scope: its interrupt hook and its future(s)."""
+        calls = self._calls
+        calls[hook] = list(futs) if isinstance(futs, (list, tuple)) else [futs]
+        if len(calls) >= self._prune_at:  # a long cell: forget the calls that ended
+            for h in [h for h, fs in calls.items() if all(f._flag for f in fs)]:
+                del calls[h]
+                self._interrupted.discard(h)
+            self._prune_at = max(1024, 2 * len(calls))
+
+    def owns(self, fut: "Future") -> bool:
+        """Whether `fut` is (or derives from) a call this scope started."""
+        hook = fut._on_interrupt
+        return hook is not None and hook in self._calls
+
+    def pending(self) -> "list[Future]":
+        """The futures of this scope's calls not yet resolved."""
+        return [f for fs in list(self._calls.values()) for f in fs if not f._flag]
+
+    def cancel(self) -> "list[str]":
+        """`Future.cancel()` each call of this scope still running, except those whose
+        wait was interrupted (their actors were interrupted already); returns their labels."""
+        out = []
+        for hook, futs in list(self._calls.items()):
+            if hook in self._interrupted:
+                continue
+            for f in futs:
+                if f.cancel():
+                    out.append(f._label or "a call")
+                    break  # one cancel stops the call (every future of a stream)
+        return out
+
+
+def call_scope() -> CallScope:
+    """A `CallScope` to open with `with`: the calls this thread starts in the block."""
+    return CallScope()
+
+
+def note_call(hook: Any, futs: Any) -> None:
+    """Runtime-internal: a remote call with interrupt hook `hook` and future(s) `futs` was
+    started by this thread (the open CallScope, if any, keeps it)."""
+    if _scopes and hook is not None:
+        scope = _scopes.get(threading.get_ident())
+        if scope is not None:
+            scope._add(hook, futs)
+
+
 def add_wait_hook(fn: Callable[["Future"], None]) -> None:
     """Register `fn(future)`, called periodically while a thread blocks in `get()`."""
     if fn not in _wait_hooks:
@@ -261,6 +358,12 @@ class Future(Generic[R]):
     def _interrupted(self) -> None:
         """The wait was interrupted (Ctrl-C, task cancelled): tell the remote side."""
         hook = self._on_interrupt
+        if hook is not None and _scopes:
+            scope = _scopes.get(threading.get_ident())
+            if scope is not None:
+                if not scope.owns(self):
+                    return  # a call started before this scope: the wait ends, it goes on
+                scope._interrupted.add(hook)
         if hook is not None:
             try:
                 hook()

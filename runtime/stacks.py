@@ -266,3 +266,134 @@ def threads_from(data: dict[str, Any]) -> list[ThreadStack]:
                            bool(t.get("active")), list(t.get("frames") or []))
                for t in data.get("threads", [])]
     return sorted(threads, key=lambda t: t.name.startswith("monarch-"))
+
+
+# -- a thread blocked inside a C call (the diagnosis, from inside the proc) ------------------
+#: what a C function's name says the thread waits on
+_C_KINDS = (
+    ("a sleep", ("sleep", "usleep", "nanosleep")),
+    ("a lock", ("acquire", "wait", "join", "lock", "wait_for", "barrier")),
+    ("I/O", ("recv", "recv_into", "recvfrom", "recvmsg", "read", "readinto", "readline",
+             "readlines", "accept", "connect", "send", "sendall", "sendto", "select", "poll",
+             "epoll", "write", "input", "getaddrinfo", "urlopen", "communicate")),
+)
+#: a thread counts as blocked when its CPU time grew by less than this share of the wall time
+_IDLE_CPU_SHARE = 0.2
+
+
+def _calls_of(code: Any, cache: dict = {}) -> dict:  # noqa: B006 - a cache by code object
+    """{offset of each call instruction in `code`: its source position (line, end line,
+    column, end column; Nones where unknown)}."""
+    got = cache.get(code)
+    if got is None:
+        import dis
+
+        positions = list(code.co_positions()) if hasattr(code, "co_positions") else []
+        got = {}
+        for ins in dis.get_instructions(code):
+            if ins.opname.startswith("CALL"):
+                i = ins.offset // 2
+                got[ins.offset] = positions[i] if i < len(positions) else (None,) * 4
+        if len(cache) > 512:
+            cache.clear()
+        cache[code] = got
+    return got
+
+
+def _callee(text: str) -> str:
+    """The name a call expression calls: `sock.recv(10)` -> `recv`; "" if not one call."""
+    import ast
+
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError):
+        return ""
+    if not isinstance(node, ast.Call):
+        return ""
+    f = node.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+
+
+def c_call_at(frame: Any) -> Optional[dict]:
+    """If `frame`, a thread's innermost Python frame, stands at a call instruction, the
+    thread runs a C function called there (a Python callee would have a frame of its own):
+    {"call": the call's source, "fn": the name called, "kind": "a sleep" / "a lock" / "I/O" /
+    "C code", "where": "FILE:LINE in FUNC()"}; None when it runs Python code."""
+    import linecache
+
+    code = frame.f_code
+    pos = _calls_of(code).get(frame.f_lasti)
+    if pos is None:
+        return None
+    lineno = frame.f_lineno
+    line = linecache.getline(code.co_filename, lineno)
+    call = line.strip()
+    first, last, col, end = pos
+    if first is not None and first == last == lineno and col is not None and end is not None:
+        call = line[col:end]  # just the call expression (ASCII columns: near enough)
+    fn = _callee(call)
+    kind = next((k for k, names in _C_KINDS if fn in names), "C code")
+    out = {"call": call or "a C function", "fn": fn, "kind": kind,
+           "where": f"{code.co_filename}:{lineno} in {code.co_name}()"}
+    if _library(code.co_filename):  # name the user's line that led there, too
+        f = frame.f_back
+        while f is not None and _library(f.f_code.co_filename):
+            f = f.f_back
+        if f is not None:
+            src = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
+            out["from"] = (f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}()"
+                           + (f": {src}" if src else ""))
+    return out
+
+
+_LIB_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (os, json) if m.__file__)
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _library(filename: str) -> bool:
+    """Whether `filename` is the standard library's, an installed package's or runtime's
+    (not the user's code)."""
+    return (filename.startswith(_LIB_DIRS) or filename.startswith(_RUNTIME_DIR)
+            or "site-packages" in filename or filename.startswith("<frozen"))
+
+
+def _thread_cpu(ident: int) -> Optional[float]:
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(ident))
+    except (AttributeError, OSError, OverflowError):
+        return None
+
+
+class CCallWatch:
+    """One thread's C calls seen across samples (a heartbeat each): a call is reported once
+    two samples found the thread at the same call of the same frame and its CPU time did
+    not grow meanwhile (blocked: a sleep, a lock, I/O; a thread busy in C, or Python calling
+    one C function in a loop, is not reported)."""
+
+    __slots__ = ("key", "wall", "cpu", "info")
+
+    def __init__(self) -> None:
+        self.key: Any = None
+        self.wall = 0.0
+        self.cpu: Optional[float] = None
+        self.info: Optional[dict] = None
+
+    def sample(self, ident: Optional[int], epoch: Any = None) -> Optional[dict]:
+        """The C call thread `ident` has been blocked inside since the previous sample or
+        before (`c_call_at`'s dict plus "since", the wall time first seen, and "thread",
+        the ident), or None. `epoch` (the handler's start) tells two calls apart that
+        block at the same place (a frame's id may be reused)."""
+        frame = sys._current_frames().get(ident) if ident is not None else None
+        info = c_call_at(frame) if frame is not None else None
+        if info is None or frame is None:
+            self.key = self.info = None
+            return None
+        key = (id(frame), frame.f_code, frame.f_lasti, epoch)
+        now, cpu = time.time(), _thread_cpu(ident)  # type: ignore[arg-type]
+        if key != self.key:
+            self.key, self.wall, self.cpu, self.info = key, now, cpu, info
+            return None
+        if cpu is not None and self.cpu is not None and \
+                cpu - self.cpu > _IDLE_CPU_SHARE * max(1e-3, now - self.wall):
+            return None  # its CPU time grew: running (maybe Python calling it in a loop)
+        return dict(self.info or info, since=self.wall, thread=ident)

@@ -41,6 +41,7 @@ class FakeRuntime:
                         host="localhost", pid=1000 + r) for r in range(2)])
         self.health.update_proc(ProcStats("p0", "localhost", 1000, 12.5, 1 << 20))
         self.killed: list[str] = []
+        self.reasons: list[str] = []
         self.mesh = FakeMesh("trainers")
 
     def meshes(self) -> list[FakeMesh]:
@@ -55,8 +56,10 @@ class FakeRuntime:
                                                   f"  File \"{proc_id}.py\", line 1",)).start()
         return f
 
-    def kill_proc(self, proc_id: str) -> None:
+    def kill_proc(self, proc_id: str, sig: int = 9, reason: str = "",
+                  injected: bool = False) -> None:
         self.killed.append(proc_id)
+        self.reasons.append(reason)
 
 
 @pytest.fixture
@@ -100,6 +103,7 @@ def test_requests_with_token(server):
         assert "p0.py" in c.dump_stack("p0")
         assert c.kill_proc("p1") is True
         assert server.rt.killed == ["p1"]
+        assert server.rt.reasons == ["killed by the user (monarch-admin)"]
         assert c.stop_mesh("trainers") == 1
         assert server.rt.mesh.stopped == 1
         with pytest.raises(AdminError, match="no live mesh named 'nope'"):

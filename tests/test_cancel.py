@@ -5,7 +5,9 @@ its next call."""
 from __future__ import annotations
 
 import asyncio
+import _thread
 import os
+import threading
 import time
 
 import pytest
@@ -38,6 +40,15 @@ class Slow(Actor):
     async def wait(self, tag: str, seconds: float) -> str:
         self._mark(tag)
         await asyncio.sleep(seconds)
+        return tag
+
+    @endpoint
+    def hold(self, tag: str, release: str) -> str:
+        """Run Python code until the file `release` exists (at most 60 s)."""
+        self._mark(tag)
+        end = time.monotonic() + 60
+        while not os.path.exists(release) and time.monotonic() < end:
+            time.sleep(0.01)
         return tag
 
     @endpoint
@@ -102,3 +113,77 @@ def test_cancel_calls_cancels_what_is_in_flight_to_a_mesh(slow):
     assert m.cancel_calls() == 0
     assert m.spin.call_one("after-many", 0).get(timeout=10) == "after-many"
     assert "many1" not in m.ran_list.call_one().get(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """Two actors (own threads) on one proc, and the marks directory they write."""
+    marks = tmp_path_factory.mktemp("marks2")
+    pm = this_host().spawn_procs(per_host={"procs": 1}, name="scoped")
+    a = pm.spawn("first", Slow, str(marks))
+    b = pm.spawn("second", Slow, str(marks))
+    a.initialized.get(timeout=30)
+    b.initialized.get(timeout=30)
+    yield a, b, marks
+    pm.stop().get(timeout=30)
+
+
+def _interrupt_main_when_it_waits_on(fut) -> threading.Thread:
+    """Ctrl-C (as a signal would) in the main thread once it blocks in `fut.get()`."""
+    main = threading.main_thread().ident
+
+    def go() -> None:
+        wait_until(lambda: runtime.future.waiting_in(main) is fut, 30, "never waited")
+        _thread.interrupt_main()
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def test_an_interrupted_wait_in_a_call_scope_leaves_earlier_calls_running(two, tmp_path):
+    """Ctrl-C in a wait on a call started before the scope (an earlier cell's) interrupts
+    nothing remote; `cancel()` stops the scope's own calls, and only those."""
+    a, b, marks = two
+    release = tmp_path / "release"
+    earlier = a.hold.call_one("earlier", str(release))
+    with runtime.call_scope() as calls:
+        mine = b.hold.call_one("mine", str(release))
+        wait_until(lambda: (marks / "earlier").exists() and (marks / "mine").exists(), 30,
+                   "the handlers never started")
+        assert calls.owns(mine) and not calls.owns(earlier)
+        t = _interrupt_main_when_it_waits_on(earlier)
+        with pytest.raises(KeyboardInterrupt):
+            earlier.get(timeout=30)
+        t.join(10)
+    assert calls.pending() == [mine]
+    assert calls.cancel() == ["Slow.hold.call_one"]
+    with pytest.raises(CancelledError, match="hold"):
+        mine.get(timeout=10)
+    release.touch()
+    # not interrupted: it ran to its end once released
+    assert earlier.get(timeout=30) == "earlier"
+    assert calls.cancel() == []
+
+
+def test_an_interrupted_wait_on_a_scopes_own_call_interrupts_it(two, tmp_path):
+    """Ctrl-C in a wait on the scope's own call interrupts its actor as before (and
+    `cancel()` then leaves it alone); the scope's other call is cancelled."""
+    a, b, marks = two
+    release = tmp_path / "release"
+    with runtime.call_scope() as calls:
+        waited = a.hold.call_one("waited", str(release))
+        other = b.hold.call_one("other", str(release))
+        wait_until(lambda: (marks / "waited").exists() and (marks / "other").exists(), 30,
+                   "the handlers never started")
+        t = _interrupt_main_when_it_waits_on(waited)
+        with pytest.raises(KeyboardInterrupt):
+            waited.get(timeout=30)
+        t.join(10)
+    assert calls.cancel() == ["Slow.hold.call_one"]  # `other`; `waited` was interrupted
+    with pytest.raises(CancelledError):
+        other.get(timeout=10)
+    with pytest.raises(runtime.ActorError, match="KeyboardInterrupt"):
+        waited.get(timeout=10)  # interrupted remotely, not run to its end (no release)
+    assert a.spin.call_one("after", 0).get(timeout=10) == "after"
+    assert b.spin.call_one("after", 0).get(timeout=10) == "after"

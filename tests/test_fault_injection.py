@@ -68,11 +68,37 @@ def test_a_chaos_supervisor_leaves_a_real_fault_unhandled(procs, failures):
     assert f.caused_by.is_injected is False
 
 
+def test_raise_mode_fails_calls_not_the_actor(procs, failures):
+    """`mode="raise"`: a hit makes the actor's next call raise InjectedFault (an ActorError
+    naming it, the actor lives on): no failure reaches anyone, and later calls answer."""
+    _, kids = procs
+    with inject_actor_failures({Flaky: ActorFailurePolicy(1.0, 0.2, mode="raise")}):
+        flaky = kids.spawn("raisy", Flaky)
+    one = flaky.slice(procs=0)
+    outcomes: list = []
+
+    def call() -> bool:
+        try:
+            outcomes.append(one.ping.call_one().get(timeout=10))
+        except runtime.ActorError as e:
+            outcomes.append(e)
+        return any(isinstance(o, runtime.ActorError) for o in outcomes) and \
+            outcomes[-1] == 1
+    wait_until(call, 30, "no raise, or no answer after one", every=0.05)
+    err = next(o for o in outcomes if isinstance(o, runtime.ActorError))
+    assert "InjectedFault" in str(err) and "injected failure" in str(err), str(err)
+    assert "the actor lives on" in str(err)
+    assert failures == []  # the actor did not fail: nothing to supervise
+    flaky.stop().get(timeout=30)
+
+
 def test_bad_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="probability"):
         ActorFailurePolicy(1.5)
     with pytest.raises(ValueError, match="interval_seconds"):
         ActorFailurePolicy(0.5, 0)
+    with pytest.raises(ValueError, match="mode must be 'fail'"):
+        ActorFailurePolicy(0.5, 1.0, mode="explode")
     with pytest.raises(TypeError, match="Actor subclasses"):
         with inject_actor_failures({int: ActorFailurePolicy(0.5)}):
             pass

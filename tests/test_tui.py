@@ -119,6 +119,30 @@ async def _test_tree_detail_and_output():
         assert "pid 5003" in detail and "CPU 75%" in detail and "GPU mem 4.0G" in detail
 
 
+def test_a_busy_actor_shows_what_it_waits_on():
+    asyncio.run(_test_a_busy_actor_shows_what_it_waits_on())
+
+
+async def _test_a_busy_actor_shows_what_it_waits_on():
+    """The diagnosis data (what the handler waits on, the messages queued behind it) shows
+    on the actor's tree line and in its detail pane; an idle actor shows none."""
+    src = FakeSource()
+    src.health.update("trainers", 1, waits="a call Model.fetch to trainers rank 1", queued=3)
+    app = make_app(src)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await settle(pilot)
+        labels = tree_labels(app)
+        line = next(ln for ln in labels if "trainers[1]" in ln)
+        assert "train_step  waits on a call Model.fetch to trainers rank 1" in line, line
+        assert not any("waits on" in ln for ln in labels if "trainers[0]" in ln)
+        await select(pilot, ("actor", "trainers", 1))
+        detail = str(app.query_one("#detail", Static).render())
+        assert "waits on a call Model.fetch to trainers rank 1" in detail, detail
+        assert "3 message(s) queued behind it" in detail, detail
+        await select(pilot, ("actor", "trainers", 0))
+        assert "waits on" not in str(app.query_one("#detail", Static).render())
+
+
 def test_stack_on_demand():
     asyncio.run(_test_stack_on_demand())
 

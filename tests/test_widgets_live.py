@@ -33,6 +33,16 @@ class Talker(Actor):
         return t
 
 
+class SelfCaller(Actor):
+    @endpoint
+    def call_self(self, me) -> int:
+        return me.ping.call_one().get(timeout=60)  # queued behind this very handler
+
+    @endpoint
+    def ping(self) -> int:
+        return 1
+
+
 def wait_for(pred, timeout: float = 20.0, every: float = 0.05) -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -185,3 +195,37 @@ def test_dashboard_draws_the_timeline_and_takes_stacks_on_request():
     finally:
         w.close()
         procs.stop().get(timeout=30)
+
+
+def test_the_dashboard_and_admin_show_what_a_stuck_actor_waits_on():
+    """A sync endpoint calling its own actor: the dashboard's state and the admin
+    endpoint's snapshot say what its handler waits on and that a message waits behind it
+    (the heartbeats' diagnosis data); once cancelled, it shows idle with nothing queued."""
+    from runtime.admin.codec import decode_snapshot, encode_snapshot
+
+    procs = this_host().spawn_procs(per_host={"procs": 1}, name="stuckview")
+    try:
+        a = procs.spawn("selfcaller", SelfCaller)
+        rt = runtime.get_runtime()
+        w = Dashboard(rt.health, runtime=rt, max_rate=10)
+        try:
+            fut = a.call_self.call_one(a)
+
+            def shown():
+                rec = actor_at(w.state, "selfcaller", 0)
+                return rec if rec and rec["waits"] and rec["queued"] == 1 else None
+
+            assert wait_for(shown), actor_at(w.state, "selfcaller", 0)
+            rec = shown()
+            assert rec["state"] == "busy" and rec["endpoint"] == "call_self"
+            assert rec["waits"] == "a call SelfCaller.ping to selfcaller rank 0", rec
+            (m,) = [m for m in decode_snapshot(encode_snapshot(rt.health.snapshot()))
+                    if m.name == "selfcaller"]
+            assert m.actors[0].waits == rec["waits"] and m.actors[0].queued == 1
+            assert fut.cancel()
+            assert wait_for(lambda: (r := actor_at(w.state, "selfcaller", 0)) is not None
+                            and r["state"] == "idle" and r["queued"] == 0 and not r["waits"])
+        finally:
+            w.close()
+    finally:
+        procs.stop().get(timeout=20)

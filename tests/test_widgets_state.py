@@ -270,3 +270,37 @@ def test_state_names_the_active_meshes():
     fill(model)
     assert build_state(model.snapshot())["active"] == []
     assert build_state(model.snapshot(), active=("procs",))["active"] == ["procs"]
+
+
+def test_busy_actors_show_what_they_wait_on_and_what_is_queued():
+    """The diagnosis data of heartbeats (mailbox depth, what the handler waits on) reaches
+    the dashboard's state, its detail record and the text and HTML views; an idle actor
+    shows none of it."""
+    model = HealthModel()
+    fill(model)
+    model.update("trainers", 1, ActorState.BUSY, endpoint="call_self", queued=2,
+                 waits="a call Hangs.answer to trainers rank 1")
+    model.update("trainers", 3, ActorState.IDLE, queued=0, waits=None)
+    st = build_state(model.snapshot(), version=model.version, now=200.0)
+    busy = actor_at(st, "trainers", 1)
+    assert busy["waits"] == "a call Hangs.answer to trainers rank 1" and busy["queued"] == 2
+    idle = actor_at(st, "trainers", 3)
+    assert idle["waits"] is None and idle["queued"] == 0
+    text = monarch_widgets.render_text(model.snapshot(), now=200.0)
+    assert ("rank 1 busy for" in text and "call_self; waits on a call Hangs.answer to "
+            "trainers rank 1; 2 queued") in text, text
+    html = monarch_widgets.render_html(model.snapshot(), now=200.0)
+    assert html.count('data-waiting="1"') == 1, html
+    assert "waits on a call Hangs.answer to trainers rank 1; 2 queued" in html
+
+
+def test_waits_text_says_what_a_heartbeat_waits_on():
+    from runtime.supervision.health import waits_text
+
+    assert waits_text(None) is None
+    assert waits_text({"actor": "a-1", "mesh": "first", "ranks": [0],
+                       "label": "Hangs.call_back"}) == "a call Hangs.call_back to first rank 0"
+    assert waits_text({"label": "PortReceiver.recv"}) == "a value on a Channel port (recv)"
+    c = {"call": "time.sleep(60)", "kind": "a sleep"}
+    assert waits_text({"label": "a C call", "c": c}).startswith(
+        "a C call (a sleep): time.sleep(60), not cancellable")

@@ -94,7 +94,7 @@ function render({ model, el: root }) {
     const rec = actorRecord(target.mesh, target.rank);
     if (!rec) return;
     const { m, a } = rec;
-    const [rank, code, pi, endpoint, age, handled, errors, ei, ti] = a;
+    const [rank, code, pi, endpoint, age, handled, errors, ei, ti, queued, wi] = a;
     const since = state.t - age;
     const proc = pi >= 0 ? state.procs[pi] : null;
     const st = STATES[code];
@@ -108,6 +108,11 @@ function render({ model, el: root }) {
       ["endpoint", endpoint || "-"],
       ["messages", `${handled} handled, ${errors} errors`],
     ];
+    if (st === "busy" || st === "paused") {
+      // from the last heartbeat, as runtime.diagnose (%mesh why) reads it
+      rows.push(["waits on", wi >= 0 ? state.texts[wi] : "- (runs code)"]);
+      rows.push(["queued", `${queued || 0} message(s) behind it`]);
+    }
     if (proc) rows.push(["proc", `${proc[0]} on ${proc[1]} pid ${proc[2]}`]);
     const dl = el("div", "mw-kv");
     for (const [k, v] of rows) dl.append(el("span", "mw-k", k), el("span", "mw-v", v));
@@ -194,7 +199,10 @@ function render({ model, el: root }) {
           c.dataset.state = st;
           c.className = `mw-cell s-${st}` + (selected && selected.mesh === m.name && selected.rank === a[0] ? " mw-selected" : "");
         }
-        c.title = `${m.name}[${a[0]}] ${st}` + (a[3] ? `: ${a[3]}` : "");
+        const waits = a[10] >= 0 ? state.texts[a[10]] : "";
+        c.classList.toggle("mw-waiting", Boolean(waits) || a[9] > 0 && st === "busy");
+        c.title = `${m.name}[${a[0]}] ${st}` + (a[3] ? `: ${a[3]}` : "") +
+          (waits ? `, waits on ${waits}` : "") + (a[9] > 0 ? `, ${a[9]} queued` : "");
       });
     }
     for (const [name, v] of meshViews) {

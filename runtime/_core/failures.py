@@ -72,12 +72,16 @@ class Failures:
                 <= config.heartbeat_timeout:
             return  # failed for silence, but its stream had more: alive after all
         rec.state = "failed"
+        if rec.killed_by:  # killed on purpose (kill(), chaos): say so first
+            cause = f"{rec.killed_by} ({cause})"
+        injected = rec.kill_injected
         if kill and rec.agent is not None and rec.agent.alive:
             rt.send(rec.agent.address, Header(Kind.KILL_PROCS, extra={
                 "procs": [proc_id], "signal": int(signal.SIGKILL)}))
         base = MeshFailure(mesh=rec.mesh, ranks=[rec.rank], cause=cause, host=rec.place,
                            pid=rec.pid, proc_id=proc_id, exit_code=code, signal=sig,
-                           stderr_tail=tail(list(rec.stderr_tail), config.stderr_tail_lines))
+                           stderr_tail=tail(list(rec.stderr_tail), config.stderr_tail_lines),
+                           is_injected=injected)
         rec.failure = base
         failures = []
         for m, rank in rt.state.meshes_on(proc_id):
@@ -86,7 +90,7 @@ class Failures:
             f = MeshFailure(mesh=m.name, ranks=[rank], cause=cause, host=rec.place, pid=rec.pid,
                             proc_id=proc_id, exit_code=code, signal=sig,
                             stderr_tail=base.stderr_tail, point=_point(m, rank),
-                            actor_name=m.actor_name(rank))
+                            actor_name=m.actor_name(rank), is_injected=injected)
             m.failed[rank] = f
             if m.ready[rank] is None:
                 m.ready[rank] = cause
@@ -105,6 +109,8 @@ class Failures:
         if not failures and rec.agent is not None:
             self.deliver(None, base)
         self.retire(proc_id)
+        if rec.exited is not None and not rec.exited.done():  # kill() waits on it
+            rec.exited.set_result(None)
 
     def retire(self, proc_id: str) -> None:
         """Drop a dead proc (and actor meshes with no live proc left) from the live tables.
@@ -375,7 +381,7 @@ def _why(f: MeshFailure) -> dict:
     """A proc's failure as PROC_DEAD carries it (msgpack types only)."""
     return {"mesh": f.mesh, "ranks": list(f.ranks), "cause": f.cause, "host": f.host,
             "pid": f.pid, "code": f.exit_code, "signal": f.signal,
-            "stderr": list(f.stderr_tail)}
+            "stderr": list(f.stderr_tail), "injected": bool(f.is_injected)}
 
 
 def _failure(proc_id: str, why: Any) -> Optional[MeshFailure]:
@@ -387,7 +393,8 @@ def _failure(proc_id: str, why: Any) -> Optional[MeshFailure]:
                            cause=str(why["cause"]), host=str(why.get("host") or ""),
                            pid=int(why.get("pid") or 0), proc_id=proc_id,
                            exit_code=why.get("code"), signal=why.get("signal"),
-                           stderr_tail=[str(x) for x in why.get("stderr") or []])
+                           stderr_tail=[str(x) for x in why.get("stderr") or []],
+                           is_injected=why.get("injected") is True)
     except (KeyError, TypeError, ValueError):
         return None
 

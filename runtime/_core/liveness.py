@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from .._base.process import describe_status
 from ..config import config
 from ..errors import SupervisionError
-from ..supervision.health import ActorState, ProcStats
+from ..supervision.health import ActorState, ProcStats, waits_text
 from ..transport.framing import Header, Kind
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def note_reply(rt: "Runtime", m: Any, rank: int) -> None:
     m.replied[rank] = time.time()
     if m.shown_busy and rank in m.shown_busy and m.inflight[rank] == 0 and m.health_name:
         m.shown_busy.discard(rank)
-        rt.health.update(m.health_name, rank, ActorState.IDLE)
+        rt.health.update(m.health_name, rank, ActorState.IDLE, waits=None)
 
 
 class Liveness:
@@ -129,8 +129,11 @@ class Liveness:
             rank = m.rank_of(rec.proc_id)
             if rank < 0 or rank in m.failed or m.ready[rank] is None:
                 continue
+            queued, waits = 0, None
             if len(st) >= 7:  # what waits in its mailbox, and what it waits on (diagnose)
                 m.diag[rank] = (state, endpoint, since, st[5], st[6])
+                queued = st[5] if isinstance(st[5], int) else 0
+                waits = waits_text(st[6]) if st[6] is not None else None
             if state == "busy":
                 if stale_busy(m, rank, since):
                     continue
@@ -138,7 +141,8 @@ class Liveness:
             else:
                 m.shown_busy.discard(rank)
             rt.health.update(m.health_name, rank, _STATES.get(state), endpoint=endpoint,
-                             since=since, handled=handled, errors=errors)
+                             since=since, handled=handled, errors=errors, queued=queued,
+                             waits=waits)
 
     # -- checks -------------------------------------------------------------------------------
     def check(self) -> None:

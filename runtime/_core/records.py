@@ -61,6 +61,10 @@ class ProcRecord:
     failure: Optional[MeshFailure] = None
     stopping: bool = False
     exited: Optional[Future] = None
+    #: why this runtime killed it on purpose (`kill_procs`: the user's kill(), chaos), for
+    #: its failure's cause; and whether that was an injected failure (`is_injected`)
+    killed_by: str = ""
+    kill_injected: bool = False
     tcp_address: str = ""
     log_stream: bool = True  # forward output to the output sink (logging_option)
     log_window: float = 0.0  # > 0: aggregate output over this many seconds

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from .._base.process import hostname
 from ..config import config
-from ..future import Future
+from ..future import Future, when_all
 from ..supervision.health import HealthModel
 from ..transport import auth
 from ..transport.framing import Header, Kind, extra_get
@@ -239,16 +239,59 @@ class Runtime:
                                                          port=port))
         return fut
 
-    def kill_proc(self, proc_id: str, sig: int = signal.SIGKILL) -> None:
-        """Send a signal to a proc through its host agent."""
+    def kill_proc(self, proc_id: str, sig: int = signal.SIGKILL, reason: str = "",
+                  injected: bool = False) -> None:
+        """Send a signal to a proc through its host agent. `reason` (e.g. "killed by %mesh
+        chaos") leads the cause of the failure its death makes; `injected` marks that
+        failure `is_injected` (a failure caused on purpose)."""
         rec = self.state.proc(proc_id)
         if rec is None:
             raise KeyError(f"unknown proc {proc_id}")
+        if reason or injected:
+            def mark() -> None:  # the I/O thread, before the death can be reported
+                rec.killed_by, rec.kill_injected = reason, injected
+            self.state.change(mark)
         if rec.agent is not None:
             self.send(rec.agent.address, Header(Kind.KILL_PROCS, extra={
                 "procs": [proc_id], "signal": int(sig)}))
         elif rec.pid:
             os.kill(rec.pid, sig)
+
+    def kill_procs(self, proc_ids: list, reason: str, injected: bool = False) -> Future:
+        """SIGKILL these procs through their host agents (`kill()` of a mesh): each one's
+        failure has `reason` leading its cause. Returns a Future resolved once each death
+        is known here. Refuses (ValueError) this process itself, and a proc it does not
+        own."""
+        recs = []
+        for p in proc_ids:
+            rec = self.state.proc(p)
+            if rec is None and p != self.proc_id:
+                raise ValueError(f"proc {p} is not one this process started: only its "
+                                 "owner can kill it")
+            if rec is None or rec.agent is None:
+                raise ValueError(f"proc {p} runs in this process (this_proc()): killing it "
+                                 "would end the controller")
+            recs.append(rec)
+        fut: Future = Future("kill")
+
+        def mark() -> list:
+            """The I/O thread: the procs still running, marked; each one's end awaited."""
+            live = [r for r in recs if r.state in ("starting", "running")]
+            for r in live:
+                r.killed_by, r.kill_injected = reason, injected
+                if r.exited is None:
+                    r.exited = Future()
+            return live
+
+        live = self.state.change(mark)
+        def all_dead() -> None:
+            fut.set_result(None)
+
+        when_all([r.exited for r in live], all_dead)
+        for r in live:
+            self.send(r.agent.address, Header(Kind.KILL_PROCS, extra={
+                "procs": [r.proc_id], "signal": int(signal.SIGKILL)}))
+        return fut
 
     def proc_state(self, proc_id: str) -> Optional[str]:
         """State of a proc this runtime knows: "starting", "running", "failed" or "stopped";

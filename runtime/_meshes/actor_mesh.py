@@ -139,6 +139,16 @@ class ActorMesh(MeshTrait):
         rec = self._rec
         return cancel_calls(self._rt, set(rec.proc_ids), rec.actor_id)
 
+    def kill(self) -> Future:
+        """SIGKILL the procs that host these actors (this view's), for a handler that
+        cancel cannot stop (one blocked in a C call): every actor on those procs fails,
+        and the failure (`__supervise__`, waiting calls, the fault report) says the user
+        killed it. Returns a Future resolved once each death is known."""
+        rec = self._rec
+        ids = [rec.proc_ids[r] for r in self._shape.global_ranks()]
+        return self._rt.kill_procs(ids, f"killed by the user (kill() of actor mesh "
+                                        f"{rec.name!r})")
+
     def stop(self, reason: str = "stopped by client") -> Future:
         """Stop these actors (running `__cleanup__`); their procs keep running. `reason` (as
         in Monarch) is accepted for the record only."""

@@ -13,7 +13,7 @@ from typing import Any, Optional
 from ..config import config
 from .._core.liveness import note_reply
 from ..errors import ActorError, CancelledError, SupervisionError
-from ..future import Future, resolve_later
+from ..future import Future, note_call, resolve_later
 from ..shapes import Shape
 from ..transport.framing import ERROR, Header, Kind
 from ..transport import bulk
@@ -210,6 +210,7 @@ class ReplyCollector:
                 self._finish_rank(r)
             rt.close_port(port)
             raise
+        note_call(interrupt, self.futs)  # the thread's CallScope (a notebook cell) keeps it
 
     def target(self) -> dict:
         """What this call waits on, for a diagnosis: the actor mesh and ranks."""

@@ -36,6 +36,9 @@ class Stuck:
     busy_s: float
     queued: int
     waits: Optional[dict]
+    #: for a handler blocked in a C call: its thread's stack with native frames (py-spy),
+    #: or one line saying why there is none
+    stack: tuple = ()
 
 
 def _waits_text(w: dict, names: dict) -> str:
@@ -48,6 +51,19 @@ def _waits_text(w: dict, names: dict) -> str:
     if label == "PortReceiver.recv":
         return "a value on a Channel port (recv) that nothing has sent yet"
     return label
+
+
+def _c_text(c: dict, mesh: str) -> str:
+    """A handler blocked in a C call, in the user's words, and what can end it."""
+    since = c.get("since")
+    dur = f" for {max(0.0, time.time() - since):.1f} s" if isinstance(since, (int, float)) \
+        else ""
+    text = (f"it is blocked inside a C call ({c.get('kind') or 'C code'}){dur}: "
+            f"{c.get('call') or 'a C function'} at {c.get('where') or '?'}")
+    if c.get("from"):
+        text += f", called from {c['from']}"
+    return (text + "; not cancellable: a cancel or Ctrl-C reaches it only when that call "
+            f"returns; kill() ends its proc (ActorMesh.kill(), %mesh kill {mesh})")
 
 
 def _targets(e: Stuck) -> list[tuple[str, int]]:
@@ -74,9 +90,14 @@ def explain(entries: list[Stuck]) -> str:
         line = f"{e.mesh} rank {e.rank}: {what}"
         if e.queued:
             line += f"; {e.queued} message(s) wait behind it"
-        if e.waits:
+        c = (e.waits or {}).get("c")
+        if isinstance(c, dict):
+            line += "; " + _c_text(c, e.mesh)
+        elif e.waits:
             line += f"; it waits on {_waits_text(e.waits, names)}"
         lines.append(line)
+        if e.stack:
+            lines.extend("    " + ln for ln in e.stack)
     by_key = {(e.actor_id, e.rank): e for e in entries}
     seen: set = set()
     for e in entries:
@@ -121,9 +142,11 @@ class Diagnosis:
         return f"<Diagnosis: {len(self.entries)} actor(s) busy or waiting>"
 
 
-def diagnose(mesh: Any = None) -> Diagnosis:
+def diagnose(mesh: Any = None, stacks: bool = True, timeout: float = 5.0) -> Diagnosis:
     """Why the actors of `mesh` (an ActorMesh or ProcMesh; None: every mesh this process
-    owns) are stuck, from their last heartbeats (within `heartbeat_interval`)."""
+    owns) are stuck, from their last heartbeats (within `heartbeat_interval`); with
+    `stacks`, a handler blocked in a C call comes with its thread's native stack, taken by
+    py-spy (at most `timeout` seconds)."""
     rt = get_runtime()
     procs: Optional[set] = None
     only: Optional[str] = None  # an actor mesh's key in the health model
@@ -140,6 +163,7 @@ def diagnose(mesh: Any = None) -> Diagnosis:
                             f"{type(mesh).__name__}")
     now = time.time()
     entries = []
+    in_c: list = []  # (index in entries, proc record, thread ident) of handlers in C calls
     for rec in rt.state.actor_meshes.values():
         if rec.stopped or (only is not None and rec.health_name != only) or \
                 (procs is not None and not procs.intersection(rec.proc_ids)):
@@ -150,7 +174,47 @@ def diagnose(mesh: Any = None) -> Diagnosis:
             name = f"{rec.serves} (a %%mesh cell)" if rec.internal and rec.serves else rec.name
             entries.append(Stuck(name, rec.actor_id, rank, state, endpoint or "",
                                  max(0.0, now - since) if since else 0.0, queued or 0, waits))
+            c = (waits or {}).get("c") if isinstance(waits, dict) else None
+            proc = rt.state.proc(rec.proc_ids[rank]) if rank < len(rec.proc_ids) else None
+            if stacks and isinstance(c, dict) and proc is not None:
+                in_c.append((len(entries) - 1, proc, c.get("thread")))
+    if in_c:
+        _add_native_stacks(rt, entries, in_c, timeout)
     return Diagnosis(entries)
+
+
+#: at most this many frames of a blocked handler's native stack are shown
+STACK_FRAMES = 16
+
+
+def _add_native_stacks(rt: Any, entries: list, in_c: list, timeout: float) -> None:
+    """Give each entry of `in_c` its thread's stack with native frames (py-spy, through
+    the proc's host agent, every proc at once), or the reason there is none."""
+    import dataclasses
+
+    from .proc_stacks import stacks_of_procs
+
+    try:
+        got = stacks_of_procs(rt, [(p.rank, p) for _, p, _ in in_c], True, timeout)
+    except Exception as e:  # noqa: BLE001 - a diagnosis without stacks still helps
+        got = [None] * len(in_c)
+        why = f"no native stack: {e}"
+    for (i, _, ident), st in zip(in_c, got):
+        if st is None:
+            lines = [why]
+        elif st.error:
+            lines = [f"no native stack: {st.error}"]
+        else:
+            t = next((t for t in st.threads if t.thread_id == ident), None)
+            if t is None:
+                lines = ["no native stack: py-spy did not show its thread"]
+            else:
+                frames = t.format()[1:]
+                lines = ["its thread, with native frames (py-spy, innermost first):"] + \
+                    frames[:STACK_FRAMES] + (
+                        [f"... {len(frames) - STACK_FRAMES} more frames (%mesh stacks "
+                         "--native)"] if len(frames) > STACK_FRAMES else [])
+        entries[i] = dataclasses.replace(entries[i], stack=tuple(lines))
 
 
 class _StuckWatch:
@@ -177,7 +241,7 @@ class _StuckWatch:
         if self.told or now - self.since < limit:
             return
         try:
-            d = diagnose()
+            d = diagnose(stacks=False)  # no py-spy while the cell waits (%mesh why has it)
         except Exception:  # noqa: BLE001 - a diagnosis never breaks the wait
             self.told = True
             return

@@ -219,6 +219,17 @@ class ProcMesh(MeshTrait):
         `Future.cancel()` does (`%mesh cancel`); returns how many."""
         return cancel_calls(self._rt, {p.proc_id for p in self._view_procs()})
 
+    def kill(self) -> Future:
+        """SIGKILL the procs of this view, for work that cancel cannot stop (a handler
+        blocked in a C call): their actors fail, and the failure says the user killed them
+        (`stop()` ends procs cleanly instead). Returns a Future resolved once each death is
+        known."""
+        if self._root._borrowed:
+            raise RuntimeError(f"proc mesh {self.name!r} was received from another process; "
+                               "only its owner can kill it")
+        return self._rt.kill_procs([p.proc_id for p in self._view_procs()],
+                                   f"killed by the user (kill() of proc mesh {self.name!r})")
+
     def stop(self, reason: str = "stopped by client") -> Future:
         """Stop every proc of this mesh (actors run `__cleanup__` first). Returns a Future.
         `reason` (as in Monarch) is accepted for the record only."""

@@ -90,3 +90,10 @@ def stacks_of_proc(rt: Runtime, proc_id: str, native: bool = False,
     if rec is None:
         raise KeyError(f"unknown proc {proc_id}")
     return _stacks_of(rt, [(rec.rank, rec)], native, timeout)[0]
+
+
+def stacks_of_procs(rt: Runtime, recs: list, native: bool = False,
+                    timeout: float = 10.0) -> list[ProcStacks]:
+    """The py-spy stacks of these procs ((rank, proc record) pairs), asked all at once
+    (`runtime.diagnose`'s native stacks)."""
+    return _stacks_of(rt, recs, native, timeout)

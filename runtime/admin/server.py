@@ -117,7 +117,7 @@ class AdminServer:
                                   float(timeout)))
 
     def _kill_proc(self, proc_id: str) -> bool:
-        self.rt.kill_proc(proc_id)
+        self.rt.kill_proc(proc_id, reason="killed by the user (monarch-admin)")
         return True
 
     def _stop_mesh(self, name: str, timeout: float = 30.0) -> int:

@@ -22,6 +22,7 @@ import types
 from typing import Any, Optional
 
 from .. import logs, timeline
+from ..stacks import CCallWatch
 from ..future import waiting_in
 from .._base import context as _context
 from . import _endpoints, _supervise
@@ -117,6 +118,7 @@ class ActorInstance:
         self.context: Optional[ActorContext] = None  # set when its thread starts
         self.endpoints: dict = {}
         self.aloop = _endpoints.ActorLoop(self.mailbox)  # its asyncio loop and tasks
+        self.c_watch = CCallWatch()  # a handler blocked in a C call (waiting_on)
         self.supervision = _supervise.Supervision(self)  # failures of meshes it owns
         self._spawn: Optional[tuple[Any, list]] = (body, buffers)
         self.thread = threading.Thread(target=self._run, name=f"actor-{self.name}-{self.rank}",
@@ -259,6 +261,7 @@ class ActorInstance:
                 args = (_endpoints.response_port(self, h), *args)
             if _call_hook is not None:
                 _call_hook()
+            self.injector.maybe_raise()  # inject_actor_failures(mode="raise") hit it
             if ep.concurrent:
                 self.aloop.start(self._run_concurrent(ep, h, ep.fn(self.instance, *args, **kwargs)),
                                  ep.name)
@@ -431,10 +434,14 @@ class ActorInstance:
     def waiting_on(self) -> Optional[dict]:
         """What this actor's thread is blocked on now, for a diagnosis (`runtime.diagnose`):
         a call (its actor mesh and ranks), another future (its label), an async endpoint's
-        await, or None (running code, or idle)."""
+        await, a C call it is blocked in (since the last heartbeat at least: a sleep, a
+        lock, I/O; "c" names it), or None (running code, or idle)."""
         fut = waiting_in(self.thread.ident)
         if fut is None:
-            return {"label": "an await in its async endpoint"} if self._at_await() else None
+            if self._at_await():
+                return {"label": "an await in its async endpoint"}
+            c = self.c_watch.sample(self.thread.ident, self.since)
+            return {"label": f"a C call ({c['kind']})", "c": c} if c is not None else None
         for port in fut.reply_ports:
             w = self.rt.ports.waiter(port)
             target = getattr(w, "target", None)

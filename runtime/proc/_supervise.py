@@ -25,6 +25,7 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..errors import InjectedFault
 from ..supervision import MeshFailure
 
 if TYPE_CHECKING:
@@ -179,6 +180,8 @@ class Injector:
         qcls = actor.qualified_class or ""
         self.policy: Optional[list] = ((rules or {}).get("policies") or {}).get(qcls)
         self.supervisor = qcls in ((rules or {}).get("supervisors") or [])
+        #: mode "raise": a hit makes the next endpoint call raise InjectedFault
+        self.raise_next = False
         self.rng = random.Random(os.urandom(16))  # procs forked alike: not one sequence
 
     def start(self) -> None:
@@ -197,9 +200,23 @@ class Injector:
             return
         assert self.policy is not None
         if self.rng.random() < self.policy[0]:
+            if len(self.policy) > 2 and self.policy[2] == "raise":
+                self.raise_next = True  # the actor lives on: keep rolling
+                self._arm()
+                return
             a.mailbox.put(("run", Injector._fail))
         else:
             self._arm()
+
+    def maybe_raise(self) -> None:
+        """At the start of an endpoint call (the actor's thread): after a "raise" hit,
+        raise InjectedFault there (once)."""
+        if self.raise_next:
+            self.raise_next = False
+            a = self.actor
+            log.warning("injecting a raise: %s[%d]", a.name, a.rank)
+            raise InjectedFault(f"injected failure: periodic chaos check raised in actor "
+                                f"{a.class_name} {a.name} (rank {a.rank}); the actor lives on")
 
     @staticmethod
     def _fail(a: "ActorInstance") -> None:

@@ -70,6 +70,7 @@ class MeshFailure:
         if self.internal:
             return self._proc_report()
         lines = [f"MeshFailure: mesh {self.mesh!r} rank(s) {self.ranks} failed: {self.cause}"]
+        lines += self._injected()
         lines += self._where("actor")
         # Monarch's failure report: who failed with all its descendants, and why
         lines.append(f"  The actor {self._name()} and all its descendants have failed:")
@@ -88,10 +89,18 @@ class MeshFailure:
         """The report of an internal mesh's failure, about the user's proc mesh only."""
         ranks = ", ".join(map(str, self.ranks))
         lines = [f"MeshFailure: proc mesh {self.mesh!r} rank {ranks} failed: {self.cause}"]
+        lines += self._injected()
         lines += self._where("proc")
         if not self.signal and self.exit_code is not None:
             lines.append(f"  the process exited with code {self.exit_code}")
         return "\n".join(lines + self._evidence())
+
+    def _injected(self) -> list[str]:
+        """A report line for a failure caused on purpose (`is_injected`)."""
+        if not self.is_injected:
+            return []
+        return ["  injected on purpose (inject_actor_failures or %mesh chaos): "
+                "MeshFailure.is_injected is True"]
 
     def _where(self, what: str) -> list[str]:
         """Report lines: which actor (or proc) of the mesh, on which host and pid, killed

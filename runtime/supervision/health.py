@@ -52,6 +52,30 @@ class ActorHealth:
     errors: int = 0  # endpoint calls that raised
     last_error: Optional[str] = None
     last_traceback: Optional[str] = None
+    #: messages waiting in its mailbox, and what its running handler waits on, in words
+    #: (`waits_text`), from its last heartbeat: what `runtime.diagnose` reads
+    queued: int = 0
+    waits: Optional[str] = None
+
+
+def waits_text(w: Any) -> Optional[str]:
+    """What a busy actor's handler waits on, short, for the views: a heartbeat's `waits`
+    (a call's actor mesh and ranks, a C call it is blocked in, a port, a future) in words;
+    None for nothing (it runs code)."""
+    if not isinstance(w, dict):
+        return None
+    c = w.get("c")
+    if isinstance(c, dict):
+        return (f"a C call ({c.get('kind') or 'C code'}): {c.get('call') or '?'}, "
+                "not cancellable (kill() ends its proc)")
+    if "actor" in w:
+        ranks = w.get("ranks") or []
+        r = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks}"
+        return f"a call {w.get('label') or ''} to {w.get('mesh') or '?'} {r}".replace("  ", " ")
+    label = w.get("label") or "a future"
+    if label == "PortReceiver.recv":
+        return "a value on a Channel port (recv)"
+    return str(label)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import Any, Optional
 
 from .._base import context as _context
 
-#: the open contexts, innermost last: each {"policies": {qcls: [p, s]}, "supervisors": [qcls]}
+#: the open contexts, innermost last: each {"policies": {qcls: [p, s, mode]}, "supervisors":
+#: [qcls]}; mode "fail" (the actor fails) or "raise" (its next call raises InjectedFault)
 _stack: list[dict] = []
 _lock = threading.Lock()
 
@@ -61,8 +62,9 @@ def parse(rules: Any) -> Optional[dict]:
         return None
     out: dict[str, list] = {}
     for k, v in pol.items():
-        if (isinstance(k, str) and isinstance(v, (list, tuple)) and len(v) == 2
-                and all(isinstance(x, (int, float)) for x in v) and 0 <= v[0] <= 1
+        if (isinstance(k, str) and isinstance(v, (list, tuple)) and len(v) in (2, 3)
+                and all(isinstance(x, (int, float)) for x in v[:2]) and 0 <= v[0] <= 1
                 and v[1] > 0):
-            out[k] = [float(v[0]), float(v[1])]
+            mode = v[2] if len(v) == 3 and v[2] in ("fail", "raise") else "fail"
+            out[k] = [float(v[0]), float(v[1]), mode]
     return {"policies": out, "supervisors": [s for s in sup if isinstance(s, str)]}

@@ -3,7 +3,7 @@
 import pytest
 
 from monarch_kernel.args import (
-    ActivateArgs, AdminArgs, AttachArgs, DeactivateArgs, AllocArgs, JobAllocArgs, CellArgs, InterruptArgs, ListArgs, LogsArgs, MagicArgError, MagicHelp, SpawnArgs, StacksArgs, TimelineArgs,
+    ActivateArgs, AdminArgs, AttachArgs, DeactivateArgs, AllocArgs, JobAllocArgs, CellArgs, InterruptArgs, KillArgs, ListArgs, LogsArgs, MagicArgError, MagicHelp, SpawnArgs, StacksArgs, TimelineArgs,
     StatusArgs, StopArgs, parse_mesh_cell, parse_mesh_line, parse_ranks, parse_sizes,
 )
 
@@ -50,6 +50,9 @@ def test_simple_commands():
     assert parse_mesh_line("admin") == AdminArgs()
     assert parse_mesh_line("stop a b") == StopArgs(["a", "b"], False)
     assert parse_mesh_line("stop --all") == StopArgs([], True)
+    assert parse_mesh_line("kill a b") == KillArgs(["a", "b"])
+    with pytest.raises(MagicArgError, match="NAME"):
+        parse_mesh_line("kill")
     assert parse_mesh_line("interrupt") == InterruptArgs(None)
     assert parse_mesh_line("interrupt local") == InterruptArgs("local")
     assert parse_mesh_line("activate trainers") == ActivateArgs("trainers")

@@ -55,11 +55,20 @@ def test_chaos_kills_under_calls_and_every_kill_is_reported(ip, monkeypatch):
     # every kill reported: at the root, and to a call on the killed rank
     wait_until(lambda: {r for f in failures if f.mesh == "w" for r in f.ranks} >= set(killed),
                timeout=15, what=f"failures of ranks {killed}: {[str(f) for f in failures]}")
-    for f in failures:
+    for f in failures:  # each kill reported as injected, in the user's words
         assert f.signal == 9, str(f)
-    for r in killed:
-        with pytest.raises(runtime.SupervisionError, match="SIGKILL"):
+        assert f.is_injected is True, str(f)
+        assert "killed by %mesh chaos on 'cp', an injected failure" in f.cause, f.cause
+        assert "injected on purpose" in f.report(), f.report()
+    for r in killed:  # a call to a killed rank says so too, and the dashboard's model
+        with pytest.raises(runtime.SupervisionError, match="SIGKILL") as e:
             w.slice(procs=r).step.call_one(0, -1).get(timeout=15)
+        assert e.value.failure is not None and e.value.failure.is_injected, str(e.value)
+        assert "killed by %mesh chaos" in str(e.value), str(e.value)
+    (health,) = [m for m in runtime.get_runtime().health.snapshot() if m.name == "w"]
+    for a in health.actors:
+        if a.rank in killed:
+            assert "killed by %mesh chaos" in (a.last_error or ""), a
     for r in set(range(4)) - set(killed):  # ranks it spared still answer
         assert w.slice(procs=r).step.call_one(0, r).get(timeout=15)[:2] == (0, r)
     ip.run_line_magic("mesh", "stop cp")

@@ -456,3 +456,32 @@ def test_mesh_why_names_a_cell_that_calls_its_own_mesh(ip):
     wait_until(calm, 20, "still shown stuck after the cancel")
     with capture_output():
         ip.run_line_magic("mesh", "stop whyme")
+
+
+def test_mesh_kill_ends_a_cell_stuck_in_c_that_why_names(ip):
+    """A %%mesh cell blocked in one C call (time.sleep): `%mesh why` says it is blocked in
+    a C call and not cancellable; `%mesh kill NAME` ends its proc and the cell fails in the
+    mesh's words, naming the user's kill."""
+    with capture_output():
+        ip.run_line_magic("mesh", "alloc killme --per-host procs=1 --no-progress")
+    fut = ip.run_cell_magic("mesh", "killme --noblock", "import time\ntime.sleep(120)\n")
+
+    def shown() -> str:
+        with capture_output() as out:
+            ip.run_line_magic("mesh", "why killme")
+        return out.stdout if "blocked inside a C call" in out.stdout else ""
+
+    text = wait_until(shown, 20, "the C call was not diagnosed")
+    assert "killme (a %%mesh cell) rank 0: running" in text, text
+    assert "(a sleep)" in text and "time.sleep(120)" in text and "%mesh kill" in text, text
+    with capture_output() as out:
+        ip.run_line_magic("mesh", "kill killme")
+    assert "%mesh kill: killed the 1 proc(s) hosting 'killme' (SIGKILL)" in out.stdout, \
+        out.stdout
+    with pytest.raises(Exception) as e:
+        fut.get(timeout=30)
+    assert "killed by the user (kill() of proc mesh 'killme')" in str(e.value), str(e.value)
+    with pytest.raises(UsageError, match="kill: 'nosuch' is neither"):
+        ip.run_line_magic("mesh", "kill nosuch")
+    with capture_output():
+        ip.run_line_magic("mesh", "stop killme")

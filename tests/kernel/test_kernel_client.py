@@ -251,14 +251,17 @@ def interrupt_cell_error(kernel, code: str, marker: str, count: int = 1) -> dict
                     msg["content"]["execution_state"] == "idle"), "ended before the interrupt"
     kernel.km.interrupt_kernel()
     error: dict = {"ename": None}
+    stderr = ""
     while True:
         msg = kernel.kc.get_iopub_msg(timeout=20)
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         if msg["msg_type"] == "error":
             error = msg["content"]
+        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stderr":
+            stderr += msg["content"]["text"]
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            return error
+            return {**error, "stderr": stderr}
 
 
 def test_an_interrupted_cell_is_reported_per_rank_in_the_users_words(kernel):
@@ -306,6 +309,37 @@ def test_interrupt_an_awaited_call_interrupts_the_actor(kernel):
     r = kernel.execute("sleepers.ping.call().get(timeout=15)", timeout=20)
     assert r["error"] is None, r["error"]
     assert r["results"] == ["ValueMesh({'procs': 2}, {{procs=0}: 0, {procs=1}: 0})"], r
+
+
+def test_interrupting_an_awaiting_cell_cancels_its_other_calls_not_earlier_ones(kernel, tmp_path):
+    """The stop button on a cell awaiting a call: the awaited call's actors are interrupted,
+    the cell's other call is cancelled, a call an earlier cell started goes on."""
+    release = str(tmp_path / "release")
+    r = kernel.execute("import os\n"
+                       "class Early(Actor):\n"
+                       "    @endpoint\n"
+                       "    def doze(self, release):\n"
+                       "        end = time.monotonic() + 60\n"
+                       "        while not os.path.exists(release) and time.monotonic() < end:\n"
+                       "            time.sleep(0.01)\n"
+                       "        return 'rested'\n")
+    assert r["error"] is None, r["error"]
+    r = kernel.execute("%mesh spawn workers Sleeper --name side --as side\n"
+                       "%mesh spawn workers Early --name early --as early\n"
+                       f"before = early.slice(procs=0).doze.call_one({release!r})")
+    assert r["error"] is None, r["error"]  # `before`: an earlier cell's call, still running
+    err = interrupt_cell_error(kernel, "other = side.nap.call(30)\n"
+                                       "await sleepers.nap.call(30)", "napping", count=4)
+    assert err["ename"] in ("KeyboardInterrupt", "CancelledError"), err
+    assert "interrupted: cancelled 1 call this cell started (Sleeper.nap.call)" in \
+        err["stderr"], err
+    open(release, "w").close()
+    r = kernel.execute("try:\n    other.get(timeout=10)\nexcept Exception as e:\n"
+                       "    print(type(e).__name__)\n"
+                       "print(before.get(timeout=20))", timeout=30)
+    assert r["error"] is None, r["error"]
+    # the cell's other call was cancelled; the earlier cell's call ran to its end
+    assert r["stdout"].split() == ["CancelledError", "rested"], r
 
 
 def test_local_interrupt_mode_leaves_remote_work_running(kernel):
