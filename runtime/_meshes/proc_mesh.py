@@ -57,6 +57,9 @@ class ProcMesh(MeshTrait):
         self._owner_actor = ctx.actor_id if ctx is not None else None
         self._stopped_flag = False
         self._borrowed = False  # a reference received from another process (unpickled)
+        self._adopted: dict = {}  # kept actor meshes reattached with it (runtime._meshes.reattach)
+        #: the previous controller's calls lost with it (`reattach.LostCall`), when reattached
+        self.lost_calls: list = []
         self._foreign = False  # ... by a process of another controller's session
 
     def _new_with_shape(self, shape: Shape) -> "ProcMesh":
@@ -213,6 +216,26 @@ class ProcMesh(MeshTrait):
         am = ActorMesh(rt, rec, shape, self, actor_class)
         rt.register_mesh(am)
         return am
+
+    def actor_mesh(self, name: str) -> "ActorMesh":
+        """The live actor mesh `name` on these procs: spawned here, or kept with them for a
+        reattaching controller (its actors' state intact). KeyError naming the ones there are."""
+        root = self._root
+        found = dict(getattr(root, "_adopted", {}))
+        for m in self._rt.meshes():
+            pm = getattr(m, "proc_mesh", None) if not isinstance(m, ProcMesh) else None
+            if pm is not None and pm._root is root:
+                found.setdefault(m.name, m)
+        live = {n: m for n, m in found.items() if not m.stopped}
+        if name not in live:
+            raise KeyError(f"no live actor mesh {name!r} on proc mesh {self.name!r}; there "
+                           f"are: {sorted(live) or 'none'}")
+        return live[name]
+
+    @property
+    def keep(self) -> float:
+        """Seconds the agents keep these procs after their controller goes away (0: none)."""
+        return max((p.keep for p in self._procs), default=0.0)
 
     def cancel_calls(self) -> int:
         """Cancel every call this process has in flight to actors on these procs, as

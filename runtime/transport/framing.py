@@ -52,6 +52,7 @@ class Kind(enum.IntEnum):
     TAKEN = 30  # actor -> a sender: it took n of the sender's messages that have no answer
     LOG_LEVEL = 40  # to a proc: the level its Actor.logger records print at (logging_option)
     WORKSPACE = 41  # to an agent: sync workspace files; to a proc: reload changed modules
+    REATTACH = 42  # to a kept proc: a new controller owns it; reply with its actors
 
 
 class Header(msgspec.Struct, array_like=True, omit_defaults=False, gc=False):
