@@ -234,7 +234,26 @@ class HostMesh(MeshTrait):
         from .reattach import adopt_kept
 
         self._check_not_shut_down()
-        return adopt_kept(self, timeout)
+        agents = [self._agents[r] for r in self._shape.global_ranks()]
+        return adopt_kept(self._rt, self, agents, self._spawned.add, timeout)
+
+    @property
+    def keep(self) -> Optional[float]:
+        """The default `keep` of procs spawned on these hosts (a kept job's lease; None:
+        the `keep` setting)."""
+        return self._keep
+
+    @keep.setter
+    def keep(self, seconds: Optional[float]) -> None:
+        self._keep = seconds
+
+    def proc_mesh_names(self) -> list[str]:
+        """The names of the live proc meshes on these hosts: spawned by this controller
+        through this HostMesh, or kept for it (`kept_meshes`)."""
+        names = {pm.name for pm in list(self._spawned) if not pm.stopped}
+        agents = [self._agents[r] for r in self._shape.global_ranks()]
+        names |= {n for a in agents for n, pm in a.adopted.items() if not pm.stopped}
+        return sorted(names)
 
     def proc_mesh(self, name: str, timeout: float = 30.0) -> "ProcMesh":
         """The live proc mesh `name` on these hosts: one spawned by this controller, or one
@@ -245,10 +264,8 @@ class HostMesh(MeshTrait):
         for pm in list(self._spawned):
             if pm.name == name and not pm.stopped:
                 return pm
-        mine = sorted({pm.name for pm in list(self._spawned) if not pm.stopped} |
-                      {n for n, pm in kept.items() if not pm.stopped})
         raise KeyError(f"no live proc mesh {name!r} on hosts {self.hosts}; there are: "
-                       f"{mine or 'none'}")
+                       f"{self.proc_mesh_names() or 'none'}")
 
     def sync_workspace(self, workspace: Any, conda: bool = False, auto_reload: bool = False,
                        *, progress: Optional[Callable[[str, int, int, int, int], None]] = None,

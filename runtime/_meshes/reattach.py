@@ -15,7 +15,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .._core import ActorMeshRecord, ProcRecord, Runtime
 from ..future import Future
@@ -46,11 +46,11 @@ class LostCallsWarning(UserWarning):
     """Calls of the controller before this one were lost with it (shown once, at reattach)."""
 
 
-def adopt_kept(hm: "HostMesh", timeout: float = 30.0) -> dict[str, "ProcMesh"]:
-    """Rebuild here every proc mesh the agents of `hm` kept for this controller (once:
-    later calls return the same objects); name -> ProcMesh."""
-    rt = hm._rt
-    agents = [hm._agents[r] for r in hm._shape.global_ranks()]
+def adopt_kept(rt: Runtime, hm: "HostMesh", agents: list, spawned: Callable[[Any], None],
+               timeout: float = 30.0) -> dict[str, "ProcMesh"]:
+    """Rebuild here every proc mesh that `agents` (those of host mesh `hm`) kept for this
+    controller, once (later calls return the same objects); `spawned(pm)` records each
+    with `hm`. Returns name -> ProcMesh."""
     groups: dict[str, list] = {}
 
     def take() -> None:
@@ -61,7 +61,7 @@ def adopt_kept(hm: "HostMesh", timeout: float = 30.0) -> dict[str, "ProcMesh"]:
 
     rt.state.change(take)
     for name, items in groups.items():
-        pm = _adopt_proc_mesh(rt, hm, name, items, timeout)
+        pm = _adopt_proc_mesh(rt, hm, name, items, spawned, timeout)
         for a, _ in items:
             a.adopted[name] = pm
     out: dict[str, ProcMesh] = {}
@@ -71,7 +71,7 @@ def adopt_kept(hm: "HostMesh", timeout: float = 30.0) -> dict[str, "ProcMesh"]:
 
 
 def _adopt_proc_mesh(rt: Runtime, hm: "HostMesh", name: str, items: list,
-                     timeout: float) -> "ProcMesh":
+                     spawned: Callable[[Any], None], timeout: float) -> "ProcMesh":
     from .proc_mesh import ProcMesh
 
     labels, sizes = items[0][1].get("labels"), items[0][1].get("sizes")
@@ -96,9 +96,9 @@ def _adopt_proc_mesh(rt: Runtime, hm: "HostMesh", name: str, items: list,
                         "the proc ended while no controller was attached (during the lease)")
     pm = ProcMesh(rt, name, procs, shape, hm)
     rt.register_mesh(pm)
-    hm._spawned.add(pm)
+    spawned(pm)
     answers = _ask_procs(rt, [p for p in procs if p.agent is not None], timeout)
-    pm._adopted = _adopt_actor_meshes(rt, pm, answers)
+    pm.kept_actor_meshes.update(_adopt_actor_meshes(rt, hm, pm, procs, answers))
     lost = [LostCall(c["mesh"], int(c["rank"]), c["endpoint"], c["state"])
             for ans in answers.values() for c in ans.get("lost", ())]
     pm.lost_calls = lost
@@ -164,13 +164,14 @@ def _ask_procs(rt: Runtime, procs: list[ProcRecord], timeout: float) -> dict[str
     return answers
 
 
-def _adopt_actor_meshes(rt: Runtime, pm: "ProcMesh",
+def _adopt_actor_meshes(rt: Runtime, hm: "HostMesh", pm: "ProcMesh", pm_procs: list,
                         answers: dict[str, dict]) -> dict[str, "ActorMesh"]:
-    """ActorMesh objects for the actors the procs of `pm` listed: name -> mesh."""
+    """ActorMesh objects for the actors the procs of `pm` (`pm_procs`, by rank) listed:
+    name -> mesh."""
     from .actor_mesh import ActorMesh
 
     by_id: dict[str, list] = {}
-    proc_of = {p.proc_id: p for p in pm._procs}
+    proc_of = {p.proc_id: p for p in pm_procs}
     for proc_id, ans in answers.items():
         for act in ans.get("actors", ()):
             by_id.setdefault(act["actor_id"], []).append((proc_of[proc_id], act))
@@ -187,16 +188,16 @@ def _adopt_actor_meshes(rt: Runtime, pm: "ProcMesh",
         procs = [ranked[r][0] for r in range(n)]
         cls = _load_class(first)
         rec = _record(rt, actor_id, first, procs, shape, cls)
-        view = pm if [p.proc_id for p in pm._procs] == [p.proc_id for p in procs] else None
-        if view is None:
+        view = pm if [p.proc_id for p in pm_procs] == [p.proc_id for p in procs] else None
+        if view is None:  # spawned on a slice of the proc mesh
             from .proc_mesh import ProcMesh
 
-            view = ProcMesh(rt, pm.name, procs, shape, pm._host_mesh, _root=pm)
+            view = ProcMesh(rt, pm.name, procs, shape, hm, _root=pm)
 
         def add(rec: ActorMeshRecord = rec) -> None:
-            from .proc_mesh import _claim_health_name
+            from .proc_mesh import claim_health_name
 
-            rec.health_name = _claim_health_name(rt, rec, pm.name)
+            rec.health_name = claim_health_name(rt, rec, pm.name)
             rt.state.add_actor_mesh(rec)
             rt.health.add_mesh(rec.health_name, pm.name, rec.sizes, [
                 ActorHealth(rec.health_name, i, shape.coords_of(i), ActorState.IDLE,
@@ -231,7 +232,7 @@ def _record(rt: Runtime, actor_id: str, act: dict, procs: list[ProcRecord], shap
             cls: Optional[type]) -> ActorMeshRecord:
     """The owner's record of an adopted actor mesh (as `ProcMesh.spawn` makes one)."""
     from ..actor import endpoints_of
-    from .proc_mesh import _method_signatures, _signatures
+    from .proc_mesh import endpoint_signatures, method_signatures
 
     n = len(procs)
     rec = ActorMeshRecord(
@@ -240,11 +241,11 @@ def _record(rt: Runtime, actor_id: str, act: dict, procs: list[ProcRecord], shap
         routes=[p.route for p in procs], hosts=[p.host for p in procs],
         sizes=dict(zip(shape.labels, shape.sizes_)), owned=True,
         qual_cls=act.get("qcls") or "", ready=[True] * n, inflight=[0] * n,
-        sigs=_signatures(cls) if cls is not None else {e: None for e in act["endpoints"]},
+        sigs=endpoint_signatures(cls) if cls is not None else {e: None for e in act["endpoints"]},
         initialized=Future(f"{act['name']}.initialized"))
     if cls is not None:
         eps = endpoints_of(cls)
-        rec.methods = _method_signatures(cls)
+        rec.methods = method_signatures(cls)
         rec.explicit_ports = frozenset(k for k, ep in eps.items() if ep.explicit_response_port)
         rec.propagates = {k: ep.propagate for k, ep in eps.items() if ep.propagate is not None}
     return rec

@@ -22,6 +22,7 @@ from .._base import process as _process
 from ..transport import framing
 from ..transport.framing import Header, Kind
 from .gather import ReplyGather
+from .lease import Leases
 from .logfiles import AgentLogs, capture_wanted
 from .output import ProcPipes
 from .workspace import WorkspaceStore
@@ -70,15 +71,7 @@ class Agent:
         self.owner = args.owner or ""
         self.owner_id = ""  # the attached controller's id: only its heartbeats count
         self.owner_last_seen = time.monotonic()
-        # leases (docs/multihost.md, "Kept meshes"): a proc spawned with keep > 0 outlives
-        # its controller by that many seconds; an agent started with --keep (a kept job's)
-        # ends itself and its job's files once its lease ends with nobody attached
-        self.keep_default = float(getattr(args, "keep", 0) or 0)
-        self.info: dict[str, dict] = {}  # proc id -> mesh, rank, labels, sizes, keep, pid
-        self.prev_owner = ""  # the controller before the current one (or before none)
-        self.prev_seen = time.monotonic()  # ... when it was last heard
-        #: when the last controller went away (None: one is attached)
-        self.orphaned_at: Optional[float] = time.monotonic() if not self.owner else None
+        self.leases = Leases(self, float(getattr(args, "keep", 0) or 0))  # kept procs
         self.procs: dict[str, ProcPipes] = {}
         self.by_pid: dict[int, str] = {}
         self.pending_spawn: dict[str, dict] = {}
@@ -200,10 +193,10 @@ class Agent:
             return
         if self.args.listen and framing.extra_get(h, "detach"):  # it exits; kept procs stay
             self.owner_last_seen = time.monotonic()
-            self._orphan("the controller detached")
+            self.leases.orphan("the controller detached")
         elif self.args.listen and not getattr(self.args, "exit_on_shutdown", False):
-            self._kill_procs("the controller detached")
-            self._orphan("the controller detached")
+            self.kill_procs("the controller detached")
+            self.leases.orphan("the controller detached")
         else:
             self.shutdown("asked to stop")
 
@@ -266,80 +259,19 @@ class Agent:
                     " s of silence. Pass takeover=True to take its meshes over")
                 self.send(new_owner, Header(Kind.HELLO, extra=hello))
                 return
-            self._orphan("a new controller attached")
+            self.leases.orphan("a new controller attached")
         self.owner, self.owner_lease = new_owner, float(e.get("lease") or 0)  # via a gateway
         self.owner_id = h.src
         self.owner_last_seen = now
-        self.orphaned_at = None
-        kept = []
-        for pp in self.procs.values():
-            info = self.info.get(pp.proc_id)
-            if info is not None and info.get("keep", 0) > 0 and not info.get("ending"):
-                pp.owner = new_owner  # its output, exit report: to the new controller
-                kept.append({"proc_id": pp.proc_id, **info})
-        hello.update(kept=kept, prev_owner=self.prev_owner,
-                     prev_silent_for=now - self.prev_seen)
+        hello.update(self.leases.adopt(new_owner, now))
         self.send(self.owner, Header(Kind.HELLO, extra=hello))
 
-    def _orphan(self, why: str) -> None:
-        """The controller is gone (`why`): its procs end, except kept ones, whose lease
-        starts from when it was last heard."""
-        self.prev_owner, self.prev_seen = self.owner, self.owner_last_seen
-        self.owner, self.owner_id = "", ""
-        self.orphaned_at = self.owner_last_seen
-        self._kill_procs(why, kept_too=False)
-        kept = [i for i in self.info.values() if i.get("keep", 0) > 0]
-        if kept:
-            log.warning("%s: keeping %d procs for their lease (up to %.0f s) for a controller "
-                        "to reattach", why, len(kept), max(i["keep"] for i in kept))
-
-    def _kill_procs(self, why: str, kept_too: bool = True) -> None:
+    def kill_procs(self, why: str, kept_too: bool = True) -> None:
         for pp in list(self.procs.values()):
-            info = self.info.get(pp.proc_id) or {}
-            if not kept_too and info.get("keep", 0) > 0:
+            if not kept_too and self.leases.kept(pp.proc_id):
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pp.pid, signal.SIGKILL)
-
-    def _check_leases(self) -> None:
-        """With no controller attached: end the procs whose lease has passed; an agent of a
-        kept job ends itself (and, the last of its job, the job's files) once its own lease
-        has passed and no proc is left (I/O thread)."""
-        if self.orphaned_at is None or self.stopping:
-            return
-        gone_for = time.monotonic() - self.orphaned_at
-        for proc_id, info in self.info.items():
-            if 0 < info.get("keep", 0) < gone_for and not info.get("ending"):
-                info["ending"] = True
-                log.warning("lease of proc %s (mesh %s rank %s) ended: %.0f s without a "
-                            "controller", proc_id, info.get("mesh"), info.get("rank"), gone_for)
-                pp = self.procs.get(proc_id)
-                if pp is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pp.pid, signal.SIGKILL)
-        if self.keep_default and gone_for > self.keep_default and not self.procs:
-            self._remove_job_files()
-            self.shutdown(f"lease ended ({gone_for:.0f} s without a controller)")
-
-    def _remove_job_files(self) -> None:
-        """A kept job's agent at the end of its lease: its address file goes; the last of
-        the job's agents (the one whose removal empties the address directory) removes the
-        job's directory (`--job-dir`)."""
-        addr = getattr(self.args, "address_file", None)
-        if not addr:
-            return
-        with contextlib.suppress(OSError):
-            os.unlink(addr)
-        job_dir = getattr(self.args, "job_dir", None)
-        if not job_dir:
-            return
-        try:
-            os.rmdir(os.path.dirname(addr))  # atomic: only the last agent's succeeds
-        except OSError:
-            return
-        import shutil
-
-        shutil.rmtree(job_dir, ignore_errors=True)
 
     def _spawn(self, h: Header, body: Any = None, buffers: Any = None) -> None:
         e = h.extra or {}
@@ -358,7 +290,7 @@ class Agent:
                 "mesh": p["mesh"], "owner": owner, "rank": p["rank"],
                 "capture": capture_wanted(p.get("env"), bool(self.args.listen)),
                 "labels": e.get("labels"), "sizes": e.get("sizes"),
-                "keep": float(self.keep_default if keep is None else keep)
+                "keep": float(self.leases.keep_default if keep is None else keep)
                 if self.args.listen else 0.0}
             env = dict(p.get("env") or {})
             msg = {"op": "spawn", "cfg": cfg, "env": env, "cwd": e.get("cwd")}
@@ -418,10 +350,7 @@ class Agent:
                                self.logs.for_proc(info, msg["pid"], self._forward))
                 self.procs[pp.proc_id] = pp
                 self.by_pid[pp.pid] = pp.proc_id
-                self.info[pp.proc_id] = {
-                    "mesh": info["mesh"], "rank": info.get("rank", 0), "pid": pp.pid,
-                    "labels": info.get("labels"), "sizes": info.get("sizes"),
-                    "keep": info.get("keep", 0.0)}
+                self.leases.spawned(pp.proc_id, pp.pid, info)
             elif msg["op"] == "exit":
                 self._on_exit(msg)
 
@@ -430,7 +359,7 @@ class Agent:
         pp = self.procs.pop(proc_id, None) if proc_id else None
         if pp is None:
             return
-        self.info.pop(pp.proc_id, None)
+        self.leases.exited(pp.proc_id)
         pp.finish()
         self.loop.drain_from(pp.proc_id)  # its last replies first (docs/transport.md)
         self.gather.proc_exited(pp.proc_id)
@@ -458,7 +387,7 @@ class Agent:
         from ..config import config
 
         if not self.owner:
-            self._check_leases()
+            self.leases.check()
             return
         self.send(self.owner, Header(Kind.HEARTBEAT))
         silent = time.monotonic() - self.owner_last_seen
@@ -466,7 +395,7 @@ class Agent:
             return
         if self.args.listen:
             log.warning("controller %s silent for %.0f s: ending its procs", self.owner, silent)
-            self._orphan("controller silent")
+            self.leases.orphan("controller silent")
         else:
             self.shutdown("owner silent")
 

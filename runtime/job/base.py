@@ -319,7 +319,7 @@ class Job(JobTrait, ABC):
                 state[name] = attach_to_workers(addrs, key_file=str(self.key_file),
                                                 gateway=self._gateway_address(),
                                                 takeover=takeover)
-                state[name]._keep = getattr(self, "keep", 0.0) or None
+                state[name].keep = getattr(self, "keep", 0.0) or None
         except AttachRefusedError:  # another controller owns the job: it stays as it is
             raise
         except BaseException:
@@ -341,8 +341,7 @@ class Job(JobTrait, ABC):
             try:
                 return hm.proc_mesh(name, timeout)
             except KeyError:
-                names += [n for n, pm in hm.kept_meshes(timeout).items() if not pm.stopped]
-                names += [pm.name for pm in list(hm._spawned) if not pm.stopped]
+                names += hm.proc_mesh_names()
         raise KeyError(f"{self.kind} job {self.meshes} has no live proc mesh {name!r}; "
                        f"there are: {sorted(set(names)) or 'none'}")
 

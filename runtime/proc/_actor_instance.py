@@ -114,10 +114,8 @@ class ActorInstance:
         self.current_src = ""  # the caller's id while a call runs
         self.current_reply = ""  # the caller's address while a call with a reply runs
         self.taken = Confirmations(self)  # messages without an answer, told to their senders
-        #: calls that want an answer, taken from the I/O thread and not yet handled:
-        #: (caller id, port) -> (endpoint, reply address); and the latest handled ones,
-        #: (endpoint, reply address, time.monotonic() at the end): what a reattaching
-        #: controller hears of as lost with the controller before it (`lost_calls`)
+        #: calls wanting an answer not yet handled ((caller, port) -> (endpoint, reply to)),
+        #: the latest handled (endpoint, reply to, end): lost ones (proc/_reattach.py)
         self.calls_open: dict = {}
         self.calls_done: collections.deque = collections.deque(maxlen=256)
         self.instance: Any = None
@@ -234,22 +232,6 @@ class ActorInstance:
         finally:
             if h.port and self.calls_open.pop((h.src, h.port), None) is not None:
                 self.calls_done.append((h.method, h.reply, time.monotonic()))
-
-    def lost_calls(self, old_owner: str, since: float) -> list:
-        """The calls of `old_owner` (a controller gone) whose answers it cannot have had:
-        still waiting or running here, or ended after `since` (time.monotonic(), when it
-        was last heard); each reported once (I/O thread)."""
-        lost = []
-        for key, (method, reply) in list(self.calls_open.items()):
-            if reply == old_owner:
-                self.calls_open.pop(key, None)
-                running = self.state == "busy" and self.endpoint == method
-                lost.append({"endpoint": method, "state": "running" if running else "queued"})
-        done, self.calls_done = self.calls_done, collections.deque(maxlen=256)
-        for method, reply, ended in done:
-            if reply == old_owner and ended >= since:
-                lost.append({"endpoint": method, "state": "finished"})
-        return lost
 
     def _handle_call_inner(self, h: Header, body: Any, buffers: list) -> None:
         if self.failed is not None:

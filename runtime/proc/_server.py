@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import pickle
 import queue
 import sys
 import threading
@@ -20,7 +19,7 @@ import traceback
 from typing import Any
 
 from .. import logs, timeline
-from . import _reload
+from . import _reattach, _reload
 from ._actor_instance import STOP, ActorInstance
 from ._replies import reply_extra
 from ..config import config
@@ -84,7 +83,7 @@ class ProcServer:
         return {Kind.LOG_LEVEL: self._on_log_level, Kind.CALL: self._on_call, Kind.SPAWN_ACTOR: self.on_spawn,
                 Kind.STOP_ACTOR: self._on_stop_actor, Kind.STOP_PROC: self._on_stop_proc,
                 Kind.DUMP_STACK: self._on_dump_stack, Kind.INTERRUPT: self._on_interrupt,
-                Kind.TIMELINE: self._on_timeline, Kind.REATTACH: self._on_reattach,
+                Kind.TIMELINE: self._on_timeline, Kind.REATTACH: lambda h, b, bufs: _reattach.on_reattach(self, h),
                 Kind.WORKSPACE: lambda h, b, bufs: _reload.on_message(self, h, b, bufs)}
 
     def _on_call(self, h: Header, body: Any, buffers: list) -> None:
@@ -199,37 +198,6 @@ class ProcServer:
 
     def _on_dump_stack(self, h: Header, body: Any, buffers: list) -> None:
         self.rt.send(h.reply, Header(Kind.REPLY, port=h.port), dump_stacks().encode())
-
-    def _on_reattach(self, h: Header, body: Any, buffers: list) -> None:
-        """A new controller owns this kept proc (its host agent passed it on): from now on
-        the proc and the actors the old controller spawned report to it; the answer lists
-        those actors (with their classes, pickled where they can be) and the old
-        controller's calls that are lost with it."""
-        import cloudpickle
-
-        e = h.extra or {}
-        old, new = self.rt.owner_address, str(e.get("owner") or h.reply)
-        since = time.monotonic() - float(e.get("silent_for") or 0.0)
-        actors, lost = [], []
-        for a in list(self.actors.values()):
-            if a.owner_addr != old:  # spawned by an actor, which stays its owner
-                continue
-            a.owner_addr = new
-            cls = type(a.instance) if a.instance is not None else None
-            try:
-                pickled = cloudpickle.dumps(cls) if cls is not None else b""
-            except Exception:  # noqa: BLE001 - the controller falls back to endpoint names
-                pickled = b""
-            actors.append({"actor_id": a.actor_id, "name": a.name, "rank": a.rank,
-                           "labels": list(a.shape.labels), "sizes": list(a.shape.sizes_),
-                           "cls": a.class_name, "qcls": a.qualified_class, "state": a.state,
-                           "failed": a.failed, "endpoints": sorted(a.endpoints),
-                           "pickled": pickled})
-            lost += [{"mesh": a.name, "rank": a.rank, **c} for c in a.lost_calls(old, since)]
-        self.rt.owner_address = new
-        answer = {"pid": os.getpid(), "tcp": self.rt.tcp_address, "actors": actors,
-                  "lost": lost}
-        self.rt.send(h.reply, Header(Kind.REPLY, port=h.port), pickle.dumps(answer))
 
     def _on_timeline(self, h: Header, body: Any, buffers: list) -> None:
         self.rt.send(h.reply, Header(Kind.REPLY, port=h.port),
