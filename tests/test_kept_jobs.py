@@ -64,6 +64,20 @@ CONTROLLER = textwrap.dedent("""
 """)
 
 
+# a third controller takes the job over from a live one, reads the state, and exits
+# normally: its kept procs stay for the next one
+TAKER = textwrap.dedent("""
+    import json, sys, warnings
+    from runtime.job import Job
+    job = Job.load(sys.argv[1])
+    job.state(cached_path=None, takeover=True)
+    pm = job.proc_mesh("trainers")
+    values = pm.actor_mesh("counters").get.call().get(timeout=60)
+    print(json.dumps({"values": sorted(values.values()), "lost": len(pm.lost_calls)}),
+          flush=True)
+""")
+
+
 def _start_controller(path: Path, keep: float, mode: str = "", arg: str = "0") -> tuple:
     env = {**os.environ, "MONARCH_HEARTBEAT_TIMEOUT": "2"}
     p = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(path), str(keep), mode, arg],
@@ -126,6 +140,15 @@ def test_a_killed_controllers_meshes_are_reattached_with_their_state(tmp_path):
         with pytest.raises(KeyError, match="trainers"):
             job.proc_mesh("nope")
         assert pm.keep == 120
+        # another controller takes over (this one is alive) and exits normally: it sees
+        # the state, no lost call again (reported once), and the procs stay
+        r = subprocess.run([sys.executable, "-c", TAKER, str(path)], cwd=ROOT, text=True,
+                           capture_output=True, timeout=120,
+                           env={**os.environ, "MONARCH_HEARTBEAT_TIMEOUT": "2"})
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert json.loads(r.stdout.strip().splitlines()[-1]) == {"values": [15, 116],
+                                                                 "lost": 0}
+        assert all(pid_alive(p) for p in info["procs"])
         job.kill()
         assert wait_until(lambda: not any(pid_alive(p) for p in pids), timeout=20,
                           what="kill() ends the kept procs and agents")
