@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,10 +91,13 @@ def _start_controller(path: Path, keep: float, mode: str = "", arg: str = "0") -
     return p, json.loads(line)
 
 
-def _reap(pids) -> None:
+def _reap(pids, workdir: str = "") -> None:
+    """Kill what a failed test left (by pid), and the job directory its agents kept."""
     for pid in pids:
         if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
+    if workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _attach(path: Path, takeover: bool = False):
@@ -156,7 +160,7 @@ def test_a_killed_controllers_meshes_are_reattached_with_their_state(tmp_path):
     finally:
         if job is not None:
             job.kill()
-        _reap(pids)
+        _reap(pids, info["workdir"])
 
 
 def test_a_lease_that_ends_with_nobody_attached_leaves_nothing(tmp_path):
@@ -178,4 +182,4 @@ def test_a_lease_that_ends_with_nobody_attached_leaves_nothing(tmp_path):
         with pytest.raises(JobError, match="has ended.*lease"):
             Job.load(path).state(cached_path=None, timeout=10)
     finally:
-        _reap(pids)
+        _reap(pids, info["workdir"])

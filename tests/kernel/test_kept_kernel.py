@@ -6,6 +6,7 @@ same meshes by name with their state, calls work, `%mesh list` shows the lease, 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -43,6 +44,7 @@ def test_a_kept_job_is_reattached_by_a_new_kernel(tmp_path, monkeypatch):
     old = Kernel()
     new = None
     procs: dict[int, float] = {}
+    workdir = None
     try:
         old.execute(f"import os; os.chdir({str(tmp_path)!r})")
         r = old.execute("%mesh alloc trainers --job process --hosts 1 --per-host procs=2 "
@@ -92,3 +94,5 @@ def test_a_kept_job_is_reattached_by_a_new_kernel(tmp_path, monkeypatch):
             new.close()
         old.close()
         kill_all(procs)
+        if workdir is not None:  # a failed test: the agents were killed before removing it
+            shutil.rmtree(workdir, ignore_errors=True)
