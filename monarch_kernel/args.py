@@ -238,6 +238,14 @@ class ListArgs:
 
 
 @dataclass
+class AttachJobArgs:
+    """`%mesh attach-job PATH [--takeover]`: reattach to a kept job saved at PATH."""
+
+    path: str
+    takeover: bool = False
+
+
+@dataclass
 class StatusArgs:
     name: Optional[str] = None
     text: bool = False
@@ -388,13 +396,14 @@ class CellArgs:
 
 MeshCommand = Union[AllocArgs, JobAllocArgs, SpawnArgs, ListArgs, StatusArgs, StopArgs, InterruptArgs,
                     AttachArgs, AdminArgs, ActivateArgs, DeactivateArgs, SyncArgs, ReloadArgs,
-                    LogsArgs, TimelineArgs, StacksArgs, ChaosArgs, KillArgs]
+                    LogsArgs, TimelineArgs, StacksArgs, ChaosArgs, KillArgs, AttachJobArgs]
 
 
 _COMMANDS = {
     "alloc": "allocate a process mesh and bind it to NAME",
     "spawn": "spawn an actor mesh on a process mesh",
     "list": "table of the meshes this notebook created",
+    "attach-job": "reattach to a kept job (after a kernel restart): bind its live meshes",
     "status": "live dashboard of one mesh or all",
     "stop": "stop a mesh, or all of them",
     "cancel": "cancel the calls in flight to a mesh (its actors stop them and stay usable)",
@@ -471,6 +480,15 @@ def _command_parsers() -> dict[str, _Parser]:
     s.add_argument("--as", dest="var", metavar="VAR", type=_arg_type(parse_identifier),
                    help="variable to bind the ActorMesh to (default: the name)")
 
+    aj = ps["attach-job"] = _Parser(
+        prog="%mesh attach-job",
+        description="Reattach to a job kept after its kernel went away (%mesh alloc ... "
+                    "--job process --keep 30m saves it at .monarch/jobs/NAME.pkl): bind "
+                    "each live proc mesh and actor mesh to a variable of its name, and the "
+                    "job to NAME_job; calls the old kernel had in flight are listed as lost.")
+    aj.add_argument("path", metavar="PATH", help="the saved job file")
+    aj.add_argument("--takeover", action="store_true",
+                    help="take the job over from a controller that is still alive")
     ps["list"] = _Parser(prog="%mesh list",
                          description="Show a table of meshes: name, kind, shape, state.")
 
@@ -716,6 +734,8 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
                          var=ns.var, args=args, kwargs=kwargs)
     if cmd == "list":
         return ListArgs()
+    if cmd == "attach-job":
+        return AttachJobArgs(path=ns.path, takeover=ns.takeover)
     if cmd == "status":
         return StatusArgs(name=ns.name, text=ns.text)
     if cmd == "stop":
@@ -833,6 +853,7 @@ def _job_alloc_parser() -> _Parser:
     ap.add_argument("--namespace")
     ap.add_argument("--gateway", nargs="?", const=True, metavar="tcp://H:P")
     ap.add_argument("--timeout", type=float)
+    ap.add_argument("--keep", type=parse_duration)  # a kept job's lease: 30m, 600
     return ap
 
 

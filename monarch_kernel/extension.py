@@ -97,7 +97,7 @@ def shutdown_all() -> None:
     and end the jobs the magics started."""
     sess = _sessions.current()
     if sess is not None:
-        sess.kill_jobs()
+        sess.kill_jobs(leave_kept=True)  # a kept job waits for the next kernel
     if running_runtime() is None:
         return
     import runtime

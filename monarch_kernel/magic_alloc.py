@@ -98,6 +98,9 @@ class AllocCommands:
             handle.update(Rendered(f"{spec.kind} job for {spec.name} is up; starting procs"))
         self.ctx.session.jobs[id(procs)] = (procs, job)
         self.ctx.ns[a.name + "_job"] = job
+        if getattr(job, "saved_path", None):
+            print(f"{a.name}: kept for {job.keep:g} s after this kernel goes away; a new "
+                  f"kernel reattaches with %mesh attach-job {job.saved_path}")
         try:
             self._wait_started(procs, margs.AllocArgs(name=a.name, per_host=spec.per_host,
                                                       progress=a.progress,
@@ -107,6 +110,48 @@ class AllocCommands:
             job.kill()
             raise
         self.ctx.ns[a.name] = procs
+        return None
+
+    def attach_job(self, a: margs.AttachJobArgs) -> Any:
+        """`%mesh attach-job PATH`: reattach to a kept job, bind its live meshes by name."""
+        import warnings
+
+        from runtime.errors import AttachRefusedError
+        from runtime.job import Job, JobError
+
+        self.ctx.runtime()
+        try:
+            job = Job.load(a.path)
+        except FileNotFoundError:
+            raise UsageError(f"%mesh attach-job: no saved job at {a.path!r} (a kept job's "
+                             "file is written by %mesh alloc ... --keep)") from None
+        except JobError as e:
+            raise UsageError(one_line(e, "%mesh attach-job")) from None
+        try:
+            job.state(cached_path=None, takeover=a.takeover)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                kept = job.kept_meshes()
+        except (AttachRefusedError, JobError, TimeoutError) as e:
+            raise UsageError(one_line(e, f"%mesh attach-job {a.path}")) from None
+        lines = []
+        for name, pm in kept.items():
+            if not name.isidentifier():
+                continue
+            self.ctx.ns[name] = pm
+            self.ctx.session.jobs[id(pm)] = (pm, job)
+            self.ctx.ns[name + "_job"] = job
+            actors = [n for n in pm.kept_actor_meshes if n.isidentifier()]
+            for n in actors:
+                self.ctx.ns[n] = pm.kept_actor_meshes[n]
+            lines.append(f"{name} = proc mesh {fmt_sizes(pm.sizes)} (kept {pm.keep:g} s), "
+                         f"actors: {', '.join(actors) or 'none'}")
+            for c in pm.lost_calls:
+                lines.append(f"  lost with the previous kernel: {c.mesh}[{c.rank}]."
+                             f"{c.endpoint} ({c.state}): its result went to that kernel")
+        del caught  # the lost calls are listed above, once
+        print("\n".join(lines) if lines else
+              f"%mesh attach-job: job {job.meshes} is running but kept no mesh")
         return None
 
     def _wait_started(self, procs: Any, a: margs.AllocArgs) -> None:

@@ -36,10 +36,10 @@ class InventoryCommands:
                     active = getattr(self.ctx.session, "active_mesh", None)
                     mark = " (active)" if active is not None and active[1] is obj else ""
                     t.add(obj.name, self._vars_for(obj), "procs", fmt_sizes(obj.sizes),
-                          proc_state(rt, obj) + mark)
+                          proc_state(rt, obj) + mark + _kept(obj))
                 elif isinstance(obj, ActorMesh):
                     t.add(obj.name, self._vars_for(obj), f"actors ({obj.class_name})",
-                          fmt_sizes(obj.sizes), actor_state(rt, obj))
+                          fmt_sizes(obj.sizes), actor_state(rt, obj) + _kept(obj.proc_mesh))
         return t
 
     def status(self, a: margs.StatusArgs) -> Any:
@@ -217,3 +217,12 @@ class InventoryCommands:
                  if mode == "remote" else "Ctrl-C only cancels the wait") + ")")
         return None
 
+
+
+def _kept(pm: Any) -> str:
+    """For `%mesh list`: how long a kept proc mesh outlives this kernel ('' if it does not)."""
+    keep = getattr(pm, "keep", 0) if pm is not None else 0
+    if not keep:
+        return ""
+    return (f", kept: lease ends {keep:g} s after this kernel goes away "
+            "(%mesh attach-job reattaches)")

@@ -39,7 +39,7 @@ class MeshMagics(Magics):
         observe = ObserveCommands(self.ctx)
         self.chaos = ChaosCommands(self.ctx)
         self._handlers = {
-            "alloc": alloc.alloc, "joballoc": alloc.joballoc,
+            "alloc": alloc.alloc, "joballoc": alloc.joballoc, "attachjob": alloc.attach_job,
             "spawn": alloc.spawn, "activate": alloc.activate,
             "deactivate": alloc.deactivate, "list": inventory.list,
             "status": inventory.status, "stop": inventory.stop, "cancel": inventory.cancel, "kill": inventory.kill, "why": inventory.why,

@@ -58,10 +58,16 @@ class NotebookSession:
         self.active_mesh: Any = None  # %mesh activate: (variable, ProcMesh, context, thread)
         self.cell_calls: Any = None  # the running cell's runtime.CallScope
 
-    def kill_jobs(self) -> None:
-        """End every job `%mesh alloc --job` started (cancels cluster allocations)."""
+    def kill_jobs(self, leave_kept: bool = False) -> None:
+        """End every job `%mesh alloc --job` started (cancels cluster allocations); with
+        `leave_kept` (the kernel is leaving) a kept job (`--keep`) is left to its lease."""
         jobs, self.jobs = list(self.jobs.values()), {}
         for _, job in jobs:
+            if leave_kept and getattr(job, "keep", 0):
+                print(f"monarch_kernel: {job.kind} job {job.meshes} kept for {job.keep:g} s; "
+                      f"reattach with %mesh attach-job {getattr(job, 'saved_path', 'PATH')}",
+                      file=sys.__stderr__)
+                continue
             try:
                 job.kill()
             except Exception as e:  # the others must still end

@@ -113,6 +113,11 @@ class MeshStoppedError(SupervisionError):
         return (MeshStoppedError, (self.args[0], self.failure))
 
 
+class AttachRefusedError(RuntimeErrorBase, RuntimeError):
+    """A host agent refused this controller: another live controller owns it (pass
+    `takeover=True` to take its meshes over), or a kept job's lease has ended."""
+
+
 class CancelledError(RuntimeErrorBase, concurrent.futures.CancelledError):
     """A call ended by `Future.cancel()` (or `%mesh cancel`): its actors were told to stop
     it (a running handler gets an exception at its next Python bytecode, an async one is

@@ -35,6 +35,15 @@ class AgentRecord:
     stale: set = field(default_factory=set)  # procs failed while it was lost: kill on return
     #: how reports name it where several agents share its host (`vm:41234`: host:port)
     name: str = ""
+    #: from its attach answer: the procs it kept for a reattaching controller (one dict
+    #: each: proc_id, pid, mesh, rank, labels, sizes, keep), why it refused the attach,
+    #: and how long ago (seconds) it last heard the controller before this one
+    kept: list = field(default_factory=list)
+    refused: str = ""
+    prev_owner: str = ""
+    prev_silent_for: float = 0.0
+    #: proc mesh name -> the ProcMesh rebuilt here from `kept` (`HostMesh.proc_mesh`)
+    adopted: dict = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -68,6 +77,7 @@ class ProcRecord:
     tcp_address: str = ""
     log_stream: bool = True  # forward output to the output sink (logging_option)
     log_window: float = 0.0  # > 0: aggregate output over this many seconds
+    keep: float = 0.0  # > 0: its agent keeps it this long after this controller goes away
 
     @property
     def place(self) -> str:

@@ -172,6 +172,12 @@ class Runtime:
         if e.get("agent"):
             for a in state.agents.values():
                 if a.agent_id == e.get("attach_id") or a.agent_id == h.src:
+                    if e.get("refused"):  # another controller owns it (attach_to_workers)
+                        a.refused = str(e["refused"])
+                        continue
+                    a.kept = list(e.get("kept") or [])
+                    a.prev_owner = str(e.get("prev_owner") or "")
+                    a.prev_silent_for = float(e.get("prev_silent_for") or 0.0)
                     a.host = e.get("host", a.host)
                     if a.remote and a.host != self.host:
                         self.messenger.far_agents.add(a.address)
@@ -356,13 +362,18 @@ class Runtime:
 
         def stop_all() -> None:
             self.output.flush()  # aggregated output is printed before the procs go
+            keeping: set = set()  # agents that keep procs of ours for a next controller
             for rec in self.state.procs.values():
                 if rec.state in ("running", "starting"):
+                    if rec.keep > 0 and rec.agent is not None and rec.agent.remote:
+                        keeping.add(rec.agent.agent_id)  # kept: its lease starts now
+                        continue
                     rec.stopping = True
                     self.send_to_proc(rec.address, rec.route, Header(Kind.STOP_PROC))
             for agent in self.state.agents.values():
                 if agent.alive:
-                    self.send(agent.address, Header(Kind.AGENT_STOP))
+                    detach = {"detach": True} if agent.agent_id in keeping else None
+                    self.send(agent.address, Header(Kind.AGENT_STOP, extra=detach))
                     agent.alive = False  # its exit (code 0) is no host failure
 
         try:

@@ -98,9 +98,12 @@ class HostMesh(MeshTrait):
         self._shut_down_flag = False
         self._reference = False  # received in a message: only its owner shuts it down
         self._spawned: weakref.WeakSet = weakref.WeakSet()  # proc meshes spawned through it
+        self._keep: Optional[float] = None  # a kept job's lease: its procs' default keep
 
     def _new_with_shape(self, shape: Shape) -> "HostMesh":
-        return HostMesh(self._rt, self._agents, shape)
+        hm = HostMesh(self._rt, self._agents, shape)
+        hm._keep = self._keep
+        return hm
 
     @property
     def is_fake_in_process(self) -> bool:
@@ -147,8 +150,13 @@ class HostMesh(MeshTrait):
     def spawn_procs(self, per_host: Optional[dict[str, int]] = None, name: Optional[str] = None,
                     env: Optional[dict[str, str]] = None,
                     proc_bind: Optional[list[dict[str, str]]] = None,
-                    bootstrap: Optional[Callable[[], Any]] = None) -> "ProcMesh":
+                    bootstrap: Optional[Callable[[], Any]] = None,
+                    keep: Optional[float] = None) -> "ProcMesh":
         """Start procs on every host: the mesh's dims are the host dims plus `per_host`'s.
+        `keep` (seconds; default the `keep` setting, else the job's): on a job's hosts,
+        their agents keep these procs and their actors that long after this controller
+        goes away, for another controller to reattach (`Job.proc_mesh(name)`); 0 ends them
+        with it. this_host() procs always end with their controller.
         `proc_bind` (one dict per proc of a host) pins procs to CPUs: `{"cpus": "0-3"}` or
         `{"cpunodebind": "0"}` (the CPUs of a NUMA node). `bootstrap` (Monarch's keyword)
         runs in each proc before any actor is spawned there (awaited if it returns a
@@ -168,6 +176,7 @@ class HostMesh(MeshTrait):
             raise TypeError("env must map str to str")
         env = {**(env or {}), **bootstrap_env(bootstrap)}
         rt = self._rt
+        keep = _check_keep(self._keep if keep is None else keep, self._agents, self._shape)
         self._check_not_shut_down()
         binds = _check_proc_bind(proc_bind, math.prod(per_host.values()) if per_host else 1)
         if rt.closed:
@@ -189,7 +198,8 @@ class HostMesh(MeshTrait):
                 rank = hi * n_inner + j
                 proc_id = f"{name}-{rank}-{os.urandom(3).hex()}"
                 addr = f"ipc://{rt.rundir}/{proc_id}" if not agent.remote else ""
-                procs.append(ProcRecord(proc_id, rank, name, agent, addr, host=agent.host))
+                procs.append(ProcRecord(proc_id, rank, name, agent, addr, host=agent.host,
+                                        keep=keep or 0.0))
                 spec = {"proc_id": proc_id, "rank": rank, "mesh": name,
                         "env": {**config.spawn_env(), **debug_env, **(env or {}), **binds[j]}}
                 if n_inner > 1:  # the proc's host picks its intra-op threads from this
@@ -206,13 +216,56 @@ class HostMesh(MeshTrait):
             root = root_controller_env(rt, agent.address)
             for p in plist:
                 p["env"].update(root)
-            rt.send(agent.address, Header(Kind.SPAWN_PROCS, extra={
-                "procs": plist, "owner": rt.reply_address_for(agent.address),
-                "cwd": os.getcwd()}))
+            extra = {"procs": plist, "owner": rt.reply_address_for(agent.address),
+                     "cwd": os.getcwd(), "labels": list(full.labels),
+                     "sizes": list(full.sizes_)}
+            if keep is not None:  # else the agent's own (a kept job's --keep)
+                extra["keep"] = keep
+            rt.send(agent.address, Header(Kind.SPAWN_PROCS, extra=extra))
         pm = ProcMesh(rt, name, procs, full, self)
         rt.register_mesh(pm)
         self._spawned.add(pm)
         return pm
+
+    def kept_meshes(self, timeout: float = 30.0) -> dict[str, "ProcMesh"]:
+        """The proc meshes that these hosts' agents kept for this controller after the one
+        before it went away (`spawn_procs(keep=...)`), rebuilt here with their actors
+        (`ProcMesh.actor_mesh(name)`): name -> ProcMesh. Empty when nothing was kept."""
+        from .reattach import adopt_kept
+
+        self._check_not_shut_down()
+        agents = [self._agents[r] for r in self._shape.global_ranks()]
+        return adopt_kept(self._rt, self, agents, self._spawned.add, timeout)
+
+    @property
+    def keep(self) -> Optional[float]:
+        """The default `keep` of procs spawned on these hosts (a kept job's lease; None:
+        the `keep` setting)."""
+        return self._keep
+
+    @keep.setter
+    def keep(self, seconds: Optional[float]) -> None:
+        self._keep = seconds
+
+    def proc_mesh_names(self) -> list[str]:
+        """The names of the live proc meshes on these hosts: spawned by this controller
+        through this HostMesh, or kept for it (`kept_meshes`)."""
+        names = {pm.name for pm in list(self._spawned) if not pm.stopped}
+        agents = [self._agents[r] for r in self._shape.global_ranks()]
+        names |= {n for a in agents for n, pm in a.adopted.items() if not pm.stopped}
+        return sorted(names)
+
+    def proc_mesh(self, name: str, timeout: float = 30.0) -> "ProcMesh":
+        """The live proc mesh `name` on these hosts: one spawned by this controller, or one
+        kept for it by the agents (see `kept_meshes`). KeyError naming the ones there are."""
+        kept = self.kept_meshes(timeout)
+        if name in kept and not kept[name].stopped:
+            return kept[name]
+        for pm in list(self._spawned):
+            if pm.name == name and not pm.stopped:
+                return pm
+        raise KeyError(f"no live proc mesh {name!r} on hosts {self.hosts}; there are: "
+                       f"{self.proc_mesh_names() or 'none'}")
 
     def sync_workspace(self, workspace: Any, conda: bool = False, auto_reload: bool = False,
                        *, progress: Optional[Callable[[str, int, int, int, int], None]] = None,
@@ -324,6 +377,21 @@ def _gpu_env_for(per_host: dict[str, int], inner: Shape, env: dict[str, str],
     return lambda j: table[j] if table is not None else {}
 
 
+def _check_keep(keep: Optional[float], agents: list, shape: Shape) -> Optional[float]:
+    """The lease to ask the agents for (None: theirs); a ValueError for a bad one, or for
+    one asked of this_host() procs, which always end with their controller."""
+    local = any(not agents[r].remote for r in shape.global_ranks())
+    if keep is None:
+        return None if local or not config.keep else float(config.keep)
+    if isinstance(keep, bool) or not isinstance(keep, (int, float)) or keep < 0 \
+            or keep != keep:
+        raise ValueError(f"keep={keep!r}: expected seconds >= 0")
+    if keep and local:
+        raise ValueError(f"keep={keep!r}: this_host() procs end with their controller; keep "
+                         "procs on a job's hosts (ProcessJob, SlurmJob, attach_to_workers)")
+    return float(keep)
+
+
 def _check_proc_bind(proc_bind: Optional[list], n: int) -> list[dict[str, str]]:
     """Per proc of a host, the env entry that pins it (applied in `runtime.proc`)."""
     if proc_bind is None:
@@ -418,7 +486,8 @@ def _worker_address(a: Any) -> str:
 def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[str] = None,
                       timeout: float = 30.0, name: Optional[str] = "hosts", *,
                       workers: Optional[list[str]] = None, ca: Any = None,
-                      private_key: Any = None, gateway: Optional[str] = None) -> HostMesh:
+                      private_key: Any = None, gateway: Optional[str] = None,
+                      takeover: bool = False) -> HostMesh:
     """Attach to host agents started with `python -m runtime.host --listen tcp://...` or
     `run_worker_loop_forever`; returns a HostMesh with dimension `hosts` (CurveZMQ on TCP;
     every message carries the key's token). `workers=` is Monarch's name for `addresses`
@@ -426,7 +495,9 @@ def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[
     `ca="trust_all_connections"` uses this user's key file (`auth.user_keys`).
     `gateway="tcp://H:P"`: reach the agents only through the gateway at that address (an
     `ssh -L` to a job's gateway port; docs/multihost.md), which this process dials once;
-    nothing in the cluster dials it."""
+    nothing in the cluster dials it. An agent that serves another live controller refuses
+    (`AttachRefusedError`) unless `takeover=True`; procs it kept for a reattaching
+    controller are then this process's (`HostMesh.proc_mesh(name)`)."""
     from urllib.parse import urlparse
 
     from ..host.worker import worker_key_file
@@ -471,12 +542,22 @@ def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[
         rec = AgentRecord(rt.new_id("host"), a, urlparse(a).hostname or a, remote=True)
         rt.state.change(rt.state.add_agent, rec)
         agents.append(rec)
-        extra = {"owner": my_addr, "attach_id": rec.agent_id}
+        extra = {"owner": my_addr, "attach_id": rec.agent_id, "takeover": bool(takeover)}
         if gateway is not None:  # the agent keeps our procs this long while we are cut off
             extra["lease"] = config.gateway_lease
         rt.send(a, Header(Kind.AGENT_ATTACH, extra=extra))
     deadline = time.monotonic() + timeout
     while not all(a.hello for a in agents):
+        refused = [a.refused for a in agents if a.refused]
+        if refused:
+            from ..errors import AttachRefusedError
+
+            def drop() -> None:
+                for a in agents:
+                    a.alive = False
+
+            rt.state.change(drop)
+            raise AttachRefusedError("; ".join(refused))
         if time.monotonic() > deadline:
             missing = [a.address for a in agents if not a.hello]
 

@@ -57,6 +57,10 @@ class ProcMesh(MeshTrait):
         self._owner_actor = ctx.actor_id if ctx is not None else None
         self._stopped_flag = False
         self._borrowed = False  # a reference received from another process (unpickled)
+        #: actor meshes kept with these procs and reattached here (runtime._meshes.reattach)
+        self.kept_actor_meshes: dict = {}
+        #: the previous controller's calls lost with it (`reattach.LostCall`), when reattached
+        self.lost_calls: list = []
         self._foreign = False  # ... by a process of another controller's session
 
     def _new_with_shape(self, shape: Shape) -> "ProcMesh":
@@ -169,12 +173,12 @@ class ProcMesh(MeshTrait):
             owner_name=str(ctx) if ctx is not None else "<root>",
             qual_cls=qualified_class(actor_class),
             ready=[None] * len(procs), inflight=[0] * len(procs),
-            sigs=_signatures(actor_class), initialized=Future(f"{name}.initialized"),
+            sigs=endpoint_signatures(actor_class), initialized=Future(f"{name}.initialized"),
             propagates={n: ep.propagate for n, ep in endpoints_of(actor_class).items()
                         if ep.propagate is not None},
             internal=internal, serves=self.name if internal else "",
         )
-        rec.methods = _method_signatures(actor_class)
+        rec.methods = method_signatures(actor_class)
         rec.explicit_ports = frozenset(n for n, ep in endpoints_of(actor_class).items()
                                        if ep.explicit_response_port)
         shape = Shape(labels, sizes)
@@ -183,7 +187,7 @@ class ProcMesh(MeshTrait):
 
         def add() -> list:
             """On the I/O thread: record the mesh; the ranks whose proc is already dead."""
-            rec.health_name = health_name = _claim_health_name(rt, rec, self.name)
+            rec.health_name = health_name = claim_health_name(rt, rec, self.name)
             rt.state.add_actor_mesh(rec)
             rt.health.add_mesh(health_name, self.name, rec.sizes, [
                 ActorHealth(health_name, i, shape.coords_of(i), ActorState.STARTING,
@@ -213,6 +217,26 @@ class ProcMesh(MeshTrait):
         am = ActorMesh(rt, rec, shape, self, actor_class)
         rt.register_mesh(am)
         return am
+
+    def actor_mesh(self, name: str) -> "ActorMesh":
+        """The live actor mesh `name` on these procs: spawned here, or kept with them for a
+        reattaching controller (its actors' state intact). KeyError naming the ones there are."""
+        root = self._root
+        found = dict(root.kept_actor_meshes)
+        for m in self._rt.meshes():
+            pm = getattr(m, "proc_mesh", None) if not isinstance(m, ProcMesh) else None
+            if pm is not None and pm._root is root:
+                found.setdefault(m.name, m)
+        live = {n: m for n, m in found.items() if not m.stopped}
+        if name not in live:
+            raise KeyError(f"no live actor mesh {name!r} on proc mesh {self.name!r}; there "
+                           f"are: {sorted(live) or 'none'}")
+        return live[name]
+
+    @property
+    def keep(self) -> float:
+        """Seconds the agents keep these procs after their controller goes away (0: none)."""
+        return max((p.keep for p in self._procs), default=0.0)
 
     def cancel_calls(self) -> int:
         """Cancel every call this process has in flight to actors on these procs, as
@@ -379,7 +403,8 @@ def _check_init_args(actor_class: type, args: tuple, kwargs: dict) -> None:
         pass
 
 
-def _signatures(actor_class: type) -> dict:
+def endpoint_signatures(actor_class: type) -> dict:
+    """Endpoint name -> the signature a caller passes (None where it cannot be read)."""
     sigs = {}
     for ep_name, ep in endpoints_of(actor_class).items():
         sigs[ep_name] = _caller_signature(ep.fn, ep.explicit_response_port)
@@ -423,7 +448,7 @@ def _read_caller_signature(fn: Any, explicit_port: bool) -> Optional[inspect.Sig
     return sig
 
 
-def _method_signatures(actor_class: type) -> dict:
+def method_signatures(actor_class: type) -> dict:
     """The non-endpoint public methods (for `as_endpoint`): name -> caller signature."""
     return {n: _caller_signature(getattr(actor_class, n), False)
             for n in methods_of(actor_class)}
@@ -482,7 +507,7 @@ def active_mesh_names() -> list[str]:
         return sorted(_active)
 
 
-def _claim_health_name(rt: Any, rec: ActorMeshRecord, proc_mesh: str) -> str:
+def claim_health_name(rt: Any, rec: ActorMeshRecord, proc_mesh: str) -> str:
     """The health-model name of a new actor mesh (on the I/O thread). The user's names are
     unique among themselves (`name`, then `name~2`, ...) and win over internal ones: an
     internal mesh holding the name moves to the next free one. An internal mesh's name is
@@ -505,3 +530,6 @@ def _unused(name: str, taken: set) -> str:
         k += 1
         out = f"{name}~{k}"
     return out
+
+
+_signatures, _method_signatures = endpoint_signatures, method_signatures  # older names

@@ -47,6 +47,13 @@ _SETTINGS: tuple[Setting, ...] = (
        "meanwhile, and a connection back within it finds the meshes alive; after it the "
        "hosts behind the gateway fail and their agents end the procs.", minimum=0,
        strict=True, seconds=True),
+    _s("keep", "float", 0.0, "Default lease of procs spawned on a job's hosts (agents that "
+       "listen): for this many seconds after their controller goes away (killed, its kernel "
+       "restarted) their agents keep them and their actors, so that another controller "
+       "reattaches (`Job.load(path).state()`, `job.proc_mesh(name)`); past it they end them. "
+       "0: procs end with their controller. Never applies to this_host() procs. "
+       "`spawn_procs(keep=S)` and `ProcessJob(..., keep=S)` set it per mesh or job.",
+       minimum=0, strict=False, seconds=True),
     _s("gateway_buffer_bytes", "int", 256 << 20, "Bytes of messages each end of a gateway "
        "connection keeps until the other end confirms them, so that a cut connection "
        "loses nothing: what was sent meanwhile is sent again when it returns. Past it the "

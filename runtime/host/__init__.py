@@ -52,6 +52,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                                      "(CurveZMQ, the cluster key; needs --listen)")
     p.add_argument("--log-dir", help="where this agent's directory of proc log files goes "
                                      "(default: the log_dir setting, else <runtime root>/logs)")
+    p.add_argument("--keep", type=float, default=0.0,
+                   help="seconds a listening agent keeps its procs after their controller "
+                        "goes away (the default lease of procs spawned without keep=); with "
+                        "it the agent also ends itself once the lease passes with no "
+                        "controller attached and no proc left")
+    p.add_argument("--job-dir", help="with --keep: the job's directory, removed by the last "
+                                     "of its agents to end (their address files in "
+                                     "DIR/addrs)")
     p.add_argument("--parent-pid", type=int, default=0,
                    help="exit when this parent process dies")
     args = p.parse_args(argv)

@@ -23,6 +23,7 @@ from ..transport import framing
 from ..transport.framing import Header, Kind
 from .casts import CastRelay
 from .gather import ReplyGather
+from .lease import Leases
 from .logfiles import AgentLogs, capture_wanted
 from .output import ProcPipes
 from .workspace import WorkspaceStore
@@ -69,7 +70,9 @@ class Agent:
         else:
             self.token = bytes.fromhex(args.token) if args.token else auth.new_token()
         self.owner = args.owner or ""
+        self.owner_id = ""  # the attached controller's id: only its heartbeats count
         self.owner_last_seen = time.monotonic()
+        self.leases = Leases(self, float(getattr(args, "keep", 0) or 0))  # kept procs
         self.procs: dict[str, ProcPipes] = {}
         self.by_pid: dict[int, str] = {}
         self.pending_spawn: dict[str, dict] = {}
@@ -173,7 +176,8 @@ class Agent:
         fn(h, body, buffers)
 
     def _on_heartbeat(self, h: Header, body: Any, buffers: list) -> None:
-        self.owner_last_seen = time.monotonic()
+        if not self.owner_id or h.src == self.owner_id:  # not a controller taken over
+            self.owner_last_seen = time.monotonic()
 
     def _on_kill(self, h: Header, body: Any, buffers: list) -> None:
         e = h.extra or {}
@@ -187,9 +191,16 @@ class Agent:
                     pass
 
     def _on_stop(self, h: Header, body: Any, buffers: list) -> None:
-        if self.args.listen and not getattr(self.args, "exit_on_shutdown", False):
-            self._kill_procs("the controller detached")
-            self.owner = ""
+        if self.owner_id and h.src != self.owner_id:  # a controller another took over from
+            log.warning("agent: a stop from %s ignored: controller %s owns this host now",
+                        h.src, self.owner_id)
+            return
+        if self.args.listen and framing.extra_get(h, "detach"):  # it exits; kept procs stay
+            self.owner_last_seen = time.monotonic()
+            self.leases.orphan("the controller detached")
+        elif self.args.listen and not getattr(self.args, "exit_on_shutdown", False):
+            self.kill_procs("the controller detached")
+            self.leases.orphan("the controller detached")
         else:
             self.shutdown("asked to stop")
 
@@ -219,19 +230,39 @@ class Agent:
         self.loop.send(f"ipc://{self.rundir}/{proc_id}", buffers)
 
     def _attach(self, h: Header, body: Any = None, buffers: Any = None) -> None:
-        """A controller adopts this (listening) agent; a previous owner's procs are ended."""
+        """A controller adopts this (listening) agent. While another controller is alive
+        (heard within the heartbeat timeout) it is refused, unless it asks to take over;
+        the previous controller's procs are ended, except kept ones (spawned with keep > 0),
+        which pass to the new controller: the answer lists them."""
+        from ..config import config
+
         e = h.extra or {}
         new_owner = e.get("owner", "")
+        now = time.monotonic()
+        hello = {"pid": os.getpid(), "host": socket.gethostname(),
+                 "address": self.tcp_address, "agent": True,
+                 "attach_id": e.get("attach_id", "")}
         if self.owner and self.owner != new_owner:
-            self._kill_procs("a new controller attached")
+            silent = now - self.owner_last_seen
+            if not e.get("takeover") and silent <= config.heartbeat_timeout:
+                hello["refused"] = (
+                    f"host agent {socket.gethostname()} (pid {os.getpid()}, "
+                    f"{self.tcp_address}) serves another controller ({self.owner}, heard "
+                    f"{silent:.1f} s ago); it counts as gone after {config.heartbeat_timeout:g}"
+                    " s of silence. Pass takeover=True to take its meshes over")
+                self.send(new_owner, Header(Kind.HELLO, extra=hello))
+                return
+            self.leases.orphan("a new controller attached")
         self.owner, self.owner_lease = new_owner, float(e.get("lease") or 0)  # via a gateway
-        self.owner_last_seen = time.monotonic()
-        self.send(self.owner, Header(Kind.HELLO, extra={
-            "pid": os.getpid(), "host": socket.gethostname(), "address": self.tcp_address,
-            "agent": True, "attach_id": e.get("attach_id", "")}))
+        self.owner_id = h.src
+        self.owner_last_seen = now
+        hello.update(self.leases.adopt(new_owner, now))
+        self.send(self.owner, Header(Kind.HELLO, extra=hello))
 
-    def _kill_procs(self, why: str) -> None:
+    def kill_procs(self, why: str, kept_too: bool = True) -> None:
         for pp in list(self.procs.values()):
+            if not kept_too and self.leases.kept(pp.proc_id):
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pp.pid, signal.SIGKILL)
 
@@ -247,9 +278,13 @@ class Agent:
                 "agent_tcp": self.tcp_address if self.tcp_address.startswith("tcp://") else "",
                 "workspace": self.workspace.active,  # synced code: on the proc's sys.path
             }
+            keep = p.get("keep", e.get("keep"))
             self.pending_spawn[p["proc_id"]] = {
                 "mesh": p["mesh"], "owner": owner, "rank": p["rank"],
-                "capture": capture_wanted(p.get("env"), bool(self.args.listen))}
+                "capture": capture_wanted(p.get("env"), bool(self.args.listen)),
+                "labels": e.get("labels"), "sizes": e.get("sizes"),
+                "keep": float(self.leases.keep_default if keep is None else keep)
+                if self.args.listen else 0.0}
             env = dict(p.get("env") or {})
             msg = {"op": "spawn", "cfg": cfg, "env": env, "cwd": e.get("cwd")}
             if p.get("gpu"):  # one GPU per proc, chosen from this host's devices
@@ -308,6 +343,7 @@ class Agent:
                                self.logs.for_proc(info, msg["pid"], self._forward))
                 self.procs[pp.proc_id] = pp
                 self.by_pid[pp.pid] = pp.proc_id
+                self.leases.spawned(pp.proc_id, pp.pid, info)
             elif msg["op"] == "exit":
                 self._on_exit(msg)
 
@@ -316,6 +352,7 @@ class Agent:
         pp = self.procs.pop(proc_id, None) if proc_id else None
         if pp is None:
             return
+        self.leases.exited(pp.proc_id)
         pp.finish()
         self.loop.drain_from(pp.proc_id)  # its last replies first (docs/transport.md)
         self.gather.proc_exited(pp.proc_id)
@@ -343,6 +380,7 @@ class Agent:
         from ..config import config
 
         if not self.owner:
+            self.leases.check()
             return
         self.send(self.owner, Header(Kind.HEARTBEAT))
         silent = time.monotonic() - self.owner_last_seen
@@ -350,8 +388,7 @@ class Agent:
             return
         if self.args.listen:
             log.warning("controller %s silent for %.0f s: ending its procs", self.owner, silent)
-            self._kill_procs("owner silent")
-            self.owner = ""
+            self.leases.orphan("controller silent")
         else:
             self.shutdown("owner silent")
 

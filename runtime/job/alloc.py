@@ -10,6 +10,7 @@ does once its arguments are parsed (the parsing lives in `monarch_kernel.args`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .base import Job, check_meshes
@@ -19,7 +20,7 @@ KINDS = ("local", "process", "slurm", "ssh", "kubernetes")
 #: The options (Job keyword arguments) each kind of job takes.
 OPTIONS: dict[str, frozenset[str]] = {
     "local": frozenset({"timeout"}),
-    "process": frozenset({"timeout"}),
+    "process": frozenset({"timeout", "keep"}),
     "slurm": frozenset({"partition", "time_limit", "account", "qos", "gpus_per_node",
                         "gateway", "timeout"}),
     "ssh": frozenset({"ssh_hosts", "gateway", "timeout"}),
@@ -83,7 +84,16 @@ class AllocSpec:
         job = job or self.make_job()
         host_mesh = job.state(cached_path=None)[self.name]  # agents end with this process
         try:
-            return job, host_mesh.spawn_procs(per_host=self.per_host, name=self.name)
+            procs = host_mesh.spawn_procs(per_host=self.per_host, name=self.name)
         except BaseException:
             job.kill()
             raise
+        if getattr(job, "keep", 0):  # kept: saved where the next controller finds it
+            job.saved_path = str(job.dump(saved_job_path(self.name)).resolve())
+        return job, procs
+
+
+def saved_job_path(name: str) -> Path:
+    """Where `%mesh alloc NAME --job process --keep ...` saves its kept job (for
+    `%mesh attach-job`): `.monarch/jobs/NAME.pkl` under the working directory."""
+    return Path(".monarch") / "jobs" / f"{name}.pkl"

@@ -284,12 +284,14 @@ class Job(JobTrait, ABC):
         self.apply()
 
     def state(self, cached_path: str | os.PathLike | None | object = ...,
-              timeout: float | None = None) -> JobState:
+              timeout: float | None = None, takeover: bool = False) -> JobState:
         """Start if needed, wait for every agent, and return mesh name -> HostMesh.
 
         With a `cached_path` (default: the class's `default_cached_path`), a job saved there
         that `can_run` this spec is reattached instead of starting a new one; a job started
-        here is saved there (Monarch's `job.state(cached_path=...)`)."""
+        here is saved there (Monarch's `job.state(cached_path=...)`). Agents that serve
+        another live controller refuse (`AttachRefusedError`) unless `takeover=True`;
+        meshes they kept for a next controller are then reached with `proc_mesh(name)`."""
         if self._state is not None:  # as in Monarch, each call its own HostMesh objects
             again = JobState()     # (same hosts): stop() on one leaves the others' procs
             for name, hm in self._state.items():
@@ -308,13 +310,18 @@ class Job(JobTrait, ABC):
                 started_here = True
         found = self.wait_addresses(timeout)
         from .._meshes import attach_to_workers
+        from ..errors import AttachRefusedError
 
         state = JobState()
         try:
             for name, n in self.meshes.items():
                 addrs = [found[(name, i)] for i in range(n)]
                 state[name] = attach_to_workers(addrs, key_file=str(self.key_file),
-                                                gateway=self._gateway_address())
+                                                gateway=self._gateway_address(),
+                                                takeover=takeover)
+                state[name].keep = getattr(self, "keep", 0.0) or None
+        except AttachRefusedError:  # another controller owns the job: it stays as it is
+            raise
         except BaseException:
             self.kill()
             raise
@@ -322,6 +329,30 @@ class Job(JobTrait, ABC):
         if path is not None and started_here:
             self.dump(path)
         return state
+
+    def proc_mesh(self, name: str, timeout: float = 30.0) -> Any:
+        """The live proc mesh `name` on this job's hosts: spawned by this controller, or
+        kept by the agents after the controller before it went away (a restarted kernel
+        reattaching with `Job.load(path).state()`), its actors reached with
+        `.actor_mesh(actor_name)`. KeyError naming the proc meshes there are."""
+        state = self._state if self._state is not None else self.state()
+        names: list[str] = []
+        for hm in state.values():
+            try:
+                return hm.proc_mesh(name, timeout)
+            except KeyError:
+                names += hm.proc_mesh_names()
+        raise KeyError(f"{self.kind} job {self.meshes} has no live proc mesh {name!r}; "
+                       f"there are: {sorted(set(names)) or 'none'}")
+
+    def kept_meshes(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Proc mesh name -> ProcMesh of every mesh the job's agents kept for this
+        controller (after the one before it went away); empty when none."""
+        state = self._state if self._state is not None else self.state()
+        out: dict[str, Any] = {}
+        for hm in state.values():
+            out.update(hm.kept_meshes(timeout))
+        return out
 
     def logs(self, mesh: Any, rank: int | None = None, tail: int | None = None,
              grep: str | None = None, timeout: float = 10.0) -> Any:

@@ -17,12 +17,18 @@ from .base import Job, JobError, read_address_files, slots, tail
 
 
 def agent_argv(python: str, listen: str, key_file: Path, address_file: Path,
-               tied: bool = True, log_dir: Path | None = None) -> list[str]:
+               tied: bool = True, log_dir: Path | None = None, keep: float = 0.0,
+               job_dir: Path | None = None) -> list[str]:
     """The command line of one host agent; when `tied`, it exits when this process dies;
-    its procs' log files go under `log_dir` when given."""
+    its procs' log files go under `log_dir` when given; with `keep`, it keeps its procs
+    that long after their controller goes away and then ends, the last of the job's
+    agents removing `job_dir`."""
     argv = [python, "-m", "runtime.host", "--listen", listen, "--key-file", str(key_file),
             "--address-file", str(address_file)]
     argv += ["--log-dir", str(log_dir)] if log_dir is not None else []
+    if keep:
+        argv += ["--keep", repr(float(keep))]
+        argv += ["--job-dir", str(job_dir)] if job_dir is not None else []
     return argv + (["--parent-pid", str(os.getpid())] if tied else [])
 
 
@@ -59,7 +65,8 @@ class LocalJob(Job):
             log = open(self.workdir / f"agent-{mesh}.{i}.log", "wb")
             argv = agent_argv(self.python, "tcp://127.0.0.1:0", self.key_file,
                               self.workdir / "addrs" / f"{mesh}.{i}.addr", self.tied,
-                              None if config.log_dir else self.workdir / "logs")
+                              None if config.log_dir else self.workdir / "logs",
+                              getattr(self, "keep", 0.0), self.workdir)
             self.procs[(mesh, i)] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                                      stdin=subprocess.DEVNULL, env=env,
                                                      start_new_session=not self.tied)

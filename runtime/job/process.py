@@ -33,7 +33,12 @@ class ProcessJob(LocalJob):
     """Monarch's `ProcessJob(meshes, env=None)`: one host agent per host on this machine
     (loopback TCP, CurveZMQ). `state()` caches the job at `.monarch/job_state.pkl` by default
     and its agents then outlive this process until `kill()`; with `cached_path=None` they
-    exit with this process, like a `LocalJob`'s."""
+    exit with this process, like a `LocalJob`'s. With `keep=SECONDS` (default: the `keep`
+    setting) the job is kept: its agents outlive this process, and keep the procs spawned
+    on it and their actors that long after their controller goes away, for another
+    controller to reattach (`Job.load(path).state()`, then `job.proc_mesh(name)`); past
+    the lease with nobody attached they end the procs and themselves, and remove the job's
+    directory."""
 
     kind = "process"
     cacheable = True
@@ -41,15 +46,21 @@ class ProcessJob(LocalJob):
     _transient = ("_state", "procs")
 
     def __init__(self, meshes: dict[str, int], env: dict[str, str] | None = None,
-                 **kw: Any) -> None:
+                 keep: float | None = None, **kw: Any) -> None:
+        from ..config import config
+
         kw.setdefault("progress", False)
         super().__init__(meshes=meshes, env=env, **kw)
+        keep = config.keep if keep is None else keep
+        if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not keep >= 0:
+            raise ValueError(f"keep={keep!r}: expected seconds >= 0")
+        self.keep = float(keep)
         self.tied = False  # an explicit apply() starts a job that outlives this process
         self.agent_pids: dict[str, int] = {}
         self.agent_starts: dict[int, int | None] = {}
 
     def _apply_for_state(self, cached: bool) -> None:
-        self.tied = not cached
+        self.tied = not cached and not self.keep  # a kept job outlives this process
         self.apply()
 
     def _launch(self) -> None:
@@ -76,6 +87,12 @@ class ProcessJob(LocalJob):
         if self.procs:
             return super()._check()
         if not self._alive():
+            if self.keep and self.workdir is not None and not self.workdir.exists():
+                raise JobError(
+                    f"process job {self.meshes} (directory {self.workdir}) has ended: it was "
+                    f"kept for {self.keep:g} s after its controller went away, and its lease "
+                    "ended with no controller attached; its agents, procs and files are "
+                    "gone. Start a new job")
             raise JobError(f"process job: agents {self.agent_pids} are no longer running")
         return f"{len(self.agent_pids)} agents running"
 

@@ -9,6 +9,7 @@ Layer 6 (process roles, under `_server`): imports `_endpoints`, `_supervise`,
 from __future__ import annotations
 
 import bdb
+import collections
 import ctypes
 import inspect
 import logging
@@ -114,6 +115,10 @@ class ActorInstance:
         self.current_src = ""  # the caller's id while a call runs
         self.current_reply = ""  # the caller's address while a call with a reply runs
         self.taken = Confirmations(self)  # messages without an answer, told to their senders
+        #: calls wanting an answer not yet handled ((caller, port) -> (endpoint, reply to)),
+        #: the latest handled (endpoint, reply to, end): lost ones (proc/_reattach.py)
+        self.calls_open: dict = {}
+        self.calls_done: collections.deque = collections.deque(maxlen=256)
         self.instance: Any = None
         self.context: Optional[ActorContext] = None  # set when its thread starts
         self.endpoints: dict = {}
@@ -224,6 +229,13 @@ class ActorInstance:
                           self.rank, h.method)
 
     def _handle_call(self, h: Header, body: Any, buffers: list) -> None:
+        try:
+            self._handle_call_inner(h, body, buffers)
+        finally:
+            if h.port and self.calls_open.pop((h.src, h.port), None) is not None:
+                self.calls_done.append((h.method, h.reply, time.monotonic()))
+
+    def _handle_call_inner(self, h: Header, body: Any, buffers: list) -> None:
         if self.failed is not None:
             if h.port:
                 self._reply_error(h, _endpoints.failed_reply(self, self.failed))

@@ -19,7 +19,7 @@ import traceback
 from typing import Any
 
 from .. import logs, timeline
-from . import _reload
+from . import _reattach, _reload
 from ._actor_instance import STOP, ActorInstance
 from ._replies import reply_extra
 from ..config import config
@@ -83,12 +83,14 @@ class ProcServer:
         return {Kind.LOG_LEVEL: self._on_log_level, Kind.CALL: self._on_call, Kind.SPAWN_ACTOR: self.on_spawn,
                 Kind.STOP_ACTOR: self._on_stop_actor, Kind.STOP_PROC: self._on_stop_proc,
                 Kind.DUMP_STACK: self._on_dump_stack, Kind.INTERRUPT: self._on_interrupt,
-                Kind.TIMELINE: self._on_timeline,
+                Kind.TIMELINE: self._on_timeline, Kind.REATTACH: lambda h, b, bufs: _reattach.on_reattach(self, h),
                 Kind.WORKSPACE: lambda h, b, bufs: _reload.on_message(self, h, b, bufs)}
 
     def _on_call(self, h: Header, body: Any, buffers: list) -> None:
         a = self.actors.get(h.actor)
         if a is not None:
+            if h.port:
+                a.calls_open[(h.src, h.port)] = (h.method, h.reply)
             a.mailbox.put(("call", h, body, buffers))
             return
         if h.actor not in self.stopped_actors:

@@ -53,6 +53,7 @@ class Kind(enum.IntEnum):
     RELAY_LOST = 31  # caller -> agent of a cast tree: a relay below it died, with its procs
     LOG_LEVEL = 40  # to a proc: the level its Actor.logger records print at (logging_option)
     WORKSPACE = 41  # to an agent: sync workspace files; to a proc: reload changed modules
+    REATTACH = 42  # to a kept proc: a new controller owns it; reply with its actors
 
 
 class Header(msgspec.Struct, array_like=True, omit_defaults=False, gc=False):
