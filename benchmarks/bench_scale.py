@@ -1,5 +1,7 @@
 """Scale: a call + gather to 64 vs 1,024 actors on 16 host agents (LocalJob), side by side,
-and 1,024 again with the replies gathered per host (gather_replies='on').
+1,024 again with the replies gathered per host (gather_replies='on'), and 1,024 through a
+cast tree of the agents (cast_fanout=--fanout, default 4: the controller sends 4 messages
+per cast and gets 4 batches back).
 
 16 agents x 4 procs = 64 procs; 16 actor meshes of 64 actors = 1,024 actors. For each size
 it prints the median time of `call()` + gather of every reply, the controller's CPU time
@@ -8,7 +10,7 @@ sends per cast (runtime stats["sent"]): with per-host fan-out that is one per ho
 (16), not one per actor. The reference row is the 64-actor case of the same run. Progress
 goes to stderr, the table to stdout.
 
-    PYTHONPATH=. python benchmarks/bench_scale.py [--hosts 16] [--procs 4] [--meshes 16]
+    PYTHONPATH=. python benchmarks/bench_scale.py [--hosts 16] [--procs 4] [--meshes 16] [--fanout 4]
 """
 from __future__ import annotations
 
@@ -55,6 +57,8 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=4, help="procs per host")
     ap.add_argument("--meshes", type=int, default=16, help="actor meshes (one actor per proc each)")
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--fanout", type=int, default=4,
+                    help="cast_fanout of the tree row (the other rows: one FANOUT per agent)")
     a = ap.parse_args()
     rt = runtime.get_runtime()
     t0 = time.perf_counter()
@@ -85,11 +89,15 @@ def main() -> None:
             return ((rt.stats["sent"] - sent) / casts, (rt.stats["received"] - received) / casts)
 
         rows = []
-        cases = (("1 mesh", one, 1, "off"), (f"{a.meshes} meshes", all_, a.meshes, "off"),
-                 (f"{a.meshes} meshes, gathered", all_, a.meshes, "on"))
-        for label, fn, casts, gather in cases:
+        star = max(a.hosts, 16)  # cast_fanout at least the hosts: one FANOUT per agent
+        cases = (("1 mesh", one, 1, "off", star),
+                 (f"{a.meshes} meshes", all_, a.meshes, "off", star),
+                 (f"{a.meshes} meshes, gathered", all_, a.meshes, "on", star),
+                 (f"{a.meshes} meshes, tree fan-out {a.fanout}", all_, a.meshes, "auto",
+                  a.fanout))
+        for label, fn, casts, gather, fanout in cases:
             progress(f"{label}: {a.iters} x call + gather to {casts * n_procs} actors")
-            with runtime.configured(gather_replies=gather):
+            with runtime.configured(gather_replies=gather, cast_fanout=fanout):
                 times, cpu = timed(fn, a.iters)
                 counts = [msgs_per_cast(fn, casts) for _ in range(5)]
             msgs = (statistics.median(c[0] for c in counts), statistics.median(c[1] for c in counts))
@@ -113,7 +121,10 @@ def main() -> None:
           "messages (runtime stats): one sent per host agent with per-host fan-out. gathered: each "
           "host agent sends the replies of its procs to a call as one message "
           "(gather_replies='on'; the default 'auto' gathers for agents on other hosts only: "
-          "here the agents' extra work competes with the controller for the same cores).")
+          "here the agents' extra work competes with the controller for the same cores). "
+          "tree: casts go down a tree of agents with at most --fanout children each and the "
+          "replies come back up it (docs/transport.md, 'The cast tree'); sent/received also "
+          "count heartbeats, so they are medians over 5 rounds of one iteration.")
 
 
 if __name__ == "__main__":

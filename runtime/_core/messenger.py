@@ -8,7 +8,7 @@ call fails.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Collection, Optional, Sequence
 
 from ..config import config
 from ..transport import auth, casttree, framing
@@ -33,6 +33,11 @@ class Messenger:
         self.dead_agents: set[str] = set()  # host agents known dead: casts go around them
         self._trees: dict = {}  # (targets, base, fanout) -> the cast tree (agent_down clears)
         self.cast_messages = 0  # messages `cast` has put on the wire (counted per cast)
+        #: the addresses of the host agents whose death this process hears of (set by the
+        #: runtime): only a mesh on such agents is cast to down a tree, since a relay's death
+        #: must be seen to fail what waits on its subtree
+        self.watched_agents: Optional[Callable[[], Collection[str]]] = None
+        self._watched: dict = {}  # id(base) -> (base, every agent of it watched)
         if keys is not None:
             self.use_keys(keys)
 
@@ -170,6 +175,20 @@ class Messenger:
         if address not in self.dead_agents:
             self.dead_agents.add(address)
             self._trees.clear()
+            self._watched.clear()
+
+    def _watches(self, base: Sequence[str]) -> bool:
+        """Whether this process hears of the death of every agent of `base` (kept per base
+        object: a mesh keeps its own)."""
+        got = self._watched.get(id(base))
+        if got is not None and got[0] is base:
+            return got[1]
+        known = self.watched_agents() if self.watched_agents is not None else ()
+        ok = bool(known) and all(a in known for a in base)
+        if len(self._watched) >= 64:
+            self._watched.pop(next(iter(self._watched)))
+        self._watched[id(base)] = (base, ok)
+        return ok
 
     def tree_for(self, targets: list, base: Optional[Sequence[str]]) -> Optional[casttree.Tree]:
         """The cast tree a cast to `targets` ((address, route) per proc) goes down, laid over
@@ -177,7 +196,7 @@ class Messenger:
         to each agent (`base` has at most `cast_fanout` agents). Kept for the same targets
         list object: a whole mesh's casts build it once."""
         fanout = config.cast_fanout
-        if base is None or len(base) <= fanout:
+        if base is None or len(base) <= fanout or not self._watches(base):
             return None
         key = (id(targets), id(base), fanout)
         got = self._trees.get(key)

@@ -59,6 +59,8 @@ class Runtime:
                            max_message_bytes=config.max_message_bytes)
         self.messenger = Messenger(self.loop, self.proc_id, self.token, keys)
         self.messenger.address = self.loop.bind(f"ipc://{self.rundir}/{self.proc_id}")
+        self.messenger.watched_agents = lambda: {a.address for a in
+                                                 list(self.state.agents.values())}
         self.state = State(self.loop)
         self.ports = Ports()
         self.failures = Failures(self)

@@ -9,6 +9,11 @@ and at once when a reply is an error (the call fails fast on it); later replies 
 call follow as they come. A batch is sent early, too, rather than grow past a message's
 frame count or the size limit (`max_message_bytes`): it splits, never fails. Runs on the
 agent's I/O thread.
+
+In a cast tree (runtime/transport/casttree.py) an agent's batch also waits for the batches
+of its child agents, and goes to its parent agent instead of the caller; every batch lists
+the procs that will not answer through it (`gone`: exited here, or below a dead relay), so
+the caller settles each rank from the tree alone (docs/transport.md, "The cast tree").
 """
 
 from __future__ import annotations
