@@ -204,16 +204,29 @@ class ProcMesh(MeshTrait):
 
         dead = set(rt.state.change(add))
         injection = None if internal else _injection.rules_here()  # inject_actor_failures
+        base = {"name": name, "labels": list(labels), "sizes": list(sizes),
+                "cls": actor_class.__name__, "qcls": qualified_class(actor_class),
+                "creator": creator}
+        if injection is not None:
+            base["inject"] = injection
+        routed: dict[str, int] = {}  # proc id -> rank, for the procs only an agent reaches
+        targets = []
         for i, p in enumerate(procs):
-            if i not in dead:
-                extra = {"name": name, "rank": i, "labels": list(labels),
-                         "sizes": list(sizes), "cls": actor_class.__name__,
-                         "qcls": qualified_class(actor_class), "creator": creator}
-                if injection is not None:
-                    extra["inject"] = injection
-                h = Header(Kind.SPAWN_ACTOR, actor=rec.actor_id, reply=reply, rank=i,
-                           extra=extra)
-                rt.send_to_proc(p.address, p.route, h, body, tuple(bufs))
+            if i in dead:
+                continue
+            if not p.address and p.route:
+                routed[p.proc_id] = i
+                targets.append((p.address, p.route))
+                continue
+            h = Header(Kind.SPAWN_ACTOR, actor=rec.actor_id, reply=reply, rank=i,
+                       extra={**base, "rank": i})
+            rt.send_to_proc(p.address, p.route, h, body, tuple(bufs))
+        if routed:  # one cast: one message per agent, or down the mesh's cast tree, so the
+            # spawn goes the way the mesh's calls will (docs/transport.md, "The cast tree")
+            h = Header(Kind.SPAWN_ACTOR, actor=rec.actor_id, reply=reply,
+                       extra={**base, "rank": -1, "ranks": routed})
+            rt.messenger.cast(targets, h, body, tuple(bufs),
+                              base=rec.agents() if rec.routes else None)
         am = ActorMesh(rt, rec, shape, self, actor_class)
         rt.register_mesh(am)
         return am

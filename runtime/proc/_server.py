@@ -122,6 +122,16 @@ class ProcServer:
     def on_spawn(self, h: Header, body: Any, buffers: list) -> None:
         if h.actor in self.actors:
             return
+        ranks = extra_get(h, "ranks")  # cast to many procs at once: each finds its rank
+        if isinstance(ranks, dict):
+            rank = ranks.get(self.rt.proc_id)
+            if not isinstance(rank, int):
+                log.warning("a SPAWN_ACTOR of %s names no rank for this proc; dropped",
+                            h.actor)
+                return
+            h.rank = rank
+            h.extra = {k: v for k, v in h.extra.items() if k != "ranks"}
+            h.extra["rank"] = rank
         a = ActorInstance(self, h, body, buffers)
         self.actors[h.actor] = a
         for item in self.early.pop(h.actor, ()):
