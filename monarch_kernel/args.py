@@ -366,12 +366,16 @@ class TimelineArgs:
 
 @dataclass
 class ChaosArgs:
-    """`%mesh chaos MESH --kill-every DUR [--for DUR]` / `%mesh chaos MESH --stop`."""
+    """`%mesh chaos MESH --kill-every DUR [--for DUR]` (SIGKILL random procs),
+    `%mesh chaos MESH --raise --every DUR [--for DUR]` (random actors raise InjectedFault
+    at their next call) / `%mesh chaos MESH --stop`. One of `kill_every` and `raise_every`
+    is set, unless `stop`."""
 
     mesh: str
     kill_every: Optional[float] = None
     duration: Optional[float] = None
     stop: bool = False
+    raise_every: Optional[float] = None
 
 
 @dataclass
@@ -420,7 +424,8 @@ _COMMANDS = {
     "logs": "what a mesh's procs wrote, from their log files (exited procs too)",
     "timeline": "per rank, the endpoint calls and spans of the last minutes; --save: a Chrome trace",
     "stacks": "every thread of a mesh's procs, taken from outside by py-spy (GIL holder, --native)",
-    "chaos": "SIGKILL a random proc of a mesh at an interval while you work (--stop ends it)",
+    "chaos": "SIGKILL a random proc of a mesh at an interval while you work (--raise: a "
+             "random actor raises instead; --stop ends it)",
 }
 
 
@@ -608,12 +613,20 @@ def _command_parsers() -> dict[str, _Parser]:
         prog="%mesh chaos",
         description="SIGKILL a random live proc of MESH (only that mesh) every --kill-every, "
                     "from a background thread, while the notebook keeps working: see "
-                    "__supervise__ and your recovery code at work. One line per kill; ends "
-                    "after --for, when no live proc is left, or with '%mesh chaos MESH --stop'.")
+                    "__supervise__ and your recovery code at work. With --raise --every DUR, "
+                    "a random actor of MESH raises runtime.InjectedFault at its next call "
+                    "instead (the caller gets an ActorError, the actor lives on). One line "
+                    "per kill or raise; ends after --for, when no live proc (actor) is left, "
+                    "or with '%mesh chaos MESH --stop'.")
     ch.add_argument("mesh", metavar="MESH", help="a ProcMesh or ActorMesh variable, or a proc "
                                                  "mesh's name")
     ch.add_argument("--kill-every", dest="kill_every", metavar="DUR",
                     type=_arg_type(parse_duration), help="interval between kills (5s, 500ms)")
+    ch.add_argument("--raise", dest="raises", action="store_true",
+                    help="make random actors of MESH raise InjectedFault at their next call, "
+                         "instead of killing procs (with --every DUR)")
+    ch.add_argument("--every", dest="every", metavar="DUR", type=_arg_type(parse_duration),
+                    help="interval between raises with --raise (without it: between kills)")
     ch.add_argument("--for", dest="duration", metavar="DUR", type=_arg_type(parse_duration),
                     help="stop after this long (default: until --stop or no live proc)")
     ch.add_argument("--stop", action="store_true", help="stop the chaos on MESH")
@@ -773,14 +786,33 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
     if cmd == "stacks":
         return StacksArgs(mesh=ns.mesh, rank=ns.rank, native=ns.native, timeout=ns.timeout)
     if cmd == "chaos":
-        if ns.stop and (ns.kill_every is not None or ns.duration is not None):
-            raise MagicArgError("%mesh chaos: --stop takes no --kill-every or --for")
-        if not ns.stop and ns.kill_every is None:
-            raise MagicArgError("%mesh chaos: say how often with --kill-every DUR (e.g. 5s), "
-                                "or --stop")
-        return ChaosArgs(mesh=ns.mesh, kill_every=ns.kill_every, duration=ns.duration,
-                         stop=ns.stop)
+        return _chaos_args(ns)
     raise MagicArgError(f"%mesh: unknown command {cmd!r}")  # pragma: no cover
+
+
+def _chaos_args(ns: argparse.Namespace) -> ChaosArgs:
+    """`%mesh chaos`: kill (the default) or --raise, with one interval, or --stop."""
+    if ns.stop and (ns.kill_every is not None or ns.every is not None or ns.raises
+                    or ns.duration is not None):
+        raise MagicArgError("%mesh chaos: --stop takes no --kill-every, --raise, --every or "
+                            "--for")
+    if ns.raises and ns.kill_every is not None:
+        raise MagicArgError("%mesh chaos: --raise and --kill-every exclude each other "
+                            "(--raise makes actors raise instead of killing procs): give "
+                            "--raise --every DUR")
+    if ns.kill_every is not None and ns.every is not None:
+        raise MagicArgError("%mesh chaos: give the interval once, --kill-every DUR or "
+                            "--every DUR")
+    every = ns.every if ns.every is not None else ns.kill_every
+    if not ns.stop and every is None:
+        if ns.raises:
+            raise MagicArgError("%mesh chaos: say how often --raise raises with --every DUR "
+                                "(e.g. 5s)")
+        raise MagicArgError("%mesh chaos: say how often with --kill-every DUR (e.g. 5s), "
+                            "--raise --every DUR, or --stop")
+    return ChaosArgs(mesh=ns.mesh, kill_every=None if ns.raises else every,
+                     duration=ns.duration, stop=ns.stop,
+                     raise_every=every if ns.raises else None)
 
 
 #: The `%mesh` subcommands that need no kernel session (what `%load_ext monarch_widgets`

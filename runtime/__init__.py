@@ -39,7 +39,7 @@ from .workspace import Workspace, WorkspaceError, WorkspaceTooLarge
 from .host.worker import run_worker_loop_forever
 from .shapes import Extent, Point, Shape, ShapeError
 from .supervision import MeshFailure, default_unhandled_fault_hook
-from .fault_injection import ActorFailurePolicy, inject_actor_failures
+from .fault_injection import ActorFailurePolicy, inject_actor_failures, inject_raise
 from .supervision.health import ActorState
 from .value_mesh import ValueMesh
 from . import _core, _wiring, hooks  # noqa: F401 - _wiring: provides the upward calls
@@ -117,5 +117,5 @@ __all__ = [
     "this_host", "this_proc", "unhandled_fault_hook",
     "Workspace", "WorkspaceError", "WorkspaceTooLarge", "WorkspaceSyncError", "SyncResult",
     "HostSync", "ProcReload", "reload_actor_class", "ActorFailurePolicy",
-    "InjectedFault", "inject_actor_failures",
+    "InjectedFault", "inject_actor_failures", "inject_raise",
 ]

@@ -3,7 +3,10 @@ the named classes fail at random while a context is open, so `__supervise__` and
 code can be tried on purpose. Their failures are real ones (the owner hears of them, waits
 on them fail) that carry `MeshFailure.is_injected`.
 
-Layer 8 (a feature that plugs in): imports `actor` and `supervision`.
+`inject_raise` makes one actor of a live mesh raise at its next call, on demand (what
+`%mesh chaos MESH --raise` does on a schedule).
+
+Layer 8 (a feature that plugs in): imports `actor`, `supervision` and `_meshes`.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from collections.abc import Collection, Generator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ._meshes.actor_mesh import ActorMesh, arm_raise
 from .actor import Actor, qualified_class
+from .future import Future
 from .supervision import injection as _rules
 
-__all__ = ["ActorFailurePolicy", "inject_actor_failures"]
+__all__ = ["ActorFailurePolicy", "inject_actor_failures", "inject_raise"]
 
 
 @dataclass(frozen=True)
@@ -96,3 +101,25 @@ def inject_actor_failures(
         yield
     finally:
         _rules.pop(rules)
+
+
+def inject_raise(mesh: ActorMesh, rank: int, reason: str = "injected by inject_raise") -> Future:
+    """Make the actor at `rank` of `mesh` (a rank of this view) raise `InjectedFault` at the
+    start of its next endpoint call, as `ActorFailurePolicy(mode="raise")` does but for an
+    actor already running, of any class, now: the caller gets an `ActorError` whose message
+    reads `injected failure: <reason> raised in actor Cls mesh (rank r); the actor lives
+    on`, and the actor lives on (one raise per arming). A call without a caller (no reply
+    wanted) fails the actor, as any such raise does.
+
+    Returns a Future[bool]: True once the actor's proc has armed it, False when that actor
+    is stopped, failed or gone; it fails with `SupervisionError` if the proc dies first.
+    `%mesh chaos MESH --raise --every DUR` calls it on random ranks of MESH at an interval.
+    Raises TypeError for a `mesh` that is not an ActorMesh, IndexError for a rank outside it.
+    """
+    if not isinstance(mesh, ActorMesh):
+        raise TypeError(f"inject_raise: mesh must be an ActorMesh, got {type(mesh).__name__}")
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(f"inject_raise: rank must be an int, got {rank!r}")
+    if not isinstance(reason, str):
+        raise TypeError(f"inject_raise: reason must be a str, got {reason!r}")
+    return arm_raise(mesh, rank, reason)

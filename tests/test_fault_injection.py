@@ -92,6 +92,29 @@ def test_raise_mode_fails_calls_not_the_actor(procs, failures):
     flaky.stop().get(timeout=30)
 
 
+def test_inject_raise_makes_one_live_actor_raise_once(procs, failures):
+    """`runtime.inject_raise`: an actor already running, of a class no policy names, raises
+    InjectedFault (naming the reason) at its next call only; the actor lives on, the other
+    ranks are untouched, nothing is supervised."""
+    _, kids = procs
+    steady = kids.spawn("steady", Steady)
+    steady.initialized.get(timeout=30)
+    assert runtime.inject_raise(steady, 1, reason="a test's chaos").get(timeout=30) is True
+    with pytest.raises(runtime.ActorError, match="InjectedFault") as e:
+        steady.slice(procs=1).ping.call_one().get(timeout=30)
+    assert "injected failure: a test's chaos raised in actor Steady steady (rank 1)" in \
+        str(e.value) and "the actor lives on" in str(e.value), str(e.value)
+    assert steady.slice(procs=1).ping.call_one().get(timeout=30) == 2  # once, and it lives
+    assert steady.slice(procs=0).ping.call_one().get(timeout=30) == 2
+    with pytest.raises(IndexError, match="rank 2"):
+        runtime.inject_raise(steady, 2)
+    with pytest.raises(TypeError, match="ActorMesh"):
+        runtime.inject_raise(kids, 0)
+    assert failures == []
+    steady.stop().get(timeout=30)
+    assert runtime.inject_raise(steady, 0).get(timeout=30) is False  # a stopped mesh
+
+
 def test_bad_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="probability"):
         ActorFailurePolicy(1.5)

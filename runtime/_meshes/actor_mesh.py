@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Generator, Optional
 from .._core import ActorMeshRecord, Runtime, get_runtime, reach
 from ..future import Future, resolved
 from ..shapes import MeshTrait, Shape
-from ..transport.framing import Header, Kind
+from ..transport.framing import Header, Kind, extra_get
 from .adverbs import EndpointRef, NotAnEndpoint
 from .collector import cancel_calls
 
@@ -219,6 +219,37 @@ class ActorMesh(MeshTrait):
 # `mesh.stop` is the endpoint, `ActorMesh.stop(mesh)` still stops the actors).
 _MESH_METHODS = frozenset(n for n in dir(ActorMesh) if not n.startswith("_")
                           and inspect.isfunction(inspect.getattr_static(ActorMesh, n)))
+
+
+def arm_raise(mesh: ActorMesh, rank: int, reason: str) -> Future:
+    """`runtime.inject_raise` (checked there): ask the actor at `rank` of this view to raise
+    InjectedFault at its next endpoint call. Future[bool]: whether it was armed (False: that
+    actor is gone or failed); fails (SupervisionError) if its proc dies first."""
+    rt, rec = mesh._rt, mesh._rec
+    ranks = mesh._ranks()
+    if not 0 <= rank < len(ranks):
+        raise IndexError(f"inject_raise: rank {rank} is not in actor mesh {rec.name!r} "
+                         f"({len(ranks)} actors)")
+    g = ranks[rank]
+    fut: Future = Future(f"inject_raise({rec.name}, {rank})")
+    if rec.stopped or rec.proc_ids[g] in rt.state.dead_procs or g in rec.failed:
+        fut.set_result(False)
+        return fut
+
+    def on_reply(h: Header, body: Any, buffers: list) -> None:
+        rt.close_port(port)
+        fut.set_result(bool(extra_get(h, "armed", False)))
+
+    def on_fail(exc: BaseException, **_: Any) -> None:
+        rt.close_port(port)
+        fut.set_exception(exc)
+
+    port = rt.open_port(on_reply, on_fail, {rec.proc_ids[g]})
+    addr, route = rec.target(g)
+    reply = rt.reply_address_for(addr or (route or ("",))[0])
+    rt.send_to_proc(addr, route, Header(Kind.INJECT, actor=rec.actor_id, rank=g, reply=reply,
+                                        port=port, extra={"reason": str(reason)}))
+    return fut
 
 
 def _rebuild_actor_mesh(state: dict) -> ActorMesh:

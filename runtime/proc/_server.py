@@ -83,7 +83,8 @@ class ProcServer:
         return {Kind.LOG_LEVEL: self._on_log_level, Kind.CALL: self._on_call, Kind.SPAWN_ACTOR: self.on_spawn,
                 Kind.STOP_ACTOR: self._on_stop_actor, Kind.STOP_PROC: self._on_stop_proc,
                 Kind.DUMP_STACK: self._on_dump_stack, Kind.INTERRUPT: self._on_interrupt,
-                Kind.TIMELINE: self._on_timeline, Kind.REATTACH: lambda h, b, bufs: _reattach.on_reattach(self, h),
+                Kind.TIMELINE: self._on_timeline, Kind.INJECT: self._on_inject,
+                Kind.REATTACH: lambda h, b, bufs: _reattach.on_reattach(self, h),
                 Kind.WORKSPACE: lambda h, b, bufs: _reload.on_message(self, h, b, bufs)}
 
     def _on_call(self, h: Header, body: Any, buffers: list) -> None:
@@ -212,6 +213,15 @@ class ProcServer:
     def _on_timeline(self, h: Header, body: Any, buffers: list) -> None:
         self.rt.send(h.reply, Header(Kind.REPLY, port=h.port),
                      timeline.encode(int(extra_get(h, "since", 0) or 0)))
+
+    def _on_inject(self, h: Header, body: Any, buffers: list) -> None:
+        """`runtime.inject_raise`: the actor's next endpoint call raises InjectedFault;
+        answers whether it was armed (False: no such live actor here)."""
+        a = self.actors.get(h.actor)
+        armed = a is not None and a.injector.arm_raise(str(extra_get(h, "reason", "") or ""))
+        if h.port:
+            self.rt.send(h.reply, Header(Kind.REPLY, port=h.port, rank=h.rank, status=OK,
+                                         extra={"armed": bool(armed)}))
 
     def _on_interrupt(self, h: Header, body: Any, buffers: list) -> None:
         """Ctrl-C in a caller's wait, or `Future.cancel()` (`cancel`): the actors serving the

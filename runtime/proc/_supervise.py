@@ -182,6 +182,8 @@ class Injector:
         self.supervisor = qcls in ((rules or {}).get("supervisors") or [])
         #: mode "raise": a hit makes the next endpoint call raise InjectedFault
         self.raise_next = False
+        #: why, for a raise armed from outside (`arm_raise`, e.g. by `%mesh chaos --raise`)
+        self.raise_reason = ""
         self.rng = random.Random(os.urandom(16))  # procs forked alike: not one sequence
 
     def start(self) -> None:
@@ -208,13 +210,27 @@ class Injector:
         else:
             self._arm()
 
+    def arm_raise(self, reason: str) -> bool:
+        """`runtime.inject_raise` (the I/O thread): the next endpoint call raises
+        InjectedFault naming `reason`; False when the actor is failed or stopping."""
+        a = self.actor
+        if a.failed is not None or a.state == "stopped" or a.server.stopping:
+            return False
+        self.raise_next, self.raise_reason = True, reason
+        return True
+
     def maybe_raise(self) -> None:
         """At the start of an endpoint call (the actor's thread): after a "raise" hit,
         raise InjectedFault there (once)."""
         if self.raise_next:
             self.raise_next = False
+            reason, self.raise_reason = self.raise_reason, ""
             a = self.actor
             log.warning("injecting a raise: %s[%d]", a.name, a.rank)
+            if reason:
+                raise InjectedFault(f"injected failure: {reason} raised in actor "
+                                    f"{a.class_name} {a.name} (rank {a.rank}); the actor "
+                                    "lives on")
             raise InjectedFault(f"injected failure: periodic chaos check raised in actor "
                                 f"{a.class_name} {a.name} (rank {a.rank}); the actor lives on")
 

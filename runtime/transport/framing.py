@@ -54,6 +54,7 @@ class Kind(enum.IntEnum):
     LOG_LEVEL = 40  # to a proc: the level its Actor.logger records print at (logging_option)
     WORKSPACE = 41  # to an agent: sync workspace files; to a proc: reload changed modules
     REATTACH = 42  # to a kept proc: a new controller owns it; reply with its actors
+    INJECT = 43  # to a proc: an actor's next endpoint call raises InjectedFault (inject_raise)
 
 
 class Header(msgspec.Struct, array_like=True, omit_defaults=False, gc=False):

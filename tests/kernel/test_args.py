@@ -199,3 +199,21 @@ def test_chaos_line_durations_and_errors():
                      ("chaos p --stop --for 1s", "--stop takes no")):
         with pytest.raises(a.MagicArgError, match=msg):
             a.parse_mesh_line(bad)
+
+
+def test_chaos_raise_mode_and_its_errors():
+    from monarch_kernel import args as a
+
+    assert a.parse_mesh_line("chaos p --raise --every 500ms --for 2m") == a.ChaosArgs(
+        mesh="p", raise_every=0.5, duration=120.0)
+    assert a.parse_mesh_line("chaos p --every 2s") == a.ChaosArgs(mesh="p", kill_every=2.0)
+    for bad, msg in (("chaos p --raise", "--raise raises with --every"),
+                     ("chaos p --raise --kill-every 1s", "--raise and --kill-every exclude"),
+                     ("chaos p --raise --every 1s --kill-every 1s", "exclude each other"),
+                     ("chaos p --kill-every 1s --every 1s", "interval once"),
+                     ("chaos p --raise --every never", "duration"),
+                     ("chaos p --raise --every 0s", "positive"),
+                     ("chaos p --stop --raise", "--stop takes no"),
+                     ("chaos p --stop --every 1s", "--stop takes no")):
+        with pytest.raises(a.MagicArgError, match=msg):
+            a.parse_mesh_line(bad)
