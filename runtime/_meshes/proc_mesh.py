@@ -298,8 +298,11 @@ class ProcMesh(MeshTrait):
         if not pending:
             fut.set_result(None)
             return fut
-        for p in pending:
-            rt.send_to_proc(p.address, p.route, Header(Kind.STOP_PROC))
+        # one cast: one message per agent, or down the cast tree of the mesh's agents (the
+        # way casts to its actors go when they span it), not one message per proc
+        base = tuple(dict.fromkeys(p.route[0] for p in self._procs if p.route))
+        rt.messenger.cast([(p.address, p.route) for p in pending], Header(Kind.STOP_PROC),
+                          base=base or None)
         deadline = time.monotonic() + config.stop_timeout + 1.0
 
         def check() -> None:
