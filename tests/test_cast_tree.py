@@ -14,6 +14,7 @@ import runtime
 from runtime import Actor, endpoint
 from runtime.config import configured
 from runtime.transport import casttree
+from _util import wait_until
 
 # -- the shape (pure) -------------------------------------------------------------------------
 
@@ -243,7 +244,7 @@ def test_an_answer_sent_before_a_death_counts_through_the_tree(tree20) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_a_relay_killed_mid_cast_fails_exactly_its_subtree(tmp_path) -> None:
+def test_a_relay_killed_mid_cast_fails_exactly_its_subtree(tmp_path, capfd) -> None:
     """fan-out 3 over 20 agents: rank 1's agent relays to rank 2's, below rank 0's. It is
     SIGKILLed while a gathered call() and a stream() wait on every rank: the call fails
     naming ranks 1 and 2 (their answers would have come through it), the stream fails
@@ -252,6 +253,15 @@ def test_a_relay_killed_mid_cast_fails_exactly_its_subtree(tmp_path) -> None:
         job = _job(20)
         try:
             m = _mesh(job, "relays")
+            # each agent announced its procs' log directory before its procs ran (all came
+            # in before these answers): the controller prints one line for all 20
+            m.rank.call().get(timeout=60)
+            err = []
+            wait_until(lambda: err.append(capfd.readouterr().err) or
+                       "proc output files: " in "".join(err), 30, every=0.05)
+            m.rank.call().get(timeout=60)
+            said = ("".join(err) + capfd.readouterr().err).count("proc output files: ")
+            assert said == 1, f"{said} lines for 20 agents writing side by side"
             base = [str(r) for r in range(20)]
             tree = casttree.build(base, {a: [a] for a in base}, 3)
             assert tree.parent["1"] == "0" and tree.below["1"] == ["2"]  # the shape tested

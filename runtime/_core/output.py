@@ -22,6 +22,20 @@ class ProcOutput:
         self.rt = rt
         self.aggregator = Aggregator()
         self.writer = logs.OutputWriter()
+        self.announced: set[str] = set()  # logs directories of agents' procs, named once
+
+    def _said_before(self, text: str) -> bool:
+        """An agent's "proc output files: HOST:DIR/" line whose logs directory (DIR's
+        parent: a job's agents write side by side) another agent named already: one line
+        per job, not one per host agent."""
+        head, _, where = text.partition(": ")
+        if head != "proc output files":
+            return False
+        key = where.strip().rstrip("/").rsplit("/", 1)[0].split(":", 1)[-1]
+        if key in self.announced:
+            return True
+        self.announced.add(key)
+        return False
 
     def on_log(self, h: Header, body: Any, buffers: list) -> None:
         e = h.extra or {}
@@ -31,6 +45,8 @@ class ProcOutput:
         text = bytes(body).decode("utf-8", "replace")
         rec = self.rt.state.proc(proc_id)
         if rec is None:
+            if not proc_id and label == "monarch" and self._said_before(text):
+                return
             self.writer.put(self.rt.output_sink, label or proc_id, stream, text)
             return
         label = label or rec.mesh
