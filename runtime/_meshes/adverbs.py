@@ -91,14 +91,15 @@ class EndpointRef:
 
     def _where(self, ranks: list[int]) -> tuple[list, frozenset]:
         """(targets, proc ids) of `ranks`: (address, route) per rank, and their procs; kept
-        once every proc has an address (it does not change after)."""
+        for the view's own ranks (a record's addresses and routes never change), so a mesh's
+        casts reuse one targets list and with it its cast tree (`Messenger.tree_for`)."""
         got = self._targets
         if got is not None and ranks is self._mesh._ranks():
             return got
         rec = self._mesh._rec
         targets = [rec.target(r) for r in ranks]
         got = (targets, frozenset(rec.proc_ids[r] for r in ranks))
-        if ranks is self._mesh._ranks() and all(t[0] for t in targets):
+        if ranks is self._mesh._ranks():
             self._targets = got
         return got
 
@@ -222,7 +223,7 @@ class EndpointRef:
         mailbox (docs/transport.md, "Full queues")."""
         rt = self._mesh._rt
         rec = self._mesh._rec
-        targets = [rec.target(r) for r in ranks]
+        targets = self._where(ranks)[0]  # kept: one cast tree per mesh, not one per send
         size = len(body) + sum(memoryview(b).nbytes for b in bufs)
         take_room(rt, rec, ranks, size, confirm=True)
         first = targets[0][0] or (targets[0][1] or ("",))[0] if targets else ""
