@@ -33,13 +33,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ProcInfo:
-    """Where one proc of a mesh runs."""
+    """Where one proc of a mesh runs, and its state when it was read (starting, running,
+    failed, stopped ...)."""
 
     rank: int
     proc_id: str
     host: str
     pid: int
     address: str
+    state: str = ""
 
 
 class ProcMesh(MeshTrait):
@@ -91,7 +93,7 @@ class ProcMesh(MeshTrait):
     @property
     def procs(self) -> list[ProcInfo]:
         """Where each proc of this view runs (pid 0 until the proc has said hello)."""
-        return [ProcInfo(i, p.proc_id, p.host, p.pid, p.address)
+        return [ProcInfo(i, p.proc_id, p.host, p.pid, p.address, str(p.state))
                 for i, p in enumerate(self._view_procs())]
 
     def __await__(self) -> Generator[Any, None, "ProcMesh"]:
@@ -234,17 +236,24 @@ class ProcMesh(MeshTrait):
     def actor_mesh(self, name: str) -> "ActorMesh":
         """The live actor mesh `name` on these procs: spawned here, or kept with them for a
         reattaching controller (its actors' state intact). KeyError naming the ones there are."""
+        live = self._live_actor_meshes()
+        if name not in live:
+            raise KeyError(f"no live actor mesh {name!r} on proc mesh {self.name!r}; there "
+                           f"are: {sorted(live) or 'none'}")
+        return live[name]
+
+    def _live_actor_meshes(self) -> dict:
         root = self._root
         found = dict(root.kept_actor_meshes)
         for m in self._rt.meshes():
             pm = getattr(m, "proc_mesh", None) if not isinstance(m, ProcMesh) else None
             if pm is not None and pm._root is root:
                 found.setdefault(m.name, m)
-        live = {n: m for n, m in found.items() if not m.stopped}
-        if name not in live:
-            raise KeyError(f"no live actor mesh {name!r} on proc mesh {self.name!r}; there "
-                           f"are: {sorted(live) or 'none'}")
-        return live[name]
+        return {n: m for n, m in found.items() if not m.stopped}
+
+    def actor_mesh_names(self) -> list[str]:
+        """The names of the live actor meshes on these procs (see `actor_mesh`)."""
+        return sorted(self._live_actor_meshes())
 
     @property
     def keep(self) -> float:

@@ -90,6 +90,9 @@ class AllocSpec:
             raise
         if getattr(job, "keep", 0):  # kept: saved where the next controller finds it
             job.saved_path = str(job.dump(saved_job_path(self.name)).resolve())
+            from .context import set_current_job
+
+            set_current_job(job.saved_path)  # the terminal's `runtime.cli` finds it
         return job, procs
 
 

@@ -328,6 +328,9 @@ class Job(JobTrait, ABC):
         self._state = self._with_admin(state)
         if path is not None and started_here:
             self.dump(path)
+        from .clients import register_owner
+
+        register_owner(self)  # its terminal clients ask through this controller's endpoint
         return state
 
     def proc_mesh(self, name: str, timeout: float = 30.0) -> Any:
@@ -344,6 +347,21 @@ class Job(JobTrait, ABC):
                 names += hm.proc_mesh_names()
         raise KeyError(f"{self.kind} job {self.meshes} has no live proc mesh {name!r}; "
                        f"there are: {sorted(set(names)) or 'none'}")
+
+    def proc_mesh_names(self, timeout: float = 30.0) -> list[str]:
+        """The names of the live proc meshes on this job's hosts: spawned by this controller,
+        or kept for it (adopted here)."""
+        state = self._state if self._state is not None else self.state()
+        names: set[str] = set()
+        for hm in state.values():
+            hm.kept_meshes(timeout)
+            names.update(hm.proc_mesh_names())
+        return sorted(names)
+
+    def ensure_running(self) -> None:
+        """JobError saying why when the job can no longer serve (its agents are gone: killed,
+        or a kept job's lease ended with no controller attached)."""
+        self._check()
 
     def kept_meshes(self, timeout: float = 30.0) -> dict[str, Any]:
         """Proc mesh name -> ProcMesh of every mesh the job's agents kept for this
