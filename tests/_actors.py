@@ -233,3 +233,13 @@ class Ledger(Actor):
         time.sleep(s)
         return s
 
+    @endpoint
+    def hold(self, path: str, limit: float = 60.0) -> bool:
+        """Busy until `path` exists (or `limit` seconds pass): whether it appeared."""
+        deadline = time.monotonic() + limit
+        while not os.path.exists(path):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+

@@ -54,3 +54,14 @@ def describe_status(code: int | None, sig: int | None) -> str:
             name = f"signal {sig}"
         return f"killed by {name}"
     return f"exited with code {code}"
+
+
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), None when it is gone or a zombie; with
+    the pid it names one process, even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[19])

@@ -14,6 +14,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .._base import features as _features
+from .._base.process import hostname, start_time
 from .._core import AgentRecord, ProcRecord, Runtime, get_runtime
 from .._core.liveness import gateway_lost
 from ..config import TOKEN_ENV, config
@@ -542,7 +543,8 @@ def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[
         rec = AgentRecord(rt.new_id("host"), a, urlparse(a).hostname or a, remote=True)
         rt.state.change(rt.state.add_agent, rec)
         agents.append(rec)
-        extra = {"owner": my_addr, "attach_id": rec.agent_id, "takeover": bool(takeover)}
+        extra = {"owner": my_addr, "attach_id": rec.agent_id, "takeover": bool(takeover),
+                 "pid": os.getpid(), "host": hostname(), "start": start_time(os.getpid())}
         if gateway is not None:  # the agent keeps our procs this long while we are cut off
             extra["lease"] = config.gateway_lease
         rt.send(a, Header(Kind.AGENT_ATTACH, extra=extra))

@@ -71,6 +71,7 @@ class Agent:
             self.token = bytes.fromhex(args.token) if args.token else auth.new_token()
         self.owner = args.owner or ""
         self.owner_id = ""  # the attached controller's id: only its heartbeats count
+        self.owner_process: tuple = (None, None, None)  # its (host, pid, start time)
         self.owner_last_seen = time.monotonic()
         self.leases = Leases(self, float(getattr(args, "keep", 0) or 0))  # kept procs
         self.procs: dict[str, ProcPipes] = {}
@@ -244,7 +245,8 @@ class Agent:
                  "attach_id": e.get("attach_id", "")}
         if self.owner and self.owner != new_owner:
             silent = now - self.owner_last_seen
-            if not e.get("takeover") and silent <= config.heartbeat_timeout:
+            if not e.get("takeover") and silent <= config.heartbeat_timeout and \
+                    not self._owner_exited():
                 hello["refused"] = (
                     f"host agent {socket.gethostname()} (pid {os.getpid()}, "
                     f"{self.tcp_address}) serves another controller ({self.owner}, heard "
@@ -255,9 +257,19 @@ class Agent:
             self.leases.orphan("a new controller attached")
         self.owner, self.owner_lease = new_owner, float(e.get("lease") or 0)  # via a gateway
         self.owner_id = h.src
+        # who it is, to see at once that it exited when it ran on this host
+        self.owner_process = (e.get("host"), e.get("pid"), e.get("start"))
         self.owner_last_seen = now
         hello.update(self.leases.adopt(new_owner, now))
         self.send(self.owner, Header(Kind.HELLO, extra=hello))
+
+    def _owner_exited(self) -> bool:
+        """Whether the controller this agent serves ran on this host and has exited (a
+        restarted kernel attaches at once, not after the heartbeat timeout)."""
+        host, pid, start = self.owner_process
+        if host != socket.gethostname() or not isinstance(pid, int) or start is None:
+            return False
+        return _process.start_time(pid) != start
 
     def kill_procs(self, why: str, kept_too: bool = True) -> None:
         for pp in list(self.procs.values()):

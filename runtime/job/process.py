@@ -14,19 +14,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from .._base.process import start_time
 from .base import Job, JobError, JobState, read_address_files, slots
 from .cache import DEFAULT_JOB_PATH
 from .local import LocalJob
-
-
-def _start_time(pid: int) -> int | None:
-    """When `pid` started (clock ticks since boot), None when it is gone or a zombie; with
-    the pid it names one process, even after the pid is reused."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == "Z" else int(fields[19])
 
 
 class ProcessJob(LocalJob):
@@ -66,7 +57,7 @@ class ProcessJob(LocalJob):
     def _launch(self) -> None:
         super()._launch()
         self.agent_pids = {f"{m}.{i}": p.pid for (m, i), p in self.procs.items()}
-        self.agent_starts = {pid: _start_time(pid) for pid in self.agent_pids.values()}
+        self.agent_starts = {pid: start_time(pid) for pid in self.agent_pids.values()}
 
     def _addresses(self) -> dict[tuple[str, int], str]:
         assert self.workdir is not None
@@ -77,7 +68,7 @@ class ProcessJob(LocalJob):
         self.procs = {}
 
     def _agent_alive(self, pid: int) -> bool:
-        return _start_time(pid) is not None and _start_time(pid) == self.agent_starts.get(pid)
+        return start_time(pid) is not None and start_time(pid) == self.agent_starts.get(pid)
 
     def _alive(self) -> bool:
         return bool(self.agent_pids) and all(self._agent_alive(p)
