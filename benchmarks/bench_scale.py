@@ -83,10 +83,19 @@ def main() -> None:
             futs = [m.ping.call(1) for m in meshes]
             assert sum(len(f.get(timeout=60)) for f in futs) == n_procs * a.meshes
 
+        from runtime.transport.framing import Kind
+
+        kinds = rt.loop.stats.by_kind
+
+        def replies() -> int:
+            return kinds[Kind.REPLY] + kinds[Kind.REPLY_BATCH]
+
         def msgs_per_cast(fn, casts: int) -> tuple[float, float]:
-            sent, received = rt.stats["sent"], rt.stats["received"]
+            """(messages the casts put on the wire, answers received: single replies and
+            batches) per cast; heartbeats are not counted."""
+            sent, received = rt.messenger.cast_messages, replies()
             fn()
-            return ((rt.stats["sent"] - sent) / casts, (rt.stats["received"] - received) / casts)
+            return ((rt.messenger.cast_messages - sent) / casts, (replies() - received) / casts)
 
         rows = []
         star = max(a.hosts, 16)  # cast_fanout at least the hosts: one FANOUT per agent
@@ -117,14 +126,15 @@ def main() -> None:
               f"{cpu_cast:>22.2f} {msgs[0]:>15.1f} {msgs[1]:>19.1f} {actors // casts:>12}")
     print("ref = the 1-mesh row of this run. controller CPU = CPU time of the controller "
           "process (all threads) per iteration (all its casts and gathers), median; per cast = "
-          "that divided by the casts. msgs sent/received per cast count the controller's "
-          "messages (runtime stats): one sent per host agent with per-host fan-out. gathered: each "
+          "that divided by the casts. msgs sent/received per cast: one sent per host agent with "
+          "per-host fan-out. gathered: each "
           "host agent sends the replies of its procs to a call as one message "
           "(gather_replies='on'; the default 'auto' gathers for agents on other hosts only: "
           "here the agents' extra work competes with the controller for the same cores). "
           "tree: casts go down a tree of agents with at most --fanout children each and the "
-          "replies come back up it (docs/transport.md, 'The cast tree'); sent/received also "
-          "count heartbeats, so they are medians over 5 rounds of one iteration.")
+          "replies come back up it (docs/transport.md, 'The cast tree'). sent: the messages "
+          "the casts put on the wire; received: replies and reply batches (heartbeats and "
+          "other traffic not counted), medians over 5 rounds of one iteration.")
 
 
 if __name__ == "__main__":
