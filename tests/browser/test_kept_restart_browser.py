@@ -3,7 +3,8 @@ Debian's chromium driven by Playwright): the quickstart's cells with its alloc m
 (`%mesh alloc trainers --job process ... --keep 10m`), its Counter actors spawned and their
 state set; the kernel restarted through JupyterLab's own Kernel > Restart command and
 dialog; then `%mesh attach-job` in the new kernel, and the same actors (same proc pids)
-answer with the state the old kernel left, take a call, and `%mesh stop` ends the job.
+answer with the state the old kernel left, take a call, the new kernel's dashboard shows the
+mesh kept with its lease and when it was reattached, and `%mesh stop` ends the job.
 
 The job's agents run in their own session (a kept job outlives its kernel), so they are not
 JupyterLab's children: the test records their pids and the procs' from the notebook's own
@@ -36,6 +37,7 @@ ATTACH = "%mesh attach-job .monarch/jobs/trainers.pkl"
 AFTER = ('import json\nprint("AFTER", json.dumps({"values": sorted(counters.get.call().get().values()), '
          '"procs": [p.pid for p in trainers.procs], '
          '"incr": counters.slice(procs=0).incr.call_one(1).get()}))')
+DASHBOARD = "import monarch_widgets\nmonarch_widgets.dashboard()"
 STOP = "%mesh stop trainers"
 MODEL = "() => window.jupyterapp.shell.currentWidget.context.model.toJSON()"
 
@@ -56,7 +58,7 @@ def quickstart_cells() -> list[str]:
 def lab(tmp_path, monkeypatch):
     # a restarted kernel whose runtime could not detach counts as gone after 2 x 2 s
     monkeypatch.setenv("MONARCH_HEARTBEAT_TIMEOUT", "2")
-    cells = quickstart_cells() + [ATTACH, AFTER, STOP]
+    cells = quickstart_cells() + [ATTACH, AFTER, DASHBOARD, STOP]
     yield from monarch_lab(tmp_path, "kept.ipynb", cells)
 
 
@@ -158,9 +160,17 @@ def test_the_quickstart_restarted_in_the_middle_ends_with_the_same_actors(lab):
                 assert got["procs"] == seen["procs"], (got, seen)  # the same processes
                 assert got["values"] == [15, 1015], got  # the state the old kernel left
                 assert got["incr"] == 16, got
+                # the dashboard of the new kernel: the mesh is kept, with its lease, and
+                # says when this kernel reattached it
+                _run(page, 7, 7, command="notebook:run-cell")
+                lease = page.wait_for_selector(
+                    ".mw-mesh[data-mesh='counters'][data-keep='600'] .mw-lease",
+                    timeout=30_000).inner_text()
+                assert "kept: lease ends 10m00s after its controller goes away" in lease, lease
+                assert "reattached at" in lease, lease
                 page.screenshot(path=str(ARTIFACTS / "kept-restart.png"))
 
-                stop = _run(page, 7, 7, command="notebook:run-cell")
+                stop = _run(page, 8, 8, command="notebook:run-cell")
                 assert not _outputs(stop[0])[1], _outputs(stop[0])
                 assert wait_gone(left, timeout=30) == [], "the stop ends agents and procs"
                 assert not workdir.exists()
