@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 
@@ -31,3 +32,14 @@ def fmt_duration(seconds: float) -> str:
 
 def fmt_cpu(p: Optional[float]) -> str:
     return "-" if p is None else f"{p:.0f}%"
+
+
+def lease_text(keep: float, reattached: Optional[float] = None) -> str:
+    """A kept mesh's lifetime in words ('' for a mesh that ends with its controller):
+    'kept: lease ends 30m00s after its controller goes away; reattached at 12:00:03'."""
+    if not keep:
+        return ""
+    text = f"kept: lease ends {fmt_duration(keep)} after its controller goes away"
+    if reattached:
+        text += f"; reattached at {time.strftime('%H:%M:%S', time.localtime(reattached))}"
+    return text

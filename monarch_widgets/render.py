@@ -9,7 +9,7 @@ import html
 import time
 from typing import Optional
 
-from monarch_widgets.fmt import fmt_bytes, fmt_cpu, fmt_duration
+from monarch_widgets.fmt import fmt_bytes, fmt_cpu, fmt_duration, lease_text
 from monarch_widgets.state import grid_shape
 from runtime.supervision.health import ActorHealth, ActorState, MeshHealth
 
@@ -34,6 +34,8 @@ def render_text(snapshot: list[MeshHealth], now: Optional[float] = None, *,
         counts = ", ".join(f"{v} {k}" for k, v in sorted(m.counts().items()))
         dims = " x ".join(f"{k}={v}" for k, v in m.sizes.items()) or f"{len(m.actors)}"
         out.append(f"mesh {m.name} [{dims}] on {m.proc_mesh}: {m.state} ({counts})")
+        if m.keep:
+            out.append(f"  {lease_text(m.keep, m.reattached)}")
         _, cols = grid_shape([[k, v] for k, v in m.sizes.items()], len(m.actors))
         syms = [SYMBOLS[a.state.value] for a in m.actors]
         for i in range(0, len(syms), cols):
@@ -107,6 +109,9 @@ def render_html(snapshot: list[MeshHealth], now: Optional[float] = None, *,
         parts.append(f'<div style="margin:4px 0"><b>{esc(m.name)}</b> [{dims}] on '
                      f'{esc(m.proc_mesh)}: <b style="color:{COLORS.get(m.state, "#000")}">'
                      f'{esc(m.state)}</b> ({counts})</div>')
+        if m.keep:
+            parts.append(f'<div class="monarch-lease" data-keep="{m.keep:g}" '
+                         f'style="color:#8250df">{esc(lease_text(m.keep, m.reattached))}</div>')
         parts.append(f'<div style="display:grid;grid-template-columns:repeat({cols},14px);'
                      f'gap:2px;margin-bottom:4px">')
         for a in m.actors:

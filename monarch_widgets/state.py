@@ -7,12 +7,15 @@ Layout of the dict (arrays, not objects, per actor, to keep it small):
               (, tensor_bytes: where the tensor engine runs in the proc)], ...],
    "texts": [str, ...],                     # interned error strings and tracebacks
    "meshes": [{"name", "proc_mesh", "state", "counts", "dims": [[dim, size], ...],
+               "keep": lease seconds (0: not kept), "lease": its words ('' if not kept),
                "actors": [[rank, state_code, proc_index, endpoint|null, age_s,
                            handled, errors, error_text_index, traceback_text_index,
                            queued, waits_text_index], ...]}]}
   queued: messages waiting in the actor's mailbox; waits: what its running handler waits on
   (a call, a C call it is blocked in, a port; -1 when it runs code), as `runtime.diagnose`
-  reads them from heartbeats.
+  reads them from heartbeats. keep: a kept mesh's procs outlive this controller for
+  `keep` seconds (the lease runs from when it goes away); lease: that in words, with when
+  this controller reattached it (`fmt.lease_text`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import math
 from typing import Any, Optional
 
 from runtime.supervision.health import ActorState, MeshHealth
+
+from .fmt import lease_text
 
 # state codes shared with static/dashboard.js
 STATE_CODES: dict[ActorState, int] = {
@@ -81,6 +86,7 @@ def build_state(snapshot: list[MeshHealth], *, version: int = 0, now: float = 0.
                            if a.state in (ActorState.BUSY, ActorState.PAUSED) else -1])
         meshes.append({"name": m.name, "proc_mesh": m.proc_mesh, "state": m.state,
                        "counts": m.counts(), "dims": [[k, int(v)] for k, v in m.sizes.items()],
+                       "keep": m.keep, "lease": lease_text(m.keep, m.reattached),
                        "actors": actors})
     # age_s: seconds in the current state at `t` (relative, so it stays short)
     return {"v": version, "t": round(now, 2), "notice": notice, "active": list(active),

@@ -4,6 +4,7 @@ in the spirit of Monarch's `monarch` CLI, beside the notebook or script that own
     monarch-nb context [set PATH | ls | clear]     which saved job is current
     monarch-nb status [--json]                     the job, its proc meshes, procs and actors
     monarch-nb exec --mesh M [--rank R] 'CODE'     run Python on each proc, print its output
+    monarch-nb shell --mesh M [--rank R]           an interactive Python shell on one proc
     monarch-nb kill                                end the job: agents, procs and files
 
 A live owner (the controller the job's agents serve) is asked through its loopback admin
@@ -214,6 +215,111 @@ def cmd_exec(a: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+class _ProcConsole:
+    """The terminal side of `shell`: reads lines (prompts only on a terminal), decides with
+    Python's own compiler when a statement is complete, runs each complete one on the proc
+    (`run(source)` -> its output) and prints what it printed, its value and traceback."""
+
+    def __init__(self, run: Any, where: str) -> None:
+        import code
+
+        console = self
+
+        class Console(code.InteractiveConsole):
+            def runsource(self, source: str, filename: str = "<shell>",
+                          symbol: str = "single") -> bool:
+                try:
+                    if self.compile(source, filename, symbol) is None:
+                        return True  # incomplete: more lines
+                except (OverflowError, SyntaxError, ValueError):
+                    self.showsyntaxerror(filename)
+                    return False
+                console.run_remote(source)
+                return False
+
+            def raw_input(self, prompt: str = "") -> str:
+                if sys.stdin.isatty():
+                    return input(prompt)
+                line = sys.stdin.readline()
+                if not line:
+                    raise EOFError
+                return line.rstrip("\n")
+
+        self._run = run
+        self._where = where
+        self.console = Console(filename="<shell>")
+
+    def run_remote(self, source: str) -> None:
+        try:
+            r = self._run(source)
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt: no longer waiting (the statement may still run on "
+                  f"{self._where})", file=sys.stderr)
+            return
+        except CliError as e:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return
+        except Exception as e:  # the proc died, a timeout: the shell goes on
+            print(f"{PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)
+            return
+        sys.stdout.write(r["stdout"])
+        sys.stdout.flush()
+        sys.stderr.write(r["stderr"] + r["error"])
+        sys.stderr.flush()
+
+    def interact(self, banner: str) -> None:
+        if sys.stdin.isatty():
+            try:
+                import readline  # noqa: F401 - line editing and history at the prompt
+            except ImportError:
+                pass
+        self.console.interact(banner=banner, exitmsg="")
+
+
+def cmd_shell(a: argparse.Namespace) -> int:
+    from .job.clients import shell_close, shell_open, shell_run
+
+    if a.rank < 0:
+        raise CliError(f"rank {a.rank} is out of range: ranks start at 0")
+    job, _ = _load(a.job)
+    _check_running(job)
+    client = _owner(job)
+    if client is not None:
+        info = _remote(client, "job.shell_open", {"workdir": str(job.workdir), "mesh": a.mesh,
+                                                  "rank": a.rank}, 120.0)
+        sid = info["session"]
+
+        def run(source: str) -> dict:
+            return _remote(client, "job.shell_run", {"session": sid, "source": source,
+                                                     "timeout": a.timeout}, a.timeout + 60.0)
+
+        def close() -> None:
+            try:
+                _remote(client, "job.shell_close", {"session": sid}, 60.0)
+            except CliError:
+                pass
+    else:
+        _attach(job)
+        try:
+            info = shell_open(job, a.mesh, a.rank)
+        except (KeyError, IndexError) as e:
+            raise CliError(str(e.args[0]) if e.args else str(e)) from None
+        sid = info["session"]
+
+        def run(source: str) -> dict:
+            return shell_run(sid, source, a.timeout)
+
+        def close() -> None:
+            shell_close(sid)
+    where = f"{a.mesh} rank {a.rank} (host {info['host']}, pid {info['pid']})"
+    try:
+        _ProcConsole(run, where).interact(
+            f"{PROG} shell on {where}; each statement runs there; Ctrl-D ends the shell")
+    finally:
+        close()
+    return 0
+
+
 def cmd_kill(a: argparse.Namespace) -> int:
     from .job.context import clear_current_job, current_job_path
 
@@ -259,6 +365,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("code", help="Python code ('-': read it from stdin)")
     p.set_defaults(func=cmd_exec)
 
+    p = sub.add_parser("shell", parents=[job],
+                       help="an interactive Python shell on one proc of a mesh")
+    p.add_argument("--mesh", "-m", required=True, help="the proc mesh's name")
+    p.add_argument("--rank", "-r", type=int, default=0, help="the proc's flat rank (default 0)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds one statement may run (default 600)")
+    p.set_defaults(func=cmd_shell)
     p = sub.add_parser("kill", parents=[job], help="end the job: agents, procs, files")
     p.set_defaults(func=cmd_kill)
     return top

@@ -1,6 +1,6 @@
 """`python -m runtime.cli` (monarch-nb) against a live kept job started by the test: a
 terminal beside the controller that owns the job (asked through its admin endpoint, the
-owner stays the owner), the same terminal once the owner is gone (it attaches for each
+owner stays the owner; `shell` fed on stdin), the same terminal once the owner is gone (it attaches for each
 command), clear errors for bad input and for a job whose lease ended, and `kill` leaving
 no process and no file."""
 from __future__ import annotations
@@ -66,6 +66,28 @@ def _start(cwd: Path, keep: float) -> tuple:
 def cli(cwd: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "runtime.cli", *args], cwd=cwd, env=_env(),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def shell(cwd: Path, *args: str, lines: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`shell` with `lines` fed on its stdin (no terminal: no prompts), then EOF."""
+    return subprocess.run([sys.executable, "-m", "runtime.cli", "shell", *args], cwd=cwd,
+                          env=_env(), input=lines, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+SHELL_LINES = """\
+import os
+x = 41
+x + 1
+def f(n):
+    return n * 2
+
+f(x)
+os.getpid()
+1/0
+y = = 2
+print('after', x)
+"""
 
 
 def _reap(ctl, info: dict) -> None:
@@ -137,6 +159,27 @@ def test_a_terminal_uses_a_job_its_notebook_owns(tmp_path):
         r = cli(tmp_path, "exec", "--mesh", "trainers", "--rank", "2", "pass")
         assert r.returncode == 2 and "rank 2 is out of range" in r.stderr, r.stderr
 
+        # shell: one proc, one namespace across statements, values printed as at a prompt,
+        # a block of several lines, errors (remote and syntax) on stderr and it goes on
+        r = shell(tmp_path, "--mesh", "trainers", "--rank", "1", lines=SHELL_LINES)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == ["42", "82", str(info["procs"][1]), "after 41"], \
+            (r.stdout, r.stderr)
+        assert "shell on trainers rank 1 (host" in r.stderr and \
+            f"pid {info['procs'][1]})" in r.stderr, r.stderr
+        assert "ZeroDivisionError: division by zero" in r.stderr, r.stderr
+        assert "SyntaxError" in r.stderr and "clients.py" not in r.stderr, r.stderr
+        r = shell(tmp_path, "-m", "trainers", lines="x\n")  # rank 0, a fresh namespace
+        assert r.returncode == 0 and r.stdout == "", r.stdout
+        assert "NameError: name 'x' is not defined" in r.stderr, r.stderr
+        r = shell(tmp_path, "-m", "nope", lines="")
+        assert r.returncode == 2 and "unknown mesh 'nope'" in r.stderr, r.stderr
+        r = shell(tmp_path, "-m", "trainers", "-r", "5", lines="")
+        assert r.returncode == 2 and "rank 5 is out of range" in r.stderr, r.stderr
+        # the shells' actors ended with them: only counters on the procs
+        st = json.loads(cli(tmp_path, "status", "--json").stdout)
+        assert st["proc_meshes"][0]["actors"] == ["counters"]
+
         # the notebook still owns the job
         assert ctl.poll() is None
         assert json.loads(cli(tmp_path, "status", "--json").stdout)["owner"] == {"pid": ctl.pid}
@@ -178,6 +221,11 @@ def test_a_terminal_attaches_when_no_controller_owns_the_job(tmp_path):
         assert r.returncode == 0, r.stderr
         assert _pids(r.stdout) == {0: info["procs"][0], 1: info["procs"][1]}
         assert "no live controller owns the job" in r.stderr
+        assert all(pid_alive(p) for p in info["procs"])
+        r = shell(tmp_path, "--job", "job.pkl", "-m", "trainers", "-r", "1",
+                  lines="import os\nos.getpid()\n")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == [str(info["procs"][1])], (r.stdout, r.stderr)
         assert all(pid_alive(p) for p in info["procs"])
         r = cli(tmp_path, "kill", "--job", "job.pkl")
         assert r.returncode == 0 and "no live controller owned it" in r.stdout, r.stderr

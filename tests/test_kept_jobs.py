@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # by value, and the next controller gets it back from them.
 CONTROLLER = textwrap.dedent("""
     import json, sys, time
+    import runtime
     from runtime import Actor, endpoint
     from runtime.job import ProcessJob
 
@@ -60,7 +61,9 @@ CONTROLLER = textwrap.dedent("""
         counters.slice(procs=0).slow.call_one(float(sys.argv[4]))  # never waited for
     print(json.dumps({"agents": sorted(job.agent_pids.values()),
                       "procs": [p.pid for p in procs.procs],
-                      "workdir": str(job.workdir)}), flush=True)
+                      "workdir": str(job.workdir),
+                      "health_keep": [m.keep for m in runtime.get_runtime().health.snapshot()
+                                      if m.name == "counters"]}), flush=True)
     time.sleep(600)
 """)
 
@@ -144,6 +147,14 @@ def test_a_killed_controllers_meshes_are_reattached_with_their_state(tmp_path):
         with pytest.raises(KeyError, match="trainers"):
             job.proc_mesh("nope")
         assert pm.keep == 120
+        # the health views (dashboard, monarch-admin) show the mesh kept, with its lease,
+        # and when this controller reattached it; the old controller's spawned it kept
+        assert info["health_keep"] == [120.0]
+        import runtime
+
+        (health,) = [m for m in runtime.get_runtime().health.snapshot()
+                     if m.name == "counters"]
+        assert health.keep == 120 and health.reattached is not None
         # another controller takes over (this one is alive) and exits normally: it sees
         # the state, no lost call again (reported once), and the procs stay
         r = subprocess.run([sys.executable, "-c", TAKER, str(path)], cwd=ROOT, text=True,

@@ -304,3 +304,40 @@ def test_waits_text_says_what_a_heartbeat_waits_on():
     c = {"call": "time.sleep(60)", "kind": "a sleep"}
     assert waits_text({"label": "a C call", "c": c}).startswith(
         "a C call (a sleep): time.sleep(60), not cancellable")
+
+
+def test_kept_meshes_show_their_lease_and_when_they_were_reattached():
+    """A kept mesh (spawn_procs(keep=), %mesh alloc --keep) says so with its lease, in the
+    widget state and the text/HTML renderings; one this controller reattached says when;
+    a mesh that ends with its controller says nothing; the admin codec carries both."""
+    from runtime.admin.codec import decode_snapshot, encode_snapshot
+
+    model = HealthModel()
+    fill(model, "plain")
+    actors = [ActorHealth("counters", r, {"procs": r}, ActorState.IDLE, proc_id=f"k{r}",
+                          host="h", pid=5000 + r, since=100.0) for r in range(2)]
+    model.add_mesh("counters", "trainers", {"procs": 2}, actors, keep=1800.0)
+    again = time.mktime((2025, 1, 2, 12, 0, 3, 0, 0, -1))
+    model.add_mesh("old", "trainers", {"procs": 2},
+                   [ActorHealth("old", r, {"procs": r}, ActorState.IDLE, proc_id=f"k{r}")
+                    for r in range(2)], keep=600.0, reattached=again)
+    snap = model.snapshot()
+    st = build_state(snap, now=200.0)
+    json.dumps(st)
+    by = {m["name"]: m for m in st["meshes"]}
+    assert by["plain"]["keep"] == 0 and by["plain"]["lease"] == ""
+    assert by["counters"]["keep"] == 1800.0
+    assert by["counters"]["lease"] == ("kept: lease ends 30m00s after its controller "
+                                       "goes away")
+    assert by["old"]["lease"] == ("kept: lease ends 10m00s after its controller goes "
+                                  "away; reattached at 12:00:03")
+    text = render_text(snap, now=200.0)
+    assert "  kept: lease ends 30m00s after its controller goes away" in text, text
+    assert text.count("kept: lease") == 2, text
+    html = render_html(snap, now=200.0, mesh="old")
+    assert 'class="monarch-lease" data-keep="600"' in html and "reattached at 12:00:03" in html
+    assert "monarch-lease" not in render_html(snap, now=200.0, mesh="plain")
+    back = {m.name: m for m in decode_snapshot(json.loads(json.dumps(encode_snapshot(snap))))}
+    assert (back["counters"].keep, back["counters"].reattached) == (1800.0, None)
+    assert (back["old"].keep, back["old"].reattached) == (600.0, again)
+    assert (back["plain"].keep, back["plain"].reattached) == (0.0, None)

@@ -185,6 +185,8 @@ function render({ model, el: root }) {
         el("span", `mw-badge s-${m.state}`, m.state),
         el("span", "mw-counts", " " + Object.entries(m.counts).map(([k, n]) => `${n} ${k}`).join(", ")),
       );
+      v.box.dataset.keep = m.keep ? String(m.keep) : "";
+      if (m.lease) v.head.append(el("span", "mw-lease", " " + m.lease));
       if (m.state !== "stopped") {
         const stop = el("button", "mw-btn mw-stop", "stop mesh");
         stop.onclick = () => {

@@ -194,7 +194,8 @@ class ProcMesh(MeshTrait):
             rt.health.add_mesh(health_name, self.name, rec.sizes, [
                 ActorHealth(health_name, i, shape.coords_of(i), ActorState.STARTING,
                             proc_id=p.proc_id, host=p.host, pid=p.pid)
-                for i, p in enumerate(procs)], internal=internal)
+                for i, p in enumerate(procs)], internal=internal,
+                keep=max((p.keep for p in procs), default=0.0))
             dead = []
             for i, p in enumerate(procs):
                 if p.proc_id in rt.state.dead_procs or p.state in ("failed", "stopped"):

@@ -202,7 +202,8 @@ def _adopt_actor_meshes(rt: Runtime, hm: "HostMesh", pm: "ProcMesh", pm_procs: l
             rt.health.add_mesh(rec.health_name, pm.name, rec.sizes, [
                 ActorHealth(rec.health_name, i, shape.coords_of(i), ActorState.IDLE,
                             proc_id=p.proc_id, host=p.host, pid=p.pid)
-                for i, p in enumerate(procs)], internal=False)
+                for i, p in enumerate(procs)], internal=False,
+                keep=max((p.keep for p in procs), default=0.0), reattached=time.time())
             for r in range(n):
                 act = ranked[r][1]
                 if act.get("failed"):

@@ -34,7 +34,10 @@ def decode_snapshot(data: Any) -> list[MeshHealth]:
             out.append(MeshHealth(name=m["name"], proc_mesh=m["proc_mesh"],
                                   sizes={str(k): int(v) for k, v in m["sizes"].items()},
                                   actors=actors, procs=procs,
-                                  internal=bool(m.get("internal", False))))
+                                  internal=bool(m.get("internal", False)),
+                                  keep=float(m.get("keep") or 0.0),
+                                  reattached=(None if m.get("reattached") is None
+                                              else float(m["reattached"]))))
     except (KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"malformed snapshot: {e}") from None
     return out

@@ -3,12 +3,14 @@ controller that owns a job, through that controller's loopback admin endpoint.
 
 A job has one owner (the controller its agents serve: a notebook kernel, a script). Every
 job a controller attaches (`Job.state()`) is registered here, and its admin endpoint
-answers `job.list`, `job.status`, `job.exec` and `job.kill` for it; the terminal holds
+answers `job.list`, `job.status`, `job.exec`, `job.kill` and `job.shell_open/run/close`
+for it; the terminal holds
 the endpoint's token (its 0600 connection file), so only this user's tools ask. The same
 operations run in the terminal's own process when no live controller owns the job (it
 then attaches for the command, and on exit leaves the kept procs to their lease).
 `exec` runs code on procs in a small internal actor (`ExecActor`) spawned for the call
-and stopped after it; what the code prints is captured per rank and sent back.
+and stopped after it; what the code prints is captured per rank and sent back. `shell` keeps
+a `ShellActor` on one proc for the session (its namespace), one statement per call.
 """
 from __future__ import annotations
 
@@ -67,17 +69,38 @@ def _capture(which: str) -> _ThreadStreams:
         return cur
 
 
+def _run_captured(fn: Any) -> tuple[str, str, str]:
+    """Run `fn()` on this thread with what it prints captured: (stdout, stderr, traceback
+    of what it raised, the user's frames only; '' when it did not)."""
+    out, err = _capture("stdout"), _capture("stderr")
+    obuf, ebuf = io.StringIO(), io.StringIO()
+    out._local.buf, err._local.buf = obuf, ebuf
+    error = ""
+    try:
+        fn()
+    except BaseException as e:  # SystemExit and KeyboardInterrupt too: reported, not raised
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next  # the user's frames only
+        error = "".join(traceback.format_exception(type(e), e, tb))
+    finally:
+        out._local.buf, err._local.buf = None, None
+    return obuf.getvalue(), ebuf.getvalue(), error
+
+
+def _result(stdout: str, stderr: str, error: str) -> dict:
+    rank = context().actor_instance.rank  # a Point: its flat rank in the mesh
+    return {"rank": int(getattr(rank, "rank", rank)), "host": socket.gethostname(),
+            "pid": os.getpid(), "stdout": stdout, "stderr": stderr, "error": error}
+
+
 class ExecActor(Actor):
     """Runs Python code on its proc for `exec`: a fresh namespace per call; a last
     expression's value is printed (as at a prompt); output and traceback come back."""
 
     @endpoint
     def run(self, code: str) -> dict:
-        out, err = _capture("stdout"), _capture("stderr")
-        obuf, ebuf = io.StringIO(), io.StringIO()
-        out._local.buf, err._local.buf = obuf, ebuf
-        error = ""
-        try:
+        def run() -> None:
             tree = ast.parse(code, "<exec>", "exec")
             last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) \
                 else None
@@ -87,17 +110,22 @@ class ExecActor(Actor):
                 value = eval(compile(ast.Expression(last.value), "<exec>", "eval"), ns)
                 if value is not None:
                     print(repr(value))
-        except BaseException as e:  # SystemExit and KeyboardInterrupt too: reported, not raised
-            tb = e.__traceback__
-            while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-                tb = tb.tb_next  # the user's frames only
-            error = "".join(traceback.format_exception(type(e), e, tb))
-        finally:
-            out._local.buf, err._local.buf = None, None
-        rank = context().actor_instance.rank  # a Point: its flat rank in the mesh
-        return {"rank": int(getattr(rank, "rank", rank)), "host": socket.gethostname(),
-                "pid": os.getpid(), "stdout": obuf.getvalue(), "stderr": ebuf.getvalue(),
-                "error": error}
+
+        return _result(*_run_captured(run))
+
+
+class ShellActor(Actor):
+    """One terminal's interactive shell on a proc (`shell --mesh M --rank R`): its
+    namespace lives as long as the shell; each complete statement runs as at a Python
+    prompt (compiled in 'single' mode: an expression's value is printed)."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, Any] = {"__name__": "__main__"}
+
+    @endpoint
+    def run(self, source: str) -> dict:
+        return _result(*_run_captured(
+            lambda: exec(compile(source, "<shell>", "single"), self.ns)))
 
 
 # -- the operations (in the owner, or in a terminal that attached) ---------------------------
@@ -122,20 +150,70 @@ def exec_code(job: "Job", mesh: str, code: str, rank: int | None = None,
     rank (rank, host, pid, stdout, stderr, error), by rank. KeyError for an unknown mesh,
     IndexError for a rank out of range."""
     pm = find_proc_mesh(job, mesh)
-    n = len(pm.procs)
-    if rank is not None and not 0 <= rank < n:
-        raise IndexError(f"rank {rank} is out of range: proc mesh {mesh!r} has {n} "
-                         f"proc{'s' if n != 1 else ''} (ranks 0..{n - 1})")
+    if rank is not None:
+        _check_rank(pm, mesh, rank)
     am = pm.spawn_internal("cli_exec", ExecActor)
     try:
         target = am if rank is None else am.flatten("rank").slice(rank=rank)
         values = target.run.call(code).get(timeout=timeout)
         return sorted((v for _, v in values.items()), key=lambda r: r["rank"])
     finally:
-        try:
-            type(am).stop(am).get(timeout=30)
-        except Exception:  # the procs may have died under the call: reported by it
-            pass
+        _stop(am)  # the procs may have died under the call: reported by it
+
+
+def _check_rank(pm: Any, mesh: str, rank: int) -> None:
+    n = len(pm.procs)
+    if not 0 <= rank < n:
+        raise IndexError(f"rank {rank} is out of range: proc mesh {mesh!r} has {n} "
+                         f"proc{'s' if n != 1 else ''} (ranks 0..{n - 1})")
+
+
+_shells: dict[str, Any] = {}  # session id -> the ShellActor mesh (one actor) it talks to
+
+
+def shell_open(job: "Job", mesh: str, rank: int = 0, timeout: float = 60.0) -> dict:
+    """Start a shell on flat rank `rank` of proc mesh `mesh`: a ShellActor spawned on that
+    proc alone. Returns {"session", "rank", "host", "pid"}; KeyError / IndexError for an
+    unknown mesh or rank."""
+    import secrets
+
+    pm = find_proc_mesh(job, mesh)
+    _check_rank(pm, mesh, rank)
+    sid = secrets.token_hex(8)
+    am = pm.flatten("rank").slice(rank=rank).spawn_internal(f"cli_shell_{sid}", ShellActor)
+    try:
+        hello = am.run.call_one("None").get(timeout=timeout)
+    except BaseException:
+        _stop(am)
+        raise
+    with _lock:
+        _shells[sid] = am
+    return {"session": sid, "rank": rank, "host": hello["host"], "pid": hello["pid"]}
+
+
+def shell_run(session: str, source: str, timeout: float = 600.0) -> dict:
+    """Run one complete statement in shell `session`: {stdout, stderr, error, ...}."""
+    with _lock:
+        am = _shells.get(session)
+    if am is None:
+        raise KeyError(f"no shell session {session!r} (ended, or its owner restarted)")
+    return am.run.call_one(source).get(timeout=timeout)
+
+
+def shell_close(session: str) -> bool:
+    """End shell `session`: its actor (and namespace) on the proc is stopped."""
+    with _lock:
+        am = _shells.pop(session, None)
+    if am is not None:
+        _stop(am)
+    return am is not None
+
+
+def _stop(am: Any) -> None:
+    try:
+        type(am).stop(am).get(timeout=30)
+    except Exception:  # the proc may have died meanwhile
+        pass
 
 
 def status_of(job: "Job") -> dict:
@@ -181,6 +259,11 @@ def register_owner(job: "Job") -> None:
     srv.register("job.status", lambda workdir: status_of(_job(workdir)))
     srv.register("job.exec", _exec)
     srv.register("job.kill", _kill)
+    srv.register("job.shell_open", lambda workdir, mesh, rank=0, timeout=60.0: shell_open(
+        _job(workdir), mesh, int(rank), float(timeout)))
+    srv.register("job.shell_run", lambda session, source, timeout=600.0: shell_run(
+        session, source, float(timeout)))
+    srv.register("job.shell_close", shell_close)
 
 
 def _job(workdir: str) -> "Job":
@@ -217,5 +300,6 @@ def owned_jobs() -> list["Job"]:
         return [j for j in _owned.values() if j.active]
 
 
-__all__ = ["ExecActor", "JobError", "exec_code", "find_proc_mesh", "owned_jobs",
-           "register_owner", "status_of"]
+__all__ = ["ExecActor", "JobError", "ShellActor", "exec_code", "find_proc_mesh",
+           "owned_jobs", "register_owner", "shell_close", "shell_open", "shell_run",
+           "status_of"]

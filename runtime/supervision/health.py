@@ -89,6 +89,12 @@ class MeshHealth:
     procs: tuple[ProcStats, ...] = ()
     #: spawned by the runtime or a front-end for its own work: views leave it out
     internal: bool = False
+    #: seconds its procs' agents keep them after this controller goes away (a kept mesh,
+    #: `spawn_procs(keep=)`: the lease runs from then); 0: they end with the controller
+    keep: float = 0.0
+    #: when this controller reattached it (time.time(); `Job.load(path).state()`, `%mesh
+    #: attach-job`); None: this controller spawned it
+    reattached: Optional[float] = None
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -145,11 +151,14 @@ class HealthModel:
 
     # -- writers (runtime) -------------------------------------------------------------
     def add_mesh(self, name: str, proc_mesh: str, sizes: dict[str, int],
-                 actors: list[ActorHealth], internal: bool = False) -> None:
-        """Add (or replace) mesh `name`; `internal` marks one that views leave out."""
+                 actors: list[ActorHealth], internal: bool = False, keep: float = 0.0,
+                 reattached: Optional[float] = None) -> None:
+        """Add (or replace) mesh `name`; `internal` marks one that views leave out; `keep`
+        and `reattached` as in MeshHealth (a kept mesh's lease, when it was reattached)."""
         with self._lock:
             self._meshes[name] = {"proc_mesh": proc_mesh, "sizes": dict(sizes),
-                                  "internal": bool(internal)}
+                                  "internal": bool(internal), "keep": float(keep or 0.0),
+                                  "reattached": reattached}
             self._actors[name] = {a.rank: a for a in actors}
             self.version += 1
         for a in actors:
@@ -243,7 +252,8 @@ class HealthModel:
                         seen.add(a.proc_id)
                         pids.append(self._procs[a.proc_id])
                 out.append(MeshHealth(name, meta["proc_mesh"], meta["sizes"], actors,
-                                      tuple(pids), bool(meta.get("internal"))))
+                                      tuple(pids), bool(meta.get("internal")),
+                                      meta.get("keep", 0.0), meta.get("reattached")))
             return out
 
     def mesh(self, name: str) -> Optional[MeshHealth]:
