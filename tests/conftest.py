@@ -89,6 +89,18 @@ def failures(monkeypatch):
     return seen
 
 
+@pytest.fixture(scope="module")
+def runtime_ends_with_the_module():
+    """For a module whose tests open gateway links: a link lives as long as this process's
+    runtime (`hosts.shutdown()` keeps it), and while one is open an RDMA read of another
+    host's buffer is refused as crossing a gateway, in whichever file runs next in this
+    process. The runtime ends with the module; the next test starts a fresh one."""
+    yield
+    import runtime
+
+    runtime.shutdown()
+
+
 @pytest.fixture
 def record_detection():
     """Record how long a fault took to be detected; printed at the end of the run."""
