@@ -12,6 +12,9 @@ if [ "${1:-}" = "--latest" ]; then
 fi
 VENV=${MONARCH_VENV:-$PWD/.venv}
 bash scripts/setup.sh
+# -n 2: two workers (pytest-xdist); tests/conftest.py hands each worker whole test files,
+# the ones that use the network-namespace cluster as one unit, the longest first.
+# MONARCH_TEST_WORKERS=0 (or a later `-n 0`) runs the suite in this one process.
 # --durations=25: the slowest tests, printed at the end (the suite's wall time is kept
 # under 10 minutes on the 2-core development machine)
-exec "$VENV/bin/python" -m pytest --durations=25 "$@"
+exec "$VENV/bin/python" -m pytest -n "${MONARCH_TEST_WORKERS:-2}" --durations=25 "$@"

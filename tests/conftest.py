@@ -17,6 +17,11 @@ import tempfile  # noqa: E402
 if "MONARCH_RUNTIME_DIR" not in os.environ:
     os.environ["MONARCH_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="monarch-test-rt-")
     atexit.register(shutil.rmtree, os.environ["MONARCH_RUNTIME_DIR"], True)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # a parallel run (scripts/test.sh: pytest-xdist): each worker its own runtime root, as
+    # the tests count and sweep what is under it (tests/test_soak.py, tests/test_rundir.py)
+    os.environ["MONARCH_RUNTIME_DIR"] = os.path.join(os.environ["MONARCH_RUNTIME_DIR"],
+                                                     os.environ["PYTEST_XDIST_WORKER"])
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -84,6 +89,18 @@ def failures(monkeypatch):
     return seen
 
 
+@pytest.fixture(scope="module")
+def runtime_ends_with_the_module():
+    """For a module whose tests open gateway links: a link lives as long as this process's
+    runtime (`hosts.shutdown()` keeps it), and while one is open an RDMA read of another
+    host's buffer is refused as crossing a gateway, in whichever file runs next in this
+    process. The runtime ends with the module; the next test starts a fresh one."""
+    yield
+    import runtime
+
+    runtime.shutdown()
+
+
 @pytest.fixture
 def record_detection():
     """Record how long a fault took to be detected; printed at the end of the run."""
@@ -144,32 +161,100 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(mark)
     seed = config.getoption("--shuffle-files")
     if seed is None:
+        if hasattr(config, "workerinput"):  # a worker of a parallel run: see _LONG_FIRST
+            rank = {u: i for i, u in enumerate(_LONG_FIRST)}
+            items.sort(key=lambda item: rank.get(unit_of(item.nodeid), len(rank)))
         return
     import random
 
     by_file: dict = {}
     for item in items:
-        path = item.nodeid.split("::")[0]
-        # The network-namespace test cluster exists once per machine: the files that use it
-        # (and the one that tears it down last) move as one block, in their usual order.
-        unit = CLUSTER_FILES if path.startswith("tests/multihost/") or \
-            path in _OWN_CLUSTER_FILES else path
-        by_file.setdefault(unit, []).append(item)
+        by_file.setdefault(unit_of(item.nodeid), []).append(item)
     files = list(by_file)
     random.Random(seed).shuffle(files)
     items[:] = [item for f in files for item in by_file[f]]
-    config.pluginmanager.get_plugin("terminalreporter").write_line(
-        f"--shuffle-files {seed}: files in the order {', '.join(files[:6])}, ...")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(
+            f"--shuffle-files {seed}: files in the order {', '.join(files[:6])}, ...")
 
 
 CLUSTER_FILES = "tests/multihost/* + tests/test_debugging_multihost.py"
 _OWN_CLUSTER_FILES = {"tests/test_debugging_multihost.py"}  # starts its own cluster
 
 
+def unit_of(nodeid: str) -> str:
+    """The unit a test moves in (shuffled, or handed to a worker of a parallel run): its
+    file. The network-namespace test cluster exists once per machine: the files that use it
+    (tests/multihost/, whose fixture tears it down after the last, then one that starts its
+    own) are one unit, in their usual order."""
+    path = nodeid.split("::")[0]
+    if path.startswith("tests/multihost/") or path in _OWN_CLUSTER_FILES:
+        return CLUSTER_FILES
+    return path
+
+
+#: In a parallel run (`pytest -n 2`, scripts/test.sh) each unit goes whole to one worker
+#: (its module fixtures start once), the longest first so that none is left for the end
+#: while the other worker idles (seconds of one unit on the 2-core machine, serial run);
+#: the other units follow in their usual order.
+_LONG_FIRST = (
+    CLUSTER_FILES,                       # 190 s
+    "tests/test_soak.py",                # 90 s
+    "tests/kernel/test_notebooks.py",    # 75 s
+    "tests/test_attach_loopback.py",     # 60 s
+    "tests/test_agent_zygote.py",        # 30-60 s
+    "tests/test_rdma.py",                # 30 s
+    "tests/browser/test_dashboard_browser.py",
+    "tests/kernel/test_first_day.py",
+    "tests/test_monarch_jobs.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist hands each worker whole units (`unit_of`), in collection order (unless
+    another `--dist` than the default was asked for)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    config.option.loadscopereorder = False  # keep _LONG_FIRST's order
+    return UnitScheduling(config, log)
+
+
+#: sections of the summary that workers of a parallel run measured ({title: lines}): the
+#: multihost cluster's (tests/multihost/conftest.py prints it itself in a serial run)
+_worker_sections: dict[str, list[str]] = {}
+
+
+def pytest_sessionfinish(session):
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:  # a worker of a parallel run: its controller prints the summary
+        out["monarch_detections"] = [list(d) for d in _detections]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """A worker of a parallel run ended: keep what it measured for the summary."""
+    out = getattr(node, "workeroutput", None) or {}
+    _detections.extend((name, s) for name, s in out.get("monarch_detections", ()))
+    for title, lines in out.get("monarch_sections", {}).items():
+        _worker_sections.setdefault(title, []).extend(lines)
+
+
 def pytest_terminal_summary(terminalreporter):
+    tr = terminalreporter
+    for title, lines in _worker_sections.items():
+        tr.section(title)
+        for line in lines:
+            tr.write_line(line)
     if not _detections:
         return
-    tr = terminalreporter
     tr.write_sep("-", "fault detection times (measured in this run)")
     for name, s in _detections:
         tr.write_line(f"{name:<48} {s * 1000:8.1f} ms")

@@ -18,7 +18,7 @@ from runtime.errors import ActorError
 from runtime.transport import auth
 from _actors import Echo
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("runtime_ends_with_the_module")]
 
 
 class Counter(Actor):

@@ -27,12 +27,13 @@ def ip():
         yield shell
 
 
-def test_chaos_kills_under_calls_and_every_kill_is_reported(ip, monkeypatch):
+def test_chaos_kills_under_calls_and_every_kill_is_reported(ip, monkeypatch, tmp_path):
     failures: list = []
     monkeypatch.setattr(runtime, "unhandled_fault_hook", failures.append)
     ip.user_ns["h"] = runtime.this_host()
     ip.run_line_magic("mesh", "alloc cp --hosts h --per-host procs=4 --no-progress")
-    ip.run_cell("from _chaos import Logged\nimport tempfile\nd = tempfile.mkdtemp()")
+    ip.user_ns["d"] = str(tmp_path)  # Logged's files: pytest's tmp_path, not left in /tmp
+    ip.run_cell("from _chaos import Logged")
     ip.run_line_magic("mesh", "spawn cp Logged --as w d")
     w = ip.user_ns["w"]
     w.initialized.get(timeout=30)

@@ -4,6 +4,7 @@ jupyter_client: what they meet with `%mesh sync`, a dead rank, `%mesh logs` and
 
 from __future__ import annotations
 
+import os
 
 import pytest
 
@@ -283,18 +284,34 @@ def test_a_call_in_flight_when_its_mesh_is_stopped_says_the_mesh_was_stopped(ker
     assert "is dead" not in text, text
 
 
-def test_the_cell_after_an_interrupt_says_it_waits_for_a_rank_stuck_in_a_c_call(kernel):
+def test_the_cell_after_an_interrupt_says_it_waits_for_a_rank_stuck_in_a_c_call(kernel,
+                                                                                 tmp_path):
     from test_kernel_client import interrupt_cell_error
 
     _ok(kernel.execute("%mesh alloc ic --per-host procs=1 --no-progress"))
     kernel.track_processes()
-    err = interrupt_cell_error(kernel, "%%mesh ic\nimport time\nprint('stuck', flush=True)\n"
-                                       "time.sleep(12)\n", "stuck")
+    # the C call: a select on a FIFO, which returns when the test writes to it (or after
+    # 60 s), not at a fixed time that the interrupt and the next cell must fit in
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    err = interrupt_cell_error(kernel, f"%%mesh ic\nimport os, select\n"
+                                       f"fd = os.open({str(fifo)!r}, os.O_RDWR)\n"
+                                       "print('stuck', flush=True)\n"
+                                       "select.select([fd], [], [], 60)\n", "stuck")
     text = "\n".join(err["traceback"])
     assert err["ename"] == "MeshCellInterrupted", err
     assert "a C call sees Ctrl-C only when it returns: the next cell there waits" in text, text
-    # the next cell waits for the sleep to end: it says so first, then runs
-    r = _ok(kernel.execute("%%mesh ic\n'next'\n", timeout=60))
+
+    def release(res: dict) -> None:  # once the next cell has said that it waits
+        if "still runs the interrupted cell" in res["stdout"] and not released:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"x")
+            os.close(fd)
+            released.append(True)
+
+    released: list = []
+    # the next cell waits for the C call to end: it says so first, then runs
+    r = _ok(kernel.execute("%%mesh ic\n'next'\n", timeout=60, on_stream=release))
     assert "%%mesh ic: rank 0 still runs the interrupted cell " in r["stdout"], r["stdout"]
     assert "this cell starts there when it ends" in r["stdout"], r["stdout"]
     assert r["results"] == ["ValueMesh({'procs': 1}, {{procs=0}: 'next'})"], r

@@ -1,8 +1,9 @@
-"""Fixtures for the multi-host tests: one namespaced SLURM cluster per test session.
+"""Fixtures for the multi-host tests: one namespaced SLURM cluster for this package.
 
-The cluster comes up once, the first time a test asks for it, and goes down at the end of
-the session, also when tests fail. Without root, network namespaces or SLURM the tests skip
-with the reason; set MONARCH_REQUIRE_MULTIHOST=1 (CI) to turn that skip into a failure.
+The cluster comes up once, the first time a test asks for it, and goes down after the
+package's last test, also when tests fail (its tear-down is checked). Without root, network
+namespaces or SLURM the tests skip with the reason; set MONARCH_REQUIRE_MULTIHOST=1 (CI) to
+turn that skip into a failure.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from .agents import Agents
-from .mhcluster import Cluster, unavailable
+from .mhcluster import Cluster, pid_alive, unavailable
 
 
 def _skip_or_fail(reason: str) -> None:
@@ -34,9 +35,18 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
-@pytest.fixture(scope="session")
+def pytest_sessionfinish(session):
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None and _summary:  # a worker of a parallel run: tests/conftest.py prints it
+        out.setdefault("monarch_sections", {})["multihost cluster"] = list(_summary)
+
+
+@pytest.fixture(scope="package")
 def mh_cluster():
-    """A running 3-node SLURM cluster of network namespaces (torn down after the session)."""
+    """A running 3-node SLURM cluster of network namespaces, for the tests of this package
+    (tests/test_debugging_multihost.py, after them, starts one of its own). Torn down after
+    their last test, also when tests fail, and the tear-down checked: nothing is left, not
+    even a process in a node that the cluster object does not know."""
     reason = unavailable()
     if reason:
         _summary.append(f"not run: {reason}")
@@ -48,10 +58,37 @@ def mh_cluster():
     try:
         yield cluster
     finally:
+        _down_leaves_nothing(cluster)
+
+
+def _down_leaves_nothing(cluster: Cluster) -> None:
+    """Tear the cluster down; assert that it left nothing, and that down.sh found by pid,
+    through its namespace, a stray process on a node that the cluster object does not know."""
+    import time
+
+    extra = None
+    try:
+        if any(pid_alive(p) for p in cluster.pids):  # it is up (a test may have ended it)
+            node = cluster.nodes[0]
+            extra = subprocess.Popen(cluster.in_node(node, ["sleep", "300"]),
+                                     start_new_session=True)
+            for _ in range(50):
+                if extra.pid in cluster.ns_pids()[node]:
+                    break
+                time.sleep(0.05)
+            assert extra.pid in cluster.ns_pids()[node]
+            # munged, slurmctld, one slurmd per node
+            assert len(cluster.pids) == 2 + cluster.n, cluster.pids
+    finally:
         cluster.down(check=False)
         left = cluster.leftovers()
         _summary.append(f"torn down; left behind: {left or 'nothing'}")
-        assert not left, f"cluster teardown left: {left}"
+        if extra is not None and extra.poll() is None:
+            extra.kill()
+            extra.wait(5)
+            left.append(f"stray pid {extra.pid} in {cluster.nodes[0]} (not found by down.sh)")
+    assert not left, f"cluster teardown left: {left}"
+    assert extra is None or extra.wait(timeout=5) in (-9, -15), extra.returncode
 
 
 @pytest.fixture
@@ -65,7 +102,7 @@ def cluster(mh_cluster):
             mh_cluster.link(node, True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def sshd_nodes(mh_cluster, tmp_path_factory):
     """An sshd inside every node namespace (port 22 on the node's address, key login only).
 

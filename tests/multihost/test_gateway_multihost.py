@@ -17,7 +17,7 @@ from runtime.transport import auth
 from .actors import CallsHome, Store, Where
 from .agents import HB_TIMEOUT
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.usefixtures("runtime_ends_with_the_module")]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -14,7 +14,7 @@ from runtime.job import SSHJob
 from .mhcluster import pid_alive
 
 STANDIN = Path(__file__).parent / "fixtures" / "standin_agent.py"
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("runtime_ends_with_the_module")]
 
 
 def test_ssh_job_starts_agents_on_nodes(cluster, sshd_nodes, tmp_path):
