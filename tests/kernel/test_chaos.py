@@ -97,7 +97,7 @@ def test_chaos_refuses_what_the_user_did_not_name(ip):
     ip.run_line_magic("mesh", "stop cq")
 
 
-def test_chaos_raise_makes_actors_raise_and_kills_nothing(ip, monkeypatch):
+def test_chaos_raise_makes_actors_raise_and_kills_nothing(ip, monkeypatch, tmp_path):
     """`--raise`: random actors of the mesh raise InjectedFault at their next call, each
     raise announced as injected; the calls fail with an ActorError saying chaos did it,
     no proc dies, nothing is supervised, and every rank answers afterwards."""
@@ -109,7 +109,8 @@ def test_chaos_raise_makes_actors_raise_and_kills_nothing(ip, monkeypatch):
     try:
         with pytest.raises(UsageError, match="no live actor on 'cr'"):
             ip.run_line_magic("mesh", "chaos cr --raise --every 1s")
-        ip.run_cell("from _chaos import Logged\nimport tempfile\nd = tempfile.mkdtemp()")
+        ip.user_ns["d"] = str(tmp_path)  # Logged's files: pytest's tmp_path, not /tmp
+        ip.run_cell("from _chaos import Logged")
         ip.run_line_magic("mesh", "spawn cr Logged --as wr d")
         wr = ip.user_ns["wr"]
         wr.initialized.get(timeout=30)
