@@ -1,7 +1,8 @@
 """A kept job outlives its kernel: `%mesh alloc ... --job process --keep 2m` in one kernel,
 actors with state, the kernel SIGKILLed, a new kernel's `%mesh attach-job PATH` binds the
-same meshes by name with their state, calls work, `%mesh list` shows the lease, and
-`%mesh stop` ends the job with nothing left."""
+same meshes by name with their state and names the call the old kernel had in flight as
+lost, calls work, `%mesh list` shows the lease, and `%mesh stop` ends the job with nothing
+left."""
 
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ class Counter(Actor):
     @endpoint
     def get(self):
         return self.value
+
+    @endpoint
+    def slow(self, seconds):
+        import time
+        time.sleep(seconds)
+        return seconds
 '''
 
 
@@ -65,6 +72,9 @@ def test_a_kept_job_is_reattached_by_a_new_kernel(tmp_path, monkeypatch):
         listed = old.execute("%mesh list")
         shown = listed["stdout"] + "".join(listed["results"]) + "".join(listed["displays"])
         assert "kept: lease ends 120 s after this kernel" in shown, shown
+        # a call in flight when the kernel dies: reported to the new one, once, as lost
+        r = old.execute("pending = counters.slice(procs=0).slow.call_one(5)")
+        assert r["error"] is None, r["error"]
         old.track_processes()
         os.kill(old.km.provisioner.process.pid, 9)  # the kernel dies without a word
         old.km.shutdown_kernel(now=True)
@@ -79,9 +89,13 @@ def test_a_kept_job_is_reattached_by_a_new_kernel(tmp_path, monkeypatch):
                 assert "takeover" in r["error"]["evalue"], r["error"]
                 return False
             assert "counters" in r["stdout"], r["stdout"]
+            said.append(r["stdout"])
             return True
 
+        said: list = []
+
         wait_until(attached, timeout=60, every=0.5, what="the new kernel reattaches")
+        assert "lost with the previous kernel: counters[0].slow" in said[0], said[0]
         assert new.value("sorted(counters.get.call().get(timeout=30).values())") == [15, 115]
         assert new.value("counters.slice(procs=0).incr.call_one(1).get(timeout=30)") == 16
         assert new.value("[p.pid for p in trainers.procs]") == pids[-2:]
