@@ -42,6 +42,7 @@ class AgentRecord:
     refused: str = ""
     prev_owner: str = ""
     prev_silent_for: float = 0.0
+    prev_alive: bool = False  # the controller before was alive (taken over), not gone
     #: proc mesh name -> the ProcMesh rebuilt here from `kept` (`HostMesh.proc_mesh`)
     adopted: dict = field(default_factory=dict)
 

@@ -59,9 +59,9 @@ class Runtime:
                            max_message_bytes=config.max_message_bytes)
         self.messenger = Messenger(self.loop, self.proc_id, self.token, keys)
         self.messenger.address = self.loop.bind(f"ipc://{self.rundir}/{self.proc_id}")
+        self.state = State(self.loop)
         self.messenger.watched_agents = lambda: {a.address for a in
                                                  list(self.state.agents.values())}
-        self.state = State(self.loop)
         self.ports = Ports()
         self.failures = Failures(self)
         self.liveness = Liveness(self)
@@ -180,6 +180,7 @@ class Runtime:
                     a.kept = list(e.get("kept") or [])
                     a.prev_owner = str(e.get("prev_owner") or "")
                     a.prev_silent_for = float(e.get("prev_silent_for") or 0.0)
+                    a.prev_alive = bool(e.get("prev_alive"))
                     a.host = e.get("host", a.host)
                     if a.remote and a.host != self.host:
                         self.messenger.far_agents.add(a.address)

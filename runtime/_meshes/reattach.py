@@ -142,7 +142,7 @@ def _ask_procs(rt: Runtime, procs: list[ProcRecord], timeout: float) -> dict[str
         silent = a.prev_silent_for
         rt.send_to_proc(p.address, p.route, Header(
             Kind.REATTACH, reply=reply, port=ports[p.proc_id],
-            extra={"owner": reply, "silent_for": silent}))
+            extra={"owner": reply, "silent_for": silent, "old_alive": a.prev_alive}))
     if procs and not done.wait(timeout):
         late = sorted(want - set(answers) - set(errors))
         raise TimeoutError(f"kept procs {late} did not answer the reattach within {timeout:g} s")

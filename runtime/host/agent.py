@@ -243,10 +243,11 @@ class Agent:
         hello = {"pid": os.getpid(), "host": socket.gethostname(),
                  "address": self.tcp_address, "agent": True,
                  "attach_id": e.get("attach_id", "")}
+        prev_alive = False  # the controller before: alive (taken over), or gone
         if self.owner and self.owner != new_owner:
             silent = now - self.owner_last_seen
-            if not e.get("takeover") and silent <= config.heartbeat_timeout and \
-                    not self._owner_exited():
+            prev_alive = silent <= config.heartbeat_timeout and not self._owner_exited()
+            if not e.get("takeover") and prev_alive:
                 hello["refused"] = (
                     f"host agent {socket.gethostname()} (pid {os.getpid()}, "
                     f"{self.tcp_address}) serves another controller ({self.owner}, heard "
@@ -260,7 +261,7 @@ class Agent:
         # who it is, to see at once that it exited when it ran on this host
         self.owner_process = (e.get("host"), e.get("pid"), e.get("start"))
         self.owner_last_seen = now
-        hello.update(self.leases.adopt(new_owner, now))
+        hello.update(self.leases.adopt(new_owner, now), prev_alive=prev_alive)
         self.send(self.owner, Header(Kind.HELLO, extra=hello))
 
     def _owner_exited(self) -> bool:

@@ -40,16 +40,19 @@ def on_reattach(server: Any, h: Header) -> None:
                        "cls": a.class_name, "qcls": a.qualified_class, "state": a.state,
                        "failed": a.failed, "endpoints": sorted(a.endpoints),
                        "pickled": pickled})
-        lost += [{"mesh": a.name, "rank": a.rank, **c} for c in lost_calls(a, old, since)]
+        lost += [{"mesh": a.name, "rank": a.rank, **c}
+                 for c in lost_calls(a, old, since, bool(e.get("old_alive")))]
     rt.owner_address = new
     answer = {"pid": os.getpid(), "tcp": rt.tcp_address, "actors": actors, "lost": lost}
     rt.send(h.reply, Header(Kind.REPLY, port=h.port), pickle.dumps(answer))
 
 
-def lost_calls(a: Any, old_owner: str, since: float) -> list:
-    """The calls of `old_owner` (a controller gone) to actor `a` whose answers it may not
-    have had: still waiting or running, or ended after `since` (time.monotonic(), when it
-    was last heard: within a heartbeat interval of its end); each reported once."""
+def lost_calls(a: Any, old_owner: str, since: float, old_alive: bool = False) -> list:
+    """The calls of `old_owner` (a controller gone, or taken over while `old_alive`) to
+    actor `a` whose answers the new controller will not see: still waiting or running, and,
+    when the old one is gone, ended after `since` (time.monotonic(), when it was last heard:
+    within a heartbeat interval of its end, it may not have read the answer); a live old
+    controller has the answers of the calls that ended. Each is reported once."""
     lost = []
     for key, (method, reply) in list(a.calls_open.items()):
         if reply == old_owner:
@@ -58,6 +61,6 @@ def lost_calls(a: Any, old_owner: str, since: float) -> list:
             lost.append({"endpoint": method, "state": "running" if running else "queued"})
     done, a.calls_done = a.calls_done, collections.deque(maxlen=256)
     for method, reply, ended in done:
-        if reply == old_owner and ended >= since:
+        if reply == old_owner and ended >= since and not old_alive:
             lost.append({"endpoint": method, "state": "finished"})
     return lost
