@@ -133,7 +133,9 @@ def test_cast_sends_one_message_per_host(cluster, mesh3):
     where.add.call(1, 2).get(timeout=30)
     before = rt.stats["sent"]
     assert all(v == 3 for _, v in where.add.call(1, 2).get(timeout=30).items())
-    assert rt.stats["sent"] - before == 3  # one per host agent, not one per actor (6)
+    # one per host agent, not one per actor (6); fewer down a cast tree (cast_fanout < 3:
+    # MONARCH_CAST_FANOUT=2 runs these tests with the tree on)
+    assert rt.stats["sent"] - before == min(3, config.cast_fanout)
 
 
 def _wait_failure(call_future, budget: float):
@@ -220,10 +222,17 @@ def test_partition_between_agents_is_reported_not_fatal(cluster, mesh3, record_d
         # (not the call's own timeout, HB_TIMEOUT * 2: that error names no partition)
         assert "unreachable" in str(e.value) and "network partition" in str(e.value), e.value
         # nobody mistook the partition for a dead controller or a dead host
-        got = where.where.call().get(timeout=20)
-        assert sorted(v[0] for _, v in got.items()) == sorted(cluster.nodes * 2)
+        late = where.where.call()
+        if config.cast_fanout >= 3:  # the star: the controller reaches every host itself
+            got = late.get(timeout=20)
+            assert sorted(v[0] for _, v in got.items()) == sorted(cluster.nodes * 2)
     finally:
         cluster.heal(a)
+    if config.cast_fanout < 3:  # down a cast tree host 0 relays to host 1 across the
+        # partition: the call waits for the link and completes once it heals, nothing lost
+        # (docs/transport.md, "The cast tree")
+        got = late.get(timeout=30)
+        assert sorted(v[0] for _, v in got.items()) == sorted(cluster.nodes * 2)
     assert src.ask.call_one(where, 2).get(timeout=20) == b
 
 
