@@ -288,3 +288,26 @@ def test_a_relay_killed_mid_cast_fails_exactly_its_subtree(tmp_path, capfd) -> N
             assert _rank_slice(m, 0, 1).rank.call_one().get(timeout=30) == 0
         finally:
             job.kill()
+
+
+def test_a_relay_reports_an_unreachable_childs_subtree_gone_with_the_cause() -> None:
+    """gather.py alone: a batch waiting on two child relays; one of them does not answer
+    (the agent's pings: `check_children`), so its subtree's procs go up as gone, with why,
+    while the batch goes on waiting for the other child."""
+    from runtime.host.gather import ReplyGather
+    from runtime.transport import framing
+    from runtime.transport.framing import Header, Kind
+
+    sent: list = []
+    g = ReplyGather("ipc:///me", lambda addr, frames: sent.append((addr, frames)), b"t" * 32)
+    call = Header(Kind.CALL, src="ctl", reply="tcp://ctl:1", port=7)
+    sub = [["tcp://b:1", ["pb"], [["tcp://c:1", ["pc"], []]]], ["tcp://d:1", ["pd"], []]]
+    g.start(call, ["pa"], sub)
+    assert g.waiting_children(-1) == {"tcp://b:1", "tcp://d:1"}
+    g.child_unreachable("tcp://b:1", "no answer (a partition?)")
+    (addr, frames), = sent
+    h, _, _ = framing.parse(frames, b"t" * 32)
+    assert addr == "tcp://ctl:1" and h.kind == Kind.REPLY_BATCH and h.port == 7
+    assert sorted(h.extra["gone"]) == ["pb", "pc"]
+    assert h.extra["why"] == {"pb": "no answer (a partition?)", "pc": "no answer (a partition?)"}
+    assert g.waiting_children(-1) == {"tcp://d:1"}  # the other child is still waited on

@@ -112,7 +112,8 @@ class Ports:
         if gone and entry is not None and isinstance(gone, list):
             on_gone = getattr(entry, "on_gone", None)  # a call sent down a cast tree
             if on_gone is not None:
-                on_gone(gone)
+                why = framing.extra_get(h, "why")
+                on_gone(gone, why if isinstance(why, dict) else {})
 
     def fail(self, pid: int, exc: BaseException, proc: Optional[str] = None,
              actor: Optional[str] = None) -> None:

@@ -332,17 +332,30 @@ class ReplyCollector:
         with self.lock:
             self._on_fail(exc, proc, actor)
 
-    def on_gone(self, procs: list) -> None:
-        """A cast tree says these procs will not answer this call (they exited, or a relay
-        on their way died): the deaths told here fail their ranks now (I/O thread)."""
+    def on_gone(self, procs: list, why: Optional[dict] = None) -> None:
+        """A cast tree says these procs will not answer this call (they exited, a relay on
+        their way died, or, with `why`, a relay could not reach theirs): the deaths told
+        here, or `why`, fail their ranks now (I/O thread)."""
         with self.lock:
             if self.done or not self.tree_gathered:
                 return
+            unreached: dict[str, list] = {}  # why -> procs a relay could not reach
             for p in procs:
                 exc = self.deferred.pop(p, None)
-                if exc is None:
-                    self.gone.add(p)
+                if exc is not None:
+                    self._on_fail(exc, p, None, settled=True)
+                elif why and isinstance(why.get(p), str):
+                    unreached.setdefault(why[p], []).append(p)
                 else:
+                    self.gone.add(p)
+            if unreached:
+                from ..supervision.fold import ranks_phrase
+
+            for text, ps in unreached.items():
+                ranks = sorted(self.rec.rank_of(p) for p in ps)
+                exc = SupervisionError(f"{self.label}: {ranks_phrase(ranks)} of actor mesh "
+                                       f"{self.rec.name!r}: {text}")
+                for p in ps:
                     self._on_fail(exc, p, None, settled=True)
 
     def relay_died(self, agent: str, dead: Any, cause: str) -> Optional[tuple]:

@@ -6,6 +6,7 @@ its subtree gathered here (runtime/host/gather.py). Runs on the agent's I/O thre
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from ..transport import casttree, framing
@@ -26,6 +27,9 @@ class CastRelay:
         self.rundir = rundir
         self.gather = gather
         self.tcp_address = tcp_address  # where agents on other hosts answer ("" if none)
+        self.address = gather.address  # where same-host agents (and local procs) answer
+        #: child relay -> (when this agent started asking it, when it last answered)
+        self.asked: dict[str, list] = {}
 
     def on_fanout(self, h: Header, body: Any, buffers: list) -> None:
         """Deliver the enclosed message to several local procs, and in a cast tree forward
@@ -85,3 +89,35 @@ class CastRelay:
             self.gather.relay_lost(relays, procs)
         else:
             log.warning("agent: a malformed RELAY_LOST from %s dropped", h.src)
+
+    # -- child relays this agent waits on: reachable? ---------------------------------------
+    def check_children(self, interval: float, timeout: float) -> None:
+        """Ping the child relays that gathered replies have waited on for over `interval`
+        (I/O thread, every heartbeat): one silent past `timeout` is unreachable from here
+        (a partition between two hosts the caller both reaches), and its subtree's ranks
+        are reported gone with that cause instead of waited for."""
+        now = time.monotonic()
+        waiting = self.gather.waiting_children(interval)
+        for child in list(self.asked):
+            if child not in waiting:
+                del self.asked[child]
+        for child in waiting:
+            since, heard = self.asked.setdefault(child, [now, now])
+            if now - heard > timeout:
+                del self.asked[child]
+                self.gather.child_unreachable(child, (
+                    f"host agent {child} did not answer its relay {self.agent_id} for "
+                    f"{now - heard:.1f} s (a network partition between the two hosts?); "
+                    "the call may reach it when the link heals"))
+                continue
+            reply = self.tcp_address if child.startswith("tcp://") and self.tcp_address \
+                else self.address
+            self.loop.send(child, framing.build(self.token, Header(
+                Kind.HEARTBEAT, src=self.agent_id, reply=reply, extra={"ping": child})))
+
+    def on_pong(self, child: str) -> None:
+        """A child relay answered a ping: reachable."""
+        got = self.asked.get(child)
+        if got is not None:
+            got[1] = time.monotonic()
+

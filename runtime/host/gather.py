@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from typing import Any, Callable, Iterable
 
 from ..config import config
@@ -44,7 +45,7 @@ def _remember(seen: dict, items: Iterable[str]) -> None:
 
 class _Batch:
     __slots__ = ("reply", "port", "waiting", "items", "bodies", "buffers", "size", "failed",
-                 "gone", "up_g")
+                 "gone", "why", "up_g", "children", "started")
 
     def __init__(self, reply: str, port: int, procs: Iterable[str], up_g: Any) -> None:
         self.reply = reply
@@ -58,7 +59,10 @@ class _Batch:
         #: procs that will not answer through this agent (exited, behind a dead relay),
         #: told to the caller with the next batch so it stops waiting for them here
         self.gone: list = []
+        self.why: dict = {}  # gone proc -> why, where the caller hears of it from nobody else
         self.up_g = up_g  # the parent agent's batch id (a cast tree), else None
+        self.children: dict[str, set] = {}  # child relay -> its subtree's procs (a tree)
+        self.started = time.monotonic()
 
 
 class ReplyGather:
@@ -87,10 +91,17 @@ class ReplyGather:
         exited = self.exited
         for p in procs:
             (gone if p in exited else waiting).append(p)
+        children = {}
         for node in sub:
-            (gone if node[0] in self.lost else waiting).extend(casttree.procs_of(node))
+            below = casttree.procs_of(node)
+            if node[0] in self.lost:
+                gone.extend(below)
+            else:
+                waiting.extend(below)
+                children[node[0]] = set(below)
         b = self.batches[gid] = _Batch(inner.reply, inner.port, waiting, up_g)
         b.gone = gone
+        b.children = children
         extra["g"] = gid
         extra.setdefault("caller", inner.reply)  # the call's own caller, kept down a tree
         inner.extra = extra
@@ -127,11 +138,14 @@ class ReplyGather:
             if rh.src in b.waiting:
                 self._add(gid, b, rh.src, rh.actor, rh.rank, rh.status, rbody, rbufs)
         gone = framing.extra_get(h, "gone")
+        why = framing.extra_get(h, "why")
         if isinstance(gone, list):
             for p in gone:
                 if p in b.waiting:
                     b.waiting.discard(p)
                     b.gone.append(p)
+                    if isinstance(why, dict) and isinstance(why.get(p), str):
+                        b.why[p] = why[p]
         if b.failed or not b.waiting or b.gone:
             self._flush(gid)
 
@@ -163,6 +177,25 @@ class ReplyGather:
         _remember(self.lost, relays)
         self._gone(list(procs))
 
+    def waiting_children(self, older_than: float) -> set:
+        """The child relays that batches started over `older_than` seconds ago still wait
+        on (the agent checks they are reachable)."""
+        now = time.monotonic()
+        return {c for b in self.batches.values() if now - b.started > older_than
+                for c, procs in b.children.items() if not procs.isdisjoint(b.waiting)}
+
+    def child_unreachable(self, child: str, why: str) -> None:
+        """Child relay `child` has not answered this agent's pings: the procs of its
+        subtree that batches still wait on are gone, with `why` (the caller hears of it
+        from nobody else), and their batches go on."""
+        for gid, b in list(self.batches.items()):
+            hit = list(b.children.pop(child, set()) & b.waiting)
+            if hit:
+                b.waiting.difference_update(hit)
+                b.gone.extend(hit)
+                b.why.update(dict.fromkeys(hit, why))
+                self._flush(gid)
+
     def _gone(self, procs: list) -> None:
         for gid, b in list(self.batches.items()):
             hit = [p for p in procs if p in b.waiting]
@@ -193,5 +226,7 @@ class ReplyGather:
                 h.extra["g"] = b.up_g
             if b.gone:
                 h.extra["gone"] = b.gone
+            if b.why:
+                h.extra["why"] = b.why
             self._send(b.reply, framing.build(self._token, h, body, b.buffers))
-        b.items, b.bodies, b.buffers, b.size, b.gone = [], [], [], 0, []
+        b.items, b.bodies, b.buffers, b.size, b.gone, b.why = [], [], [], 0, [], {}

@@ -226,14 +226,17 @@ def test_partition_between_agents_is_reported_not_fatal(cluster, mesh3, record_d
         if config.cast_fanout >= 3:  # the star: the controller reaches every host itself
             got = late.get(timeout=20)
             assert sorted(v[0] for _, v in got.items()) == sorted(cluster.nodes * 2)
+        else:  # down a cast tree host 0 relays to host 1, across the partition: host 0's
+            # agent pings host 1's, hears nothing, and the call fails naming host 1's ranks
+            # and the partition instead of waiting for the link (docs/transport.md)
+            with pytest.raises(runtime.SupervisionError, match="network partition") as e2:
+                late.get(timeout=HB_TIMEOUT * 4 + 10)
+            assert "ranks 2-3" in str(e2.value), e2.value
     finally:
         cluster.heal(a)
-    if config.cast_fanout < 3:  # down a cast tree host 0 relays to host 1 across the
-        # partition: the call waits for the link and completes once it heals, nothing lost
-        # (docs/transport.md, "The cast tree")
-        got = late.get(timeout=30)
-        assert sorted(v[0] for _, v in got.items()) == sorted(cluster.nodes * 2)
     assert src.ask.call_one(where, 2).get(timeout=20) == b
+    got = where.where.call().get(timeout=30)  # the tree relays across the healed link
+    assert sorted(v[0] for _, v in got.items()) == sorted(cluster.nodes * 2)
 
 
 @pytest.mark.timeout(150)
