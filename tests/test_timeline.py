@@ -12,6 +12,7 @@ import stat
 import pytest
 
 import runtime
+from _util import wait_until
 from monarch_widgets.timeline_view import timeline_html
 from runtime import timeline
 from tests._observe_actors import Worker
@@ -94,7 +95,10 @@ def test_the_ring_is_bounded_and_a_dead_proc_gets_a_lane_saying_so():
         for lane in tl.lanes:  # the newest 4 of 20 records: steps 8 and 9 with their spans
             assert len(lane.records) == 4
             assert [r[2] for r in lane.records] == ["span", "call", "span", "call"]
-        runtime.get_runtime().kill_proc(pm.procs[1].proc_id)
+        rt = runtime.get_runtime()
+        rt.kill_proc(pm.procs[1].proc_id)  # through its agent: known dead a moment later
+        wait_until(lambda: rt.proc_state(pm.procs[1].proc_id) == "failed", 30,
+                   "the killed proc's death is known")
         with pytest.raises(runtime.SupervisionError):
             w.step.call(1).get(timeout=30)
         tl = runtime.read_timeline(pm, last=120, timeout=5)
