@@ -221,7 +221,7 @@ def creator_record(ins: Any) -> Optional[dict]:
 
 
 #: the view (Shape) the message being handled was sent to; None: the whole mesh
-_message_view: contextvars.ContextVar[Optional[Shape]] = contextvars.ContextVar(
+message_view: contextvars.ContextVar[Optional[Shape]] = contextvars.ContextVar(
     "runtime.message_view", default=None)
 
 
@@ -254,7 +254,7 @@ class ActorContext:
     def message_rank(self) -> Point:
         """This actor's point in the slice the current message was sent to (Monarch's
         `context().message_rank`); its own `rank` when the message went to the whole mesh."""
-        view = _message_view.get()
+        view = message_view.get()
         if view is None:
             return self.rank
         return Point(view.global_ranks().index(self.rank.rank), view)

@@ -123,7 +123,7 @@ class AdminServer:
     def _stop_mesh(self, name: str, timeout: float = 30.0) -> int:
         """Stop every live actor mesh or proc mesh called `name`; returns how many."""
         found = [m for m in self.rt.meshes() if getattr(m, "name", None) == name or
-                 getattr(getattr(m, "_rec", None), "health_name", None) == name]
+                 getattr(m, "health_name", None) == name]
         if not found:
             raise KeyError(f"no live mesh named {name!r}")
         for m in found:

@@ -20,7 +20,7 @@ import time
 from typing import Any, Optional
 
 from . import breakpoints, settings
-from .proc_side import ProcDebugger, _actor
+from .proc_side import ProcDebugger, running_actor
 from .protocol import RELEASE_COMMAND, BreakpointWithoutDebugger
 
 log = logging.getLogger("runtime.debugging")
@@ -245,7 +245,7 @@ def _meta(actor: Any, rt: Any) -> dict:
 
 def _set_paused(paused: bool) -> None:
     """Report the actor as paused (heartbeats carry it to the health model) or busy again."""
-    a = _actor()
+    a = running_actor()
     if a is None:
         return
     if paused:

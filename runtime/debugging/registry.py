@@ -474,6 +474,12 @@ def install(rt: Any) -> DebugRegistry:
         return reg
 
 
+def current_registry() -> Optional[DebugRegistry]:
+    """The registry made last in this process, or None (whatever runtime it serves; never
+    makes one: the console's wait hook asks)."""
+    return _registry
+
+
 def get_registry(create: bool = True) -> Optional[DebugRegistry]:
     """The registry of this process's controller runtime (created on first use)."""
     from .._core import current_runtime, get_runtime

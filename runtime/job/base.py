@@ -295,7 +295,7 @@ class Job(JobTrait, ABC):
         if self._state is not None:  # as in Monarch, each call its own HostMesh objects
             again = JobState()     # (same hosts): stop() on one leaves the others' procs
             for name, hm in self._state.items():
-                again[name] = hm._new_with_shape(hm._shape)
+                again[name] = hm.slice()  # a new view, the same shape
             return again
         from . import cache
 
@@ -442,6 +442,13 @@ class Job(JobTrait, ABC):
     def __repr__(self) -> str:
         state = "killed" if self._killed else "running" if self._launched else "not started"
         return f"{type(self).__name__}(meshes={self.meshes}, {state})"
+
+
+def adopt_saved(spec: "Job", saved: "Job") -> None:
+    """Make `spec` the job `saved` (read back from its file): its fields, less what `spec`
+    keeps out of a saved job (`_transient`), then reset those (runtime.job.cache)."""
+    spec.__dict__.update({k: v for k, v in saved.__dict__.items() if k not in spec._transient})
+    spec._after_load()
 
 
 def admin_address() -> str:

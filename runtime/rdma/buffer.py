@@ -358,3 +358,14 @@ class RDMAAction:
                         "RDMAAction transfer").add_done_callback(done)
 
         return _Deferred("RDMAAction.submit", start)
+
+
+def read_ipc(buf: RDMABuffer, out: Any, timeout: float) -> None:
+    """Pull a CUDA-IPC exported buffer into the tensor `out` (runtime.transport.cuda_tensors)."""
+    client.transfer(buf._h, span_of(out, what="received CUDA tensor", need_writable=True),
+                    0, False, timeout)
+
+
+def close_ipc(buf: RDMABuffer) -> None:
+    """Close our mapping of a one-shot CUDA-IPC buffer (runtime.transport.cuda_tensors)."""
+    client.close_ipc(buf._h)

@@ -58,11 +58,11 @@ class _Comm:
             import torch.distributed as dist
             from urllib.parse import urlparse
 
-            from .._meshes.host_mesh import _local_ip_for
+            from .._meshes.host_mesh import local_ip_for
 
             far = next(p for p in root._procs if p.host != rt.host and p.agent is not None)
             u = urlparse(far.agent.address)
-            host = _local_ip_for(u.hostname or far.host, u.port or 0)
+            host = local_ip_for(u.hostname or far.host, u.port or 0)
             self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
             self.rdv = ("tcp", host, self.store.port)
 

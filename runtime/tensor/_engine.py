@@ -28,7 +28,7 @@ _GATHER_S = 0.0003
 _GATHER_BURST_S = 0.002
 _BURST = 64
 log = logging.getLogger(__name__)
-_ids = itertools.count(1)
+ref_ids = itertools.count(1)
 
 
 def mesh_key(mesh: "ProcMesh") -> tuple:

@@ -298,9 +298,9 @@ class Gateway:
             return self._drop(f"a message to {dest} without the cluster's token")
         sock = self.out.pop(dest, None)  # most recently used last
         if sock is None:
-            from .peers import _push_socket
+            from .peers import push_socket
 
-            sock = _push_socket(self.ctx, dest, self.keys)
+            sock = push_socket(self.ctx, dest, self.keys)
             if len(self.out) >= MAX_PEERS:  # the least recently used goes (dialed again
                 old = next(iter(self.out))  # if it is needed again)
                 self.out.pop(old).close(linger=2000)

@@ -289,7 +289,7 @@ class ZmqPeer:
         self.error = ""
         self.gone = False
         keys: Optional[CurveKeys] = loop.peer_keys.get(addr, loop.keys)
-        self.sock: Optional[zmq.Socket] = _push_socket(loop.ctx, addr, keys)
+        self.sock: Optional[zmq.Socket] = push_socket(loop.ctx, addr, keys)
 
     def send(self, frames: list, port: int = 0) -> None:
         error = ""
@@ -337,7 +337,7 @@ def _log_send_failed(addr: str, ports: list, error: str, gone: bool) -> None:
     log.warning("a send to %s failed (%s); %d call(s) lost", addr, error, len(ports))
 
 
-def _push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.Socket:
+def push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.Socket:
     s = ctx.socket(zmq.PUSH)
     s.setsockopt(zmq.SNDHWM, 0)
     s.setsockopt(zmq.LINGER, 2000)
