@@ -19,6 +19,13 @@ from typing import Any, Callable, Optional, TypeVar, overload
 from ._base import context as _context, features as _features
 from .shapes import Point, Shape
 
+__all__ = [
+    "F", "Actor", "EndpointDef", "endpoint", "concurrent_endpoint", "endpoints_of", "methods_of",
+    "plain_signature", "ROOT_ID", "qualified_class", "CreatorInstance", "root_creator",
+    "creator_record", "message_view", "ActorContext", "context", "current_rank",
+    "current_actor_name", "current_size",
+]
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -18,6 +18,8 @@ from typing import Any, Mapping, Optional
 from .actor import Actor, current_rank, current_size, endpoint
 from .gpus import GPU_DIMS, PARENT_VISIBLE, VISIBLE
 
+__all__ = ["elastic_env", "SPMDActor", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]
+
 log = logging.getLogger("runtime.spmd")
 
 

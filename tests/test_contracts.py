@@ -723,3 +723,77 @@ def test_the_private_import_scan_can_fail():
     got = private_imports(snippet, "runtime.tensor._comm", False,
                           lambda m: m == "runtime.tensor._engine")
     assert got == {"runtime.rdma.client._split", "runtime.actor._get_context"}
+
+
+# -- every module says what it exports ----------------------------------------------------------
+
+def declared_all(tree: ast.Module) -> Optional[list[str]]:
+    """The names of a module's top-level `__all__` (a literal list or tuple; [] when it is
+    computed), or None when it has none."""
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            try:
+                value = ast.literal_eval(node.value) if node.value is not None else []
+            except ValueError:
+                return []
+            return list(value)
+    return None
+
+
+def top_level_names(tree: ast.Module) -> set[str]:
+    """Names a module binds at its top level (in `if`/`try` blocks there too)."""
+    names: set[str] = set()
+
+    def visit(body: list) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+                for h in getattr(node, "handlers", []):
+                    visit(h.body)
+    visit(tree.body)
+    return names
+
+
+def all_violations(trees: list[tuple[str, ast.Module]]) -> list[str]:
+    """A module without `__all__`, or whose `__all__` names something it does not define
+    (unless it makes names lazily, with a module `__getattr__`)."""
+    out = []
+    for label, tree in trees:
+        names = declared_all(tree)
+        if names is None:
+            out.append(f"{label}: no __all__")
+            continue
+        defined = top_level_names(tree)
+        if "__getattr__" not in defined:
+            out += [f"{label}: __all__ names {n!r}, not defined there" for n in names
+                    if n not in defined]
+    return out
+
+
+def test_every_module_declares_all():
+    """Each module of runtime, monarch_kernel and monarch_widgets says what it exports
+    (`__all__`, [] for none), and names only what it defines."""
+    files = py_files("runtime", *FRONT_ENDS)
+    assert len(files) > 150
+    trees = [(str(p.relative_to(ROOT)), parse(p)) for p in files]
+    bad = all_violations(trees)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_all_scan_can_fail():
+    trees = [("a.py", ast.parse("def f(): pass\n")),
+             ("b.py", ast.parse("__all__ = ['f', 'g']\ndef f(): pass\n")),
+             ("c.py", ast.parse("from x import y\n__all__: list[str] = ['y']\n"))]
+    assert all_violations(trees) == ["a.py: no __all__", "b.py: __all__ names 'g', not "
+                                     "defined there"]

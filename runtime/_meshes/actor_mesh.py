@@ -15,6 +15,11 @@ from .collector import cancel_calls
 if TYPE_CHECKING:
     from .proc_mesh import ProcMesh
 
+__all__ = [
+    "ActorMesh", "ref_of", "view_of", "forget_endpoints", "stop_now", "arm_raise",
+    "rebuild_actor_mesh",
+]
+
 
 class ActorMesh(MeshTrait):
     """A mesh of actors, one per proc; endpoints are attributes with call/choose/... adverbs.

@@ -24,6 +24,8 @@ from .collector import ReplyCollector, take_room
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
 
+__all__ = ["MeshRef", "EndpointRef", "send", "NotAnEndpoint", "as_endpoint", "endpoint_parts"]
+
 
 class MeshRef:
     """One view of an actor mesh as the code that calls its actors sees it, in public fields:

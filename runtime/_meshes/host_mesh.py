@@ -26,6 +26,11 @@ from ..transport.framing import Header, Kind
 if TYPE_CHECKING:
     from .proc_mesh import ProcMesh
 
+__all__ = [
+    "child_env", "HostMesh", "host_runtime", "view_agents", "this_host", "local_ip_for",
+    "attach_to_workers",
+]
+
 
 def child_env() -> dict:
     """Environment for agents and procs: the controller's, with its import path."""

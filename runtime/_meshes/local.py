@@ -21,6 +21,10 @@ from ..transport.framing import Header, Kind
 from ..transport.serialization import dumps
 from .proc_mesh import ProcMesh
 
+__all__ = [
+    "ROOT_ENV", "ThisProcMesh", "this_proc", "root_controller_env", "get_or_spawn_controller",
+]
+
 #: env var of procs: "<root controller proc id>|<its address as seen from the proc's host>"
 ROOT_ENV = "MONARCH_ROOT_CONTROLLER"
 _CC_NAME = "controller_controller"

@@ -14,6 +14,8 @@ from .._core import AgentRecord, Runtime, get_runtime
 from ..transport.framing import ERROR, Header, Kind
 from .questions import Questions
 
+__all__ = ["ProcLog", "ProcLogs", "read_logs"]
+
 
 @dataclass
 class ProcLog:

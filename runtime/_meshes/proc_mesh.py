@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
     from .host_mesh import HostMesh
 
+__all__ = [
+    "ProcInfo", "ProcMesh", "endpoint_signatures", "caller_signature", "method_signatures",
+    "active_mesh_names", "claim_health_name", "runtime_of", "view_procs", "all_procs",
+    "stop_owned_meshes",
+]
+
 
 @dataclass(frozen=True)
 class ProcInfo:

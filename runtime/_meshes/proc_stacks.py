@@ -14,6 +14,8 @@ from ..stacks import ProcStacks, StacksError, threads_from
 from ..transport.framing import ERROR, Header, Kind
 from .questions import Questions
 
+__all__ = ["proc_stacks", "stacks_of_proc", "stacks_of_procs"]
+
 
 def _decode(h: Header, body: Any) -> dict:
     text = bytes(body).decode("utf-8", "replace")

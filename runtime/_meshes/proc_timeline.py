@@ -13,6 +13,8 @@ from ..transport.framing import Header, Kind
 from .proc_mesh import runtime_of, view_procs
 from .questions import Questions
 
+__all__ = ["proc_mesh_of", "read_timeline"]
+
 
 def proc_mesh_of(mesh: Any) -> Any:
     """The ProcMesh of `mesh` (a ProcMesh, or an ActorMesh's proc mesh)."""

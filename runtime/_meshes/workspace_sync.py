@@ -33,6 +33,11 @@ from ..transport.framing import OK, Header, Kind
 from ..transport.serialization import dumps
 from ..workspace import FileEntry, Scan, Workspace, scan
 
+__all__ = [
+    "BATCH_BYTES", "BATCH_FILES", "WINDOW", "Progress", "WorkspaceSyncError", "HostSync",
+    "ProcReload", "SyncResult", "sync_workspace", "reload_actor_class",
+]
+
 BATCH_BYTES = 8 << 20
 BATCH_FILES = 256
 WINDOW = 4

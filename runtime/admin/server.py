@@ -34,6 +34,8 @@ from runtime.admin.codec import encode_snapshot
 from runtime.admin.connection import (ConnectionInfo, remove_connection_file,
                                       write_connection_file)
 
+__all__ = ["MAX_REQUEST_BYTES", "Handler", "AdminServer", "serve"]
+
 log = logging.getLogger("runtime.admin")
 
 MAX_REQUEST_BYTES = 1 << 20

@@ -23,6 +23,10 @@ from . import breakpoints, settings
 from .proc_side import ProcDebugger, running_actor
 from .protocol import RELEASE_COMMAND, BreakpointWithoutDebugger
 
+__all__ = [
+    "SKIP", "ACK_TIMEOUT", "RemotePdb", "start", "stop_at", "stop_on_exception", "run_postmortem",
+]
+
 log = logging.getLogger("runtime.debugging")
 
 #: modules whose frames pdb steps over (the runtime's own plumbing)

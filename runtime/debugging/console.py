@@ -16,6 +16,8 @@ from . import settings
 from .commands import HELP, Command, CommandError, parse_command
 from .registry import DebugError, DebugRegistry, Session
 
+__all__ = ["NoStdin", "default_input", "DebugConsole", "console_factory", "wait_hook"]
+
 
 class NoStdin(Exception):
     """There is no interactive input here (no terminal, or the kernel disallows stdin)."""

@@ -19,6 +19,11 @@ from typing import Any, Optional
 from ..transport.framing import Header
 from .protocol import FROM_ACTOR, header, op_of
 
+__all__ = [
+    "BREAKS_ENV", "spawn_env", "ProcDebugger", "running_actor", "set_trace", "breakpointhook",
+    "install",
+]
+
 log = logging.getLogger("runtime.debugging")
 
 #: the line-breakpoint table and exception filters a proc starts with (JSON), set by its

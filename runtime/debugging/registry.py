@@ -21,6 +21,11 @@ from . import settings
 from .protocol import header, op_of
 from .selectors import RankSelector, parse_selector
 
+__all__ = [
+    "NOTE_AFTER", "TICK_S", "Session", "DebugError", "FrontEndHooks", "DebugRegistry", "install",
+    "current_registry", "get_registry",
+]
+
 log = logging.getLogger("runtime.debugging")
 
 NOTE_AFTER = 1.0  # seconds a breakpoint waits unattended before a note is printed

@@ -12,6 +12,8 @@ from ..transport import casttree, framing
 from ..transport.framing import Header, Kind
 from .gather import ReplyGather
 
+__all__ = ["CastRelay"]
+
 log = logging.getLogger("runtime.host")
 
 

@@ -19,6 +19,12 @@ from typing import Any
 
 from .trait import JobTrait
 
+__all__ = [
+    "ADDRESS_RE", "JobError", "JobState", "check_meshes", "parse_address", "slots", "private_dir",
+    "make_key_file", "read_address_files", "tail", "Job", "adopt_saved", "admin_address",
+    "TelemetryConfig",
+]
+
 ADDRESS_RE = re.compile(r"^tcp://(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -18,6 +18,8 @@ from .base import JobError, adopt_saved
 if TYPE_CHECKING:
     from .base import Job
 
+__all__ = ["DEFAULT_JOB_PATH", "job_loads", "job_load", "adopt"]
+
 log = logging.getLogger(__name__)
 
 #: Monarch's default cache location (relative to the current directory).

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Optional
 if TYPE_CHECKING:
     from .base import JobState
 
+__all__ = ["JobTrait", "restore_saved"]
+
 
 class JobTrait:
     """Base of every job: `apply()`, `state(cached_path=...)`, `kill()`, `dump()`/`dumps()`;

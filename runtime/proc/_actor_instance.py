@@ -40,6 +40,10 @@ from ..transport.framing import ERROR, OK, Header, Kind, extra_get
 from ..transport import cuda_tensors
 from ..transport.serialization import dumps, loads
 
+__all__ = [
+    "STOP", "set_error_hook", "set_call_hook", "current_actor", "ActorInstance", "Confirmations",
+]
+
 log = logging.getLogger("runtime.proc")
 
 #: the mailbox entry that stops an actor

@@ -20,6 +20,11 @@ from .identity import host_id, process_start_time, session_secret
 from .memory import check_dtype, span_of
 from .server import get_server
 
+__all__ = [
+    "DEFAULT_TIMEOUT", "RDMAOwner", "RDMABuffer", "get_rdma_backend", "is_ibverbs_available",
+    "is_rdma_available", "RDMAAction", "read_ipc", "close_ipc",
+]
+
 DEFAULT_TIMEOUT = 3.0  # seconds, as in Monarch
 
 _executor: Optional[ThreadPoolExecutor] = None

@@ -27,6 +27,13 @@ from .identity import host_id, process_alive, session_secret
 from .memory import Span, view_of
 from .server import INFO_REPLY, MR_REPLY, PIN_REPLY, current_server
 
+__all__ = [
+    "MIN_STREAM_BYTES", "VM_CHUNK", "transport_mode", "Deadline", "split_pieces", "run_pieces",
+    "tcp_transfer", "vm_usable", "vm_transfer", "local_transfer", "ib_transfer", "drop_remote",
+    "owner_info", "close_ipc", "ipc_transfer", "local_cuda_transfer", "choose",
+    "check_not_across_gateway", "transfer",
+]
+
 log = logging.getLogger("runtime.rdma")
 
 MIN_STREAM_BYTES = 4 << 20  # never split a transfer into pieces smaller than this

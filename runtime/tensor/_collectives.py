@@ -24,6 +24,11 @@ from ._tensor import Tensor
 if TYPE_CHECKING:
     from .._meshes import ProcMesh
 
+__all__ = [
+    "reduce", "reduce_", "slice_to", "slice_mesh", "to_mesh", "mesh_rank", "backend_for",
+    "renew_groups",
+]
+
 _seq = itertools.count(1)
 _lock = threading.Lock()
 

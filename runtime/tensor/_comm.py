@@ -18,6 +18,11 @@ import torch.distributed as dist
 
 from ..config import config
 
+__all__ = [
+    "CollectiveError", "Groups", "agree", "reduce", "PACK_MAX_BYTES", "packable", "packed_reduce",
+    "exchange", "Collectives",
+]
+
 _OPS = {"sum": "SUM", "avg": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX"}
 
 

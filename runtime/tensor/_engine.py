@@ -20,6 +20,11 @@ from ._worker import Failure, Worker
 if TYPE_CHECKING:
     from .._meshes import ActorMesh, ProcMesh
 
+__all__ = [
+    "ref_ids", "mesh_key", "Engine", "engine_for", "Sender", "sender", "then", "send_command",
+    "send_call",
+]
+
 _BATCH_MAX = 1000
 #: after a wake-up the sender lets ops gather into one message this long, or this long
 #: while a burst is under way (its last pass sent _BURST entries or more); a fetch, a call

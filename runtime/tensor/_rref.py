@@ -11,6 +11,8 @@ from .._meshes.adverbs import endpoint_parts
 from ..shapes import Shape
 from ._remote import Remote
 
+__all__ = ["call_local_actor", "rref"]
+
 
 def call_local_actor(actors: Any, method: str, *args: Any, **kwargs: Any) -> Any:
     """On a proc: call `method` of the actor of `actors` that lives on this proc, and wait

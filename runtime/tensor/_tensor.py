@@ -19,6 +19,8 @@ from ._worker import Ref, local_shard
 if TYPE_CHECKING:
     from .._meshes import ActorMesh, ProcMesh
 
+__all__ = ["Tensor", "scan", "same_mesh", "dispatch"]
+
 _META = torch.device("meta")
 _SCALAR = torch.ops.aten._local_scalar_dense.default
 _CPU = torch.device("cpu")

@@ -48,6 +48,11 @@ from .listen import Listener
 if TYPE_CHECKING:
     from .loop import IOLoop
 
+__all__ = [
+    "HEARTBEAT_MS", "HEARTBEAT_TIMEOUT_MS", "MAX_PEERS", "client_gateways", "Resend", "Receipt",
+    "Gateway", "GatewayLink", "GatewayPeer", "main",
+]
+
 log = logging.getLogger("runtime.gateway")
 _NOBLOCK = int(zmq.NOBLOCK)
 _DEST = re.compile(r"tcp://[A-Za-z0-9._\-\[\]:]+:\d{1,5}")

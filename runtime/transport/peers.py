@@ -26,6 +26,11 @@ from .auth import CurveKeys, cluster_token
 if TYPE_CHECKING:
     from .loop import IOLoop
 
+__all__ = [
+    "GONE_KEPT", "RECONNECT_MAX_MS", "PREAMBLE_TIMEOUT_S", "MAX_UNIDENTIFIED", "Peers",
+    "WrappedPeer", "relay_peer", "agent_routed_peer", "ZmqPeer", "push_socket",
+]
+
 log = logging.getLogger("runtime.transport")
 _NOBLOCK = int(zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
