@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["load_ipython_extension", "unload_ipython_extension"]
+
 __version__ = "0.1.0"
 
 

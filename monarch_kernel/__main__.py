@@ -2,6 +2,8 @@
 
 import sys
 
+__all__ = ["main"]
+
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "install":

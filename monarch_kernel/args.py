@@ -13,6 +13,16 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Optional, Union
 
+__all__ = [
+    "MagicArgError", "MagicHelp", "parse_identifier", "parse_sizes", "RankSel", "parse_ranks",
+    "parse_env", "parse_duration", "AllocArgs", "JobAllocArgs", "SpawnArgs", "ListArgs",
+    "AttachJobArgs", "StatusArgs", "StopArgs", "CancelArgs", "KillArgs", "WhyArgs",
+    "InterruptArgs", "AttachArgs", "AdminArgs", "ActivateArgs", "DeactivateArgs", "SyncArgs",
+    "sync_names", "ReloadArgs", "LogsArgs", "TimelineArgs", "ChaosArgs", "StacksArgs", "CellArgs",
+    "MeshCommand", "line_help", "cell_help", "parse_mesh_line", "VIEW_COMMANDS", "VIEW_USAGE",
+    "parse_view_line", "parse_mesh_cell", "parse_alloc", "split_call_args",
+]
+
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _KWARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(?!=)(.*)$", re.S)
 

@@ -29,6 +29,11 @@ from IPython.core.completer import SimpleCompletion, context_matcher
 
 from monarch_kernel import args as margs
 
+__all__ = [
+    "REMOTE_TIMEOUT_S", "MeshCell", "split_mesh_cell", "complete_cell", "inspect_cell",
+    "mesh_matcher",
+]
+
 #: How long the kernel waits for the proc's answer before answering locally (seconds).
 REMOTE_TIMEOUT_S = 0.5
 _EXPERIMENTAL = "_jupyter_types_experimental"

@@ -15,6 +15,8 @@ from runtime.debugging.commands import HELP, CommandError, parse_command
 from runtime.debugging.console import DebugConsole
 from runtime.debugging.registry import DebugError, DebugRegistry
 
+__all__ = ["USAGE", "attach_from_view", "install", "debug_magic"]
+
 USAGE = """\
 %mesh debug                         attach to the paused actors, one at a time
 %mesh debug list                    list paused actors

@@ -15,6 +15,8 @@ from typing import Any
 from monarch_kernel import session as _sessions
 from monarch_kernel.session import NotebookSession, running_runtime
 
+__all__ = ["load", "unload", "shutdown_all"]
+
 
 def _add_matcher(shell: Any) -> None:
     """Tab on %mesh/%%mesh lines and on actor meshes (monarch_kernel.completion)."""

@@ -11,6 +11,11 @@ from typing import Any, Optional, Sequence
 
 from runtime.supervision.fold import compress_ranks  # noqa: F401 - one copy, runtime's
 
+__all__ = [
+    "RankFailure", "fold", "summary_line", "render", "MeshCellError", "MeshCellInterrupted",
+    "live_selection", "MeshRanksDead", "MeshCommandFailed", "MeshCellTimeout",
+]
+
 
 @dataclass(frozen=True)
 class RankFailure:

@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+__all__ = ["PausedRank", "HeadlessPanel"]
+
 
 class PausedRank:
     """One stopped remote rank as the panel sees it (its thread and top frame)."""

@@ -10,6 +10,8 @@ import sys
 import tempfile
 from typing import Optional, Sequence
 
+__all__ = ["KERNEL_NAME", "DISPLAY_NAME", "kernel_dict", "write_kernel_spec", "install", "main"]
+
 KERNEL_NAME = "monarch"
 DISPLAY_NAME = "Monarch (Python 3)"
 

@@ -16,6 +16,8 @@ from traitlets import Type
 
 from monarch_kernel import __version__
 
+__all__ = ["MonarchKernel", "launch"]
+
 
 class MonarchKernel(IPythonKernel):
     """An IPython kernel that is a Monarch single controller."""

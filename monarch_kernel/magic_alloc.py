@@ -12,6 +12,8 @@ from monarch_kernel import args as margs
 from monarch_kernel.mesh_text import fmt_sizes, one_line
 from monarch_kernel.tables import Rendered
 
+__all__ = ["AllocCommands"]
+
 
 class AllocCommands:
     """Making meshes: procs (with a live progress bar), actors, the active mesh."""

@@ -13,6 +13,8 @@ from monarch_kernel import args as margs
 from monarch_kernel.folding import (MeshCellError, MeshCellInterrupted, MeshCellTimeout,
                                     MeshRanksDead, RankFailure, live_selection)
 
+__all__ = ["OUTPUT_DRAIN_S", "INTERRUPT_DRAIN_S", "CellCommands"]
+
 #: How long a finished %%mesh cell waits for its remote output still in flight.
 OUTPUT_DRAIN_S = 2.0
 #: After Ctrl-C, how long a %%mesh cell waits for its interrupted ranks to answer.

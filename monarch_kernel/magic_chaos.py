@@ -16,6 +16,8 @@ from IPython.core.error import UsageError
 
 from monarch_kernel import args as margs
 
+__all__ = ["ChaosRun", "ChaosCommands"]
+
 
 class ChaosRun:
     """One mesh's chaos: a daemon thread that kills a random live proc every `every`

@@ -8,6 +8,8 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
+__all__ = ["MagicContext"]
+
 
 class MagicContext:
     """The state and lookups the %mesh command groups share."""

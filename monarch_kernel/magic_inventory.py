@@ -12,6 +12,8 @@ from monarch_kernel import args as margs
 from monarch_kernel.mesh_text import actor_state, fmt_sizes, proc_state
 from monarch_kernel.tables import Rendered, Table
 
+__all__ = ["InventoryCommands"]
+
 
 class InventoryCommands:
     """What is running, and stopping it."""

@@ -10,6 +10,8 @@ from IPython.core.error import UsageError
 
 from monarch_kernel import args as margs
 
+__all__ = ["DEFAULT_TAIL", "LogsCommands"]
+
 
 #: Lines of each proc `%mesh logs` shows without --tail or --all: a page to read, not the
 #: megabytes a chatty proc writes (the notebook keeps every output).

@@ -11,6 +11,8 @@ from IPython.core.error import UsageError
 
 from monarch_kernel import args as margs
 
+__all__ = ["ObserveCommands"]
+
 
 def _display(html: str, text: str) -> None:
     from IPython.display import display

@@ -13,6 +13,8 @@ from monarch_kernel import args as margs
 from monarch_kernel.folding import MeshCommandFailed
 from monarch_kernel.magic_context import MagicContext
 
+__all__ = ["WorkspaceCommands"]
+
 
 class WorkspaceCommands:
     """The %mesh sync and %mesh reload commands."""

@@ -24,6 +24,8 @@ from monarch_kernel.magic_workspace import WorkspaceCommands
 from monarch_kernel.magic_logs import LogsCommands
 from monarch_kernel.magic_observe import ObserveCommands
 
+__all__ = ["MeshMagics"]
+
 
 @magics_class
 class MeshMagics(Magics):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["one_line", "fmt_sizes", "proc_state", "actor_state"]
+
 
 def one_line(e: BaseException, prefix: str) -> str:
     """`prefix: message` on one line (the message's own prefix not repeated)."""

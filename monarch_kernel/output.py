@@ -14,6 +14,8 @@ import sys
 import threading
 from typing import Any, Callable, Optional
 
+__all__ = ["LinePrefixer", "Writer", "OutputRouter", "kernel_writer"]
+
 _LINE_END = re.compile(r"\r\n|\n|\r(?!\n)")
 #: The end-of-cell mark a %%mesh cell runner writes (see cell_runner.END_MARK).
 _MARK = re.compile(r"\x1b\]777;mk-end:([0-9A-Za-z_-]+)\x07(\r?\n)?")

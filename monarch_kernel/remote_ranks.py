@@ -16,6 +16,8 @@ import logging
 import threading
 from typing import Any, Callable, Optional
 
+__all__ = ["REMOTE_BASE", "PROMOTE_DELAY", "STEP_COMMANDS", "thread_name", "RemoteRanks"]
+
 log = logging.getLogger("monarch_kernel.debugger")
 
 REMOTE_BASE = 1 << 52

@@ -12,6 +12,8 @@ import re
 import sys
 from typing import Any, Optional, Sequence, TextIO
 
+__all__ = ["strip_ansi", "output_text", "cell_text", "run_notebook", "main"]
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import html
 from typing import Any, Optional, Sequence
 
+__all__ = ["Table", "Rendered", "PROC_BAR_FORMAT", "progress_bar"]
+
 
 class Table:
     """Rows of cells under a header; shows as HTML in notebooks and aligned text elsewhere."""

@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 import runtime
 
+__all__ = ["without_runtime_frames", "install"]
+
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(runtime.__file__)) + os.sep
 
 

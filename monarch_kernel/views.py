@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 from monarch_kernel import args as margs
 
+__all__ = ["Text", "handle", "run", "register_magic"]
+
 
 class Text(str):
     """A str that notebooks display as preformatted text (no quotes)."""

@@ -20,6 +20,8 @@ from ipykernel.debugger import Debugger
 
 from monarch_kernel.remote_ranks import STEP_COMMANDS, RemoteRanks, thread_name
 
+__all__ = ["ROUTED", "MonarchDebugger"]
+
 log = logging.getLogger("monarch_kernel.debugger")
 
 #: requests that may name a remote thread, frame or variables reference

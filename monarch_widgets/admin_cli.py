@@ -10,6 +10,8 @@ from runtime.admin import (AdminClient, AdminError, ConnectionFileError,
                            list_connection_files, newest_connection_file,
                            read_connection_file)
 
+__all__ = ["main"]
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(

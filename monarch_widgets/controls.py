@@ -10,6 +10,11 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Optional
 
+__all__ = [
+    "AttachHandler", "stop_mesh", "serve_admin", "set_attach_handler", "attach", "stacks_text",
+    "timeline_html_all",
+]
+
 AttachHandler = Callable[[str, int], Any]
 _attach_handler: Optional[AttachHandler] = None
 _lock = threading.Lock()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+__all__ = ["fmt_bytes", "fmt_duration", "fmt_cpu", "lease_text"]
+
 
 def fmt_bytes(n: Optional[int]) -> str:
     """1536 -> '1.5K'; None -> '-'."""

@@ -13,6 +13,8 @@ from monarch_widgets.fmt import fmt_bytes, fmt_cpu, fmt_duration, lease_text
 from monarch_widgets.state import grid_shape
 from runtime.supervision.health import ActorHealth, ActorState, MeshHealth
 
+__all__ = ["COLORS", "SYMBOLS", "render_text", "waiting_note", "select", "render_html"]
+
 COLORS: dict[str, str] = {
     "starting": "#9aa5b1", "idle": "#3fb950", "busy": "#2f81f7", "failed": "#e5534b",
     "stopped": "#57606a", "paused": "#d29922",

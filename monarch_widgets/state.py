@@ -27,6 +27,11 @@ from runtime.supervision.health import ActorState, MeshHealth
 
 from .fmt import lease_text
 
+__all__ = [
+    "STATE_CODES", "STATE_NAMES", "MAX_ERROR_CHARS", "MAX_TRACEBACK_CHARS", "build_state",
+    "grid_shape", "actor_at",
+]
+
 # state codes shared with static/dashboard.js
 STATE_CODES: dict[ActorState, int] = {
     ActorState.STARTING: 0, ActorState.IDLE: 1, ActorState.BUSY: 2,

@@ -9,6 +9,8 @@ from __future__ import annotations
 import html
 from typing import Any, Optional
 
+__all__ = ["LABEL_W", "LANE_H", "CALL_H", "SPAN_H", "AXIS_H", "timeline_html"]
+
 LABEL_W = 130
 LANE_H = 30
 CALL_H = 16

@@ -23,6 +23,11 @@ from monarch_widgets.fmt import fmt_bytes, fmt_cpu, fmt_duration
 from monarch_widgets.render import COLORS, waiting_note
 from runtime.supervision.health import ActorHealth, MeshHealth, ProcStats
 
+__all__ = [
+    "Key", "Source", "stack_text", "ConfirmScreen", "proc_stats", "layout", "find_actor",
+    "AdminApp",
+]
+
 Key = tuple  # ("host", host) | ("proc", proc_id) | ("actor", mesh, rank)
 
 

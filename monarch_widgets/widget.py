@@ -23,6 +23,8 @@ from monarch_widgets.state import build_state
 from runtime import active_mesh_names
 from runtime.supervision.health import HealthModel
 
+__all__ = ["Dashboard"]
+
 log = logging.getLogger("monarch_widgets")
 _STATIC = Path(__file__).parent / "static"
 

@@ -23,15 +23,15 @@ def _rdma_buffer(view: object) -> object:
 
 
 def _rdma_read_ipc(buf: object, out: object, timeout: float) -> None:
-    from .rdma import _read_ipc
+    from .rdma.buffer import read_ipc
 
-    _read_ipc(buf, out, timeout)
+    read_ipc(buf, out, timeout)
 
 
 def _rdma_close_ipc(buf: object) -> None:
-    from .rdma import _close_ipc
+    from .rdma.buffer import close_ipc
 
-    _close_ipc(buf)
+    close_ipc(buf)
 
 
 def _install_debugger_in_controller(rt: object) -> None:
@@ -77,6 +77,12 @@ def _stacks_of_proc(rt: object, proc_id: str, native: bool, timeout: float) -> o
     return stacks_of_proc(rt, proc_id, native, timeout)
 
 
+def _stop_owned_meshes(rt: object, actor_id: str, timeout: float) -> None:
+    from ._meshes.proc_mesh import stop_owned_meshes
+
+    stop_owned_meshes(rt, actor_id, timeout)  # type: ignore[arg-type]
+
+
 def _shutdown_runtime(timeout: float) -> None:
     _core.get_runtime().shutdown(timeout=timeout)
 
@@ -92,6 +98,7 @@ _features.provide("admin.start", _start_admin_endpoint)  # _core, the first mesh
 _features.provide("tensor.activate", _tensor_activate)  # _meshes: ProcMesh.activate()
 _features.provide("tensor.rref", _tensor_rref)          # _meshes: endpoint.rref()
 _features.provide("this_proc", this_proc)               # actor: context().actor_instance.proc
+_features.provide("meshes.stop_owned", _stop_owned_meshes)  # proc: an actor's stop
 _features.provide("runtime.shutdown", _shutdown_runtime)  # supervision: fail fast
 _features.provide("stacks.of_proc", _stacks_of_proc)    # admin: py_spy_stack
 # the user may replace `runtime.unhandled_fault_hook` (below): read it at each failure

@@ -19,6 +19,13 @@ from typing import Any, Callable, Optional, TypeVar, overload
 from ._base import context as _context, features as _features
 from .shapes import Point, Shape
 
+__all__ = [
+    "F", "Actor", "EndpointDef", "endpoint", "concurrent_endpoint", "endpoints_of", "methods_of",
+    "plain_signature", "ROOT_ID", "qualified_class", "CreatorInstance", "root_creator",
+    "creator_record", "message_view", "ActorContext", "context", "current_rank",
+    "current_actor_name", "current_size",
+]
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -221,7 +228,7 @@ def creator_record(ins: Any) -> Optional[dict]:
 
 
 #: the view (Shape) the message being handled was sent to; None: the whole mesh
-_message_view: contextvars.ContextVar[Optional[Shape]] = contextvars.ContextVar(
+message_view: contextvars.ContextVar[Optional[Shape]] = contextvars.ContextVar(
     "runtime.message_view", default=None)
 
 
@@ -254,7 +261,7 @@ class ActorContext:
     def message_rank(self) -> Point:
         """This actor's point in the slice the current message was sent to (Monarch's
         `context().message_rank`); its own `rank` when the message went to the whole mesh."""
-        view = _message_view.get()
+        view = message_view.get()
         if view is None:
             return self.rank
         return Point(view.global_ranks().index(self.rank.rank), view)

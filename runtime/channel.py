@@ -14,6 +14,8 @@ from .future import Future, resolve_later
 from .transport.framing import ERROR, OK, Header, Kind
 from .transport.serialization import check_size, dumps, loads
 
+__all__ = ["T", "Port", "PortReceiver", "Channel", "Accumulator"]
+
 T = TypeVar("T")
 
 

@@ -19,6 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+__all__ = [
+    "PROG", "CliError", "cmd_context", "cmd_status", "cmd_exec", "cmd_shell", "cmd_kill",
+    "parser", "main",
+]
+
 PROG = "monarch-nb"
 
 

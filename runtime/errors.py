@@ -7,6 +7,12 @@ import linecache
 import re
 from typing import Any, Callable, Optional
 
+__all__ = [
+    "RuntimeErrorBase", "ActorError", "with_source_lines", "SupervisionError",
+    "MessageTooLargeError", "SerializationError", "MeshStoppedError", "AttachRefusedError",
+    "CancelledError", "InjectedFault", "actor_failed_message",
+]
+
 
 class RuntimeErrorBase(Exception):
     """Base class of every error the runtime raises on purpose."""

@@ -15,6 +15,12 @@ import time
 from typing import (Any, Callable, Coroutine, Generator, Generic, Iterator, Optional,
                     TypeVar)
 
+__all__ = [
+    "R", "waiting_in", "CallScope", "call_scope", "note_call", "add_wait_hook",
+    "remove_wait_hook", "Future", "resolved", "failed", "completed", "when_all", "resolve_later",
+    "on_resolve",
+]
+
 R = TypeVar("R")
 
 _PENDING = object()

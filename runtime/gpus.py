@@ -14,6 +14,11 @@ from typing import Mapping, Optional
 
 from .config import config
 
+__all__ = [
+    "GPU_DIMS", "VISIBLE", "PARENT_VISIBLE", "GPUSpawnError", "gpu_dim", "visible_list",
+    "proc_gpu_env", "device_count", "parent_visible",
+]
+
 #: per_host dimension names that mean "one proc per GPU" (Monarch's examples use both).
 GPU_DIMS = ("gpus", "gpu")
 VISIBLE = "CUDA_VISIBLE_DEVICES"

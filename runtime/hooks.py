@@ -27,6 +27,11 @@ import logging
 import threading
 from typing import Any, Callable, Optional
 
+__all__ = [
+    "DisplayHook", "StartupHook", "set_display_hook", "get_display_hook", "mesh_html",
+    "add_startup_hook", "remove_startup_hook", "run_startup_hooks",
+]
+
 log = logging.getLogger("runtime")
 
 #: fn(mesh, kind) -> HTML or None; kind is "proc_mesh" or "actor_mesh".

@@ -44,6 +44,12 @@ from typing import Optional, Union
 
 from .config import config
 
+__all__ = [
+    "MAX_ROOT_LEN", "LOCK", "PathLike", "RuntimeRootError", "default_root", "short_root", "root",
+    "socket_root", "roots", "process_start_time", "tag", "held", "make_dir", "remove_dir",
+    "write_file", "remove_file", "creator", "creator_alive", "alive", "sweep", "count_files",
+]
+
 log = logging.getLogger("runtime")
 
 # ipc socket paths are at most 107 bytes: a run directory's name takes about 32, which

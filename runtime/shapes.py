@@ -11,6 +11,8 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any, Union
 
+__all__ = ["Selector", "ShapeError", "Extent", "Shape", "row_major_strides", "Point", "MeshTrait"]
+
 Selector = Union[int, slice]
 
 

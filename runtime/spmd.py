@@ -18,6 +18,8 @@ from typing import Any, Mapping, Optional
 from .actor import Actor, current_rank, current_size, endpoint
 from .gpus import GPU_DIMS, PARENT_VISIBLE, VISIBLE
 
+__all__ = ["elastic_env", "SPMDActor", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]
+
 log = logging.getLogger("runtime.spmd")
 
 
@@ -141,7 +143,7 @@ def setup_torch_elastic_env(proc_mesh: Any, master_addr: Optional[str] = None,
     first proc's host and a free port unless given); returns the actor mesh."""
     actors = proc_mesh.spawn_internal("spmd", SPMDActor)
     if master_addr is None or master_port is None:
-        first = actors.slice(**dict.fromkeys(proc_mesh._labels, 0))
+        first = actors.slice(**dict.fromkeys(proc_mesh.shape.labels, 0))
         addr, port = first.get_host_port.call_one(use_ipaddr).get()
         master_addr = master_addr if master_addr is not None else addr
         master_port = master_port if master_port is not None else port
@@ -155,7 +157,7 @@ async def setup_torch_elastic_env_async(proc_mesh: Any, master_addr: Optional[st
     """`setup_torch_elastic_env` for async code: awaits the calls instead of blocking."""
     actors = proc_mesh.spawn_internal("spmd", SPMDActor)
     if master_addr is None or master_port is None:
-        first = actors.slice(**dict.fromkeys(proc_mesh._labels, 0))
+        first = actors.slice(**dict.fromkeys(proc_mesh.shape.labels, 0))
         addr, port = await first.get_host_port.call_one(use_ipaddr)
         master_addr = master_addr if master_addr is not None else addr
         master_port = master_port if master_port is not None else port

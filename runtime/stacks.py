@@ -23,6 +23,11 @@ from typing import Any, Optional
 
 from .config import config
 
+__all__ = [
+    "PYSPY_ENV", "YAMA_SCOPE", "CAP_SYS_PTRACE", "StacksError", "find_py_spy", "ptrace_diagnosis",
+    "run_py_spy", "ThreadStack", "ProcStacks", "threads_from", "c_call_at", "CCallWatch",
+]
+
 PYSPY_ENV = "PYSPY_BIN"
 YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 CAP_SYS_PTRACE = 19

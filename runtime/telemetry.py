@@ -29,6 +29,11 @@ from typing import Any, Callable, Iterable, Optional
 from . import timeline
 from ._base.context import get_context
 
+__all__ = [
+    "ENDPOINT_ENV", "install", "start", "start_in_proc", "flush", "shutdown", "get_meter",
+    "Meter", "Instrument", "span", "traced",
+]
+
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 log = logging.getLogger("runtime.telemetry")
 _lock = threading.Lock()

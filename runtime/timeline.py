@@ -23,6 +23,11 @@ import msgspec
 from ._base.context import get_context
 from .config import config
 
+__all__ = [
+    "Record", "now_ns", "reset", "record_call", "record_span", "snapshot", "encode", "decode",
+    "capacity", "Lane", "Timeline", "make_timeline",
+]
+
 Record = tuple  # (start_ns, end_ns, kind, name, actor, rank, failed)
 
 _ring: collections.deque = collections.deque(maxlen=max(0, int(config.timeline_records)))

@@ -6,6 +6,8 @@ from typing import Any, Generic, Iterator, Sequence, TypeVar
 
 from .shapes import MeshTrait, Point, Shape
 
+__all__ = ["T", "ValueMesh"]
+
 T = TypeVar("T")
 
 

@@ -18,6 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+__all__ = [
+    "PathLike", "EXCLUDED_DIRS", "MANIFEST", "WorkspaceError", "WorkspaceTooLarge", "Workspace",
+    "FileEntry", "Scan", "file_digest", "scan", "module_rel",
+]
+
 PathLike = Union[str, "os.PathLike[str]"]
 
 #: directory names never copied

@@ -6,3 +6,5 @@ that namespace (`complete`), and the hardening of parso's cache that both sides 
 Imports runtime's public API and nothing else of monarch_kernel (the
 `kernel-remote-standalone` contract in pyproject.toml): a proc never loads the kernel side.
 """
+
+__all__: list[str] = []

@@ -14,6 +14,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+__all__ = ["CellResult", "Unpicklable", "new_namespace", "run_cell", "portable"]
+
 _FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
 
 

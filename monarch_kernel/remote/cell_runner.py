@@ -10,6 +10,8 @@ from runtime import Actor, current_rank, current_size, endpoint
 
 from monarch_kernel.remote.cell_exec import CellResult, new_namespace, portable, run_cell
 
+__all__ = ["END_MARK", "namespace_of", "CurrentRank", "CellRunner"]
+
 #: Written (on its own line, to stdout and stderr) when a cell ends, so the controller
 #: knows every line the cell printed before it has arrived; the router removes it.
 END_MARK = "\x1b]777;mk-end:{token}\x07"

@@ -23,6 +23,8 @@ from typing import Any, Optional
 
 from runtime import Actor, current_rank, endpoint
 
+__all__ = ["JEDI_BUDGET_S", "complete_in", "inspect_in", "CellCompleter"]
+
 #: The matchers that need a real IPython shell, or touch files and magics: off on procs.
 _DISABLED = ["IPCompleter.magic_matcher", "IPCompleter.magic_config_matcher",
              "IPCompleter.magic_color_matcher", "IPCompleter.custom_completer_matcher",

@@ -16,6 +16,8 @@ import pickle
 import threading
 from typing import Any
 
+__all__ = ["harden"]
+
 log = logging.getLogger("monarch_kernel")
 _lock = threading.Lock()
 _done = False

@@ -2,3 +2,5 @@
 registry of upward calls (`features`), process names and exit descriptions (`process`).
 
 Layer 1 (basics): imports nothing of runtime."""
+
+__all__: list[str] = []

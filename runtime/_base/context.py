@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
+__all__ = ["local", "set_context", "get_context", "current_instance"]
+
 #: `.ctx`: the running actor's ActorContext; `.actor`: its proc-side ActorInstance.
 local = threading.local()
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+__all__ = ["provide", "call"]
+
 _provided: dict[str, Callable[..., Any]] = {}
 
 

@@ -7,6 +7,11 @@ import os
 import signal
 import socket
 
+__all__ = [
+    "PR_SET_PDEATHSIG", "PR_SET_NAME", "PR_SET_PTRACER", "die_with_parent", "allow_tracer",
+    "set_process_name", "hostname", "describe_status", "start_time",
+]
+
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 PR_SET_PTRACER = 0x59616D61  # Yama: 'Yama'

@@ -22,6 +22,8 @@ from ..transport.framing import Header, Kind
 from ..transport.serialization import loads
 from .records import ActorMeshRecord
 
+__all__ = ["Failures", "tail"]
+
 def _point(m: ActorMeshRecord, rank: int) -> str:
     """The actor's point in its mesh in Monarch's form ("{'gpus': 1/2}"), or "" if unknown."""
     try:

@@ -20,6 +20,10 @@ from ..transport.framing import Header, Kind
 if TYPE_CHECKING:
     from .runtime import Runtime
 
+__all__ = [
+    "stale_busy", "note_reply", "Liveness", "split_status", "gateway_outage", "gateway_lost",
+]
+
 log = logging.getLogger("runtime")
 
 

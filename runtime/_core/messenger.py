@@ -15,6 +15,8 @@ from ..transport import auth, casttree, framing
 from ..transport.framing import Header, Kind
 from ..transport.loop import IOLoop
 
+__all__ = ["Messenger"]
+
 
 class Messenger:
     """Builds and sends messages for one process (any thread)."""

@@ -14,6 +14,8 @@ from ..transport.framing import Header
 if TYPE_CHECKING:
     from .runtime import Runtime
 
+__all__ = ["ProcOutput"]
+
 
 class ProcOutput:
     """The LOG handler: `on_log` records and forwards; `flush` empties the aggregator."""

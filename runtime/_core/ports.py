@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterable, Optional, Protocol
 from ..transport import bulk, framing
 from ..transport.framing import Header
 
+__all__ = ["Handler", "FailHandler", "Waiter", "Ports"]
+
 log = logging.getLogger("runtime.ports")
 
 Handler = Callable[[Header, Any, list], None]

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from ..transport.auth import CurveKeys
     from .runtime import Runtime
 
+__all__ = ["SESSION", "key_tag", "own_alternatives", "alternatives", "my_tags", "choose"]
+
 
 SESSION = "~session"  # the entry of an alternatives dict naming the owner's session
 

@@ -12,6 +12,8 @@ from ..config import config
 from ..future import Future
 from ..supervision import MeshFailure
 
+__all__ = ["ProcState", "AgentRecord", "ProcRecord", "ActorMeshRecord"]
+
 
 #: a proc's life as its owner sees it: starting (spawned, no hello yet) -> running -> failed
 #: or stopped (both final; a failed proc's failure is in `failure`)

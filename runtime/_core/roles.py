@@ -14,6 +14,8 @@ from typing import Any, Callable, Optional
 from .._base import features as _features
 from ..supervision import MeshFailure
 
+__all__ = ["Handler", "ControllerRole", "ProcRole", "users_failure"]
+
 log = logging.getLogger("runtime")
 
 Handler = Callable[..., None]

@@ -27,6 +27,8 @@ from .ports import Ports
 from .roles import ControllerRole
 from .state import State
 
+__all__ = ["Handler", "Runtime"]
+
 log = logging.getLogger("runtime")
 
 Handler = Callable[[Header, Any, list], None]

@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterator, Optional
 from ..transport.loop import IOLoop
 from .records import ActorMeshRecord, AgentRecord, ProcRecord
 
+__all__ = ["Table", "DeadProcs", "State"]
+
 
 class Table(dict):
     """A dict of live records, plus retired ones reachable by key while a user object holds

@@ -9,11 +9,16 @@ from .._core import ActorMeshRecord, Runtime, get_runtime, reach
 from ..future import Future, resolved
 from ..shapes import MeshTrait, Shape
 from ..transport.framing import Header, Kind, extra_get
-from .adverbs import EndpointRef, NotAnEndpoint
+from .adverbs import EndpointRef, MeshRef, NotAnEndpoint
 from .collector import cancel_calls
 
 if TYPE_CHECKING:
     from .proc_mesh import ProcMesh
+
+__all__ = [
+    "ActorMesh", "ref_of", "view_of", "forget_endpoints", "stop_now", "arm_raise",
+    "rebuild_actor_mesh",
+]
 
 
 class ActorMesh(MeshTrait):
@@ -25,13 +30,16 @@ class ActorMesh(MeshTrait):
 
     def __init__(self, rt: Runtime, rec: ActorMeshRecord, shape: Shape,
                  proc_mesh: Optional["ProcMesh"], actor_class: Optional[type] = None) -> None:
-        self._rt = rt
-        self._rec = rec
-        self._shape = shape
-        self._proc_mesh = proc_mesh
-        self._class = actor_class
+        self._ref = MeshRef(rt, rec, shape, proc_mesh, actor_class)  # what endpoints get
         for name in _MESH_METHODS.intersection(rec.sigs):  # as in Monarch, an endpoint named
-            self.__dict__[name] = EndpointRef(self, name, rec.sigs[name])  # like a method wins
+            self.__dict__[name] = EndpointRef(self, self._ref, name, rec.sigs[name])  # wins
+
+    # this view's parts, all held by its MeshRef (`ref_of` below gives it to other modules)
+    _rt = property(lambda self: self._ref.rt)
+    _rec = property(lambda self: self._ref.rec)
+    _shape = property(lambda self: self._ref.shape)  # type: ignore[assignment]
+    _proc_mesh = property(lambda self: self._ref.proc_mesh)
+    _class = property(lambda self: self._ref.actor_class)
 
     @property
     def name(self) -> str:
@@ -40,10 +48,6 @@ class ActorMesh(MeshTrait):
     @property
     def proc_mesh(self) -> Optional["ProcMesh"]:
         return self._proc_mesh
-
-    @property
-    def _owner_actor(self) -> Optional[str]:
-        return self._rec.owner_actor
 
     @property
     def stopped(self) -> bool:
@@ -73,7 +77,7 @@ class ActorMesh(MeshTrait):
         """The actors of this mesh that live on `procs`, a view (slice) of the unsliced proc
         mesh this actor mesh was spawned on, with the dimensions of that view."""
         pm = self._proc_mesh
-        if pm is None or pm._root is not pm or procs._root is not pm:
+        if pm is None or pm.root is not pm or procs.root is not pm:
             raise ValueError(f"{procs!r} is not a view of the proc mesh actor mesh "
                              f"{self.name!r} was spawned on")
         return self._new_with_shape(procs._shape)
@@ -82,37 +86,23 @@ class ActorMesh(MeshTrait):
         return ActorMesh(self._rt, self._rec, shape, self._proc_mesh, self._class)
 
     def _ranks(self) -> list[int]:
-        r = self.__dict__.get("_ranks_cache")
-        if r is None:
-            r = self.__dict__["_ranks_cache"] = self._shape.global_ranks()
-        return r
-
-    def _view_extra(self) -> Optional[dict]:
-        """For a CALL header: the slice this view is, so each actor knows its
-        `context().message_rank`; None for the whole mesh (nothing to send)."""
-        v = self.__dict__.get("_view_cache", False)
-        if v is False:
-            sh, sizes = self._shape, self._rec.sizes
-            whole = Shape(list(sizes), list(sizes.values()))
-            v = None if sh == whole else {"view": [list(sh.labels), list(sh.sizes_),
-                                                   list(sh.strides), sh.offset]}
-            self.__dict__["_view_cache"] = v
-        return v
+        return self._ref.ranks()
 
     def __getattr__(self, name: str) -> EndpointRef:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        rec = self.__dict__.get("_rec")
-        if rec is None:
+        ref = self.__dict__.get("_ref")
+        if ref is None:
             raise AttributeError(name)
+        rec = ref.rec
         if name not in rec.sigs:
             if name in rec.methods:
-                return NotAnEndpoint(self, name)
+                return NotAnEndpoint(self, ref, name)
             have = ", ".join(sorted(rec.sigs)) or "none"
             raise AttributeError(
                 f"{rec.cls_name} has no endpoint {name!r} (its endpoints: {have})"
-                + _reloaded_elsewhere(self.__dict__.get("_rt"), rec, name))
-        ep = EndpointRef(self, name, rec.sigs[name])
+                + _reloaded_elsewhere(ref.rt, rec, name))
+        ep = EndpointRef(self, ref, name, rec.sigs[name])
         self.__dict__[name] = ep  # endpoints are looked up once per view
         return ep
 
@@ -204,7 +194,7 @@ class ActorMesh(MeshTrait):
             "internal": r.internal, "serves": r.serves,
             "alts": reach.alternatives(self._rt, r.addresses, r.alts),
         }
-        return (_rebuild_actor_mesh, (state,))
+        return (rebuild_actor_mesh, (state,))
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._rec.name!r} {self._rec.cls_name} {self.sizes}>"
@@ -219,6 +209,28 @@ class ActorMesh(MeshTrait):
 # `mesh.stop` is the endpoint, `ActorMesh.stop(mesh)` still stops the actors).
 _MESH_METHODS = frozenset(n for n in dir(ActorMesh) if not n.startswith("_")
                           and inspect.isfunction(inspect.getattr_static(ActorMesh, n)))
+
+
+def ref_of(mesh: ActorMesh) -> MeshRef:
+    """The MeshRef `mesh` holds (its runtime, record, view, proc mesh and class): how the
+    runtime's other modules reach an actor mesh's parts."""
+    return mesh._ref
+
+
+def view_of(mesh: ActorMesh, shape: Shape) -> ActorMesh:
+    """The view of `mesh`'s actors with `shape` (a shape over the same record)."""
+    return mesh._new_with_shape(shape)
+
+
+def forget_endpoints(mesh: ActorMesh) -> None:
+    """Drop the endpoints `mesh` looked up (looked up again, from its record, on next use)."""
+    for k in [k for k, v in mesh.__dict__.items() if isinstance(v, EndpointRef)]:
+        del mesh.__dict__[k]
+
+
+def stop_now(mesh: ActorMesh, timeout: float) -> None:
+    """Stop `mesh`'s actors and wait (an owning actor's stop, `stop_owned_meshes`)."""
+    mesh._stop_now(timeout=timeout)
 
 
 def arm_raise(mesh: ActorMesh, rank: int, reason: str) -> Future:
@@ -252,7 +264,8 @@ def arm_raise(mesh: ActorMesh, rank: int, reason: str) -> Future:
     return fut
 
 
-def _rebuild_actor_mesh(state: dict) -> ActorMesh:
+def rebuild_actor_mesh(state: dict) -> ActorMesh:
+    """An ActorMesh from the state `ActorMesh.__reduce__` gives (its record found or added)."""
     rt = get_runtime()
     rec = rt.state.actor_meshes.get(state["actor_id"])
     if rec is None:
@@ -271,6 +284,9 @@ def _rebuild_actor_mesh(state: dict) -> ActorMesh:
         )
         rec = rt.state.change(rt.state.add_actor_mesh, rec)
     return ActorMesh(rt, rec, state["shape"], None)
+
+
+_rebuild_actor_mesh = rebuild_actor_mesh  # the name in pickles of older versions
 
 
 def _reloaded_elsewhere(rt: Optional[Runtime], rec: ActorMeshRecord, name: str) -> str:

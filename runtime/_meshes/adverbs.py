@@ -24,6 +24,57 @@ from .collector import ReplyCollector, take_room
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
 
+__all__ = ["MeshRef", "EndpointRef", "send", "NotAnEndpoint", "as_endpoint", "endpoint_parts"]
+
+
+class MeshRef:
+    """One view of an actor mesh as the code that calls its actors sees it, in public fields:
+    the runtime, the mesh's record, the view's shape, the proc mesh it was spawned on (None
+    where unpickled) and the actor class (None where not local). Its ActorMesh holds one (the
+    handle's attribute names are its endpoints') and hands it to its endpoints; the view's
+    caches (its ranks, its CALL extra, the dense shape of call() results) live here."""
+
+    __slots__ = ("rt", "rec", "shape", "proc_mesh", "actor_class", "_ranks", "_view",
+                 "_dense")
+
+    def __init__(self, rt: Any, rec: Any, shape: Shape, proc_mesh: Any,
+                 actor_class: Optional[type]) -> None:
+        self.rt = rt
+        self.rec = rec
+        self.shape = shape
+        self.proc_mesh = proc_mesh
+        self.actor_class = actor_class
+        self._ranks: Optional[list[int]] = None
+        self._view: Any = False
+        self._dense: Optional[Shape] = None
+
+    def ranks(self) -> list[int]:
+        """The global ranks of this view (one list, kept)."""
+        r = self._ranks
+        if r is None:
+            r = self._ranks = self.shape.global_ranks()
+        return r
+
+    def view_extra(self) -> Optional[dict]:
+        """For a CALL header: the slice this view is, so each actor knows its
+        `context().message_rank`; None for the whole mesh (nothing to send)."""
+        v = self._view
+        if v is False:
+            sh, sizes = self.shape, self.rec.sizes
+            whole = Shape(list(sizes), list(sizes.values()))
+            v = None if sh == whole else {"view": [list(sh.labels), list(sh.sizes_),
+                                                   list(sh.strides), sh.offset]}
+            self._view = v
+        return v
+
+    def dense_shape(self) -> Shape:
+        """The dense Shape of this view's ranks, which call() results are laid out in (one
+        per view: value meshes share their base shape anyway)."""
+        got = self._dense
+        if got is None:
+            got = self._dense = Shape(self.shape.labels, self.shape.sizes_)
+        return got
+
 
 class EndpointRef:
     """An endpoint of an actor mesh (or of a slice of it); exported as `runtime.Endpoint`
@@ -32,18 +83,19 @@ class EndpointRef:
     def __class_getitem__(cls, item: Any) -> type:
         return cls
 
-    def __init__(self, mesh: "ActorMesh", name: str, signature: Optional[inspect.Signature],
-                 extra: Optional[dict] = None) -> None:
+    def __init__(self, mesh: "ActorMesh", ref: MeshRef, name: str,
+                 signature: Optional[inspect.Signature], extra: Optional[dict] = None) -> None:
         self._mesh = mesh
+        self._ref = ref  # the mesh's runtime, record and view
         self._name = name
         self._sig = signature
-        self._args = ArgumentEncoder(signature, f"{mesh._rec.cls_name}.{name}")  # checks and pickles arguments
+        self._args = ArgumentEncoder(signature, f"{ref.rec.cls_name}.{name}")  # checks and pickles arguments
         self._extra = extra  # {"as": "call"|"port"} for as_endpoint() of a plain method
         self._targets: Optional[tuple] = None  # (targets, proc ids) once all are known
         self._labels: dict[str, str] = {}  # adverb -> its futures' label
 
     def __repr__(self) -> str:
-        return f"<endpoint {self._mesh._rec.cls_name}.{self._name} of {self._mesh!r}>"
+        return f"<endpoint {self._ref.rec.cls_name}.{self._name} of {self._mesh!r}>"
 
     #: The adverbs, in the order completion offers them.
     ADVERBS = ("call", "call_one", "choose", "broadcast", "stream", "rref")
@@ -52,7 +104,7 @@ class EndpointRef:
         """What IPython's `?` and Shift-Tab show (it calls `obj.getdoc()` first): the
         endpoint's signature, its docstring where the class is local, and the adverbs."""
         sig = "(...)" if self._sig is None else str(self._sig)
-        cls = self._mesh._class
+        cls = self._ref.actor_class
         fn = getattr(cls, self._name, None) if cls is not None else None
         doc = inspect.getdoc(fn) if fn is not None else None
         if fn is not None and self._sig is not None:  # the class is here: its annotations
@@ -67,52 +119,48 @@ class EndpointRef:
 
     # -- preparation (caller's thread) ------------------------------------------------------------
     def _qualname(self) -> str:
-        return f"{self._mesh._rec.cls_name}.{self._name}"
+        return f"{self._ref.rec.cls_name}.{self._name}"
 
     def _ipc_keep(self, ranks: list[int]) -> Optional[list]:
         """A list for CUDA IPC snapshots when every target proc shares this host (ipc://
         addresses), else None: CUDA tensors are then staged through pinned host memory."""
-        rec = self._mesh._rec
+        rec = self._ref.rec
         if all(str(rec.target(r)[0]).startswith("ipc://") for r in ranks):
             return []
         return None
 
     def _ranks(self) -> list[int]:
-        return self._mesh._ranks()
+        return self._ref.ranks()
 
     def _dense_shape(self) -> Shape:
         """The dense Shape of this view's ranks, which call() results are laid out in (one
         per view: value meshes share their base shape anyway)."""
-        got = self._mesh.__dict__.get("_dense_shape")
-        if got is None:
-            shape = self._mesh._shape
-            got = self._mesh.__dict__["_dense_shape"] = Shape(shape.labels, shape.sizes_)
-        return got
+        return self._ref.dense_shape()
 
     def _where(self, ranks: list[int]) -> tuple[list, frozenset]:
         """(targets, proc ids) of `ranks`: (address, route) per rank, and their procs; kept
         for the view's own ranks (a record's addresses and routes never change), so a mesh's
         casts reuse one targets list and with it its cast tree (`Messenger.tree_for`)."""
         got = self._targets
-        if got is not None and ranks is self._mesh._ranks():
+        if got is not None and ranks is self._ref.ranks():
             return got
-        rec = self._mesh._rec
+        rec = self._ref.rec
         targets = [rec.target(r) for r in ranks]
         got = (targets, frozenset(rec.proc_ids[r] for r in ranks))
-        if ranks is self._mesh._ranks():
+        if ranks is self._ref.ranks():
             self._targets = got
         return got
 
     def _call_extra(self) -> Optional[dict]:
         """A CALL header's extra: the slice this view is (for message_rank) and how a
         plain method made an endpoint is called; None when neither applies."""
-        view, kind = self._mesh._view_extra(), self._extra
+        view, kind = self._ref.view_extra(), self._extra
         if view is None or kind is None:
             return view if kind is None else kind
         return {**view, **kind}
 
     def _check_usable(self, ranks: list[int]) -> None:
-        rec = self._mesh._rec
+        rec = self._ref.rec
         if rec.stopped:  # in Monarch's words too
             name = f"{rec.owner_name}.<{rec.qual_cls or rec.cls_name} {rec.actor_id}>"
             why = ("actor mesh is stopped due to proc mesh shutdown" if rec.stopped_with_procs
@@ -144,7 +192,7 @@ class EndpointRef:
         ranks = self._ranks()
         if len(ranks) != 1:
             raise ValueError(
-                f"call_one() needs a mesh of exactly one actor; {self._mesh._rec.name!r} has "
+                f"call_one() needs a mesh of exactly one actor; {self._ref.rec.name!r} has "
                 f"{len(ranks)} ({self._mesh.sizes}); slice it first, e.g. .slice(...)"
             )
         self._check_usable(ranks)
@@ -157,7 +205,7 @@ class EndpointRef:
 
     def choose(self, *args: Any, **kwargs: Any) -> Future[Any]:
         """Call one actor of the mesh: the least loaded of those not failed."""
-        rec = self._mesh._rec
+        rec = self._ref.rec
         ranks = [r for r in self._ranks() if r not in rec.failed]
         if not ranks:
             self._check_usable(self._ranks())
@@ -181,7 +229,7 @@ class EndpointRef:
     def _collector(self, ranks: list[int], body: bytes, bufs: list, mode: str,
                    futs: "list[Future] | Future") -> ReplyCollector:
         """What gathers the replies of one call of this endpoint to `ranks`."""
-        return ReplyCollector(self._mesh._rt, self._mesh._rec, self._name, self._qualname(),
+        return ReplyCollector(self._ref.rt, self._ref.rec, self._name, self._qualname(),
                               self._call_extra(), self._where(ranks),
                               self._dense_shape() if mode == "call" else None, ranks, body,
                               bufs, mode, futs)
@@ -203,7 +251,7 @@ class EndpointRef:
               selection: str = "all") -> None:
         """Send without waiting; each actor's answer goes to `port` (a `Port`), if given.
         `selection`: "all" actors of the mesh, or "choose" one (the least loaded)."""
-        rec = self._mesh._rec
+        rec = self._ref.rec
         ranks = self._ranks()
         if selection == "choose":
             alive = [r for r in ranks if r not in rec.failed]
@@ -221,8 +269,8 @@ class EndpointRef:
         it counts in the call window like a call until each actor confirms it took it
         (TAKEN), so a flood of broadcasts to a slow actor waits here instead of filling its
         mailbox (docs/transport.md, "Full queues")."""
-        rt = self._mesh._rt
-        rec = self._mesh._rec
+        rt = self._ref.rt
+        rec = self._ref.rec
         targets = self._where(ranks)[0]  # kept: one cast tree per mesh, not one per send
         size = len(body) + sum(memoryview(b).nbytes for b in bufs)
         take_room(rt, rec, ranks, size, confirm=True)
@@ -271,8 +319,9 @@ class NotAnEndpoint:
     """`mesh.method` for a public method not marked `@endpoint`: calling it raises;
     `as_endpoint(mesh.method)` makes it callable as an endpoint."""
 
-    def __init__(self, mesh: "ActorMesh", name: str) -> None:
+    def __init__(self, mesh: "ActorMesh", ref: MeshRef, name: str) -> None:
         self._mesh = mesh
+        self._ref = ref
         self._name = name
 
     #: what an endpoint offers: on a plain method each raises the same helpful error
@@ -284,7 +333,7 @@ class NotAnEndpoint:
 
     def _refuse(self, adverb: str) -> None:
         raise RuntimeError(
-            f"Actor {self._mesh._rec.cls_name}.{self._name} is not annotated as an endpoint. "
+            f"Actor {self._ref.rec.cls_name}.{self._name} is not annotated as an endpoint. "
             "To call it as one, add a @endpoint decorator to it (outermost: above @traced), "
             f"or wrap it: as_endpoint(mesh.{self._name}).{adverb}(...)")
 
@@ -297,7 +346,7 @@ class NotAnEndpoint:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
-        return f"<not an endpoint: {self._mesh._rec.cls_name}.{self._name}>"
+        return f"<not an endpoint: {self._ref.rec.cls_name}.{self._name}>"
 
 
 def as_endpoint(not_an_endpoint: Any, *, propagate: Any = None,
@@ -308,13 +357,18 @@ def as_endpoint(not_an_endpoint: Any, *, propagate: Any = None,
         return not_an_endpoint
     if not isinstance(not_an_endpoint, NotAnEndpoint):
         raise ValueError("expected a method of a spawned actor mesh (as_endpoint(mesh.method))")
-    mesh, name = not_an_endpoint._mesh, not_an_endpoint._name
-    sig = mesh._rec.methods.get(name)
+    mesh, ref, name = not_an_endpoint._mesh, not_an_endpoint._ref, not_an_endpoint._name
+    sig = ref.rec.methods.get(name)
     if sig is not None and explicit_response_port:
         params = list(sig.parameters.values())
         if params and params[0].kind != inspect.Parameter.VAR_POSITIONAL:
             sig = sig.replace(parameters=params[1:])
-    return EndpointRef(mesh, name, sig, {"as": "port" if explicit_response_port else "call"})
+    return EndpointRef(mesh, ref, name, sig, {"as": "port" if explicit_response_port else "call"})
+
+
+def endpoint_parts(endpoint: EndpointRef) -> tuple[Any, MeshRef, str]:
+    """(the actor mesh, its MeshRef, the endpoint's name) of `endpoint` (the `rref` adverb)."""
+    return endpoint._mesh, endpoint._ref, endpoint._name
 
 
 def _init_failed_message(rec: Any, ranks: list[int]) -> str:

@@ -16,6 +16,8 @@ from ..future import when_all
 from ..transport import bulk, cuda_tensors
 from ..transport.serialization import dumps, dumps_plain, swap_held
 
+__all__ = ["NO_ARGUMENTS", "ArgumentEncoder", "releasing", "fast_arity_ok", "unpicklable_argument"]
+
 #: the pickled arguments of a call without any
 NO_ARGUMENTS = dumps(((), {}))[0]
 

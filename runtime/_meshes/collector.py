@@ -20,6 +20,11 @@ from ..transport import bulk
 from ..transport.serialization import loads
 from ..value_mesh import ValueMesh
 
+__all__ = [
+    "FAILED_RANKS_GRACE_S", "CallInterrupt", "wait_for_room", "take_room", "cancel_calls",
+    "ReplyCollector",
+]
+
 #: how long call() waits for the other ranks after one rank's actor failed
 FAILED_RANKS_GRACE_S = 0.5
 

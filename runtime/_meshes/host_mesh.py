@@ -26,6 +26,11 @@ from ..transport.framing import Header, Kind
 if TYPE_CHECKING:
     from .proc_mesh import ProcMesh
 
+__all__ = [
+    "child_env", "HostMesh", "host_runtime", "view_agents", "this_host", "local_ip_for",
+    "attach_to_workers",
+]
+
 
 def child_env() -> dict:
     """Environment for agents and procs: the controller's, with its import path."""
@@ -427,6 +432,16 @@ def _rebuild_host_mesh(agents: list, shape: Shape) -> HostMesh:
 _this_host_lock = threading.Lock()
 
 
+def host_runtime(hm: HostMesh) -> Runtime:
+    """The runtime `hm` belongs to."""
+    return hm._rt
+
+
+def view_agents(hm: HostMesh) -> list[AgentRecord]:
+    """The agents of `hm`'s view, in its rank order."""
+    return [hm._agents[r] for r in hm._shape.global_ranks()]
+
+
 def this_host() -> HostMesh:
     """The host this process runs on, as a mesh of one host."""
     rt = get_runtime()
@@ -460,7 +475,7 @@ def _name_shared_hosts(agents: list[AgentRecord]) -> None:
             a.name = f"{a.host}:{port}"
 
 
-def _local_ip_for(host: str, port: int) -> str:
+def local_ip_for(host: str, port: int) -> str:
     """The address of this machine on the route to `host` (what the agents can reach)."""
     import socket
 
@@ -535,7 +550,7 @@ def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[
         my_addr = rt.messenger.use_gateway(keys, gateway, timeout,
                                            on_loss=lambda link, text: gateway_lost(rt, link, text))
     else:
-        ip = _local_ip_for(tcp[0].hostname, tcp[0].port) if tcp else "127.0.0.1"
+        ip = local_ip_for(tcp[0].hostname, tcp[0].port) if tcp else "127.0.0.1"
         my_addr = rt.enable_tcp(ip, keys)
     agents = []
     for a in addresses:

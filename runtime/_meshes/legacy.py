@@ -5,6 +5,8 @@ from typing import Any, Callable, Optional
 
 from ..future import Future, resolved
 
+__all__ = ["BOOTSTRAP_ENV", "bootstrap_env", "proc_mesh", "spawn_admin"]
+
 
 def _local_device_count() -> int:
     """GPUs on this machine (1 when there are none, so a CPU machine gets one proc)."""

@@ -12,13 +12,18 @@ import threading
 from typing import Any
 
 from .._core import ProcRecord, Runtime, get_runtime
-from ..actor import Actor, _get_context, _set_context, endpoint
+from .._base import context as _context
+from ..actor import Actor, endpoint
 from ..errors import ActorError
 from ..future import Future, resolved, when_all
 from ..shapes import Shape
 from ..transport.framing import Header, Kind
 from ..transport.serialization import dumps
 from .proc_mesh import ProcMesh
+
+__all__ = [
+    "ROOT_ENV", "ThisProcMesh", "this_proc", "root_controller_env", "get_or_spawn_controller",
+]
 
 #: env var of procs: "<root controller proc id>|<its address as seen from the proc's host>"
 ROOT_ENV = "MONARCH_ROOT_CONTROLLER"
@@ -36,7 +41,7 @@ class ThisProcMesh(ProcMesh):
 
     def stop(self, reason: str = "stopped by client") -> Future:
         futs = [type(m).stop(m) for m in self._rt.state.live_meshes(internal=True)
-                if getattr(m, "_proc_mesh", None) is self and not m.stopped]
+                if getattr(m, "proc_mesh", None) is self and not m.stopped]
         self._stopped_flag = True
         out: Future = Future("this_proc.stop")
         when_all(futs, lambda: out.set_result(None))
@@ -112,18 +117,18 @@ def _get_or_spawn_here(name: str, cls: type, args: tuple, kwargs: dict) -> Any:
         registry = rt.role.__dict__.setdefault("controllers", {})
         mesh = registry.get(name)
         if mesh is not None and not mesh.stopped:
-            failed = mesh._rec.failed
+            failed = ref_of(mesh).rec.failed
             if failed:  # as in Monarch: asking for a failed singleton raises its failure
                 f = failed[min(failed)]
                 raise ActorError(f"get_or_spawn_controller({name!r}): the actor has failed: "
                                  f"{f.call or 'Actor ' + name + ' failed'}: {f.cause}")
             return mesh
-        ctx = _get_context()
-        _set_context(None)  # the root owns the singletons, not the asking actor
+        ctx = _context.get_context()
+        _context.set_context(None)  # the root owns the singletons, not the asking actor
         try:
             mesh = this_proc().spawn(name, cls, *args, **kwargs)
         finally:
-            _set_context(ctx)
+            _context.set_context(ctx)
         registry[name] = mesh
         return mesh
 
@@ -155,14 +160,14 @@ def get_or_spawn_controller(name: str, cls: type, *args: Any, **kwargs: Any) -> 
         raise RuntimeError("get_or_spawn_controller: this proc does not know its root "
                            f"controller ({ROOT_ENV} is not set)")
     root_id, root_addr = root.split("|", 1)
-    from .actor_mesh import _rebuild_actor_mesh
-    from .proc_mesh import _caller_signature
+    from .actor_mesh import rebuild_actor_mesh
+    from .proc_mesh import caller_signature
 
-    cc = _rebuild_actor_mesh({
+    cc = rebuild_actor_mesh({
         "actor_id": _cc_actor_id(root_id), "name": _CC_NAME,
         "cls_name": "_ControllerController", "proc_ids": [root_id], "addresses": [root_addr],
         "hosts": [""], "routes": [], "sizes": {},
-        "sigs": {"get_or_spawn": _caller_signature(
+        "sigs": {"get_or_spawn": caller_signature(
             _ControllerController.get_or_spawn.fn, False)},
         "shape": Shape((), ())})
     return cc.get_or_spawn.call_one(name, cls, args, kwargs)

@@ -14,6 +14,8 @@ from .._core import AgentRecord, Runtime, get_runtime
 from ..transport.framing import ERROR, Header, Kind
 from .questions import Questions
 
+__all__ = ["ProcLog", "ProcLogs", "read_logs"]
+
 
 @dataclass
 class ProcLog:
@@ -65,8 +67,8 @@ class ProcLogs(list):
 
 
 def _agents_of(where: Any) -> tuple[list[AgentRecord], Optional[str], Runtime]:
-    from .host_mesh import HostMesh
-    from .proc_mesh import ProcMesh
+    from .host_mesh import HostMesh, host_runtime, view_agents
+    from .proc_mesh import ProcMesh, all_procs, runtime_of
 
     items = where if isinstance(where, (list, tuple)) else [where]
     agents: dict[str, AgentRecord] = {}
@@ -75,16 +77,15 @@ def _agents_of(where: Any) -> tuple[list[AgentRecord], Optional[str], Runtime]:
     for w in items:
         if isinstance(w, ProcMesh):
             name = name or w.name
-            rt = w._rt
-            for rec in w._procs:
+            rt = runtime_of(w)
+            for rec in all_procs(w):
                 if rec.agent is None:
                     raise ValueError(f"proc mesh {w.name!r} runs in this process "
                                      "(this_proc()): it has no host agent and no log file")
                 agents.setdefault(rec.agent.address, rec.agent)
         elif isinstance(w, HostMesh):
-            rt = w._rt
-            for r in w._shape.global_ranks():
-                a = w._agents[r]
+            rt = host_runtime(w)
+            for a in view_agents(w):
                 agents.setdefault(a.address, a)
         else:
             raise TypeError(f"read_logs: expected a ProcMesh or HostMesh (or a list of them), "

@@ -12,9 +12,10 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generator, Optional
 
+from .._base import context as _context
 from .._base import features as _features
 from .._core import ActorMeshRecord, ProcRecord, Runtime
-from ..actor import (Actor, _get_context, creator_record, endpoints_of, methods_of,
+from ..actor import (Actor, creator_record, endpoints_of, methods_of,
                      plain_signature, qualified_class)
 from ..config import config
 from ..errors import MeshStoppedError, SerializationError, SupervisionError
@@ -29,6 +30,12 @@ from .collector import cancel_calls
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
     from .host_mesh import HostMesh
+
+__all__ = [
+    "ProcInfo", "ProcMesh", "endpoint_signatures", "caller_signature", "method_signatures",
+    "active_mesh_names", "claim_health_name", "runtime_of", "view_procs", "all_procs",
+    "stop_owned_meshes",
+]
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,7 @@ class ProcMesh(MeshTrait):
         self._shape = shape
         self._host_mesh = host_mesh
         self._root = _root or self
-        ctx = _get_context()
+        ctx = _context.get_context()
         self._owner_actor = ctx.actor_id if ctx is not None else None
         self._stopped_flag = False
         self._borrowed = False  # a reference received from another process (unpickled)
@@ -164,7 +171,7 @@ class ProcMesh(MeshTrait):
         rt = self._rt
         procs = self._view_procs()
         labels, sizes = self._shape.labels, self._shape.sizes_
-        ctx = _get_context()
+        ctx = _context.get_context()
         creator = creator_record(ctx)
         rec = ActorMeshRecord(
             actor_id=rt.new_id(name), name=name, cls_name=actor_class.__name__,
@@ -433,7 +440,7 @@ def endpoint_signatures(actor_class: type) -> dict:
     """Endpoint name -> the signature a caller passes (None where it cannot be read)."""
     sigs = {}
     for ep_name, ep in endpoints_of(actor_class).items():
-        sigs[ep_name] = _caller_signature(ep.fn, ep.explicit_response_port)
+        sigs[ep_name] = caller_signature(ep.fn, ep.explicit_response_port)
     return sigs
 
 
@@ -443,22 +450,22 @@ def endpoint_signatures(actor_class: type) -> dict:
 _SIGNATURES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
-def _caller_signature(fn: Any, explicit_port: bool) -> Optional[inspect.Signature]:
+def caller_signature(fn: Any, explicit_port: bool) -> Optional[inspect.Signature]:
     """What a caller passes: the method's parameters without `self` (and without the
     response port of an explicit-port endpoint); None where it cannot be read."""
     try:
         known = _SIGNATURES.get(fn)
     except TypeError:  # not weakly referable
-        return _read_caller_signature(fn, explicit_port)
+        return _readcaller_signature(fn, explicit_port)
     if known is not None and explicit_port in known:
         return known[explicit_port]
-    sig = _read_caller_signature(fn, explicit_port)
+    sig = _readcaller_signature(fn, explicit_port)
     _SIGNATURES.setdefault(fn, {})[explicit_port] = sig
     return sig
 
 
-def _read_caller_signature(fn: Any, explicit_port: bool) -> Optional[inspect.Signature]:
-    """`_caller_signature` without the cache."""
+def _readcaller_signature(fn: Any, explicit_port: bool) -> Optional[inspect.Signature]:
+    """`caller_signature` without the cache."""
     try:
         sig = plain_signature(fn)
     except (TypeError, ValueError):
@@ -476,7 +483,7 @@ def _read_caller_signature(fn: Any, explicit_port: bool) -> Optional[inspect.Sig
 
 def method_signatures(actor_class: type) -> dict:
     """The non-endpoint public methods (for `as_endpoint`): name -> caller signature."""
-    return {n: _caller_signature(getattr(actor_class, n), False)
+    return {n: caller_signature(getattr(actor_class, n), False)
             for n in methods_of(actor_class)}
 
 
@@ -558,4 +565,45 @@ def _unused(name: str, taken: set) -> str:
     return out
 
 
-_signatures, _method_signatures = endpoint_signatures, method_signatures  # older names
+# -- what the runtime's other modules read of a proc mesh ----------------------------------
+
+def runtime_of(pm: ProcMesh) -> Optional[Runtime]:
+    """The runtime `pm` belongs to."""
+    return pm._rt
+
+
+def view_procs(pm: ProcMesh) -> list[ProcRecord]:
+    """The records of the procs of `pm`'s view, in its rank order."""
+    return pm._view_procs()
+
+
+def all_procs(pm: ProcMesh) -> list[ProcRecord]:
+    """The records of every proc of the mesh `pm` is a view of."""
+    return pm._procs
+
+
+def stop_owned_meshes(rt: Runtime, actor_id: str, timeout: float) -> None:
+    """Stop, and wait for, every mesh of this process that actor `actor_id` spawned (an
+    actor's children stop before its `__cleanup__`: runtime.proc, through the feature
+    "meshes.stop_owned"); a mesh that fails to stop is logged."""
+    from .actor_mesh import ActorMesh, ref_of, stop_now
+
+    for obj in list(rt.meshes(internal=True)):
+        if isinstance(obj, ActorMesh):
+            if ref_of(obj).rec.owner_actor != actor_id:
+                continue
+            stop = stop_now
+        elif isinstance(obj, ProcMesh):
+            if obj._owner_actor != actor_id:
+                continue
+            stop = _stop_proc_mesh
+        else:
+            continue
+        try:
+            stop(obj, timeout)
+        except Exception:
+            logging.getLogger("runtime.proc").exception("stopping a child mesh failed")
+
+
+def _stop_proc_mesh(pm: ProcMesh, timeout: float) -> None:
+    pm._stop_now(timeout=timeout)

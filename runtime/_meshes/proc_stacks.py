@@ -14,6 +14,8 @@ from ..stacks import ProcStacks, StacksError, threads_from
 from ..transport.framing import ERROR, Header, Kind
 from .questions import Questions
 
+__all__ = ["proc_stacks", "stacks_of_proc", "stacks_of_procs"]
+
 
 def _decode(h: Header, body: Any) -> dict:
     text = bytes(body).decode("utf-8", "replace")
@@ -67,20 +69,21 @@ def proc_stacks(mesh: Any, rank: Optional[int] = None, native: bool = False,
     view only if given), taken by py-spy from the proc's host agent: names, the GIL
     holder, native frames if `native`. A proc py-spy cannot read has `.error` saying why
     (py-spy not found: where it looked; ptrace refused: the setting to change)."""
-    from .proc_timeline import _proc_mesh
+    from .proc_mesh import runtime_of, view_procs
+    from .proc_timeline import proc_mesh_of
 
-    pm = _proc_mesh(mesh)
+    pm = proc_mesh_of(mesh)
     try:  # procs just spawned: their agent knows their pids once they started
         pm.initialized.get(timeout=timeout)
     except Exception:  # noqa: BLE001 - a proc that died or is slow: its entry says so
         pass
-    recs = list(enumerate(pm._view_procs()))
+    recs = list(enumerate(view_procs(pm)))
     if rank is not None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(recs):
             raise ValueError(f"rank must be an int in 0..{len(recs) - 1} for mesh "
                              f"{pm.name!r}, got {rank!r}")
         recs = [recs[rank]]
-    return _stacks_of(pm._rt or get_runtime(), recs, native, timeout)
+    return _stacks_of(runtime_of(pm) or get_runtime(), recs, native, timeout)
 
 
 def stacks_of_proc(rt: Runtime, proc_id: str, native: bool = False,

@@ -10,10 +10,14 @@ from typing import Any
 from .._core import get_runtime
 from ..timeline import Lane, Timeline, decode, make_timeline, now_ns
 from ..transport.framing import Header, Kind
+from .proc_mesh import runtime_of, view_procs
 from .questions import Questions
 
+__all__ = ["proc_mesh_of", "read_timeline"]
 
-def _proc_mesh(mesh: Any) -> Any:
+
+def proc_mesh_of(mesh: Any) -> Any:
+    """The ProcMesh of `mesh` (a ProcMesh, or an ActorMesh's proc mesh)."""
     from .actor_mesh import ActorMesh
     from .proc_mesh import ProcMesh
 
@@ -39,13 +43,13 @@ def read_timeline(mesh: Any, last: float = 300.0, timeout: float = 10.0) -> Time
     does not answer within `timeout` seconds has an empty lane with the reason."""
     if isinstance(last, bool) or not isinstance(last, (int, float)) or last <= 0:
         raise ValueError(f"last must be a positive number of seconds, got {last!r}")
-    pm = _proc_mesh(mesh)
-    rt = pm._rt if getattr(pm, "_rt", None) is not None else get_runtime()
+    pm = proc_mesh_of(mesh)
+    rt = runtime_of(pm) or get_runtime()
     end = now_ns()
     since = end - int(last * 1e9)
     lanes: list[Lane] = []
     questions: Questions[Lane] = Questions(rt)
-    for rank, rec in enumerate(pm._view_procs()):
+    for rank, rec in enumerate(view_procs(pm)):
         lane = Lane(pm.name, rank, rec.place, rec.pid, rec.proc_id)
         lanes.append(lane)
         if rec.state in ("failed", "stopped"):

@@ -11,6 +11,8 @@ from .._core import Runtime
 from ..future import Future
 from ..transport.framing import Header
 
+__all__ = ["K", "Questions"]
+
 K = TypeVar("K")
 
 

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from .host_mesh import HostMesh
     from .proc_mesh import ProcMesh
 
+__all__ = ["LostCall", "LostCallsWarning", "adopt_kept"]
+
 log = logging.getLogger("runtime")
 
 

@@ -33,6 +33,11 @@ from ..transport.framing import OK, Header, Kind
 from ..transport.serialization import dumps
 from ..workspace import FileEntry, Scan, Workspace, scan
 
+__all__ = [
+    "BATCH_BYTES", "BATCH_FILES", "WINDOW", "Progress", "WorkspaceSyncError", "HostSync",
+    "ProcReload", "SyncResult", "sync_workspace", "reload_actor_class",
+]
+
 BATCH_BYTES = 8 << 20
 BATCH_FILES = 256
 WINDOW = 4
@@ -336,13 +341,12 @@ def _learn_endpoints(rt: Runtime, changed: dict[str, dict]) -> None:
 
 
 def _forget_cached_endpoints(rt: Runtime, recs: list) -> None:
-    from .adverbs import EndpointRef
+    from .actor_mesh import ActorMesh, forget_endpoints, ref_of
 
     ids = {id(r) for r in recs}
     for obj in rt.meshes(internal=True):
-        if id(getattr(obj, "_rec", None)) in ids:
-            for k in [k for k, v in obj.__dict__.items() if isinstance(v, EndpointRef)]:
-                del obj.__dict__[k]
+        if isinstance(obj, ActorMesh) and id(ref_of(obj).rec) in ids:
+            forget_endpoints(obj)
 
 
 def reload_actor_class(actors: Any, cls: type, timeout: Optional[float] = None) -> None:
@@ -350,12 +354,14 @@ def reload_actor_class(actors: Any, cls: type, timeout: Optional[float] = None) 
     version of their class (sent by value, as a notebook cell's class is): their next
     message runs its methods, their attributes kept. Raises RuntimeError naming each rank
     that could not take it."""
-    from .proc_mesh import _method_signatures, _signatures
+    from .actor_mesh import ref_of
+    from .proc_mesh import endpoint_signatures, method_signatures
     from ..actor import Actor, endpoints_of
 
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
         raise TypeError(f"reload_actor_class: {cls!r} is not an Actor subclass")
-    rt, rec = actors._rt, actors._rec
+    ref = ref_of(actors)
+    rt, rec = ref.rt, ref.rec
     timeout = config.workspace_timeout if timeout is None else timeout
     body, bufs = dumps(cls, f"actor class {cls.__name__}")
     futs = []
@@ -376,7 +382,7 @@ def reload_actor_class(actors: Any, cls: type, timeout: Optional[float] = None) 
             errors.append(f"{rec.name}[{rank}]: {type(e).__name__}: {e}")
 
     def update() -> None:
-        rec.sigs, rec.methods = _signatures(cls), _method_signatures(cls)
+        rec.sigs, rec.methods = endpoint_signatures(cls), method_signatures(cls)
         rec.explicit_ports = frozenset(n for n, ep in endpoints_of(cls).items()
                                        if ep.explicit_response_port)
 

@@ -14,6 +14,8 @@ from runtime.admin.codec import decode_snapshot
 from runtime.admin.connection import ConnectionInfo, read_connection_file
 from runtime.supervision.health import MeshHealth
 
+__all__ = ["AdminError", "AdminClient"]
+
 
 class AdminError(RuntimeError):
     """The endpoint did not answer in time, or the request failed there."""

@@ -7,6 +7,8 @@ from typing import Any
 
 from runtime.supervision.health import ActorHealth, ActorState, MeshHealth, ProcStats
 
+__all__ = ["encode_snapshot", "decode_snapshot"]
+
 
 def encode_snapshot(snapshot: list[MeshHealth]) -> list[dict[str, Any]]:
     """Plain JSON-able dicts for a list of MeshHealth."""

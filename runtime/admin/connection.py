@@ -15,6 +15,12 @@ from typing import Optional
 
 from .. import rundir
 
+__all__ = [
+    "PREFIX", "SUFFIX", "ConnectionFileError", "ConnectionInfo", "runtime_dir",
+    "write_connection_file", "remove_connection_file", "read_connection_file",
+    "list_connection_files", "newest_connection_file",
+]
+
 PREFIX = "admin-"
 SUFFIX = ".json"
 

@@ -34,6 +34,8 @@ from runtime.admin.codec import encode_snapshot
 from runtime.admin.connection import (ConnectionInfo, remove_connection_file,
                                       write_connection_file)
 
+__all__ = ["MAX_REQUEST_BYTES", "Handler", "AdminServer", "serve"]
+
 log = logging.getLogger("runtime.admin")
 
 MAX_REQUEST_BYTES = 1 << 20
@@ -123,7 +125,7 @@ class AdminServer:
     def _stop_mesh(self, name: str, timeout: float = 30.0) -> int:
         """Stop every live actor mesh or proc mesh called `name`; returns how many."""
         found = [m for m in self.rt.meshes() if getattr(m, "name", None) == name or
-                 getattr(getattr(m, "_rec", None), "health_name", None) == name]
+                 getattr(m, "health_name", None) == name]
         if not found:
             raise KeyError(f"no live mesh named {name!r}")
         for m in found:

@@ -25,6 +25,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Op
 from . import _markdown as _config_markdown, _monarch as _monarch_settings, _sweeps as _config_sweeps
 from ._setting import TYPES, Setting, parse_seconds  # noqa: F401 - public here (Monarch's)
 
+__all__ = [
+    "TYPES", "Setting", "parse_seconds", "TOKEN_ENV", "SETTINGS", "ALIASES", "UNMAPPED", "Config",
+    "config", "prefix_python_logs_with_actor", "configure", "configured", "parametrize_config",
+    "parametrize_config_pointwise", "get_global_config", "get_runtime_config",
+    "clear_runtime_config", "markdown",
+]
+
 #: Internal hand-off of the session token from the controller to a host agent it starts;
 #: not a setting (never configured, never in to_env()): see docs/configuration.md.
 TOKEN_ENV = "MONARCH_TOKEN"

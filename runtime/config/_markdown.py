@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+__all__ = ["markdown"]
+
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")

@@ -6,6 +6,8 @@ Layer 1 (basics): plain data.
 
 from __future__ import annotations
 
+__all__ = ["UNMAPPED"]
+
 UNMAPPED: dict[str, str] = {
     "default_transport": "transports are chosen by topology (ipc locally, CurveZMQ tcp "
                          "across hosts)",

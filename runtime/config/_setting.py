@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+__all__ = ["TYPES", "parse_seconds", "Setting"]
+
 TYPES = ("bool", "int", "float", "str", "path")
 _TRUE = ("1", "true", "yes")
 _FALSE = ("0", "false", "no")

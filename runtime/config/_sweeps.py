@@ -11,6 +11,8 @@ import contextlib
 import warnings
 from typing import Any, Callable, Iterator, Mapping
 
+__all__ = ["SettingSweeps"]
+
 
 class SettingSweeps:
     """The sweep decorators over one settings API: `configured(**values)` (a context

@@ -20,8 +20,12 @@ import time
 from typing import Any, Optional
 
 from . import breakpoints, settings
-from .proc_side import ProcDebugger, _actor
+from .proc_side import ProcDebugger, running_actor
 from .protocol import RELEASE_COMMAND, BreakpointWithoutDebugger
+
+__all__ = [
+    "SKIP", "ACK_TIMEOUT", "RemotePdb", "start", "stop_at", "stop_on_exception", "run_postmortem",
+]
 
 log = logging.getLogger("runtime.debugging")
 
@@ -245,7 +249,7 @@ def _meta(actor: Any, rt: Any) -> dict:
 
 def _set_paused(paused: bool) -> None:
     """Report the actor as paused (heartbeats carry it to the health model) or busy again."""
-    a = _actor()
+    a = running_actor()
     if a is None:
         return
     if paused:

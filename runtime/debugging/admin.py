@@ -7,6 +7,8 @@ from typing import Any, Callable, Optional
 
 from .registry import DebugError, DebugRegistry, Session
 
+__all__ = ["FIELDS", "register", "RemoteRegistry"]
+
 FIELDS = ("sid", "kind", "mesh", "rank", "coords", "host", "pid", "proc_id", "actor_id",
           "port", "endpoint", "file", "line", "function", "since", "state", "attached")
 

@@ -15,6 +15,11 @@ import sys
 import threading
 from typing import Any, Callable, Optional
 
+__all__ = [
+    "table", "version", "set_file", "exceptions", "set_exceptions", "set_table", "add_listener",
+    "gate", "local", "rearm", "on_call", "install_in_proc",
+]
+
 _lock = threading.Lock()
 _table: dict[str, frozenset] = {}
 _version = 0

@@ -15,6 +15,8 @@ from .commands import HELP, CommandError, parse_command
 from .console import DebugConsole
 from .registry import DebugError
 
+__all__ = ["PROMPT", "connect", "run_command", "repl", "main"]
+
 PROMPT = "monarch_dbg> "
 
 

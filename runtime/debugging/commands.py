@@ -12,6 +12,8 @@ from typing import Optional
 
 from .selectors import SelectorError, parse_selector, split_selector
 
+__all__ = ["HELP", "NAMES", "CommandError", "Command", "parse_command"]
+
 HELP = """\
 debugger commands (in the pdb prompt prefix them with '%', e.g. %list):
   list                          paused actors (mesh, rank, where, since)

@@ -16,6 +16,8 @@ from . import settings
 from .commands import HELP, Command, CommandError, parse_command
 from .registry import DebugError, DebugRegistry, Session
 
+__all__ = ["NoStdin", "default_input", "DebugConsole", "console_factory", "wait_hook"]
+
 
 class NoStdin(Exception):
     """There is no interactive input here (no terminal, or the kernel disallows stdin)."""
@@ -220,9 +222,9 @@ def wait_hook(future: Any) -> None:
     """Called every ~0.1 s by a thread blocked in Future.get(): attend paused actors."""
     if getattr(_busy, "on", False) or threading.current_thread() is not threading.main_thread():
         return
-    from .registry import _registry
+    from .registry import current_registry
 
-    reg = _registry
+    reg = current_registry()
     if reg is None or not reg.has_unattended():
         return
     _busy.on = True

@@ -16,6 +16,8 @@ from . import breakpoints
 from .protocol import header
 from .registry import DebugError, DebugRegistry, Session
 
+__all__ = ["REQUEST_TIMEOUT", "DapClient", "send_table_to", "client"]
+
 log = logging.getLogger("runtime.debugging")
 
 REQUEST_TIMEOUT = 10.0  # seconds a paused actor has to answer (evaluate: 30)

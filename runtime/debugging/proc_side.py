@@ -19,6 +19,11 @@ from typing import Any, Optional
 from ..transport.framing import Header
 from .protocol import FROM_ACTOR, header, op_of
 
+__all__ = [
+    "BREAKS_ENV", "spawn_env", "ProcDebugger", "running_actor", "set_trace", "breakpointhook",
+    "install",
+]
+
 log = logging.getLogger("runtime.debugging")
 
 #: the line-breakpoint table and exception filters a proc starts with (JSON), set by its
@@ -164,7 +169,7 @@ _orig_breakpointhook = sys.__breakpointhook__
 _orig_set_trace: Any = None  # pdb's own set_trace, once patched
 
 
-def _actor() -> Any:
+def running_actor() -> Any:
     from ..proc import current_actor
 
     return current_actor()
@@ -173,7 +178,7 @@ def _actor() -> Any:
 def set_trace(frame: Any = None, *, header: Optional[str] = None) -> None:
     """`pdb.set_trace()` replacement: a remote pdb in actor threads, plain pdb elsewhere."""
     frame = frame or sys._getframe().f_back
-    actor = _actor()
+    actor = running_actor()
     if actor is None or _debugger is None:
         import pdb
 
@@ -189,7 +194,7 @@ def set_trace(frame: Any = None, *, header: Optional[str] = None) -> None:
 
 def _stop_at(frame: Any) -> Any:
     """A line breakpoint was reached on an actor thread: pdb stops there."""
-    actor = _actor()
+    actor = running_actor()
     if actor is None or _debugger is None:
         return None
     from .actor_pdb import stop_at

@@ -17,6 +17,10 @@ from typing import Any
 
 from ..transport.framing import Header, Kind
 
+__all__ = [
+    "FROM_ACTOR", "TO_ACTOR", "RELEASE_COMMAND", "BreakpointWithoutDebugger", "header", "op_of",
+]
+
 FROM_ACTOR = frozenset({"read", "output", "resumed", "source", "nopm", "dap_reply"})
 TO_ACTOR = frozenset({"ack", "input", "release", "abort", "source_reply", "postmortem", "dap",
                       "breaks"})

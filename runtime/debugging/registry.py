@@ -21,6 +21,11 @@ from . import settings
 from .protocol import header, op_of
 from .selectors import RankSelector, parse_selector
 
+__all__ = [
+    "NOTE_AFTER", "TICK_S", "Session", "DebugError", "FrontEndHooks", "DebugRegistry", "install",
+    "current_registry", "get_registry",
+]
+
 log = logging.getLogger("runtime.debugging")
 
 NOTE_AFTER = 1.0  # seconds a breakpoint waits unattended before a note is printed
@@ -472,6 +477,12 @@ def install(rt: Any) -> DebugRegistry:
 
         client(reg)
         return reg
+
+
+def current_registry() -> Optional[DebugRegistry]:
+    """The registry made last in this process, or None (whatever runtime it serves; never
+    makes one: the console's wait hook asks)."""
+    return _registry
 
 
 def get_registry(create: bool = True) -> Optional[DebugRegistry]:

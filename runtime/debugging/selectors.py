@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+__all__ = ["Spec", "SelectorError", "RankSelector", "parse_selector", "split_selector"]
+
 Spec = Union[int, slice, tuple]  # one index, a slice, or a tuple of ints
 
 

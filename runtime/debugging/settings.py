@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from ..config import config
 
+__all__ = ["POLICIES", "policy", "set_policy", "timeout", "set_timeout", "reset"]
+
 POLICIES = ("fail", "continue")
 
 

@@ -27,6 +27,8 @@ from typing import Optional
 from .._base import process as _process
 from ..config import TOKEN_ENV
 
+__all__ = ["main", "listening_line"]
+
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of `python -m runtime.host`."""

@@ -29,6 +29,8 @@ from .output import ProcPipes
 from .workspace import WorkspaceStore
 from .zygote import zygote_main
 
+__all__ = ["Agent"]
+
 _IN, _OUT = 1, 2  # zmq.POLLIN, zmq.POLLOUT (the loop polls with zmq.Poller)
 
 log = logging.getLogger("runtime.host")

@@ -13,6 +13,8 @@ from ..transport import casttree, framing
 from ..transport.framing import Header, Kind
 from .gather import ReplyGather
 
+__all__ = ["CastRelay"]
+
 log = logging.getLogger("runtime.host")
 
 

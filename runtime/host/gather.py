@@ -27,6 +27,8 @@ from ..config import config
 from ..transport import casttree, framing
 from ..transport.framing import Header
 
+__all__ = ["LOST_KEPT", "ReplyGather"]
+
 log = logging.getLogger("runtime.host")
 
 

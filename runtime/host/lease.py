@@ -15,6 +15,8 @@ import signal
 import time
 from typing import Any, Optional
 
+__all__ = ["Leases"]
+
 log = logging.getLogger("runtime.host")
 
 

@@ -23,6 +23,11 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+__all__ = [
+    "SUFFIX", "MAX_REPLY_BYTES", "stamp", "file_name", "parse_name", "private_dir",
+    "capture_wanted", "LogFile", "AgentLogs", "read",
+]
+
 SUFFIX = ".log"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _NAME = re.compile(r"^(?P<mesh>[A-Za-z0-9_-]*)\.(?P<rank>\d+)\.(?P<pid>\d+)\."

@@ -11,6 +11,8 @@ from typing import Callable, Optional
 from .. import logs
 from .logfiles import LogFile
 
+__all__ = ["Forward", "ProcPipes"]
+
 #: send(owner, proc_id, stream, label, text)
 Forward = Callable[[str, str, str, str, str], None]
 

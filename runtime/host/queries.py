@@ -25,6 +25,8 @@ from . import logfiles
 if TYPE_CHECKING:
     from .agent import Agent
 
+__all__ = ["answer"]
+
 log = logging.getLogger("runtime.host")
 
 

@@ -13,6 +13,8 @@ from typing import Any, Optional
 
 from ..transport import auth
 
+__all__ = ["worker_key_file", "split_address", "run_worker_loop_forever"]
+
 
 def worker_key_file(ca: Any, private_key: Any, key_file: Optional[str], who: str) -> str:
     """The key file a worker or an attach uses for Monarch's `ca=`/`private_key=` (or ours)."""

@@ -32,6 +32,8 @@ from typing import Any, Callable
 
 from ..transport.framing import ERROR, OK, Header, Kind
 
+__all__ = ["MANIFEST", "WorkspaceStore"]
+
 log = logging.getLogger("runtime.host")
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 MANIFEST = ".manifest.json"

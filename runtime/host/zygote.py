@@ -15,6 +15,8 @@ import socket
 
 from .._base import process as _process
 
+__all__ = ["PROCS_PER_HOST", "threads_for", "zygote_main", "fork_proc"]
+
 
 #: set by spawn_procs in the env of procs: how many procs of the mesh share this host
 PROCS_PER_HOST = "RUNTIME_PROCS_PER_HOST"

@@ -15,6 +15,8 @@ from typing import Any
 
 from .base import Job, check_meshes
 
+__all__ = ["KINDS", "OPTIONS", "AllocSpec", "saved_job_path"]
+
 KINDS = ("local", "process", "slurm", "ssh", "kubernetes")
 
 #: The options (Job keyword arguments) each kind of job takes.

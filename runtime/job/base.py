@@ -19,6 +19,12 @@ from typing import Any
 
 from .trait import JobTrait
 
+__all__ = [
+    "ADDRESS_RE", "JobError", "JobState", "check_meshes", "parse_address", "slots", "private_dir",
+    "make_key_file", "read_address_files", "tail", "Job", "adopt_saved", "admin_address",
+    "TelemetryConfig",
+]
+
 ADDRESS_RE = re.compile(r"^tcp://(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -295,7 +301,7 @@ class Job(JobTrait, ABC):
         if self._state is not None:  # as in Monarch, each call its own HostMesh objects
             again = JobState()     # (same hosts): stop() on one leaves the others' procs
             for name, hm in self._state.items():
-                again[name] = hm._new_with_shape(hm._shape)
+                again[name] = hm.slice()  # a new view, the same shape
             return again
         from . import cache
 
@@ -442,6 +448,13 @@ class Job(JobTrait, ABC):
     def __repr__(self) -> str:
         state = "killed" if self._killed else "running" if self._launched else "not started"
         return f"{type(self).__name__}(meshes={self.meshes}, {state})"
+
+
+def adopt_saved(spec: "Job", saved: "Job") -> None:
+    """Make `spec` the job `saved` (read back from its file): its fields, less what `spec`
+    keeps out of a saved job (`_transient`), then reset those (runtime.job.cache)."""
+    spec.__dict__.update({k: v for k, v in saved.__dict__.items() if k not in spec._transient})
+    spec._after_load()
 
 
 def admin_address() -> str:

@@ -13,10 +13,12 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .base import JobError
+from .base import JobError, adopt_saved
 
 if TYPE_CHECKING:
     from .base import Job
+
+__all__ = ["DEFAULT_JOB_PATH", "job_loads", "job_load", "adopt"]
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +36,12 @@ def _check_private(path: Path) -> None:
 
 def job_loads(data: bytes) -> "Job":
     """A job from the bytes of `Job.dumps()`."""
-    from .trait import JobTrait
+    from .trait import JobTrait, restore_saved
 
     cls, fields = pickle.loads(data)
     if not (isinstance(cls, type) and issubclass(cls, JobTrait)):
         raise JobError(f"not a saved job: holds {cls!r}")
-    job = cls.__new__(cls)
-    job.__dict__.update(fields)
-    job._after_load()
-    return job
+    return restore_saved(cls, fields)
 
 
 def job_load(filename: str | os.PathLike = DEFAULT_JOB_PATH) -> "Job":
@@ -67,6 +66,5 @@ def adopt(spec: "Job", path: str | os.PathLike) -> bool:
             log.info("killing the cached job failed: %s", e)
         Path(path).unlink(missing_ok=True)
         return False
-    spec.__dict__.update({k: v for k, v in cached.__dict__.items() if k not in spec._transient})
-    spec._after_load()
+    adopt_saved(spec, cached)
     return True

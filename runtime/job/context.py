@@ -18,6 +18,11 @@ from .cache import DEFAULT_JOB_PATH
 if TYPE_CHECKING:
     from .base import Job
 
+__all__ = [
+    "CURRENT_FILE", "SAVED_JOBS_DIR", "set_current_job", "current_job_path", "clear_current_job",
+    "load_current_job", "saved_jobs",
+]
+
 #: the file naming the current job (relative to the working directory, like Monarch's)
 CURRENT_FILE = ".monarch/current"
 #: where `%mesh alloc NAME --job process --keep ...` saves its jobs

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from urllib.parse import urlparse
 
+__all__ = ["gateway_option", "gateway_address", "SSHTunnel"]
+
 
 def gateway_option(gateway: bool | str | None) -> tuple[bool | str, int]:
     """Check a job's `gateway=`: False/None (none), True (the gateway listens on a free port,

@@ -15,6 +15,8 @@ from typing import Any
 
 from .base import Job, JobError, slots
 
+__all__ = ["KEY_MOUNT", "KEY_COPY", "KubernetesJob"]
+
 _DNS_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 KEY_MOUNT = "/etc/monarch"
 # sh -c KEY_COPY sh KEY PYTHON ARGS...: run the agent with a private copy of the key

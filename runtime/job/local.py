@@ -15,6 +15,8 @@ from pathlib import Path
 from ..config import config
 from .base import Job, JobError, read_address_files, slots, tail
 
+__all__ = ["agent_argv", "LocalJob"]
+
 
 def agent_argv(python: str, listen: str, key_file: Path, address_file: Path,
                tied: bool = True, log_dir: Path | None = None, keep: float = 0.0,

@@ -19,6 +19,8 @@ from .base import Job, JobError, JobState, read_address_files, slots
 from .cache import DEFAULT_JOB_PATH
 from .local import LocalJob
 
+__all__ = ["ProcessJob", "ThisHostJob"]
+
 
 class ProcessJob(LocalJob):
     """Monarch's `ProcessJob(meshes, env=None)`: one host agent per host on this machine

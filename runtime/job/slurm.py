@@ -17,6 +17,8 @@ from typing import Any
 from .base import Job, JobError, read_address_files, slots, tail
 from .gateway import gateway_address, gateway_option
 
+__all__ = ["DEFAULT_ADDRESS_CMD", "format_time_limit", "SlurmJob"]
+
 # Pick the address other nodes reach this one at: the node name's address unless it is a
 # loopback alias (Debian maps the hostname to 127.0.1.1), else the first of `hostname -I`.
 DEFAULT_ADDRESS_CMD = ('a=$(getent hosts "$(hostname)" | awk \'{print $1; exit}\'); '

@@ -18,6 +18,8 @@ from .base import Job, JobError, parse_address, slots
 from .gateway import SSHTunnel, gateway_option
 from .slurm import DEFAULT_ADDRESS_CMD
 
+__all__ = ["ADDRESS_TAG", "DEFAULT_SSH_OPTIONS", "remote_script", "ssh_argv", "SSHJob"]
+
 ADDRESS_TAG = "MONARCH_AGENT_ADDRESS "
 DEFAULT_SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ServerAliveInterval=5",
                        "-o", "ServerAliveCountMax=3", "-T")

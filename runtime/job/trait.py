@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Optional
 if TYPE_CHECKING:
     from .base import JobState
 
+__all__ = ["JobTrait", "restore_saved"]
+
 
 class JobTrait:
     """Base of every job: `apply()`, `state(cached_path=...)`, `kill()`, `dump()`/`dumps()`;
@@ -94,3 +96,12 @@ class JobTrait:
 
     def _after_load(self) -> None:
         """Called on a job read back by `job_load`/`job_loads`."""
+
+
+def restore_saved(cls: type, fields: dict) -> Any:
+    """A job of class `cls` (a JobTrait) with the saved `fields`, its `_after_load` run
+    (runtime.job.cache reads saved jobs back)."""
+    job = cls.__new__(cls)
+    job.__dict__.update(fields)
+    job._after_load()
+    return job

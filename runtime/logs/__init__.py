@@ -19,6 +19,12 @@ from typing import Callable, Optional
 from .. import config as _config
 from .._base.context import get_context
 
+__all__ = [
+    "TAG_START", "TAG_END", "CONTROL_MARK", "strip_marks", "Sink", "emit", "OutputWriter",
+    "LineSplitter", "set_thread_label", "TaggedWriter", "actor_logger", "set_actor_log_level",
+    "install_actor_prefix",
+]
+
 TAG_START = "\x1b]777;mn:"
 TAG_END = "\x07"
 #: Lines starting with this are control marks for the output sink (e.g. the notebook's

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+__all__ = ["MAX_FUZZY_LEN", "edit_distance", "similar", "format_ranks", "Aggregator"]
+
 #: Lines longer than this are grouped only when identical (the edit distance is quadratic).
 MAX_FUZZY_LEN = 400
 

@@ -27,6 +27,12 @@ from ._startup import apply_proc_bind, run_bootstrap
 from ..config import config
 from ..transport.framing import Header, Kind
 
+__all__ = [
+    "ActorInstance", "current_actor", "set_call_hook", "set_error_hook", "graceful_exit",
+    "user_modules", "ProcServer", "add_heartbeat_field", "dump_stacks", "apply_proc_bind",
+    "run_bootstrap", "main",
+]
+
 
 def main(cfg: dict) -> None:
     """Entry point of a forked proc (called by the zygote in the child)."""

@@ -26,9 +26,10 @@ from .. import logs, timeline
 from ..stacks import CCallWatch
 from ..future import waiting_in
 from .._base import context as _context
+from .._base import features as _features
 from . import _endpoints, _supervise
 from ._replies import UnsendableResult, encode_result, reply_extra
-from ..actor import (ROOT_ID, ActorContext, CreatorInstance, _message_view, _set_context,
+from ..actor import (ROOT_ID, ActorContext, CreatorInstance, message_view,
                     endpoints_of, root_creator)
 from ..config import config
 from ..errors import ActorError
@@ -38,6 +39,10 @@ from ..supervision import injection as _injection
 from ..transport.framing import ERROR, OK, Header, Kind, extra_get
 from ..transport import cuda_tensors
 from ..transport.serialization import dumps, loads
+
+__all__ = [
+    "STOP", "set_error_hook", "set_call_hook", "current_actor", "ActorInstance", "Confirmations",
+]
 
 log = logging.getLogger("runtime.proc")
 
@@ -135,7 +140,7 @@ class ActorInstance:
                            self.rt.proc_id, self.rt.host, os.getpid(), self.class_name,
                            self.creator, self.qualified_class)
         self.context = ctx
-        _set_context(ctx)
+        _context.set_context(ctx)
         _tls.actor = self
         logs.set_thread_label(self.name)
         self._init()
@@ -266,7 +271,7 @@ class ActorInstance:
         ok = False
         result = None
         view = h.extra.get("view") if isinstance(h.extra, dict) else None
-        token = _message_view.set(_view_shape(view) if view else None)
+        token = message_view.set(_view_shape(view) if view else None)
         try:
             args, kwargs = self._load_arguments(body, buffers, ep)
             if ep.explicit_response_port:
@@ -285,7 +290,7 @@ class ActorInstance:
         except BaseException as e:  # noqa: BLE001 - delivered to the caller
             self.report_error(h, ep, e)
         finally:
-            _message_view.reset(token)
+            message_view.reset(token)
             self.current_port = -1
             self.handled += 1
             timeline.record_call(t0, name, self.name, self.rank,
@@ -415,12 +420,7 @@ class ActorInstance:
     def _stop(self, h: Optional[Header]) -> None:
         self.aloop.cancel_all()  # concurrent endpoint tasks end before __cleanup__
         # children first: meshes this actor owns
-        for obj in list(self.rt.meshes(internal=True)):
-            if getattr(obj, "_owner_actor", None) == self.actor_id and hasattr(obj, "_stop_now"):
-                try:
-                    obj._stop_now(timeout=config.stop_timeout)
-                except Exception:
-                    log.exception("stopping a child mesh failed")
+        _features.call("meshes.stop_owned", self.rt, self.actor_id, config.stop_timeout)
         cleanup = getattr(self.instance, "__cleanup__", None)
         if cleanup is not None and self.instance is not None:
             try:

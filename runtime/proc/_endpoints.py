@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
     from ._actor_instance import ActorInstance
 
+__all__ = ["Mailbox", "ActorLoop", "adhoc_endpoint", "response_port", "is_fatal", "failed_reply"]
+
 
 class Mailbox(queue.SimpleQueue):
     """An actor's mailbox: a SimpleQueue whose `put` an actor with concurrent endpoints

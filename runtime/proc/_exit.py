@@ -13,6 +13,8 @@ import threading
 import traceback
 from typing import Any
 
+__all__ = ["graceful_exit", "drop_user_module_globals", "user_modules"]
+
 
 def graceful_exit(server: Any, timeout: float) -> None:
     """Before the proc exits: drop the actors (their `__del__` runs), run the `atexit`

@@ -16,6 +16,8 @@ from typing import Any
 
 from ..transport.framing import Header, Kind
 
+__all__ = ["on_reattach", "lost_calls"]
+
 
 def on_reattach(server: Any, h: Header) -> None:
     """Make `h.extra["owner"]` this proc's owner and answer with its actors and lost calls."""

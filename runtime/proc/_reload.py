@@ -34,6 +34,11 @@ from ..transport import serialization
 from ..transport.framing import ERROR, OK, Header, Kind
 from ..workspace import MANIFEST, module_rel
 
+__all__ = [
+    "startup", "put_on_path", "protected", "with_dependants", "reload_order", "calls_in_progress",
+    "between_calls", "reload_modules", "swap_class", "on_message",
+]
+
 log = logging.getLogger("runtime.reload")
 #: rel -> sha256 of the workspace files this proc's modules were last reconciled with
 _applied: dict[str, str] = {}

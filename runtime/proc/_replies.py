@@ -15,6 +15,8 @@ from ..transport.framing import Header, extra_get
 from ..transport import bulk, cuda_tensors
 from ..transport.serialization import dumps, dumps_plain
 
+__all__ = ["reply_extra", "UnsendableResult", "encode_result"]
+
 
 def reply_extra(h: Header) -> Optional[dict]:
     """What a reply echoes of its call's header: the batch id of a call whose replies a

@@ -28,6 +28,8 @@ from ..supervision import MeshFailure
 from ..transport.framing import ERROR, OK, Header, Kind, extra_get
 from ..transport.serialization import dumps
 
+__all__ = ["add_heartbeat_field", "ProcServer", "dump_stacks"]
+
 log = logging.getLogger("runtime.proc")
 
 

@@ -11,6 +11,8 @@ import os
 import sys
 import traceback
 
+__all__ = ["cpu_list", "apply_proc_bind", "run_bootstrap"]
+
 
 def cpu_list(text: str) -> set[int]:
     """A kernel CPU list ("0-3,8") as a set of CPU numbers."""

@@ -31,6 +31,8 @@ from ..supervision import MeshFailure
 if TYPE_CHECKING:
     from ._actor_instance import ActorInstance
 
+__all__ = ["BATCH_QUIET_S", "BATCH_MAX_S", "Supervision", "Injector"]
+
 log = logging.getLogger("runtime.proc")
 
 #: failures of one actor's meshes are handed over once none has arrived for this long...

@@ -20,6 +20,11 @@ from .identity import host_id, process_start_time, session_secret
 from .memory import check_dtype, span_of
 from .server import get_server
 
+__all__ = [
+    "DEFAULT_TIMEOUT", "RDMAOwner", "RDMABuffer", "get_rdma_backend", "is_ibverbs_available",
+    "is_rdma_available", "RDMAAction", "read_ipc", "close_ipc",
+]
+
 DEFAULT_TIMEOUT = 3.0  # seconds, as in Monarch
 
 _executor: Optional[ThreadPoolExecutor] = None
@@ -358,3 +363,14 @@ class RDMAAction:
                         "RDMAAction transfer").add_done_callback(done)
 
         return _Deferred("RDMAAction.submit", start)
+
+
+def read_ipc(buf: RDMABuffer, out: Any, timeout: float) -> None:
+    """Pull a CUDA-IPC exported buffer into the tensor `out` (runtime.transport.cuda_tensors)."""
+    client.transfer(buf._h, span_of(out, what="received CUDA tensor", need_writable=True),
+                    0, False, timeout)
+
+
+def close_ipc(buf: RDMABuffer) -> None:
+    """Close our mapping of a one-shot CUDA-IPC buffer (runtime.transport.cuda_tensors)."""
+    client.close_ipc(buf._h)

@@ -7,6 +7,8 @@ from typing import Optional
 
 from .errors import RDMAError
 
+__all__ = ["TRANSPORTS", "choose_transport"]
+
 #: the transports `choose_transport` may name ("+cuda-staged" is added by the caller when
 #: its own memory is CUDA memory moved through pinned host buffers)
 TRANSPORTS = ("local", "vm", "cuda-ipc", "tcp", "ibverbs")

@@ -27,6 +27,13 @@ from .identity import host_id, process_alive, session_secret
 from .memory import Span, view_of
 from .server import INFO_REPLY, MR_REPLY, PIN_REPLY, current_server
 
+__all__ = [
+    "MIN_STREAM_BYTES", "VM_CHUNK", "transport_mode", "Deadline", "split_pieces", "run_pieces",
+    "tcp_transfer", "vm_usable", "vm_transfer", "local_transfer", "ib_transfer", "drop_remote",
+    "owner_info", "close_ipc", "ipc_transfer", "local_cuda_transfer", "choose",
+    "check_not_across_gateway", "transfer",
+]
+
 log = logging.getLogger("runtime.rdma")
 
 MIN_STREAM_BYTES = 4 << 20  # never split a transfer into pieces smaller than this
@@ -243,7 +250,7 @@ def _pick_address(h: Handle, same_host: bool) -> str:
 _streams = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rdma-stream")
 
 
-def _split(nbytes: int, parts: int) -> list[tuple[int, int]]:
+def split_pieces(nbytes: int, parts: int) -> list[tuple[int, int]]:
     """Cut [0, nbytes) into `parts` page-aligned (start, length) pieces."""
     parts = max(1, min(parts, nbytes // MIN_STREAM_BYTES))
     step = -(-nbytes // parts)
@@ -251,7 +258,7 @@ def _split(nbytes: int, parts: int) -> list[tuple[int, int]]:
     return [(s, min(step, nbytes - s)) for s in range(0, nbytes, step)]
 
 
-def _parallel(pieces: list[tuple[int, int]], fn: Callable[[int, int], None]) -> None:
+def run_pieces(pieces: list[tuple[int, int]], fn: Callable[[int, int], None]) -> None:
     """Run fn(start, length) for each piece, the first in this thread; re-raise the first error."""
     futs = [_streams.submit(fn, s, n) for s, n in pieces[1:]]
     errs: list[BaseException] = []
@@ -309,8 +316,8 @@ def tcp_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: boo
                  dl: Deadline, same_host: bool) -> None:
     """Chunked transfer over dedicated data sockets, in parallel streams."""
     addr = _pick_address(h, same_host)
-    pieces = _split(nbytes, config.rdma_streams)
-    _parallel(pieces, lambda s, n: _tcp_piece(h, addr, span_addr + s, offset + s, n, write, dl))
+    pieces = split_pieces(nbytes, config.rdma_streams)
+    run_pieces(pieces, lambda s, n: _tcp_piece(h, addr, span_addr + s, offset + s, n, write, dl))
 
 
 # Why process_vm_* cannot be used here, once known (Yama mode 3 forbids it outright).
@@ -340,7 +347,7 @@ def vm_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool
                 pos += k
 
         try:
-            _parallel(_split(nbytes, config.rdma_vm_threads), piece)
+            run_pieces(split_pieces(nbytes, config.rdma_vm_threads), piece)
         except vm.VMError as e:
             if e.errno in (errno.EPERM, errno.EACCES, errno.ENOSYS):
                 _vm_refused = str(e)

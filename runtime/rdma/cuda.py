@@ -9,6 +9,11 @@ import json
 import threading
 from typing import Any, Callable, Optional
 
+__all__ = [
+    "STAGE", "export_ipc", "decode_ipc", "IpcCache", "ipc_cache", "pinned", "device_to_host",
+    "host_to_device", "memmove_to", "memmove_from", "flat_u8", "cuda_usable",
+]
+
 STAGE = 16 << 20  # bytes per pinned staging chunk (two in flight)
 _export_lock = threading.Lock()
 

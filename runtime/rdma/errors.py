@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from ..errors import RuntimeErrorBase
 
+__all__ = [
+    "RDMAError", "RDMABufferError", "RDMASizeError", "RDMADTypeError", "RDMABufferDroppedError",
+    "RDMAOwnerDiedError", "RDMATimeoutError", "RDMAAuthError", "RDMATransportError",
+]
+
 
 class RDMAError(RuntimeErrorBase):
     """Base class of every data-plane error."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+__all__ = ["Handle"]
+
 
 @dataclass(frozen=True)
 class Handle:

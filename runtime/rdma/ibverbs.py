@@ -16,6 +16,11 @@ from typing import Any, Optional
 from ..config import config
 from .errors import RDMATimeoutError, RDMATransportError
 
+__all__ = [
+    "DEPTH", "CHUNK", "list_devices", "probe", "IbvContext", "IbvEndpoint", "qp_attr_for",
+    "rdma_wr", "open_context", "shared_context",
+]
+
 log = logging.getLogger("runtime.rdma")
 
 DEPTH = 32  # outstanding work requests per queue pair

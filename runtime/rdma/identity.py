@@ -10,6 +10,8 @@ from typing import Optional
 
 from ..config import config
 
+__all__ = ["host_id", "process_start_time", "process_alive", "session_secret"]
+
 @functools.lru_cache(maxsize=1)
 def host_id() -> str:
     """Hostname + boot id + pid namespace: equal only when pids mean the same process."""

@@ -13,6 +13,8 @@ try:  # torch is a dependency of the project, but keep memoryview-only use possi
 except ImportError:  # pragma: no cover
     torch = None  # type: ignore[assignment]
 
+__all__ = ["Span", "span_of", "check_dtype", "view_of"]
+
 
 @dataclass
 class Span:

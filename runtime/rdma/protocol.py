@@ -11,6 +11,14 @@ import socket
 import struct
 from typing import Optional
 
+__all__ = [
+    "MAGIC", "NONCE", "MAC", "OP_READ", "OP_WRITE", "OP_PIN", "OP_UNPIN", "OP_DROP", "OP_INFO",
+    "OP_IB_CONNECT", "OP_IB_MR", "OP_CUDA_IPC", "OP_CUDA_PIN", "ST_OK", "ST_UNKNOWN",
+    "ST_DROPPED", "ST_BOUNDS", "ST_ERROR", "REQUEST", "REPLY", "MAX_PAYLOAD", "ProtocolError",
+    "HandshakeRejected", "recv_exact", "recv_into_exact", "server_handshake", "client_handshake",
+    "send_request", "recv_request", "send_reply", "recv_reply",
+]
+
 MAGIC = b"MRDM\x01"  # protocol name + version
 NONCE = 16
 MAC = 32

@@ -8,6 +8,8 @@ from typing import Any, Optional
 
 from .memory import Span
 
+__all__ = ["Entry", "Lookup", "Registry"]
+
 
 class Entry:
     """One exported buffer. Holding a reference to the entry keeps its memory alive."""

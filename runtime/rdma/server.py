@@ -21,6 +21,11 @@ from .identity import process_start_time, session_secret
 from .memory import view_of
 from .registry import Entry, Registry
 
+__all__ = [
+    "HANDSHAKE_TIMEOUT", "PIN_REPLY", "INFO_REPLY", "MR_REPLY", "DataServer", "get_server",
+    "current_server",
+]
+
 log = logging.getLogger("runtime.rdma")
 
 HANDSHAKE_TIMEOUT = 5.0

@@ -7,6 +7,8 @@ import errno
 import os
 from typing import Optional
 
+__all__ = ["VMError", "available", "copy", "ptrace_scope"]
+
 _libc = ctypes.CDLL(None, use_errno=True)
 
 

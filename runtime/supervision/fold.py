@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+__all__ = ["compress_ranks", "ranks_phrase", "failure_key", "group", "folded_report", "late_line"]
+
 
 def compress_ranks(ranks: Iterable[int]) -> str:
     """`[0, 1, 2, 5, 7, 8]` -> `"0-2, 5, 7-8"`."""

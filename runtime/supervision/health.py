@@ -12,6 +12,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
+__all__ = [
+    "ActorState", "ProcStats", "ActorHealth", "waits_text", "MeshHealth", "HealthEvent",
+    "Subscriber", "HealthModel",
+]
+
 
 class ActorState(str, enum.Enum):
     STARTING = "starting"

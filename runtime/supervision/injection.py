@@ -14,6 +14,8 @@ from typing import Any, Optional
 
 from .._base import context as _context
 
+__all__ = ["push", "pop", "rules_here", "parse"]
+
 #: the open contexts, innermost last: each {"policies": {qcls: [p, s, mode]}, "supervisors":
 #: [qcls]}; mode "fail" (the actor fails) or "raise" (its next call raises InjectedFault)
 _stack: list[dict] = []

@@ -9,6 +9,8 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
+__all__ = ["blocks", "coalescing", "active", "defer", "flush"]
+
 _local = threading.local()
 #: how many threads are inside a block now: the per-op check reads this global first
 #: (a thread-local read costs more, and almost every op is issued outside any block)

@@ -24,6 +24,11 @@ from ._tensor import Tensor
 if TYPE_CHECKING:
     from .._meshes import ProcMesh
 
+__all__ = [
+    "reduce", "reduce_", "slice_to", "slice_mesh", "to_mesh", "mesh_rank", "backend_for",
+    "renew_groups",
+]
+
 _seq = itertools.count(1)
 _lock = threading.Lock()
 
@@ -58,11 +63,11 @@ class _Comm:
             import torch.distributed as dist
             from urllib.parse import urlparse
 
-            from .._meshes.host_mesh import _local_ip_for
+            from .._meshes.host_mesh import local_ip_for
 
             far = next(p for p in root._procs if p.host != rt.host and p.agent is not None)
             u = urlparse(far.agent.address)
-            host = _local_ip_for(u.hostname or far.host, u.port or 0)
+            host = local_ip_for(u.hostname or far.host, u.port or 0)
             self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
             self.rdv = ("tcp", host, self.store.port)
 

@@ -18,6 +18,11 @@ import torch.distributed as dist
 
 from ..config import config
 
+__all__ = [
+    "CollectiveError", "Groups", "agree", "reduce", "PACK_MAX_BYTES", "packable", "packed_reduce",
+    "exchange", "Collectives",
+]
+
 _OPS = {"sum": "SUM", "avg": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX"}
 
 
@@ -72,10 +77,10 @@ class Groups:
         if rdv[0] == "file":
             opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
         else:  # this proc's address on the route to the store: what the peers reach
-            from .._meshes.host_mesh import _local_ip_for
+            from .._meshes.host_mesh import local_ip_for
 
             opts._devices = [dist.ProcessGroupGloo.create_device(
-                hostname=_local_ip_for(rdv[1], rdv[2]))]
+                hostname=local_ip_for(rdv[1], rdv[2]))]
         opts._timeout = _timeout()
         return dist.ProcessGroupGloo(store, rank, n, opts)
 
@@ -354,7 +359,7 @@ class Collectives:
 def _exchange_vm(pg: Any, rank_of: dict, me: str, pairs: list, shard: Optional[torch.Tensor],
                  meta: tuple, pids: dict) -> Optional[torch.Tensor]:
     from ..rdma import vm
-    from ..rdma.client import _parallel, _split
+    from ..rdma.client import run_pieces, split_pieces
 
     shape, dtype, device = meta
     src_t = shard.contiguous() if shard is not None else None
@@ -379,7 +384,7 @@ def _exchange_vm(pg: Any, rank_of: dict, me: str, pairs: list, shard: Optional[t
         status = torch.tensor([1], dtype=torch.int64)
         try:
             if nbytes:
-                _parallel(_split(nbytes, int(config.rdma_vm_threads)),
+                run_pieces(split_pieces(nbytes, int(config.rdma_vm_threads)),
                           lambda off, n: vm.copy(pids[s], base + off, addr + off, n,
                                                  write=False))
         except OSError:  # not allowed here (ptrace policy): the sender sends the bytes

@@ -16,6 +16,8 @@ from ._tensor import Tensor, dispatch, scan
 if TYPE_CHECKING:
     from .._meshes import ProcMesh
 
+__all__ = ["get_active_mesh", "activate", "no_mesh"]
+
 _local = threading.local()
 _aten = torch.ops.aten
 #: ops with tensor inputs that still create a tensor on the active mesh from a local one

@@ -20,6 +20,11 @@ from ._worker import Failure, Worker
 if TYPE_CHECKING:
     from .._meshes import ActorMesh, ProcMesh
 
+__all__ = [
+    "ref_ids", "mesh_key", "Engine", "engine_for", "Sender", "sender", "then", "send_command",
+    "send_call",
+]
+
 _BATCH_MAX = 1000
 #: after a wake-up the sender lets ops gather into one message this long, or this long
 #: while a burst is under way (its last pass sent _BURST entries or more); a fetch, a call
@@ -28,7 +33,7 @@ _GATHER_S = 0.0003
 _GATHER_BURST_S = 0.002
 _BURST = 64
 log = logging.getLogger(__name__)
-_ids = itertools.count(1)
+ref_ids = itertools.count(1)
 
 
 def mesh_key(mesh: "ProcMesh") -> tuple:

@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from .._meshes import ProcMesh
     from ..value_mesh import ValueMesh
 
+__all__ = [
+    "RemoteTensorError", "fetch_shard", "inspect", "show", "engine_stats", "manual_seed", "flush",
+    "tensor_state", "tensor_html",
+]
+
 
 class RemoteTensorError(RuntimeError):
     """A mesh tensor could not be computed on a proc: names the op that failed there, the

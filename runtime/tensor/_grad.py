@@ -17,6 +17,8 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
 
+__all__ = ["GradGenerator", "grad_generator"]
+
 _JOIN_S = 60.0
 
 

@@ -9,6 +9,11 @@ from typing import Sequence, Union
 
 from ..shapes import Shape
 
+__all__ = [
+    "REDUCTIONS", "Dims", "MeshDimError", "normalize_dims", "reduce_groups", "group_size",
+    "reduce_shape", "check_inplace", "transfer_pairs", "product_coords",
+]
+
 REDUCTIONS = ("sum", "avg", "product", "min", "max", "stack")
 Dims = Union[str, Sequence[str]]
 

@@ -10,6 +10,11 @@ from typing import Any, Optional
 
 import torch
 
+__all__ = [
+    "CACHE_MAX", "cache", "HASHABLE", "ATOMS", "kind", "op_entry", "op_info", "tensor_key",
+    "key_of", "atom_key", "make_key", "cache_key", "lookup", "remember", "remember_inplace",
+]
+
 CACHE_MAX = 4096
 #: cache key -> (output descriptions, "tuple" | "list" | "" | "inplace")
 cache: dict = {}

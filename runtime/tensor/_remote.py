@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from ..value_mesh import ValueMesh
     from ._worker import Worker
 
+__all__ = [
+    "Propagator", "Remote", "remote", "call_on_shard_and_fetch", "run_call", "call_value",
+    "send_to_port",
+]
+
 Propagator = Union[None, str, Callable[..., Any]]
 log = logging.getLogger(__name__)
 

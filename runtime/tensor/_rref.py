@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._meshes.actor_mesh import ref_of, view_of
+from .._meshes.adverbs import endpoint_parts
 from ..shapes import Shape
 from ._remote import Remote
+
+__all__ = ["call_local_actor", "rref"]
 
 
 def call_local_actor(actors: Any, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -16,20 +20,22 @@ def call_local_actor(actors: Any, method: str, *args: Any, **kwargs: Any) -> Any
     from ..actor import context
 
     ctx = context()
-    proc_ids = actors._rec.proc_ids
+    rec = ref_of(actors).rec
+    proc_ids = rec.proc_ids
     if ctx is None or ctx.proc_id not in proc_ids:
-        raise RuntimeError(f"rref: actor mesh {actors._rec.name!r} has no actor on proc "
+        raise RuntimeError(f"rref: actor mesh {rec.name!r} has no actor on proc "
                            f"{ctx.proc_id if ctx else '?'} (spawn it on the mesh tensors' "
                            "proc mesh)")
-    mine = actors._new_with_shape(Shape((), (), (), proc_ids.index(ctx.proc_id)))
+    mine = view_of(actors, Shape((), (), (), proc_ids.index(ctx.proc_id)))
     return getattr(mine, method).call_one(*args, **kwargs).get()
 
 
 def rref(endpoint: Any, args: tuple, kwargs: dict) -> Any:
     """Mesh tensors of `endpoint`'s results (see the module docstring)."""
-    rec = endpoint._mesh._rec
-    name = f"{rec.cls_name}.{endpoint._name}"
-    prop = rec.propagates.get(endpoint._name)
+    mesh, ref, method = endpoint_parts(endpoint)
+    rec = ref.rec
+    name = f"{rec.cls_name}.{method}"
+    prop = rec.propagates.get(method)
     if prop is None or isinstance(prop, str):
         raise ValueError(f"{name}.rref() needs the shapes of the endpoint's results: declare "
                          f"it with @endpoint(propagate=fn), fn taking the endpoint's "
@@ -39,5 +45,4 @@ def rref(endpoint: Any, args: tuple, kwargs: dict) -> Any:
     def shapes(actors: Any, method: str, *a: Any, **k: Any) -> Any:
         return prop(*a, **k)
 
-    return Remote(call_local_actor, propagate=shapes)(endpoint._mesh, endpoint._name,
-                                                        *args, **kwargs)
+    return Remote(call_local_actor, propagate=shapes)(mesh, method, *args, **kwargs)

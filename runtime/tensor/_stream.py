@@ -12,6 +12,8 @@ from typing import Iterator
 
 from ._tensor import Tensor
 
+__all__ = ["Stream", "Borrow", "get_active_stream"]
+
 _local = threading.local()
 
 

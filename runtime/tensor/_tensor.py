@@ -11,13 +11,15 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from . import _coalescing
-from ._engine import Engine, _ids, engine_for, send_command, sender
+from ._engine import Engine, ref_ids, engine_for, send_command, sender
 from ._metacache import ATOMS, cache, cache_key, key_of, lookup, make_key, op_entry, \
     remember, remember_inplace, tensor_key
 from ._worker import Ref, local_shard
 
 if TYPE_CHECKING:
     from .._meshes import ActorMesh, ProcMesh
+
+__all__ = ["Tensor", "scan", "same_mesh", "dispatch"]
 
 _META = torch.device("meta")
 _SCALAR = torch.ops.aten._local_scalar_dense.default
@@ -60,7 +62,7 @@ def _make(size: Any, stride: Any, offset: int, dtype: torch.dtype,
     if meta is not None:
         r._meta_t = meta
     r.mesh = mesh
-    ref = r.ref = next(_ids)
+    ref = r.ref = next(ref_ids)
     r._engine, r._key, r._target = engine, key, target
     w = _live[ref] = _Freer(r, _freed)
     w.args = (engine, key, target, ref)

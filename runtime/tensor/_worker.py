@@ -18,6 +18,8 @@ from ..actor import Actor, context, endpoint
 from ..proc import add_heartbeat_field
 from ..transport.serialization import unpickling_paused
 
+__all__ = ["SHARD_WAIT_S", "Ref", "Failure", "resolve_op", "Worker", "local_shard"]
+
 #: the tensor-engine worker of this proc (a proc belongs to one root mesh: one worker)
 _WORKER: "Worker | None" = None
 _WORKER_UP = threading.Event()  # set once _WORKER is: an actor's call may overtake its spawn

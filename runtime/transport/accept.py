@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Optional
 
+__all__ = ["AcceptGuard"]
+
 log = logging.getLogger("runtime.transport")
 
 _QUIET_ERRORS = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN}

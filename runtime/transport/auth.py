@@ -28,6 +28,12 @@ import zmq
 
 from ..config import config
 
+__all__ = [
+    "TOKEN_BYTES", "new_token", "private_dir", "CurveKeys", "generate_keys", "write_key_file",
+    "check_key_dir", "check_key_file", "read_key_file", "cluster_token", "keys_from_env",
+    "TRUST_ALL", "user_key_path", "user_keys", "main",
+]
+
 TOKEN_BYTES = 16
 
 

@@ -23,6 +23,11 @@ from typing import Any, Callable, Optional, Sequence
 
 from .._base import features as _features
 
+__all__ = [
+    "MAGIC", "READ_TIMEOUT", "Held", "offload", "release", "is_bulk", "materialize", "discard",
+    "submit",
+]
+
 MAGIC = b"\x00MNBULK1"  # no pickle starts with a zero byte
 READ_TIMEOUT = 600.0
 _pool: Optional[ThreadPoolExecutor] = None

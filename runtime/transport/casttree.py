@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Collection, Iterable, Mapping, Optional, Sequence
 
+__all__ = ["Tree", "chunks", "build", "procs_of", "valid_node"]
+
 
 @dataclass
 class Tree:

@@ -20,6 +20,11 @@ from typing import Any, Iterator, Optional
 from .._base import features as _features
 from ..config import config
 
+__all__ = [
+    "IPC_TIMEOUT", "CUDAUnavailableError", "MissingCUDA", "sending", "swap_sending",
+    "restore_sending", "release", "reduce_cuda", "lenient", "find_missing", "name_argument",
+]
+
 _tls = threading.local()
 IPC_TIMEOUT = 30.0  # seconds a receiver waits for a shared tensor's copy
 

@@ -17,6 +17,14 @@ from typing import Any, Optional, Sequence
 
 import msgspec
 
+__all__ = [
+    "Kind", "Header", "OK", "ERROR", "FrameError", "encode_header", "decode_header",
+    "INLINE_BODY", "build", "parse", "peek_kind", "frames_nbytes", "summarize", "extra_get",
+    "reply_batch", "split_reply_batch", "PREAMBLE", "PREAMBLE_MAX", "NO_LIMIT", "MAX_FRAMES",
+    "IOV_MAX", "nbytes", "stream_parts", "stream_message", "preamble", "parse_preamble",
+    "advance", "StreamDecoder",
+]
+
 
 class Kind(enum.IntEnum):
     # actor traffic

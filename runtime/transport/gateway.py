@@ -48,6 +48,11 @@ from .listen import Listener
 if TYPE_CHECKING:
     from .loop import IOLoop
 
+__all__ = [
+    "HEARTBEAT_MS", "HEARTBEAT_TIMEOUT_MS", "MAX_PEERS", "client_gateways", "Resend", "Receipt",
+    "Gateway", "GatewayLink", "GatewayPeer", "main",
+]
+
 log = logging.getLogger("runtime.gateway")
 _NOBLOCK = int(zmq.NOBLOCK)
 _DEST = re.compile(r"tcp://[A-Za-z0-9._\-\[\]:]+:\d{1,5}")
@@ -298,9 +303,9 @@ class Gateway:
             return self._drop(f"a message to {dest} without the cluster's token")
         sock = self.out.pop(dest, None)  # most recently used last
         if sock is None:
-            from .peers import _push_socket
+            from .peers import push_socket
 
-            sock = _push_socket(self.ctx, dest, self.keys)
+            sock = push_socket(self.ctx, dest, self.keys)
             if len(self.out) >= MAX_PEERS:  # the least recently used goes (dialed again
                 old = next(iter(self.out))  # if it is needed again)
                 self.out.pop(old).close(linger=2000)

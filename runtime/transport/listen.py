@@ -15,6 +15,8 @@ import zmq
 
 from .auth import CurveKeys
 
+__all__ = ["HANDSHAKE_MS", "is_loopback_address", "Listener"]
+
 HANDSHAKE_MS = 5000  # unauthenticated peers are bounded in time (zmq drops them)
 
 log = logging.getLogger("runtime.transport")

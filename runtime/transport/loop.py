@@ -27,6 +27,8 @@ from .auth import CurveKeys
 from .listen import Listener
 from .peers import Peers
 
+__all__ = ["Handler", "IOLoop", "Timers", "LoopStats"]
+
 log = logging.getLogger("runtime.transport")
 
 Handler = Callable[[framing.Header, Any, list], None]

@@ -26,6 +26,11 @@ from .auth import CurveKeys, cluster_token
 if TYPE_CHECKING:
     from .loop import IOLoop
 
+__all__ = [
+    "GONE_KEPT", "RECONNECT_MAX_MS", "PREAMBLE_TIMEOUT_S", "MAX_UNIDENTIFIED", "Peers",
+    "WrappedPeer", "relay_peer", "agent_routed_peer", "ZmqPeer", "push_socket",
+]
+
 log = logging.getLogger("runtime.transport")
 _NOBLOCK = int(zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
@@ -289,7 +294,7 @@ class ZmqPeer:
         self.error = ""
         self.gone = False
         keys: Optional[CurveKeys] = loop.peer_keys.get(addr, loop.keys)
-        self.sock: Optional[zmq.Socket] = _push_socket(loop.ctx, addr, keys)
+        self.sock: Optional[zmq.Socket] = push_socket(loop.ctx, addr, keys)
 
     def send(self, frames: list, port: int = 0) -> None:
         error = ""
@@ -337,7 +342,7 @@ def _log_send_failed(addr: str, ports: list, error: str, gone: bool) -> None:
     log.warning("a send to %s failed (%s); %d call(s) lost", addr, error, len(ports))
 
 
-def _push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.Socket:
+def push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.Socket:
     s = ctx.socket(zmq.PUSH)
     s.setsockopt(zmq.SNDHWM, 0)
     s.setsockopt(zmq.LINGER, 2000)

@@ -25,6 +25,11 @@ import cloudpickle
 from ..config import config
 from ..errors import MessageTooLargeError, SerializationError
 
+__all__ = [
+    "PROTOCOL", "MAX_OUT_OF_BAND", "dumps_plain", "dumps", "swap_held", "keep_alive", "loads",
+    "unpickling_paused", "buffer_nbytes", "check_size",
+]
+
 PROTOCOL = 5
 #: out-of-band buffers (arrays, tensors) per pickled value; more go inside the pickle
 MAX_OUT_OF_BAND = 512

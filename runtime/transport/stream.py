@@ -24,6 +24,11 @@ from . import framing
 if TYPE_CHECKING:
     from .loop import IOLoop
 
+__all__ = [
+    "CONNECT_RETRY_S", "CONNECT_RETRY_MAX_S", "READS_PER_EVENT", "SNDBUF", "SendFailed",
+    "path_of", "listen", "OutboundState", "Outbound", "Inbound",
+]
+
 log = logging.getLogger("runtime.transport")
 
 #: the first retry of a connect to a socket not listening yet (a proc starting), doubling
