@@ -179,12 +179,7 @@ class Agent:
         fn(h, body, buffers)
 
     def _on_heartbeat(self, h: Header, body: Any, buffers: list) -> None:
-        e = h.extra
-        if isinstance(e, dict) and ("ping" in e or "pong" in e):  # relays of a cast tree
-            if "ping" in e and h.reply:
-                self.send(h.reply, Header(Kind.HEARTBEAT, extra={"pong": e["ping"]}))
-            elif isinstance(e.get("pong"), str):
-                self.casts.on_pong(e["pong"])
+        if self.casts.on_heartbeat(h):  # a cast tree's relays checking each other
             return
         if not self.owner_id or h.src == self.owner_id:  # not a controller taken over
             self.owner_last_seen = time.monotonic()

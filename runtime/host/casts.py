@@ -117,9 +117,18 @@ class CastRelay:
             self.loop.send(child, framing.build(self.token, Header(
                 Kind.HEARTBEAT, src=self.agent_id, reply=reply, extra={"ping": child})))
 
-    def on_pong(self, child: str) -> None:
-        """A child relay answered a ping: reachable."""
-        got = self.asked.get(child)
-        if got is not None:
-            got[1] = time.monotonic()
+    def on_heartbeat(self, h: Header) -> bool:
+        """A relay's ping (answered) or a child's answer to ours; False for any other
+        heartbeat (the controller's: the agent's own business)."""
+        e = h.extra
+        if not isinstance(e, dict) or ("ping" not in e and "pong" not in e):
+            return False
+        if "ping" in e and h.reply:
+            self.loop.send(h.reply, framing.build(self.token, Header(
+                Kind.HEARTBEAT, src=self.agent_id, extra={"pong": e["ping"]})))
+        elif isinstance(e.get("pong"), str):
+            got = self.asked.get(e["pong"])
+            if got is not None:  # reachable
+                got[1] = time.monotonic()
+        return True
 
