@@ -117,6 +117,8 @@ def _get_or_spawn_here(name: str, cls: type, args: tuple, kwargs: dict) -> Any:
         registry = rt.role.__dict__.setdefault("controllers", {})
         mesh = registry.get(name)
         if mesh is not None and not mesh.stopped:
+            from .actor_mesh import ref_of
+
             failed = ref_of(mesh).rec.failed
             if failed:  # as in Monarch: asking for a failed singleton raises its failure
                 f = failed[min(failed)]
