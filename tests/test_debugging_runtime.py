@@ -28,6 +28,20 @@ class Stepper(Actor):
         return z
 
     @endpoint
+    def drops_a_weak_member(self):
+        import weakref
+
+        class Held:
+            pass
+
+        held = weakref.WeakSet()
+        one = Held()
+        held.add(one)
+        breakpoint()
+        del one  # the WeakSet's callback runs here, on this thread
+        return len(held)
+
+    @endpoint
     def traced(self, x):
         import pdb
 
@@ -409,3 +423,20 @@ def test_quit_fails_the_call_with_bdbquit(procs, reg):
     assert isinstance(err, ActorError) and err.exception_type == "BdbQuit"
     assert m.disabled.call_one().get(10) == "ran through"  # the actor lives on
     m.stop().get(10)
+
+
+def test_a_step_does_not_stop_in_a_weakref_callback(procs, reg):
+    """`s` over a line that frees a WeakSet member: the collector's callback runs on the
+    actor's thread, and pdb steps over it to the endpoint's next line (it used to stop in
+    `_weakrefset._remove`, where a `q` was swallowed as an ignored exception)."""
+    m = procs.slice(procs=0).spawn("weakstep", Stepper)
+    fut = m.drops_a_weak_member.call_one()
+    (s,) = wait_paused(reg, drain=False)
+    text, _ = reg.wait(s, 5)
+    assert "-> del one" in text, text
+    text, _ = reg.run_command(s, "s")
+    assert "-> return len(held)" in text and "_weakrefset" not in text, text
+    assert reg.run_command(s, "c")[1] == "ended"
+    assert fut.get(10) == 0
+    m.stop().get(10)
+

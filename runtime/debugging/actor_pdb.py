@@ -30,8 +30,12 @@ __all__ = [
 log = logging.getLogger("runtime.debugging")
 
 #: modules whose frames pdb steps over (the runtime's own plumbing)
+# modules pdb never stops in: the runtime's own frames, and the standard library's weakref
+# callbacks, which the garbage collector may run on the actor's thread while it steps (a
+# stop there took the user's `q`, and its BdbQuit was swallowed as "Exception ignored")
 SKIP = ["runtime.proc", "runtime.proc.*", "runtime.debugging.*",
-        "runtime._core.*", "runtime._meshes.*", "runtime.future", "threading", "asyncio.*", "concurrent.*", "queue"]
+        "runtime._core.*", "runtime._meshes.*", "runtime.future", "threading", "asyncio.*",
+        "concurrent.*", "queue", "_weakrefset", "weakref"]
 
 ACK_TIMEOUT = 5.0  # seconds to wait for the controller to acknowledge a breakpoint
 _ids = itertools.count(1)
