@@ -167,9 +167,9 @@ def bench_rdma(sizes: list[int], reps: int) -> tuple[dict, dict]:
             res[("cuda->cpu", size)] = size / timed(
                 lambda: gbuf.read_into(host, timeout=t).get(), reps) / 1e9
             res[("cuda->cpu", size, "via")] = gbuf.last_transport
-            del dev, dev2, host, pinned
+            dev = dev2 = host = pinned = None  # freed (not `del`: the lambdas above name them)
             torch.cuda.empty_cache()
-        del shared
+        shared = None
     finally:
         try:
             here.send("exit")

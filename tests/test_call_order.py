@@ -12,7 +12,7 @@ import threading
 import pytest
 
 import runtime
-from runtime import Actor, SupervisionError, concurrent_endpoint, endpoint, this_host
+from runtime import Actor, Port, SupervisionError, concurrent_endpoint, endpoint, this_host
 
 from _actors import Ledger
 from _threads import run_in_threads

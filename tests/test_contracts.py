@@ -12,10 +12,11 @@ public API; runtime never imports them, and nothing outside runtime touches its 
   defines (a method moved out of its class as a function over the instance), beyond the
   known debt listed in FOREIGN_PRIVATE_DEBT, which may only shrink;
 - and no module imports a private name (`from M import _x`, not a module) from another
-  module, beyond PRIVATE_IMPORT_DEBT, which may only shrink.
+  module, beyond PRIVATE_IMPORT_DEBT, which may only shrink;
+- no name is used that is bound nowhere (pyflakes' undefined names, everywhere).
 
 Each scanner is also run on a snippet with a known violation, so these tests can fail.
-Fast (well under a second), no processes.
+Fast (a few seconds), no processes.
 """
 
 from __future__ import annotations
@@ -797,3 +798,41 @@ def test_the_all_scan_can_fail():
              ("c.py", ast.parse("from x import y\n__all__: list[str] = ['y']\n"))]
     assert all_violations(trees) == ["a.py: no __all__", "b.py: __all__ names 'g', not "
                                      "defined there"]
+
+
+# -- no undefined name -------------------------------------------------------------------------
+def _undefined_names(source: str, filename: str) -> list[str]:
+    """pyflakes' undefined names (a name used but bound nowhere: a call that raises NameError
+    only when its line runs) in `source`."""
+    import pyflakes.api
+    import pyflakes.messages as messages
+
+    found: list[str] = []
+
+    class Report:
+        def unexpectedError(self, name: str, msg: str) -> None:
+            found.append(f"{name}: {msg}")
+
+        def syntaxError(self, name: str, msg: str, line: int, col: int, text: str) -> None:
+            found.append(f"{name}:{line}: {msg}")
+
+        def flake(self, m: messages.Message) -> None:
+            if isinstance(m, (messages.UndefinedName, messages.UndefinedLocal,
+                              messages.UndefinedExport)):
+                found.append(str(m))
+
+    pyflakes.api.check(source, filename, Report())
+    return found
+
+
+def test_no_undefined_name_anywhere():
+    """Every name the code uses is bound: a merge once left `ref_of` unimported in a branch
+    only a cluster test ran."""
+    found = [m for p in py_files("runtime", *FRONT_ENDS, *OTHER_USERS, "tests")
+             for m in _undefined_names(p.read_text(), str(p.relative_to(ROOT)))]
+    assert not found, "\n".join(found)
+
+
+def test_the_undefined_name_scan_can_fail():
+    assert _undefined_names("def f():\n    return ref_of(1)\n", "x.py") == [
+        "x.py:2:12: undefined name 'ref_of'"]
