@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Generic, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 from .shapes import MeshTrait, Point, Shape
 
-__all__ = ["T", "ValueMesh"]
+__all__ = ["T", "ValueMesh", "map_values"]
 
 T = TypeVar("T")
 
@@ -70,3 +70,10 @@ class ValueMesh(MeshTrait, Generic[T]):
 
     def __reduce__(self) -> Any:
         return (ValueMesh, (self._shape, self._values, self._base))
+
+
+def map_values(vm: ValueMesh[Any], fn: Callable[[Any], Any]) -> ValueMesh[Any]:
+    """A ValueMesh of `fn` of each value of `vm`, over the same view and layout: `fn` runs
+    on every value `vm` holds, in its layout's rank order (those outside `vm`'s view too).
+    A function, not a method: a new public name on ValueMesh could shadow a user's."""
+    return ValueMesh(vm._shape, [fn(v) for v in vm._values], vm._base)

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from .._meshes.proc_mesh import all_procs, runtime_of
 from ..gpus import GPU_DIMS
 from ..shapes import row_major_strides
 from . import _coalescing as coalescing
 from ._engine import Engine, engine_for, send_command
 from ._groups import (Dims, check_inplace, group_size, normalize_dims, reduce_groups,
                       reduce_shape, transfer_pairs)
-from ._tensor import Tensor
+from ._tensor import Tensor, engine_of, placement, same_place
 
 if TYPE_CHECKING:
     from .._meshes import ProcMesh
@@ -39,7 +40,7 @@ class _Comm:
 
     def __init__(self, engine: Engine) -> None:
         root = engine.root
-        rt = root._rt
+        rt = runtime_of(root)
         self.gids: dict[tuple, str] = {}
         self.token = os.urandom(4).hex()
         self.dir: Optional[str] = None
@@ -65,7 +66,7 @@ class _Comm:
 
             from .._meshes.host_mesh import local_ip_for
 
-            far = next(p for p in root._procs if p.host != rt.host and p.agent is not None)
+            far = next(p for p in all_procs(root) if p.host != rt.host and p.agent is not None)
             u = urlparse(far.agent.address)
             host = local_ip_for(u.hostname or far.host, u.port or 0)
             self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
@@ -112,7 +113,7 @@ def _check_tensor(t: Any, what: str) -> Tensor:
 
 
 def _new_tensor(shape: tuple, like: Tensor, mesh: "ProcMesh") -> Tensor:
-    engine = like._engine
+    engine = engine_of(like)
     key, target = engine.target(mesh)
     stride = row_major_strides(shape)  # (not torch.empty: under an active mesh it is an op)
     return Tensor(shape, stride, 0, like.dtype, None, mesh, like.device, engine, key, target)
@@ -140,7 +141,7 @@ def reduce(t: Tensor, dims: Dims = (), reduction: str = "sum", scatter: bool = F
         check_inplace(reduction, scatter)
     if out is not None:
         out = _check_tensor(out, f"{what}(out=...)")
-        if out._key != t._key or out._engine is not t._engine:
+        if not same_place(out, t):
             raise ValueError(f"{what}(out=...): out lives on {out.mesh!r}, the input on "
                              f"{t.mesh!r}")
         if tuple(out.shape) != out_shape or out.dtype != t.dtype:
@@ -149,8 +150,8 @@ def reduce(t: Tensor, dims: Dims = (), reduction: str = "sum", scatter: bool = F
                              f"{t.dtype}")
     if mesh is not None:
         _check_submesh(mesh, t.mesh, what)
-    engine = t._engine
-    engine.check(t._key)
+    engine, key, target = placement(t)
+    engine.check(key)
     procs = [p.proc_id for p in t.mesh.procs]
     comm = _comm(engine)
     backend = backend_for(t)
@@ -165,8 +166,8 @@ def reduce(t: Tensor, dims: Dims = (), reduction: str = "sum", scatter: bool = F
             "meta": (tuple(t.shape), t.dtype),
             "label": f"{what}({', '.join(dims)}, reduction={reduction!r}"
                      f"{', scatter=True' if scatter else ''})"}
-    if mesh is not None or not coalescing.defer(engine, t._key, t._target, t, result, spec):
-        send_command(engine, t._key, t._target, ("coll", "reduce", t.ref, result.ref, spec))
+    if mesh is not None or not coalescing.defer(engine, key, target, t, result, spec):
+        send_command(engine, key, target, ("coll", "reduce", t.ref, result.ref, spec))
     if mesh is not None:
         return slice_to(result, mesh)
     return result
@@ -192,10 +193,11 @@ def _check_submesh(sub: "ProcMesh", mesh: "ProcMesh", what: str) -> None:
 def slice_to(t: Tensor, mesh: "ProcMesh") -> Tensor:
     """`t` seen on `mesh`, a slice of its mesh: a new handle on the same shards (a view:
     in-place changes through either show in both)."""
-    key, target = t._engine.target(mesh)
+    engine = engine_of(t)
+    key, target = engine.target(mesh)
     r = Tensor(t.shape, t.stride(), t.storage_offset(), t.dtype, None, mesh, t.device,
-               t._engine, key, target)
-    send_command(t._engine, key, target, ("alias", t.ref, r.ref))
+               engine, key, target)
+    send_command(engine, key, target, ("alias", t.ref, r.ref))
     return r
 
 
@@ -239,10 +241,11 @@ def _to_mesh(t: Tensor, mesh: "ProcMesh") -> Tensor:
     pairs = transfer_pairs(t.mesh.shape, mesh.shape)
     src = [p.proc_id for p in t.mesh.procs]
     dst = [p.proc_id for p in mesh.procs]
-    engine = t._engine
-    engine.check(t._key)
+    engine, key, target = placement(t)
+    engine.check(key)
     result = _new_tensor(tuple(t.shape), t, mesh)
-    engine.check(result._key)
+    _, result_key, result_target = placement(result)
+    engine.check(result_key)
     members = tuple(sorted(set(src + dst)))
     comm = _comm(engine)
     backend = backend_for(t)
@@ -253,9 +256,9 @@ def _to_mesh(t: Tensor, mesh: "ProcMesh") -> Tensor:
     if comm.rdv[0] == "file" and not t.is_cuda and _vm_ok():
         spec["pids"] = {p.proc_id: p.pid for p in t.mesh.procs}
     cmd = ("coll", "p2p", t.ref, result.ref, spec)
-    send_command(engine, t._key, t._target, cmd)
-    if result._key != t._key:
-        send_command(engine, result._key, result._target, cmd)
+    send_command(engine, key, target, cmd)
+    if result_key != key:
+        send_command(engine, result_key, result_target, cmd)
     return result
 
 

@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..future import Future
 from ._engine import engine_for, send_call, send_command
-from ._tensor import Tensor
+from ._tensor import Tensor, placement
 from ._worker import Failure
 
 if TYPE_CHECKING:
@@ -52,8 +52,8 @@ def _one_proc(t: Tensor, coords: dict) -> "ProcMesh":
 
 def _fetch_one(t: Tensor, coords: dict) -> Future:
     view = _one_proc(t, coords)
-    engine = t._engine
-    engine.check(t._key)
+    engine, key, _ = placement(t)
+    engine.check(key)
     target = engine.target(view)[1]
     ref = t.ref
 
@@ -66,7 +66,7 @@ def _fetch_one(t: Tensor, coords: dict) -> Future:
             raise RemoteTensorError(reply[1])
         return reply[1]
 
-    return send_call(engine, t._key, lambda: target.fetch.call_one(ref),
+    return send_call(engine, key, lambda: target.fetch.call_one(ref),
                      f"fetch_shard({coords or 'rank 0'})", finish, keepalive=t)
 
 
@@ -184,14 +184,14 @@ def flush(timeout: float = 30.0) -> None:
 def tensor_state(t: Tensor, timeout: float = 1.0) -> list[str]:
     """Per rank of `t`'s mesh: 'ready', 'failed: <op>', or 'pending' when the procs have
     not reached it within `timeout` seconds (they are still running earlier ops)."""
-    engine = t._engine
-    n = len(t._key)
+    engine, key, target = placement(t)
+    n = len(key)
     try:
-        engine.check(t._key)
+        engine.check(key)
     except BaseException as e:
         return [f"failed: {type(e).__name__}"] * n
-    target, ref = t._target, t.ref
-    fut = send_call(engine, t._key, lambda: target.state.call(ref), "tensor_state",
+    ref = t.ref
+    fut = send_call(engine, key, lambda: target.state.call(ref), "tensor_state",
                     lambda vm: list(vm.values()), keepalive=t)
     try:
         return fut.get(timeout=timeout)

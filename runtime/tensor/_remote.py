@@ -15,9 +15,10 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..future import Future
+from ..value_mesh import map_values
 from ._engine import engine_for, send_call, send_command, then
-from ._tensor import Tensor, same_mesh
-from ._worker import Failure, Ref
+from ._tensor import Tensor, placement, same_mesh
+from ._worker import Failure, Ref, fail_outputs
 
 if TYPE_CHECKING:
     from ..value_mesh import ValueMesh
@@ -166,14 +167,15 @@ _then = then
 
 
 def _values(vm: "ValueMesh") -> "ValueMesh":
-    from ..value_mesh import ValueMesh
+    """The workers' ("ok", value) replies unwrapped; the first ("failed", Failure) raises."""
     from ._fetch import RemoteTensorError
 
-    vals = list(vm._values)
-    for v in vals:
+    def value(v: tuple) -> Any:
         if v[0] == "failed":
             raise RemoteTensorError(v[1])
-    return ValueMesh(vm._shape, [v[1] for v in vals], vm._base)
+        return v[1]
+
+    return map_values(vm, value)
 
 
 def remote(function: Any = None, *, propagate: Propagator = None) -> Any:
@@ -213,7 +215,8 @@ def _where(name: str, args: tuple, kwargs: dict) -> tuple:
     found = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)]
     if found:
         first = same_mesh(found, f"remote({name}): arguments")
-        engine, key, target, mesh = first._engine, first._key, first._target, first.mesh
+        engine, key, target = placement(first)
+        mesh = first.mesh
     else:
         mesh = get_active_mesh()
         if mesh is None:
@@ -314,7 +317,7 @@ def run_call(worker: "Worker", cmd: tuple) -> None:
     worker.ops_run += 1
     (args, kwargs), bad = _inputs(worker, (args, kwargs), name)
     if bad is not None:
-        worker._fail(out_ids, bad)
+        fail_outputs(worker, out_ids, bad)
         return
     try:
         out = _fn_of(spec)(*args, **kwargs)
@@ -331,7 +334,7 @@ def run_call(worker: "Worker", cmd: tuple) -> None:
     except Exception as e:  # the proc lives on; the outputs are failed
         if expect is None:
             log.exception("remote(%s).broadcast failed on rank %s", name, worker.rank)
-        worker._fail(out_ids, _failure(name, worker.rank, e))
+        fail_outputs(worker, out_ids, _failure(name, worker.rank, e))
         return
     for i, t in zip(out_ids, leaves):
         worker.refs[i] = t

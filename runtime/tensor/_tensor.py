@@ -19,7 +19,7 @@ from ._worker import Ref, local_shard
 if TYPE_CHECKING:
     from .._meshes import ActorMesh, ProcMesh
 
-__all__ = ["Tensor", "scan", "same_mesh", "dispatch"]
+__all__ = ["Tensor", "scan", "same_mesh", "dispatch", "placement", "engine_of", "same_place"]
 
 _META = torch.device("meta")
 _SCALAR = torch.ops.aten._local_scalar_dense.default
@@ -140,6 +140,25 @@ class Tensor(torch.Tensor):
         sender.flush()
         keep_alive(self)  # a temporary (`t[0]`) must outlive the call: its free would race
         return (local_shard, (self.ref, self._key))
+
+
+# -- what the engine's other modules read of a mesh tensor (module-level: a public attribute
+# on Tensor would shadow a name of torch.Tensor's or a user's) ------------------------------
+
+def placement(t: Tensor) -> tuple[Engine, tuple, "ActorMesh"]:
+    """(engine, key, target) of the mesh tensor `t`: the engine that runs its ops, the key
+    of its procs and the worker actors on them (what `send_command` / `send_call` take)."""
+    return t._engine, t._key, t._target
+
+
+def engine_of(t: Tensor) -> Engine:
+    """The engine that runs the ops of the mesh tensor `t`."""
+    return t._engine
+
+
+def same_place(a: Tensor, b: Tensor) -> bool:
+    """Whether the mesh tensors `a` and `b` live on the same procs of the same engine."""
+    return a._key == b._key and a._engine is b._engine
 
 
 def _device_of(kwargs: dict, found: list, local: list) -> torch.device:

@@ -18,7 +18,7 @@ from ..actor import Actor, context, endpoint
 from ..proc import add_heartbeat_field
 from ..transport.serialization import unpickling_paused
 
-__all__ = ["SHARD_WAIT_S", "Ref", "Failure", "resolve_op", "Worker", "local_shard"]
+__all__ = ["SHARD_WAIT_S", "Ref", "Failure", "resolve_op", "Worker", "fail_outputs", "local_shard"]
 
 #: the tensor-engine worker of this proc (a proc belongs to one root mesh: one worker)
 _WORKER: "Worker | None" = None
@@ -280,6 +280,13 @@ class Worker(Actor):
         """Live and failed shard counts, the bytes the live shards hold, ops run."""
         return {"live": len(self.refs), "failed": len(self.failed), "bytes": self.held_bytes(),
                 "ops": self.ops_run, "rank": self.rank}
+
+
+def fail_outputs(worker: Worker, out_ids: list, failure: Failure) -> None:
+    """Mark the outputs `out_ids` of a command on `worker` failed with `failure` (their
+    shards dropped). A function beside the class, not a public method: a public method of an
+    Actor is one `as_endpoint` can call."""
+    worker._fail(out_ids, failure)
 
 
 def local_shard(ref: int, proc_ids: tuple) -> Any:
