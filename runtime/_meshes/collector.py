@@ -45,12 +45,21 @@ class CallInterrupt:
         self.rt.interrupt(self.procs, self.port)
 
     def cancel(self, label: str) -> None:
-        """Stop the call everywhere and fail it with CancelledError (any thread)."""
+        """Stop the call everywhere and fail it with CancelledError (any thread): on the
+        I/O thread, the call fails here first and only then are its actors told, so the
+        error reply of the handler they stop can never settle it first."""
         rt = self.rt
-        rt.interrupt(self.procs, self.port, cancel=True)
         exc = CancelledError(f"{label} was cancelled (Future.cancel()): its actors were "
                              "told to stop it and stay usable")
-        rt.loop.call_soon(rt.ports.fail, self.port, exc)
+
+        def now() -> None:
+            rt.ports.fail(self.port, exc)
+            rt.interrupt(self.procs, self.port, cancel=True)
+
+        if rt.loop.in_loop():
+            now()
+        else:
+            rt.loop.call_soon(now)
 
 
 class _Encoded:
