@@ -34,9 +34,12 @@ KEPT_ALLOC = ("%mesh alloc trainers --job process --hosts 1 --per-host procs=2 -
 PIDS = ('print("PIDS", json.dumps({"agents": sorted(trainers_job.agent_pids.values()), '
         '"procs": [p.pid for p in trainers.procs], "workdir": str(trainers_job.workdir)}))')
 ATTACH = "%mesh attach-job .monarch/jobs/trainers.pkl"
-AFTER = ('import json\nprint("AFTER", json.dumps({"values": sorted(counters.get.call().get().values()), '
+# one write, after the calls: a rank's forwarded output ("value is now 16") may otherwise
+# land between the pieces print() writes, inside the line
+AFTER = ('import json, sys\nafter = {"values": sorted(counters.get.call().get().values()), '
          '"procs": [p.pid for p in trainers.procs], '
-         '"incr": counters.slice(procs=0).incr.call_one(1).get()}))')
+         '"incr": counters.slice(procs=0).incr.call_one(1).get()}\n'
+         '_ = sys.stdout.write("AFTER " + json.dumps(after) + "\\n")')
 DASHBOARD = "import monarch_widgets\nmonarch_widgets.dashboard()"
 STOP = "%mesh stop trainers"
 MODEL = "() => window.jupyterapp.shell.currentWidget.context.model.toJSON()"
