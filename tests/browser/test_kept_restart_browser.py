@@ -31,8 +31,9 @@ ARTIFACTS = REPO / "test-artifacts"
 QUICKSTART = REPO / "notebooks" / "quickstart.ipynb"
 KEPT_ALLOC = ("%mesh alloc trainers --job process --hosts 1 --per-host procs=2 --keep 10m "
               "--no-progress")
-PIDS = ('print("PIDS", json.dumps({"agents": sorted(trainers_job.agent_pids.values()), '
-        '"procs": [p.pid for p in trainers.procs], "workdir": str(trainers_job.workdir)}))')
+PIDS = ('import sys\npids = {"agents": sorted(trainers_job.agent_pids.values()), '
+        '"procs": [p.pid for p in trainers.procs], "workdir": str(trainers_job.workdir)}\n'
+        '_ = sys.stdout.write("PIDS " + json.dumps(pids) + "\\n")')  # one write (see AFTER)
 ATTACH = "%mesh attach-job .monarch/jobs/trainers.pkl"
 # one write, after the calls: a rank's forwarded output ("value is now 16") may otherwise
 # land between the pieces print() writes, inside the line
