@@ -111,7 +111,7 @@ def _marked(cells: list[dict], mark: str) -> dict:
     raise AssertionError(f"no {mark} line in {[_outputs(c) for c in cells]}")
 
 
-def test_the_quickstart_restarted_in_the_middle_ends_with_the_same_actors(lab):
+def test_the_quickstart_restarted_in_the_middle_ends_with_the_same_actors(lab, tmp_path):
     from playwright.sync_api import sync_playwright
 
     lab.start_session("kept.ipynb", kernel="monarch")
@@ -184,6 +184,12 @@ def test_the_quickstart_restarted_in_the_middle_ends_with_the_same_actors(lab):
         finally:
             browser.close()
             kill_all(left)
+            saved = tmp_path / ".monarch" / "jobs" / "trainers.pkl"
+            if workdir is None and saved.exists():  # failed before the PIDS line was read
+                from runtime.job import Job
+
+                workdir = Path(Job.load(saved).workdir)
+                kill_all(_agents_of(workdir))
             if workdir is not None and workdir.exists():
                 import shutil
 
@@ -198,3 +204,15 @@ def _kernel_pid(lab) -> int:
             if "ipykernel" in " ".join(k.cmdline()) or "monarch_kernel" in " ".join(k.cmdline())]
     assert len(kids) == 1, [k.cmdline() for k in psutil.Process(lab.proc.pid).children()]
     return kids[0].pid
+
+
+def _agents_of(workdir: Path) -> dict[int, float]:
+    """The host agents of the kept job in `workdir` still running (a failed run's leftovers),
+    by pid with their start times, for kill_all."""
+    import psutil
+
+    pids = [p.pid for p in psutil.process_iter(["cmdline"])
+            if "runtime.host" in " ".join(p.info["cmdline"] or [])
+            and str(workdir) in " ".join(p.info["cmdline"] or [])]
+    return snapshot(pids)
+
