@@ -95,6 +95,14 @@ def _attach(job: Any) -> None:
         raise CliError(str(e)) from None
 
 
+def _running_job(a: argparse.Namespace) -> tuple[Any, Path, Any]:
+    """(job, its saved path, its owner's admin client or None) of `--job` or the current
+    job, checked running: what every command starts from."""
+    job, path = _load(a.job)
+    _check_running(job)
+    return job, path, _owner(job)
+
+
 def _remote(client: Any, op: str, args: dict, wait: float) -> Any:
     from .admin import AdminError
 
@@ -157,9 +165,7 @@ def _status(job: Any, client: Any) -> dict:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    job, path = _load(a.job)
-    _check_running(job)
-    client = _owner(job)
+    job, path, client = _running_job(a)
     st = _status(job, client)
     st["path"] = str(path)
     if a.json:
@@ -192,9 +198,7 @@ def cmd_exec(a: argparse.Namespace) -> int:
     code = sys.stdin.read() if a.code == "-" else a.code
     if a.rank is not None and a.rank < 0:
         raise CliError(f"rank {a.rank} is out of range: ranks start at 0")
-    job, _ = _load(a.job)
-    _check_running(job)
-    client = _owner(job)
+    job, _, client = _running_job(a)
     if client is not None:
         results = _remote(client, "job.exec", {"workdir": str(job.workdir), "mesh": a.mesh,
                                                "code": code, "rank": a.rank,
@@ -286,9 +290,7 @@ def cmd_shell(a: argparse.Namespace) -> int:
 
     if a.rank < 0:
         raise CliError(f"rank {a.rank} is out of range: ranks start at 0")
-    job, _ = _load(a.job)
-    _check_running(job)
-    client = _owner(job)
+    job, _, client = _running_job(a)
     if client is not None:
         info = _remote(client, "job.shell_open", {"workdir": str(job.workdir), "mesh": a.mesh,
                                                   "rank": a.rank}, 120.0)
@@ -328,9 +330,7 @@ def cmd_shell(a: argparse.Namespace) -> int:
 def cmd_kill(a: argparse.Namespace) -> int:
     from .job.context import clear_current_job, current_job_path
 
-    job, path = _load(a.job)
-    _check_running(job)
-    client = _owner(job)
+    job, path, client = _running_job(a)
     if client is not None:
         _remote(client, "job.kill", {"workdir": str(job.workdir)}, 90.0)
         how = f"by its owner (pid {client.pid})"
