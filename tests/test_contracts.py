@@ -13,6 +13,9 @@ public API; runtime never imports them, and nothing outside runtime touches its 
   known debt listed in FOREIGN_PRIVATE_DEBT, which may only shrink;
 - and no module imports a private name (`from M import _x`, not a module) from another
   module, beyond PRIVATE_IMPORT_DEBT, which may only shrink;
+- no module imports one that imports it back, directly or through others, counting
+  function-local and TYPE_CHECKING imports (a lazy import kept for import cost is marked
+  `# import cost`), beyond the known cycles of CYCLE_DEBT, which may only shrink;
 - no name is used that is bound nowhere (pyflakes' undefined names, everywhere).
 
 Each scanner is also run on a snippet with a known violation, so these tests can fail.
@@ -665,6 +668,246 @@ def test_runtime_parts_import_without_cycles():
 def test_part_cycle_finds_a_cycle():
     assert part_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert part_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+# -- no import cycle at all, lazy and TYPE_CHECKING imports included ----------------------------
+
+#: The kinds of an import, from the one that runs first to the one that never runs: at module
+#: level, inside a function (when it is called), under `if TYPE_CHECKING:` (the type checker).
+EDGE_KINDS = ("module-level", "function-local", "TYPE_CHECKING")
+#: The mark of a lazy import kept for import cost (torch, pdb, IPython, a heavy optional
+#: dependency), on a line of the import: such an import is no edge of the module graph.
+IMPORT_COST = "# import cost"
+
+#: The strongly connected components of the import graph of runtime, monarch_kernel and
+#: monarch_widgets (every import, lazy and TYPE_CHECKING ones too, but those marked
+#: `# import cost`), each the sorted tuple of its modules: the debt of 2026-12-07 (then 0
+#: cycles at module level, 9 with function-local imports, 12 with TYPE_CHECKING ones). It
+#: may only shrink: a new cycle fails the test, and so does an entry no longer found.
+CYCLE_DEBT: list[tuple[str, ...]] = [
+    ("monarch_kernel.views", "monarch_widgets"),
+    ("runtime._core", "runtime._core.failures", "runtime._core.liveness", "runtime._core.output",
+     "runtime._core.roles", "runtime._core.runtime"),
+    ("runtime._meshes.actor_mesh", "runtime._meshes.adverbs", "runtime._meshes.host_mesh",
+     "runtime._meshes.legacy", "runtime._meshes.local", "runtime._meshes.proc_mesh",
+     "runtime._meshes.reattach", "runtime._meshes.workspace_sync"),
+    ("runtime.debugging.actor_pdb", "runtime.debugging.proc_side"),
+    ("runtime.debugging.dap_client", "runtime.debugging.registry"),
+    ("runtime.host.agent", "runtime.host.queries"),
+    ("runtime.job", "runtime.job.alloc"),
+    ("runtime.job.base", "runtime.job.cache", "runtime.job.clients", "runtime.job.trait"),
+    ("runtime.job.local", "runtime.job.process"),
+    ("runtime.proc._actor_instance", "runtime.proc._endpoints", "runtime.proc._supervise"),
+    ("runtime.tensor._coalescing", "runtime.tensor._context", "runtime.tensor._engine",
+     "runtime.tensor._fetch", "runtime.tensor._remote", "runtime.tensor._tensor",
+     "runtime.tensor._worker"),
+    ("runtime.transport.loop", "runtime.transport.peers", "runtime.transport.stream"),
+]
+
+
+def _from_base(node: ast.ImportFrom, package: str) -> str:
+    """The module `from <base> import ...` names, a relative one resolved against `package`."""
+    base = node.module or ""
+    if node.level:
+        pkg = package.split(".")
+        pkg = pkg[:len(pkg) - (node.level - 1)]
+        base = ".".join(pkg + ([base] if base else []))
+    return base
+
+
+def import_edges(tree: ast.Module, package: str, is_module, source: str = ""
+                 ) -> Iterator[tuple[str, int, str]]:
+    """(imported module, line, kind) of every import in `tree`: at module level, in
+    functions and classes, under `if TYPE_CHECKING:`, and `importlib.import_module("a")`.
+    `import a.b` imports a.b; `from a import b` a.b when that is a module (`is_module`),
+    else a (grimp's reading). An import with `# import cost` on one of its lines is left
+    out (`source` is the text of `tree`)."""
+    lines = source.splitlines()
+
+    def cost(node: ast.AST) -> bool:
+        end = getattr(node, "end_lineno", None) or node.lineno
+        return any(IMPORT_COST in lines[i - 1] for i in range(node.lineno, end + 1)
+                   if i <= len(lines))
+
+    def targets(node: ast.AST) -> Iterator[str]:
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _from_base(node, package)
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                yield sub if a.name != "*" and is_module(sub) else base
+        elif isinstance(node, ast.Call) and node.args \
+                and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            fn = node.func
+            if (fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")) in \
+                    ("import_module", "__import__"):
+                yield node.args[0].value
+
+    def walk(node: ast.AST, kind: str) -> Iterator[tuple[str, int, str]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom, ast.Call)) and not cost(child):
+                for mod in targets(child):
+                    yield mod, child.lineno, kind
+            if isinstance(child, ast.If) and ast.unparse(child.test) in (
+                    "TYPE_CHECKING", "typing.TYPE_CHECKING"):
+                for stmt in child.body:
+                    yield from walk(ast.Module(body=[stmt], type_ignores=[]), EDGE_KINDS[2])
+                for stmt in child.orelse:
+                    yield from walk(ast.Module(body=[stmt], type_ignores=[]), kind)
+                continue
+            inner = EDGE_KINDS[1] if kind == EDGE_KINDS[0] and isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) else kind
+            yield from walk(child, inner)
+
+    yield from walk(tree, EDGE_KINDS[0])
+
+
+def strongly_connected(edges: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """The strongly connected components of the directed graph `edges` (node -> targets)
+    with more than one node, each a sorted tuple, in sorted order (Tarjan's, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[tuple[str, ...]] = []
+    nodes = sorted(set(edges) | {t for ts in edges.values() for t in ts})
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(edges.get(nxt, ())))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(tuple(sorted(component)))
+    return sorted(found)
+
+
+CycleGraph = dict[str, dict[str, dict[str, list[int]]]]
+
+
+@functools.lru_cache(maxsize=None)
+def module_graph() -> CycleGraph:
+    """importer -> imported -> kind -> lines, between the modules of runtime,
+    monarch_kernel and monarch_widgets."""
+    files = py_files("runtime", *FRONT_ENDS)
+    modules = {module_name(p) for p in files}
+    graph: CycleGraph = {}
+    for path in files:
+        me = module_name(path)
+        for mod, line, kind in import_edges(parse(path), package_of(path),
+                                            modules.__contains__, path.read_text()):
+            if mod in modules and mod != me:
+                graph.setdefault(me, {}).setdefault(mod, {}).setdefault(kind, []).append(line)
+    return graph
+
+
+def cycles_of(graph: CycleGraph, kinds: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The cycles (strongly connected components) through imports of the given kinds."""
+    return strongly_connected({a: {b for b, ks in targets.items() if set(ks) & set(kinds)}
+                               for a, targets in graph.items()})
+
+
+def cycle_counts(graph: CycleGraph) -> str:
+    """How many cycles there are at module level, with function-local imports, and with
+    TYPE_CHECKING ones as well."""
+    return ", ".join(f"{'with ' if i else ''}{kind}: {len(cycles_of(graph, EDGE_KINDS[:i + 1]))}"
+                     for i, kind in enumerate(EDGE_KINDS))
+
+
+def describe_cycle(graph: CycleGraph, component: tuple[str, ...]) -> str:
+    members = set(component)
+    edges = [f"  {a} -> {b} ({', '.join(f'{k} :{min(ls)}' for k, ls in kinds.items())})"
+             for a in component for b, kinds in sorted(graph.get(a, {}).items())
+             if b in members]
+    return "\n".join([" ".join(component)] + edges)
+
+
+def test_no_import_cycles():
+    """No module imports, even lazily or for the type checker only, one that imports it back
+    (directly or through others): each module can be read standing on the ones it imports.
+    A lazy import kept for import cost is marked `# import cost` on its line and is no edge.
+    The known cycles are CYCLE_DEBT, which may only shrink."""
+    graph = module_graph()
+    assert "runtime.actor" in graph and "monarch_kernel.magics" in graph  # it reads them all
+    found = cycles_of(graph, EDGE_KINDS)
+    counts = cycle_counts(graph)
+    new = [c for c in found if c not in CYCLE_DEBT]
+    assert not new, f"new import cycles ({counts}):\n" + "\n".join(
+        describe_cycle(graph, c) for c in new)
+    stale = [c for c in CYCLE_DEBT if c not in found]
+    assert not stale, f"no longer a cycle, remove from CYCLE_DEBT ({counts}): {stale}"
+
+
+CYCLE_SNIPPET = '''
+from typing import TYPE_CHECKING
+import pkg.b
+from . import c
+from .d import Thing
+if TYPE_CHECKING:
+    from pkg.e import E
+else:
+    import pkg.f
+
+def g():
+    from pkg import h, nothing
+    import torch   # import cost
+    from pkg.i import (   # import cost
+        I)
+    importlib.import_module("pkg.j")
+
+class K:
+    import pkg.k
+'''
+
+
+def test_import_edges_and_cycles_are_found():
+    modules = {f"pkg.{m}" for m in "abcdefhijk"} | {"pkg"}
+    got = sorted((m, k) for m, _, k in import_edges(ast.parse(CYCLE_SNIPPET), "pkg",
+                                                    modules.__contains__, CYCLE_SNIPPET))
+    top, func, tc = EDGE_KINDS
+    assert got == sorted([("typing", top), ("pkg.b", top), ("pkg.c", top), ("pkg.d", top),
+                          ("pkg.e", tc), ("pkg.f", top), ("pkg.h", func), ("pkg", func),
+                          ("pkg.j", func), ("pkg.k", top)]), got
+    assert strongly_connected({"a": {"b"}, "b": {"c", "d"}, "c": {"a"}, "d": {"e"},
+                               "e": {"d"}, "f": {"a"}, "g": {"g"}}) == [("a", "b", "c"),
+                                                                        ("d", "e")]
+    assert strongly_connected({"a": {"b"}, "b": {"c"}}) == []
+    # a long chain: iterative, no recursion limit
+    chain = {str(i): {str(i + 1)} for i in range(5000)} | {"5000": {"0"}}
+    assert len(strongly_connected(chain)) == 1
+    graph: CycleGraph = {"a": {"b": {top: [1]}}, "b": {"a": {func: [3]}, "c": {tc: [4]}},
+                         "c": {"b": {top: [2]}}}
+    assert cycles_of(graph, (top,)) == []
+    assert cycles_of(graph, (top, func)) == [("a", "b")]
+    assert cycles_of(graph, EDGE_KINDS) == [("a", "b", "c")]
+    assert cycle_counts(graph) == "module-level: 0, with function-local: 1, " \
+                                  "with TYPE_CHECKING: 1"
 
 
 def _feature_names(func: str) -> dict[str, list[str]]:
