@@ -697,7 +697,6 @@ CYCLE_DEBT: list[tuple[str, ...]] = [
     ("runtime.job", "runtime.job.alloc"),
     ("runtime.job.base", "runtime.job.cache", "runtime.job.clients", "runtime.job.trait"),
     ("runtime.job.local", "runtime.job.process"),
-    ("runtime.proc._actor_instance", "runtime.proc._endpoints", "runtime.proc._supervise"),
     ("runtime.tensor._coalescing", "runtime.tensor._context", "runtime.tensor._engine",
      "runtime.tensor._fetch", "runtime.tensor._remote", "runtime.tensor._tensor",
      "runtime.tensor._worker"),

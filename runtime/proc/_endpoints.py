@@ -9,7 +9,7 @@ Layer 6 (process roles, below `proc`): imports actor, channel and the basics.
 from __future__ import annotations
 
 import queue
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from ..actor import EndpointDef
 from ..channel import Port
@@ -18,9 +18,22 @@ from ..errors import SupervisionError, actor_failed_message
 if TYPE_CHECKING:
     import asyncio
 
-    from ._actor_instance import ActorInstance
+__all__ = ["ActorPort", "Mailbox", "ActorLoop", "adhoc_endpoint", "response_port", "is_fatal",
+           "failed_reply"]
 
-__all__ = ["Mailbox", "ActorLoop", "adhoc_endpoint", "response_port", "is_fatal", "failed_reply"]
+
+class ActorPort(Protocol):
+    """What the helpers below read of the actor they serve (the proc's ActorInstance,
+    which calls them): its user object, name and rank."""
+
+    @property
+    def instance(self) -> Any: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def rank(self) -> int: ...
 
 
 class Mailbox(queue.SimpleQueue):
@@ -176,7 +189,7 @@ def _set_done(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
-def adhoc_endpoint(a: "ActorInstance", h: Any) -> Optional[EndpointDef]:
+def adhoc_endpoint(a: ActorPort, h: Any) -> Optional[EndpointDef]:
     """The endpoint of an `as_endpoint(mesh.method)` call: a plain public method of the
     actor's class, marked so by the caller (None if this call is not one)."""
     e = h.extra
@@ -188,7 +201,7 @@ def adhoc_endpoint(a: "ActorInstance", h: Any) -> Optional[EndpointDef]:
     return EndpointDef(fn, explicit_response_port=e["as"] == "port")
 
 
-def response_port(a: "ActorInstance", h: Any) -> Port:
+def response_port(a: ActorPort, h: Any) -> Port:
     """The Port an explicit-response-port endpoint receives: it answers this call."""
     return Port(h.reply, h.port, a.rank)
 
@@ -204,7 +217,7 @@ def is_fatal(ep: EndpointDef, exc: BaseException) -> bool:
     return ep.explicit_response_port or not isinstance(exc, Exception)
 
 
-def failed_reply(a: "ActorInstance", cause: str) -> SupervisionError:
+def failed_reply(a: ActorPort, cause: str) -> SupervisionError:
     """What a call to a failed actor raises at its caller."""
     cls_name = type(a.instance).__name__ if a.instance is not None else "actor"
     ctx = getattr(a, "context", None)

@@ -19,19 +19,18 @@ import collections
 import inspect
 import logging
 import os
+import queue
 import random
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from ..errors import InjectedFault
 from ..supervision import MeshFailure
 
-if TYPE_CHECKING:
-    from ._actor_instance import ActorInstance
-
-__all__ = ["BATCH_QUIET_S", "BATCH_MAX_S", "Supervision", "Injector"]
+__all__ = ["BATCH_QUIET_S", "BATCH_MAX_S", "ActorLoopPort", "SupervisedActor", "Supervision",
+           "Injector"]
 
 log = logging.getLogger("runtime.proc")
 
@@ -41,11 +40,74 @@ BATCH_QUIET_S = 0.25
 BATCH_MAX_S = 1.0
 
 
+class ActorLoopPort(Protocol):
+    """What supervision does on an actor's event loop (its `_endpoints.ActorLoop`)."""
+
+    main_task: Any  # the async endpoint running, if any
+
+    def get(self) -> Any: ...
+
+    def run(self, coro: Any) -> Any: ...
+
+    def call_while_awaiting(self, fn: Any, *args: Any) -> None: ...
+
+
+class SupervisedActor(Protocol):
+    """What Supervision and Injector use of the actor they serve (the proc's ActorInstance,
+    which makes them): who it is, its state, mailbox and event loop, its proc (`server`:
+    the failures waiting there, whether it is stopping, its runtime's loop and ports), and
+    failing it."""
+
+    @property
+    def server(self) -> Any: ...
+
+    @property
+    def rt(self) -> Any: ...
+
+    @property
+    def actor_id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def class_name(self) -> Optional[str]: ...
+
+    @property
+    def qualified_class(self) -> Optional[str]: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def failed(self) -> Optional[str]: ...
+
+    @property
+    def instance(self) -> Any: ...
+
+    @property
+    def injector(self) -> "Injector": ...
+
+    @property
+    def mailbox(self) -> queue.SimpleQueue: ...
+
+    @property
+    def aloop(self) -> ActorLoopPort: ...
+
+    def set_state(self, state: str, endpoint: Optional[str] = None) -> None: ...
+
+    def fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None,
+             call: str = "", injected: bool = False) -> None: ...
+
+
 class Supervision:
     """One actor's supervision events and their delivery: `pending` (I/O thread only), then
     `ready` (handed to the actor thread, under `lock`), then `__supervise__` on each."""
 
-    def __init__(self, actor: "ActorInstance") -> None:
+    def __init__(self, actor: SupervisedActor) -> None:
         self.actor = actor
         self.lock = threading.Lock()
         self.pending: list[MeshFailure] = []
@@ -177,7 +239,7 @@ class Injector:
     the I/O thread every interval; a hit fails it between messages, `is_injected`), and
     whether its `__supervise__` sees injected failures only."""
 
-    def __init__(self, actor: "ActorInstance", rules: Optional[dict]) -> None:
+    def __init__(self, actor: SupervisedActor, rules: Optional[dict]) -> None:
         self.actor = actor
         qcls = actor.qualified_class or ""
         self.policy: Optional[list] = ((rules or {}).get("policies") or {}).get(qcls)
@@ -237,7 +299,7 @@ class Injector:
                                 f"{a.class_name} {a.name} (rank {a.rank}); the actor lives on")
 
     @staticmethod
-    def _fail(a: "ActorInstance") -> None:
+    def _fail(a: SupervisedActor) -> None:
         """Fail the actor on purpose (its thread): its owner hears `is_injected`."""
         if a.failed is None and a.state != "stopped":
             log.warning("injecting actor failure: %s[%d]", a.name, a.rank)
