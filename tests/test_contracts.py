@@ -700,7 +700,6 @@ CYCLE_DEBT: list[tuple[str, ...]] = [
     ("runtime.tensor._coalescing", "runtime.tensor._context", "runtime.tensor._engine",
      "runtime.tensor._fetch", "runtime.tensor._remote", "runtime.tensor._tensor",
      "runtime.tensor._worker"),
-    ("runtime.transport.loop", "runtime.transport.peers", "runtime.transport.stream"),
 ]
 
 

@@ -16,19 +16,16 @@ import collections
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 import zmq
 
 from . import framing, stream
 from .auth import CurveKeys, cluster_token
 
-if TYPE_CHECKING:
-    from .loop import IOLoop
-
 __all__ = [
-    "GONE_KEPT", "RECONNECT_MAX_MS", "PREAMBLE_TIMEOUT_S", "MAX_UNIDENTIFIED", "Peers",
-    "WrappedPeer", "relay_peer", "agent_routed_peer", "ZmqPeer", "push_socket",
+    "GONE_KEPT", "RECONNECT_MAX_MS", "PREAMBLE_TIMEOUT_S", "MAX_UNIDENTIFIED", "PeersLoop",
+    "Peers", "WrappedPeer", "relay_peer", "agent_routed_peer", "ZmqPeer", "push_socket",
 ]
 
 log = logging.getLogger("runtime.transport")
@@ -43,10 +40,37 @@ PREAMBLE_TIMEOUT_S = 10.0
 MAX_UNIDENTIFIED = 64
 
 
+class PeersLoop(stream.ConnectionLoop, Protocol):
+    """What the connections table and its peers use of their I/O loop (`loop.IOLoop`): what
+    a connection uses, and the process's session token and keys, the keys of TCP peers of
+    other clusters, its relay (a proc's host agent), gateways and zmq context."""
+
+    @property
+    def peers(self) -> "Peers": ...
+
+    @property
+    def token(self) -> bytes: ...
+
+    @property
+    def keys(self) -> Optional[CurveKeys]: ...
+
+    @property
+    def peer_keys(self) -> dict[str, CurveKeys]: ...
+
+    @property
+    def relay(self) -> str: ...
+
+    @property
+    def gateways(self) -> dict[bytes, Any]: ...
+
+    @property
+    def ctx(self) -> zmq.Context: ...
+
+
 class Peers:
     """The connections of one I/O loop's process."""
 
-    def __init__(self, loop: "IOLoop") -> None:
+    def __init__(self, loop: PeersLoop) -> None:
         self.loop = loop
         #: fn(address, ports, error): a send failed, the calls on `ports` must fail
         self.on_send_failed: stream.SendFailed = _log_send_failed
@@ -244,7 +268,7 @@ class WrappedPeer:
 
     opened = False
 
-    def __init__(self, loop: "IOLoop", addr: str, via: str, head: bytes) -> None:
+    def __init__(self, loop: PeersLoop, addr: str, via: str, head: bytes) -> None:
         self.loop = loop
         self.addr = addr
         self.via = via
@@ -265,14 +289,14 @@ class WrappedPeer:
         return 0
 
 
-def relay_peer(loop: "IOLoop", addr: str) -> WrappedPeer:
+def relay_peer(loop: PeersLoop, addr: str) -> WrappedPeer:
     """`addr` on another host, for a proc: through its host agent (`loop.relay`)."""
     head = framing.build(loop.token, framing.Header(
         framing.Kind.RELAY, src=loop.name, extra={"to": addr}))[0]
     return WrappedPeer(loop, addr, loop.relay, head)
 
 
-def agent_routed_peer(loop: "IOLoop", addr: str) -> WrappedPeer:
+def agent_routed_peer(loop: PeersLoop, addr: str) -> WrappedPeer:
     """The proc at `tcp://AGENT#PROC`: through its agent, with that cluster's token."""
     agent, _, proc = addr.partition("#")
     keys = loop.peer_keys.get(addr) or loop.peer_keys.get(agent, loop.keys)
@@ -286,7 +310,7 @@ class ZmqPeer:
     """The zmq PUSH socket this process sends one TCP peer with (any thread, under a lock:
     one socket per peer keeps this process's messages to it in order)."""
 
-    def __init__(self, loop: "IOLoop", addr: str) -> None:
+    def __init__(self, loop: PeersLoop, addr: str) -> None:
         self.loop = loop
         self.addr = addr
         self.lock = threading.Lock()

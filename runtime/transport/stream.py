@@ -16,17 +16,15 @@ import os
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
+from typing import Any, Callable, Literal, Optional, Protocol
 
 from ..config import config
 from . import framing
 
-if TYPE_CHECKING:
-    from .loop import IOLoop
-
 __all__ = [
     "CONNECT_RETRY_S", "CONNECT_RETRY_MAX_S", "READS_PER_EVENT", "SNDBUF", "SendFailed",
-    "path_of", "listen", "OutboundState", "Outbound", "Inbound",
+    "ConnectionEvents", "LoopCounters", "ConnectionLoop", "path_of", "listen",
+    "OutboundState", "Outbound", "Inbound",
 ]
 
 log = logging.getLogger("runtime.transport")
@@ -48,6 +46,57 @@ _IN, _OUT = 1, 2  # zmq.POLLIN, zmq.POLLOUT (the loop polls with zmq.Poller)
 #: fn(address, ports, error text, gone): a send failed; the calls on `ports` must fail (I/O
 #: thread). `gone`: the peer closed its end or no longer listens (it exited or is exiting)
 SendFailed = Callable[[str, list, str, bool], None]
+
+
+class ConnectionEvents(Protocol):
+    """What a connection tells the table of its process's connections (`peers.Peers`), on
+    the I/O thread: a send failed, an outgoing connection broke, an incoming one named its
+    sender or ended."""
+
+    def send_failed(self, addr: str, ports: list, error: str, gone: bool = False) -> None: ...
+
+    def dropped(self, peer: Any) -> None: ...
+
+    def identified(self, inbound: "Inbound") -> None: ...
+
+    def closed(self, inbound: "Inbound") -> None: ...
+
+
+class LoopCounters(Protocol):
+    """The loop's counter a connection adds to: messages dropped."""
+
+    dropped: int
+
+
+class ConnectionLoop(Protocol):
+    """What a connection calls on the I/O loop it runs on (`loop.IOLoop`): run a call on
+    the I/O thread (now, later), watch its socket, hand a message received to the process,
+    and the process's name, session tokens, connections table and counters."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def tokens(self) -> list[bytes]: ...
+
+    @property
+    def thread_id(self) -> Optional[int]: ...
+
+    @property
+    def peers(self) -> ConnectionEvents: ...
+
+    @property
+    def stats(self) -> LoopCounters: ...
+
+    def schedule(self, fn: Callable, *args: Any) -> None: ...
+
+    def call_later(self, delay: float, fn: Callable, *args: Any) -> None: ...
+
+    def watch(self, fd: int, events: int, fn: Callable[[int], None]) -> None: ...
+
+    def unwatch(self, fd: int) -> None: ...
+
+    def dispatch(self, frames: list) -> None: ...
 
 
 def path_of(addr: str) -> str:
@@ -82,7 +131,7 @@ class Outbound:
     socket is writable (the I/O thread never waits). A broken connection fails the calls
     of every message it had not written, and of every later one."""
 
-    def __init__(self, loop: "IOLoop", addr: str, hello: list,
+    def __init__(self, loop: ConnectionLoop, addr: str, hello: list,
                  wait_for_listener: bool = True) -> None:
         self.loop = loop
         self.addr = addr
@@ -320,7 +369,7 @@ class Inbound:
     """A connection a peer dialed to this process (I/O thread only): read, cut into
     messages, handed on in order. Its first message names the sender (`peer`)."""
 
-    def __init__(self, loop: "IOLoop", sock: socket.socket) -> None:
+    def __init__(self, loop: ConnectionLoop, sock: socket.socket) -> None:
         self.loop = loop
         self.sock = sock
         self.fd = sock.fileno()
