@@ -16,21 +16,32 @@ import json
 import logging
 import re
 import socket
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping, Protocol
 
 from ..transport.framing import ERROR, OK, Header, Kind
 from .. import stacks
 from . import logfiles
+from .output import ProcPipes
 
-if TYPE_CHECKING:
-    from .agent import Agent
-
-__all__ = ["answer"]
+__all__ = ["QueriedAgent", "answer"]
 
 log = logging.getLogger("runtime.host")
 
 
-def _logs(agent: "Agent", q: dict) -> dict[str, Any]:
+class QueriedAgent(Protocol):
+    """What a question reads of the host agent it asks (`agent.Agent`, which answers on a
+    thread of its own): its log files, its procs, and sending the reply."""
+
+    @property
+    def logs(self) -> logfiles.AgentLogs: ...
+
+    @property
+    def procs(self) -> Mapping[str, ProcPipes]: ...
+
+    def send(self, addr: str, h: Header, body: bytes = b"") -> None: ...
+
+
+def _logs(agent: QueriedAgent, q: dict) -> dict[str, Any]:
     rank, tail, grep = q.get("rank"), q.get("tail"), q.get("grep")
     if grep:
         re.compile(grep)  # a bad pattern is the caller's error (ValueError below)
@@ -40,7 +51,7 @@ def _logs(agent: "Agent", q: dict) -> dict[str, Any]:
     return {"host": socket.gethostname(), "dir": str(d or ""), "procs": procs}
 
 
-def _stacks(agent: "Agent", q: dict) -> dict[str, Any]:
+def _stacks(agent: QueriedAgent, q: dict) -> dict[str, Any]:
     proc_id = str(q.get("proc", ""))
     pp = agent.procs.get(proc_id)
     if pp is None:
@@ -53,7 +64,7 @@ def _stacks(agent: "Agent", q: dict) -> dict[str, Any]:
 _OPS = {"logs": _logs, "stacks": _stacks}
 
 
-def answer(agent: "Agent", h: Header) -> None:
+def answer(agent: QueriedAgent, h: Header) -> None:
     """Answer query `h` (any thread): the REPLY goes to `h.reply`, port `h.port`."""
     q = h.extra or {}
     status, body = OK, b""
