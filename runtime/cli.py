@@ -35,7 +35,7 @@ class CliError(Exception):
 
 def _load(path: Optional[str]) -> tuple[Any, Path]:
     from .job import JobError
-    from .job.cache import job_load
+    from .job.trait import job_load
     from .job.context import current_job_path, load_current_job
 
     try:

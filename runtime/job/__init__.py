@@ -14,7 +14,7 @@ Layer 8 (a feature): may import every layer below (`_meshes` included); nothing 
 """
 from .alloc import AllocSpec
 from .base import Job, JobError, JobState, TelemetryConfig
-from .cache import DEFAULT_JOB_PATH, job_load, job_loads
+from .trait import DEFAULT_JOB_PATH, job_load, job_loads
 from .context import load_current_job, set_current_job
 from .kubernetes import KubernetesJob
 from .local import LocalJob

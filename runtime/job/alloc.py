@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from .base import Job, check_meshes
+from .kubernetes import KubernetesJob
+from .local import LocalJob
+from .process import ProcessJob
+from .slurm import SlurmJob
+from .ssh import SSHJob
 
 __all__ = ["KINDS", "OPTIONS", "AllocSpec", "saved_job_path"]
 
@@ -67,8 +72,6 @@ class AllocSpec:
 
     def make_job(self) -> Job:
         """The Job this spec describes (not started)."""
-        from . import KubernetesJob, LocalJob, ProcessJob, SlurmJob, SSHJob
-
         meshes = {self.name: self.hosts}
         opts = dict(self.options)
         if self.kind == "local":

@@ -7,6 +7,7 @@ returns one `HostMesh` per mesh name. `kill()` stops the meshes and cancels the 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -17,37 +18,19 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
-from .trait import JobTrait
+from .clients import register_owner
+from .trait import JobError, JobState, JobTrait, job_load
 
 __all__ = [
     "ADDRESS_RE", "JobError", "JobState", "check_meshes", "parse_address", "slots", "private_dir",
-    "make_key_file", "read_address_files", "tail", "Job", "adopt_saved", "admin_address",
+    "make_key_file", "read_address_files", "tail", "Job", "adopt_saved", "adopt", "admin_address",
     "TelemetryConfig",
 ]
 
+log = logging.getLogger(__name__)
+
 ADDRESS_RE = re.compile(r"^tcp://(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-class JobError(RuntimeError):
-    """A job could not start its agents, lost them before attaching, or was misconfigured."""
-
-
-class JobState(dict):
-    """Mesh name -> HostMesh; also readable as attributes (`state.trainers`), as Monarch's
-    `monarch.job.JobState`. `admin_url` is the controller's admin endpoint once the job's
-    `enable_admin()`/`enable_telemetry()` was called (else None); there is no telemetry
-    service (`telemetry_url`, `query_engine` stay None)."""
-
-    query_engine = None
-    telemetry_url = None
-    admin_url = None
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"job has no mesh {name!r}; meshes: {sorted(self)}") from None
 
 
 def check_meshes(meshes: dict[str, int]) -> dict[str, int]:
@@ -303,15 +286,13 @@ class Job(JobTrait, ABC):
             for name, hm in self._state.items():
                 again[name] = hm.slice()  # a new view, the same shape
             return again
-        from . import cache
-
         path = self.default_cached_path if cached_path is ... else cached_path
         started_here = False
         if path is not None and not self.cacheable:
             raise JobError(f"a {type(self).__name__}'s agents exit with this process, so it "
                            f"cannot be cached; pass cached_path=None (or use ProcessJob)")
         if not self._launched:
-            if path is None or not cache.adopt(self, path):
+            if path is None or not adopt(self, path):
                 self._apply_for_state(cached=path is not None)
                 started_here = True
         found = self.wait_addresses(timeout)
@@ -334,8 +315,6 @@ class Job(JobTrait, ABC):
         self._state = self._with_admin(state)
         if path is not None and started_here:
             self.dump(path)
-        from .clients import register_owner
-
         register_owner(self)  # its terminal clients ask through this controller's endpoint
         return state
 
@@ -431,9 +410,7 @@ class Job(JobTrait, ABC):
     def load(path: str | os.PathLike) -> "Job":
         """A job saved with `dump()`; its agents must still be running. The file must be
         ours and not writable by others (it is unpickled)."""
-        from . import cache
-
-        return cache.job_load(path)
+        return job_load(path)
 
     def _after_load(self) -> None:
         """Reset what `_transient` left out of a saved job."""
@@ -452,9 +429,28 @@ class Job(JobTrait, ABC):
 
 def adopt_saved(spec: "Job", saved: "Job") -> None:
     """Make `spec` the job `saved` (read back from its file): its fields, less what `spec`
-    keeps out of a saved job (`_transient`), then reset those (runtime.job.cache)."""
+    keeps out of a saved job (`_transient`), then reset those."""
     spec.__dict__.update({k: v for k, v in saved.__dict__.items() if k not in spec._transient})
     spec._after_load()
+
+
+def adopt(spec: "Job", path: str | os.PathLike) -> bool:
+    """Make `spec` the running job saved at `path` when that job `can_run(spec)`; a saved job
+    that cannot is killed and its file removed (as Monarch does). True when adopted."""
+    try:
+        cached = job_load(path)
+    except FileNotFoundError:
+        return False
+    if not cached.can_run(spec):
+        log.info("cached job at %s cannot run %r: replacing it", path, spec)
+        try:
+            cached.kill()
+        except Exception as e:  # gone already: removing its file is what matters
+            log.info("killing the cached job failed: %s", e)
+        Path(path).unlink(missing_ok=True)
+        return False
+    adopt_saved(spec, cached)
+    return True
 
 
 def admin_address() -> str:

@@ -21,16 +21,34 @@ import socket
 import sys
 import threading
 import traceback
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from ..actor import Actor, context, endpoint
-from .base import JobError
+from .trait import JobError
 
-if TYPE_CHECKING:
-    from .base import Job
+
+class OwnedJob(Protocol):
+    """What the clients' operations use of a job (a `base.Job`, which registers itself
+    here when it attaches): its directory, kind and meshes, whether it runs, its live proc
+    meshes, and killing it."""
+
+    kind: str
+    meshes: dict[str, int]
+    workdir: Path | None
+
+    @property
+    def active(self) -> bool: ...
+
+    def proc_mesh(self, name: str, timeout: float = 30.0) -> Any: ...
+
+    def proc_mesh_names(self, timeout: float = 30.0) -> list[str]: ...
+
+    def kill(self) -> None: ...
+
 
 _lock = threading.Lock()
-_owned: dict[str, "Job"] = {}  # job directory -> the job this controller attached
+_owned: dict[str, OwnedJob] = {}  # job directory -> the job this controller attached
 _served: set[int] = set()  # ids of the admin servers the handlers are registered on
 
 
@@ -130,12 +148,12 @@ class ShellActor(Actor):
 
 # -- the operations (in the owner, or in a terminal that attached) ---------------------------
 
-def _proc_meshes(job: "Job") -> dict[str, Any]:
+def _proc_meshes(job: OwnedJob) -> dict[str, Any]:
     """name -> ProcMesh of the job's live proc meshes (kept ones adopted first)."""
     return {name: job.proc_mesh(name) for name in job.proc_mesh_names()}
 
 
-def find_proc_mesh(job: "Job", mesh: str) -> Any:
+def find_proc_mesh(job: OwnedJob, mesh: str) -> Any:
     """The job's live proc mesh `mesh`; KeyError naming those there are."""
     meshes = _proc_meshes(job)
     if mesh not in meshes:
@@ -144,7 +162,7 @@ def find_proc_mesh(job: "Job", mesh: str) -> Any:
     return meshes[mesh]
 
 
-def exec_code(job: "Job", mesh: str, code: str, rank: int | None = None,
+def exec_code(job: OwnedJob, mesh: str, code: str, rank: int | None = None,
               timeout: float = 60.0) -> list[dict]:
     """Run `code` on every proc of proc mesh `mesh` (or on flat rank `rank`): one dict per
     rank (rank, host, pid, stdout, stderr, error), by rank. KeyError for an unknown mesh,
@@ -171,7 +189,7 @@ def _check_rank(pm: Any, mesh: str, rank: int) -> None:
 _shells: dict[str, Any] = {}  # session id -> the ShellActor mesh (one actor) it talks to
 
 
-def shell_open(job: "Job", mesh: str, rank: int = 0, timeout: float = 60.0) -> dict:
+def shell_open(job: OwnedJob, mesh: str, rank: int = 0, timeout: float = 60.0) -> dict:
     """Start a shell on flat rank `rank` of proc mesh `mesh`: a ShellActor spawned on that
     proc alone. Returns {"session", "rank", "host", "pid"}; KeyError / IndexError for an
     unknown mesh or rank."""
@@ -216,7 +234,7 @@ def _stop(am: Any) -> None:
         pass
 
 
-def status_of(job: "Job") -> dict:
+def status_of(job: OwnedJob) -> dict:
     """What `status` prints: the job, its proc meshes (procs, states, actors), lost calls."""
     meshes = []
     lost = []
@@ -235,7 +253,7 @@ def status_of(job: "Job") -> dict:
 
 # -- the owner's side ------------------------------------------------------------------------
 
-def register_owner(job: "Job") -> None:
+def register_owner(job: OwnedJob) -> None:
     """`job` is attached by this controller: its admin endpoint serves the job's clients."""
     from ..config import config
 
@@ -266,7 +284,7 @@ def register_owner(job: "Job") -> None:
     srv.register("job.shell_close", shell_close)
 
 
-def _job(workdir: str) -> "Job":
+def _job(workdir: str) -> OwnedJob:
     with _lock:
         job = _owned.get(str(workdir))
     if job is None or not job.active:
@@ -294,12 +312,12 @@ def _kill(workdir: str) -> bool:
     return True
 
 
-def owned_jobs() -> list["Job"]:
+def owned_jobs() -> list[OwnedJob]:
     """The jobs this controller attached and has not killed."""
     with _lock:
         return [j for j in _owned.values() if j.active]
 
 
-__all__ = ["ExecActor", "JobError", "ShellActor", "exec_code", "find_proc_mesh",
+__all__ = ["ExecActor", "JobError", "OwnedJob", "ShellActor", "exec_code", "find_proc_mesh",
            "owned_jobs", "register_owner", "shell_close", "shell_open", "shell_run",
            "status_of"]

@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .base import JobError
-from .cache import DEFAULT_JOB_PATH
+from .trait import DEFAULT_JOB_PATH, JobError
 
 if TYPE_CHECKING:
     from .base import Job
@@ -33,7 +32,7 @@ def set_current_job(path: str | os.PathLike) -> Path:
     """Make the job saved at `path` (by `Job.dump`, `state(cached_path=...)` or `%mesh alloc
     ... --keep`) the current one for this directory; returns its absolute path. JobError
     when `path` holds no saved job this user may load."""
-    from .cache import job_load
+    from .trait import job_load
 
     p = Path(path).expanduser().resolve()
     try:
@@ -73,7 +72,7 @@ def clear_current_job() -> None:
 def load_current_job() -> "Job":
     """The current job, loaded from its file (not attached yet: call `.state()`, as with
     Monarch's). JobError saying what to do when there is none or its file is gone."""
-    from .cache import job_load
+    from .trait import job_load
 
     path = current_job_path()
     if path is None:

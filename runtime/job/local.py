@@ -11,11 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Sequence
 
 from ..config import config
-from .base import Job, JobError, read_address_files, slots, tail
+from .base import Job, JobError, JobState, read_address_files, slots, tail
 
-__all__ = ["agent_argv", "LocalJob"]
+__all__ = ["agent_argv", "LocalJob", "ThisHostJob"]
 
 
 def agent_argv(python: str, listen: str, key_file: Path, address_file: Path,
@@ -44,9 +45,7 @@ class LocalJob(Job):
 
     def __new__(cls, hosts: object = None, **kw: object) -> "LocalJob":
         if cls is LocalJob and isinstance(hosts, (list, tuple)):
-            from .process import ThisHostJob  # Monarch's LocalJob(hosts=("a", "b"))
-
-            return super().__new__(ThisHostJob)
+            return super().__new__(ThisHostJob)  # Monarch's LocalJob(hosts=("a", "b"))
         return super().__new__(cls)
 
     def __init__(self, hosts: int | None = None, *, meshes: dict[str, int] | None = None,
@@ -108,3 +107,46 @@ class LocalJob(Job):
     def pids(self) -> list[int]:
         """Process ids of the agents (for tests and admin views)."""
         return [p.pid for p in self.procs.values()]
+
+
+class ThisHostJob(LocalJob):
+    """Monarch's `LocalJob(hosts=("trainers", ...))`: each named mesh is `this_host()`,
+    whose procs run on this machine under this controller's own host agent."""
+
+    kind = "this_host"
+
+    def __init__(self, hosts: Sequence[str] = ("hosts",), **kw: Any) -> None:
+        if not hosts or not all(isinstance(h, str) and h.isidentifier() for h in hosts):
+            raise ValueError(f"hosts must be mesh names (identifiers), got {hosts!r}")
+        Job.__init__(self, {h: 1 for h in hosts}, progress=False, **kw)
+        self.python, self.env, self.procs = "", None, {}
+
+    def _prepare(self) -> None:
+        pass  # no agents to start, no keys
+
+    def _launch(self) -> None:
+        pass
+
+    def _addresses(self) -> dict[tuple[str, int], str]:
+        return {}
+
+    def _cancel(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        """Forget the meshes; this host's agent keeps running (it is the controller's own)."""
+        self._state = None
+
+    def can_run(self, spec: Job) -> bool:
+        """Never: like Monarch's LocalJob, the spec itself is always used."""
+        return False
+
+    def state(self, cached_path: Any = None, timeout: float | None = None) -> JobState:
+        """Every named mesh as `this_host()`; `cached_path` is ignored (nothing to cache)."""
+        from .._meshes import this_host
+
+        self.apply()
+        if self._state is None:
+            self._state = self._with_admin(
+                JobState({name: this_host() for name in self.meshes}))
+        return self._state

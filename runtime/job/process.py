@@ -1,6 +1,6 @@
-"""Monarch's local jobs: `ProcessJob` (N host agents on this machine that outlive the
-controller, so a re-run reattaches) and `LocalJob(hosts=("a", "b"))` (every named mesh is
-`this_host()`).
+"""Monarch's `ProcessJob`: N host agents on this machine that outlive the controller, so a
+re-run reattaches (Monarch's other local job, `LocalJob(hosts=("a", "b"))`, whose every
+named mesh is `this_host()`, is `local.ThisHostJob`).
 
     job = ProcessJob({"hosts": 2})
     hosts = job.state(cached_path=None).hosts        # HostMesh {hosts: 2}
@@ -12,12 +12,12 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .._base.process import start_time
 from .base import Job, JobError, JobState, read_address_files, slots
-from .cache import DEFAULT_JOB_PATH
-from .local import LocalJob
+from .trait import DEFAULT_JOB_PATH
+from .local import LocalJob, ThisHostJob  # (ThisHostJob was defined here)
 
 __all__ = ["ProcessJob", "ThisHostJob"]
 
@@ -106,46 +106,3 @@ class ProcessJob(LocalJob):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     dump = Job.dump  # unlike LocalJob, a ProcessJob can be saved and reattached
-
-
-class ThisHostJob(LocalJob):
-    """Monarch's `LocalJob(hosts=("trainers", ...))`: each named mesh is `this_host()`,
-    whose procs run on this machine under this controller's own host agent."""
-
-    kind = "this_host"
-
-    def __init__(self, hosts: Sequence[str] = ("hosts",), **kw: Any) -> None:
-        if not hosts or not all(isinstance(h, str) and h.isidentifier() for h in hosts):
-            raise ValueError(f"hosts must be mesh names (identifiers), got {hosts!r}")
-        Job.__init__(self, {h: 1 for h in hosts}, progress=False, **kw)
-        self.python, self.env, self.procs = "", None, {}
-
-    def _prepare(self) -> None:
-        pass  # no agents to start, no keys
-
-    def _launch(self) -> None:
-        pass
-
-    def _addresses(self) -> dict[tuple[str, int], str]:
-        return {}
-
-    def _cancel(self) -> None:
-        pass
-
-    def kill(self) -> None:
-        """Forget the meshes; this host's agent keeps running (it is the controller's own)."""
-        self._state = None
-
-    def can_run(self, spec: Job) -> bool:
-        """Never: like Monarch's LocalJob, the spec itself is always used."""
-        return False
-
-    def state(self, cached_path: Any = None, timeout: float | None = None) -> JobState:
-        """Every named mesh as `this_host()`; `cached_path` is ignored (nothing to cache)."""
-        from .._meshes import this_host
-
-        self.apply()
-        if self._state is None:
-            self._state = self._with_admin(
-                JobState({name: this_host() for name in self.meshes}))
-        return self._state

@@ -4,18 +4,43 @@ Subclass it and define `_create(client_script)` (bring the job into existence),
 `_state() -> JobState` (its host meshes), `_kill()`, and `can_run(spec)` (whether this
 running job can serve `spec`, so that `state(cached_path=...)` reuses a saved one). The
 jobs of this package (`runtime.job.Job` and its kinds) are JobTraits with their own hooks.
+
+Saved jobs are here too: `dump()` writes one, Monarch's `job_load` / `job_loads` read it
+back. A saved job is a pickle, so it is read only from a file this user owns and nobody
+else can write (the same rule as ssh's private keys); anything else raises `JobError`.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
+import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-if TYPE_CHECKING:
-    from .base import JobState
+__all__ = ["JobError", "JobState", "JobTrait", "restore_saved", "DEFAULT_JOB_PATH", "job_loads",
+           "job_load"]
 
-__all__ = ["JobTrait", "restore_saved"]
+
+class JobError(RuntimeError):
+    """A job could not start its agents, lost them before attaching, or was misconfigured."""
+
+
+class JobState(dict):
+    """Mesh name -> HostMesh; also readable as attributes (`state.trainers`), as Monarch's
+    `monarch.job.JobState`. `admin_url` is the controller's admin endpoint once the job's
+    `enable_admin()`/`enable_telemetry()` was called (else None); there is no telemetry
+    service (`telemetry_url`, `query_engine` stay None)."""
+
+    query_engine = None
+    telemetry_url = None
+    admin_url = None
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"job has no mesh {name!r}; meshes: {sorted(self)}") from None
 
 
 class JobTrait:
@@ -55,8 +80,6 @@ class JobTrait:
         that `can_run(self)` is used instead (a saved job that cannot is killed, its file
         removed); else this job is applied and saved there."""
         if not self.active and cached_path is not None:
-            from .cache import job_load
-
             try:
                 cached = job_load(cached_path)
             except FileNotFoundError:
@@ -100,8 +123,35 @@ class JobTrait:
 
 def restore_saved(cls: type, fields: dict) -> Any:
     """A job of class `cls` (a JobTrait) with the saved `fields`, its `_after_load` run
-    (runtime.job.cache reads saved jobs back)."""
+    (`job_loads` reads saved jobs back)."""
     job = cls.__new__(cls)
     job.__dict__.update(fields)
     job._after_load()
     return job
+
+
+#: Monarch's default cache location (relative to the current directory).
+DEFAULT_JOB_PATH = ".monarch/job_state.pkl"
+
+
+def _check_private(path: Path) -> None:
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise JobError(f"refusing to load job file {str(path)!r}: it must belong to this user "
+                       f"and not be writable by group or others (mode "
+                       f"{stat.S_IMODE(st.st_mode):o})")
+
+
+def job_loads(data: bytes) -> "JobTrait":
+    """A job from the bytes of `Job.dumps()`."""
+    cls, fields = pickle.loads(data)
+    if not (isinstance(cls, type) and issubclass(cls, JobTrait)):
+        raise JobError(f"not a saved job: holds {cls!r}")
+    return restore_saved(cls, fields)
+
+
+def job_load(filename: str | os.PathLike = DEFAULT_JOB_PATH) -> "JobTrait":
+    """A job saved with `Job.dump(filename)` (default: Monarch's `.monarch/job_state.pkl`)."""
+    path = Path(filename)
+    _check_private(path)
+    return job_loads(path.read_bytes())
