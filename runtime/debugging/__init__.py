@@ -32,7 +32,7 @@ def install_in_proc(rt: Any) -> None:
 def install_in_controller(rt: Any) -> Any:
     """Route debugger traffic of controller `rt` to its registry and hook waiting threads."""
     from ..future import add_wait_hook
-    from . import registry
+    from . import dap_client, registry  # noqa: F401 - dap_client: each registry's DAP client
     from .console import wait_hook
 
     reg = registry.install(rt)
@@ -42,6 +42,7 @@ def install_in_controller(rt: Any) -> Any:
 
 def get_registry(create: bool = True) -> Any:
     """The controller's DebugRegistry (paused sessions, attach, cast, continue)."""
+    from . import dap_client  # noqa: F401 - a registry made here has its DAP client
     from .registry import get_registry as _get
 
     return _get(create)

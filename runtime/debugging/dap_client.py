@@ -12,7 +12,7 @@ import queue
 import threading
 from typing import Any, Optional
 
-from . import breakpoints
+from . import breakpoints, registry
 from .protocol import header
 from .registry import DebugError, DebugRegistry, Session
 
@@ -113,9 +113,7 @@ def client(reg: Optional[DebugRegistry] = None) -> Optional[DapClient]:
     """The DapClient of the controller's registry (None when no runtime runs)."""
     global _client
     if reg is None:
-        from .registry import get_registry
-
-        reg = get_registry(create=False)
+        reg = registry.get_registry(create=False)
     if reg is None:
         return None
     with _lock:
@@ -123,3 +121,6 @@ def client(reg: Optional[DebugRegistry] = None) -> Optional[DapClient]:
             _client = DapClient(reg)
             breakpoints.add_listener(_on_table)
         return _client
+
+
+registry.on_install(client)  # every registry made from now on has its client

@@ -156,7 +156,7 @@ class ProcDebugger:
             self.send("nopm", sid=sid, reason="no failed frame is kept" if actor else
                       f"no actor {e.get('actor')!r} in proc {self.rt.proc_id}")
             return
-        from .actor_pdb import run_postmortem  # pdb is imported on first use only
+        from .actor_pdb import run_postmortem  # import cost (pdb, on first use only)
 
         t = threading.Thread(target=run_postmortem, args=(self, actor, exc, sid),
                              name=f"debug-postmortem-{actor.name}-{actor.rank}", daemon=True)
@@ -187,7 +187,7 @@ def set_trace(frame: Any = None, *, header: Optional[str] = None) -> None:
             p.message(header)
         p.set_trace(frame)
         return
-    from .actor_pdb import start
+    from .actor_pdb import start  # import cost (pdb)
 
     start(_debugger, actor, frame, header)
 
@@ -197,7 +197,7 @@ def _stop_at(frame: Any) -> Any:
     actor = running_actor()
     if actor is None or _debugger is None:
         return None
-    from .actor_pdb import stop_at
+    from .actor_pdb import stop_at  # import cost (pdb)
 
     return stop_at(_debugger, actor, frame)
 
@@ -208,7 +208,7 @@ def _stop_on_error(actor: Any, exc: BaseException) -> None:
     if _debugger is None or exc.__traceback__ is None or \
             not isinstance(exc, Exception):
         return
-    from .actor_pdb import stop_on_exception
+    from .actor_pdb import stop_on_exception  # import cost (pdb)
 
     stop_on_exception(_debugger, actor, exc)
 

@@ -23,7 +23,7 @@ from .selectors import RankSelector, parse_selector
 
 __all__ = [
     "NOTE_AFTER", "TICK_S", "Session", "DebugError", "FrontEndHooks", "DebugRegistry", "install",
-    "current_registry", "get_registry",
+    "on_install", "current_registry", "get_registry",
 ]
 
 log = logging.getLogger("runtime.debugging")
@@ -442,6 +442,17 @@ def _answer_source(rt: Any, e: dict) -> None:
 
 _registry: Optional[DebugRegistry] = None
 _lock = threading.Lock()
+#: what each new registry is handed to as `install` makes it (`on_install`)
+_installers: list[Callable[[DebugRegistry], Any]] = []
+
+
+def on_install(fn: Callable[[DebugRegistry], Any]) -> None:
+    """Call `fn(registry)` on every registry `install` makes from now on, before it is
+    returned (the DAP client, `dap_client`, adds itself when imported; the package,
+    `runtime.debugging`, imports it before it installs a registry)."""
+    with _lock:
+        if fn not in _installers:
+            _installers.append(fn)
 
 
 def _set_health(rt: Any, s: Session, paused: bool) -> None:
@@ -473,9 +484,8 @@ def install(rt: Any) -> DebugRegistry:
         reg = DebugRegistry(rt)
         rt.register_handler(Kind.DEBUG, reg.on_message)
         _registry = reg
-        from .dap_client import client  # structured requests, breakpoint pushes
-
-        client(reg)
+        for fn in list(_installers):  # the DAP client: structured requests, breakpoint pushes
+            fn(reg)
         return reg
 
 
