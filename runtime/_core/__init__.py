@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 from .._base import features as _features
 from .records import ActorMeshRecord, AgentRecord, ProcRecord
-from .runtime import Runtime
+from .runtime import Runtime, start_admin_endpoint
 
 log = logging.getLogger("runtime")
 
@@ -82,16 +82,5 @@ def _shutdown_at_exit() -> None:
             pass
 
 
-def start_admin_endpoint(rt: Runtime) -> None:
-    """The controller's loopback admin endpoint and the debugger's requests (idempotent;
-    the runtime calls it when the controller creates its first mesh)."""
-    from ..config import config
-
-    if not config.admin:
-        return
-    # the admin endpoint and the debugger's requests on it are above the core: via _features
-    _features.call("admin.start", rt)
-
-
 __all__ = ["ActorMeshRecord", "AgentRecord", "ProcRecord", "Runtime", "current_runtime",
-           "get_runtime", "set_runtime", "shutdown"]
+           "get_runtime", "set_runtime", "shutdown", "start_admin_endpoint"]

@@ -11,18 +11,22 @@ import logging
 import signal
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from ..config import config
 from ..errors import MeshStoppedError, SupervisionError, actor_failed_message
 from ..supervision import MeshFailure
-from ..supervision.health import ActorState
+from ..supervision.health import ActorState, HealthModel
 from ..transport import casttree
 from ..transport.framing import Header, Kind
+from ..transport.loop import IOLoop
 from ..transport.serialization import loads
+from .messenger import Messenger
+from .ports import Ports
 from .records import ActorMeshRecord
+from .state import State
 
-__all__ = ["Failures", "tail"]
+__all__ = ["FailuresHost", "Failures", "users_failure", "tail"]
 
 def _point(m: ActorMeshRecord, rank: int) -> str:
     """The actor's point in its mesh in Monarch's form ("{'gpus': 1/2}"), or "" if unknown."""
@@ -34,10 +38,39 @@ def _point(m: ActorMeshRecord, rank: int) -> str:
         return ""
 
 
-if TYPE_CHECKING:
-    from .runtime import Runtime
-
 log = logging.getLogger("runtime")
+
+
+class FailuresHost(Protocol):
+    """What Failures uses of its process's Runtime: its parts (state, ports, messenger, I/O
+    loop, health model), its role (where a failure nobody here handles goes), its owner's
+    address, whether it is closing, and sending."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def owner_address(self) -> str: ...
+
+    @property
+    def state(self) -> State: ...
+
+    @property
+    def ports(self) -> Ports: ...
+
+    @property
+    def messenger(self) -> Messenger: ...
+
+    @property
+    def loop(self) -> IOLoop: ...
+
+    @property
+    def health(self) -> HealthModel: ...
+
+    @property
+    def role(self) -> Any: ...
+
+    def send(self, addr: str, header: Header, body: bytes = b"", buffers: tuple = ()) -> None: ...
 
 
 class Failures:
@@ -46,7 +79,7 @@ class Failures:
     #: causes kept of dead procs this process does not own (told by PROC_DEAD)
     CAUSES_KEPT = 1024
 
-    def __init__(self, rt: "Runtime") -> None:
+    def __init__(self, rt: FailuresHost) -> None:
         self.rt = rt
         self.causes: collections.OrderedDict = collections.OrderedDict()
 
@@ -365,11 +398,29 @@ class Failures:
         """Hand a failure of something this process owns to its owner (I/O thread)."""
         if self.rt.closed:
             return  # shutting down: the agents and procs ending now are no failure
+        if not users_failure(self.rt.state, failure):
+            return
         owner_actor = m.owner_actor if m is not None else None
         self.rt.role.on_unhandled_failure(owner_actor, failure)
 
 
-def _remove_health_later(rt: "Runtime", name: str) -> None:
+def users_failure(state: State, failure: MeshFailure) -> bool:
+    """Make a failure of an internal mesh the user's (reported against the proc mesh it
+    served, `MeshFailure.serve`); False when the user hears of it otherwise: its proc died
+    and an actor mesh of the user's on that proc reports the death. On the I/O thread."""
+    m = state.actor_mesh_of_failure(failure)
+    if m is None or not m.internal:
+        return True
+    proc = state.proc(failure.proc_id) if failure.proc_id else None
+    if proc is not None and proc.state == "failed" and any(
+            u.owned and not u.internal and not u.stopped and failure.proc_id in u.proc_ids
+            for u in state.actor_meshes.all_values()):
+        return False
+    failure.serve(m.serves, m.name)
+    return True
+
+
+def _remove_health_later(rt: FailuresHost, name: str) -> None:
     """A failed mesh's record is gone: remove its health entry on the I/O thread, unless a
     newer mesh took the name meanwhile."""
     def remove() -> None:

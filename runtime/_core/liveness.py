@@ -9,25 +9,75 @@ import logging
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from .._base.process import describe_status
 from ..config import config
 from ..errors import SupervisionError
-from ..supervision.health import ActorState, ProcStats, waits_text
+from ..supervision.health import ActorState, HealthModel, ProcStats, waits_text
 from ..transport.framing import Header, Kind
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
+from ..transport.loop import IOLoop
+from .messenger import Messenger
+from .ports import Ports
+from .state import State
 
 __all__ = [
-    "stale_busy", "note_reply", "Liveness", "split_status", "gateway_outage", "gateway_lost",
+    "FailureSink", "LivenessHost", "stale_busy", "note_reply", "Liveness", "split_status", "gateway_outage", "gateway_lost",
 ]
 
 log = logging.getLogger("runtime")
 
 
 _STATES = {s.value: s for s in ActorState}  # a dict lookup, not an Enum call per actor
+
+
+class FailureSink(Protocol):
+    """Where liveness reports a death it found (the runtime's `failures.Failures`)."""
+
+    def proc_failed(self, proc_id: str, cause: str, code: Optional[int] = None,
+                    sig: Optional[int] = None, kill: bool = False) -> None: ...
+
+    def relay_died(self, address: str, label: str) -> None: ...
+
+
+class LivenessHost(Protocol):
+    """What liveness uses of its process's Runtime: who it is (proc id, host, owner), its
+    parts (state, ports, messenger, I/O loop, health model, role) and where deaths go
+    (`failures`), and sending."""
+
+    @property
+    def proc_id(self) -> str: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def owner_address(self) -> str: ...
+
+    @property
+    def state(self) -> State: ...
+
+    @property
+    def ports(self) -> Ports: ...
+
+    @property
+    def messenger(self) -> Messenger: ...
+
+    @property
+    def loop(self) -> IOLoop: ...
+
+    @property
+    def health(self) -> HealthModel: ...
+
+    @property
+    def role(self) -> Any: ...
+
+    @property
+    def failures(self) -> FailureSink: ...
+
+    def send(self, addr: str, header: Header, body: bytes = b"", buffers: tuple = ()) -> None: ...
+
+    def reply_address_for(self, target_addr: str) -> str: ...
 
 
 def stale_busy(m: Any, rank: int, since: float) -> bool:
@@ -42,7 +92,7 @@ def stale_busy(m: Any, rank: int, since: float) -> bool:
         time.time() - replied < 4 * config.heartbeat_interval
 
 
-def note_reply(rt: "Runtime", m: Any, rank: int) -> None:
+def note_reply(rt: LivenessHost, m: Any, rank: int) -> None:
     """A call to `rank` of actor mesh `m` has answered (on the thread that received the
     reply; the health model has its own lock): stamp it, and show the actor idle again if
     a heartbeat showed it busy and no other call of ours is out."""
@@ -55,7 +105,7 @@ def note_reply(rt: "Runtime", m: Any, rank: int) -> None:
 class Liveness:
     """Sends heartbeats, records them, and fails what stops answering."""
 
-    def __init__(self, rt: "Runtime") -> None:
+    def __init__(self, rt: LivenessHost) -> None:
         self.rt = rt
         self._peer_last: dict[str, float] = {}  # peers we wait on but do not own
         self._next_ping = 0.0

@@ -5,22 +5,35 @@ terminal that stops reading never stops the I/O thread."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Optional, Protocol
 
 from .. import logs
 from ..logs.aggregation import Aggregator
 from ..transport.framing import Header
+from ..transport.loop import IOLoop
+from .state import State
 
-if TYPE_CHECKING:
-    from .runtime import Runtime
+__all__ = ["OutputHost", "ProcOutput"]
 
-__all__ = ["ProcOutput"]
+
+class OutputHost(Protocol):
+    """What ProcOutput uses of its process's Runtime: the procs' records, the I/O loop (a
+    timer), and where the lines go (`output_sink`, which a front-end sets)."""
+
+    @property
+    def state(self) -> State: ...
+
+    @property
+    def loop(self) -> IOLoop: ...
+
+    @property
+    def output_sink(self) -> Optional[Callable[[str, str, str], None]]: ...
 
 
 class ProcOutput:
     """The LOG handler: `on_log` records and forwards; `flush` empties the aggregator."""
 
-    def __init__(self, rt: "Runtime") -> None:
+    def __init__(self, rt: OutputHost) -> None:
         self.rt = rt
         self.aggregator = Aggregator()
         self.writer = logs.OutputWriter()

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 from .._base import features as _features
 from ..supervision import MeshFailure
 
-__all__ = ["Handler", "ControllerRole", "ProcRole", "users_failure"]
+__all__ = ["Handler", "ControllerRole", "ProcRole"]
 
 log = logging.getLogger("runtime")
 
@@ -39,9 +39,8 @@ class ControllerRole:
 
     def on_unhandled_failure(self, owner_actor: Optional[str], failure: MeshFailure) -> None:
         """Give the failure to the owning actor hosted here (`this_proc()`), else run
-        `runtime.unhandled_fault_hook(failure)` on its own thread."""
-        if not users_failure(failure):
-            return
+        `runtime.unhandled_fault_hook(failure)` on its own thread (the user's failures only:
+        `failures.users_failure`)."""
         server = self.local_server
         if owner_actor is not None and server is not None and \
                 server.deliver_to_actor(owner_actor, failure):
@@ -77,30 +76,8 @@ class ProcRole:
         return self.server.heartbeat_extra()
 
     def on_unhandled_failure(self, owner_actor: Optional[str], failure: MeshFailure) -> None:
-        """Give the failure to the owning actor's `__supervise__`, else log it."""
-        if not users_failure(failure):
-            return
+        """Give the failure to the owning actor's `__supervise__`, else log it (the user's
+        failures only: `failures.users_failure`)."""
         if owner_actor is not None and self.server.deliver_to_actor(owner_actor, failure):
             return
         log.error("unsupervised failure in proc: %s", failure)
-
-
-def users_failure(failure: MeshFailure) -> bool:
-    """Make a failure of an internal mesh the user's (reported against the proc mesh it
-    served, `MeshFailure.serve`); False when the user hears of it otherwise: its proc died
-    and an actor mesh of the user's on that proc reports the death. On the I/O thread."""
-    from . import current_runtime
-
-    rt = current_runtime()
-    if rt is None:
-        return True
-    m = rt.state.actor_mesh_of_failure(failure)
-    if m is None or not m.internal:
-        return True
-    proc = rt.state.proc(failure.proc_id) if failure.proc_id else None
-    if proc is not None and proc.state == "failed" and any(
-            u.owned and not u.internal and not u.stopped and failure.proc_id in u.proc_ids
-            for u in rt.state.actor_meshes.all_values()):
-        return False
-    failure.serve(m.serves, m.name)
-    return True

@@ -12,6 +12,7 @@ import time
 import uuid
 from typing import Any, Callable, Optional
 
+from .._base import features as _features
 from .._base.process import hostname
 from ..config import config
 from ..future import Future, when_all
@@ -27,7 +28,7 @@ from .ports import Ports
 from .roles import ControllerRole
 from .state import State
 
-__all__ = ["Handler", "Runtime"]
+__all__ = ["Handler", "Runtime", "start_admin_endpoint"]
 
 log = logging.getLogger("runtime")
 
@@ -343,8 +344,6 @@ class Runtime:
         self.state.register_mesh(obj)
         if not self.is_proc and not self._admin_started:
             self._admin_started = True
-            from . import start_admin_endpoint
-
             try:
                 start_admin_endpoint(self)
             except Exception:
@@ -404,3 +403,12 @@ class Runtime:
             from .. import rundir as rundirs
 
             rundirs.remove_dir(self.rundir)
+
+
+def start_admin_endpoint(rt: "Runtime") -> None:
+    """The controller's loopback admin endpoint and the debugger's requests (idempotent;
+    the runtime calls it when the controller creates its first mesh)."""
+    if not config.admin:
+        return
+    # the admin endpoint and the debugger's requests on it are above the core: via _features
+    _features.call("admin.start", rt)
