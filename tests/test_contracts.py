@@ -689,9 +689,6 @@ CYCLE_DEBT: list[tuple[str, ...]] = [
     ("runtime._meshes.actor_mesh", "runtime._meshes.adverbs", "runtime._meshes.host_mesh",
      "runtime._meshes.legacy", "runtime._meshes.local", "runtime._meshes.proc_mesh",
      "runtime._meshes.reattach", "runtime._meshes.workspace_sync"),
-    ("runtime.tensor._coalescing", "runtime.tensor._context", "runtime.tensor._engine",
-     "runtime.tensor._fetch", "runtime.tensor._remote", "runtime.tensor._tensor",
-     "runtime.tensor._worker"),
 ]
 
 

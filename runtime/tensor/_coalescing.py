@@ -7,9 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
-__all__ = ["blocks", "coalescing", "active", "defer", "flush"]
+__all__ = ["CommandSink", "blocks", "coalescing", "active", "defer", "flush"]
+
+
+class CommandSink(Protocol):
+    """What a held reduction is sent through when the block flushes: the engine that runs
+    its ops (`_engine.Engine`)."""
+
+    def send_command(self, key: tuple, target: Any, command: tuple) -> None: ...
+
 
 _local = threading.local()
 #: how many threads are inside a block now: the per-op check reads this global first
@@ -51,7 +59,7 @@ def active() -> bool:
     return blocks > 0 and getattr(_local, "depth", 0) > 0
 
 
-def defer(engine: Any, key: tuple, target: Any, t: Any, result: Any, spec: dict) -> bool:
+def defer(engine: CommandSink, key: tuple, target: Any, t: Any, result: Any, spec: dict) -> bool:
     """Hold a reduction of mesh tensor `t` for fusion (True), or decline (False: send it
     now). The entry keeps `t` and `result` alive until it is sent: a tensor freed before
     would have its free reach the procs first."""
@@ -67,8 +75,6 @@ def flush() -> None:
     pend = _pending()
     if not pend:
         return
-    from ._engine import send_command
-
     items, _local.pending = list(pend), []
     runs: list[list] = []
     for it in items:
@@ -79,14 +85,14 @@ def flush() -> None:
     for run in runs:
         engine, key, target, _, _, spec = run[0]
         if len(run) == 1:
-            send_command(engine, key, target, ("coll", "reduce", run[0][3].ref,
-                                               run[0][4].ref, spec))
+            engine.send_command(key, target, ("coll", "reduce", run[0][3].ref, run[0][4].ref,
+                                              spec))
             continue
         many = dict(spec)
         many["items"] = [(it[3].ref, it[4].ref, it[5]["into"], it[5]["meta"][0])
                          for it in run]
         many["label"] = f"coalesced {spec['label']} x{len(run)}"
-        send_command(engine, key, target, ("coll", "reduce_many", None, None, many))
+        engine.send_command(key, target, ("coll", "reduce_many", None, None, many))
 
 
 def _fuses(a: tuple, b: tuple) -> bool:

@@ -73,6 +73,10 @@ class Engine:
         if exc is not None:
             raise exc
 
+    def send_command(self, key: tuple, target: "ActorMesh", command: tuple) -> None:
+        """Queue a command for the workers of `target` (`send_command` below)."""
+        send_command(self, key, target, command)
+
 
 _engines: dict[int, Engine] = {}
 _engines_lock = threading.Lock()

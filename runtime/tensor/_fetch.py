@@ -13,8 +13,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..future import Future
 from ._engine import engine_for, send_call, send_command
-from ._tensor import Tensor, placement
-from ._worker import Failure
+from ._tensor import Tensor, fetch_one, tensor_html, tensor_state
+from ._worker import RemoteTensorError
 
 if TYPE_CHECKING:
     from .._meshes import ProcMesh
@@ -24,50 +24,6 @@ __all__ = [
     "RemoteTensorError", "fetch_shard", "inspect", "show", "engine_stats", "manual_seed", "flush",
     "tensor_state", "tensor_html",
 ]
-
-
-class RemoteTensorError(RuntimeError):
-    """A mesh tensor could not be computed on a proc: names the op that failed there, the
-    rank, and the remote traceback. Tensors computed from it fail with the same error."""
-
-    def __init__(self, failure: Failure) -> None:
-        self.op, self.rank = failure.op, failure.rank
-        self.error, self.remote_traceback = failure.error, failure.traceback
-        tb = f"\nremote traceback:\n{failure.traceback}" if failure.traceback else ""
-        super().__init__(f"{failure.op} failed on rank {failure.rank}: {failure.error}{tb}")
-
-
-def _one_proc(t: Tensor, coords: dict) -> "ProcMesh":
-    mesh = t.mesh
-    unknown = set(coords) - set(mesh.sizes)
-    if unknown:
-        raise KeyError(f"{sorted(unknown)} are not dimensions of {mesh!r} "
-                       f"(its dimensions: {list(mesh.sizes)})")
-    sel = {d: coords.get(d, 0) for d in mesh.sizes}
-    for d, v in sel.items():
-        if not isinstance(v, int):
-            raise TypeError(f"fetch_shard wants one proc: {d}={v!r} is not an int")
-    return mesh.slice(**sel)
-
-
-def _fetch_one(t: Tensor, coords: dict) -> Future:
-    view = _one_proc(t, coords)
-    engine, key, _ = placement(t)
-    engine.check(key)
-    target = engine.target(view)[1]
-    ref = t.ref
-
-    def finish(reply: tuple) -> torch.Tensor:
-        if reply[0] == "failed":
-            if reply[1].op.startswith(("reduce", "to_mesh")):
-                comm = engine.__dict__.get("comm")
-                if comm is not None:  # the procs drop a failed group: name new ones
-                    comm.renew()
-            raise RemoteTensorError(reply[1])
-        return reply[1]
-
-    return send_call(engine, key, lambda: target.fetch.call_one(ref),
-                     f"fetch_shard({coords or 'rank 0'})", finish, keepalive=t)
 
 
 def _coords(shard: Optional[dict], kwargs: dict) -> dict:
@@ -82,9 +38,9 @@ def fetch_shard(obj: Any, shard: Optional[dict] = None, **kwargs: int) -> Future
     those not given are 0, so none means rank 0. A failed tensor raises RemoteTensorError."""
     coords = _coords(shard, kwargs)
     if isinstance(obj, Tensor):
-        return _fetch_one(obj, coords)
+        return fetch_one(obj, coords)
     leaves, spec = tree_flatten(obj)
-    futs = {i: _fetch_one(x, coords) for i, x in enumerate(leaves) if isinstance(x, Tensor)}
+    futs = {i: fetch_one(x, coords) for i, x in enumerate(leaves) if isinstance(x, Tensor)}
     if not futs:
         raise TypeError(f"fetch_shard needs a runtime.Tensor (or a structure holding some), "
                         f"got {type(obj).__name__}")
@@ -179,39 +135,3 @@ def flush(timeout: float = 30.0) -> None:
 
     _coalescing.flush()
     sender.flush(timeout)
-
-
-def tensor_state(t: Tensor, timeout: float = 1.0) -> list[str]:
-    """Per rank of `t`'s mesh: 'ready', 'failed: <op>', or 'pending' when the procs have
-    not reached it within `timeout` seconds (they are still running earlier ops)."""
-    engine, key, target = placement(t)
-    n = len(key)
-    try:
-        engine.check(key)
-    except BaseException as e:
-        return [f"failed: {type(e).__name__}"] * n
-    ref = t.ref
-    fut = send_call(engine, key, lambda: target.state.call(ref), "tensor_state",
-                    lambda vm: list(vm.values()), keepalive=t)
-    try:
-        return fut.get(timeout=timeout)
-    except TimeoutError:
-        return ["pending"] * n
-    except BaseException as e:
-        return [f"failed: {type(e).__name__}"] * n
-
-
-def tensor_html(t: Tensor) -> str:
-    """A mesh tensor's notebook display: shape, dtype, device, the mesh's dimensions and
-    each rank's state (ready, failed, pending)."""
-    dims = ", ".join(f"{k}: {v}" for k, v in t.mesh.sizes.items())
-    states = tensor_state(t)
-    counts: dict[str, int] = {}
-    for s in states:
-        counts[s] = counts.get(s, 0) + 1
-    cells = "".join(f"<td title='rank {r}'>{html.escape(s)}</td>" for r, s in
-                    enumerate(states[:64]))
-    summary = ", ".join(f"{v} {html.escape(k)}" for k, v in counts.items())
-    return (f"<div><b>runtime.Tensor</b> <code>{tuple(t.shape)}</code> {t.dtype} on "
-            f"{t.device}, mesh <code>{html.escape(t.mesh.name)}</code> ({html.escape(dims)})"
-            f"; ranks: {summary}<table><tr>{cells}</tr></table></div>")

@@ -1,14 +1,14 @@
 """`runtime.remote`: a function that runs on every proc of a mesh with the local shards of
 its mesh-tensor arguments, as Monarch's `monarch.remote`. With `propagate` (a function run
 on fake tensors, or "inspect" to run the function itself on them) a call returns mesh
-tensors at once; without it, a call returns a Future of a ValueMesh of the values."""
+tensors at once; without it, a call returns a Future of a ValueMesh of the values.
+
+The controller's half; the procs run the calls in `_worker` (`run_call`, `call_value`)."""
 
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
-import traceback
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import torch
@@ -18,41 +18,14 @@ from ..future import Future
 from ..value_mesh import map_values
 from ._engine import engine_for, send_call, send_command, then
 from ._tensor import Tensor, placement, same_mesh
-from ._worker import Failure, Ref, fail_outputs
+from ._worker import Ref, RemoteTensorError, resolve_path
 
 if TYPE_CHECKING:
     from ..value_mesh import ValueMesh
-    from ._worker import Worker
 
-__all__ = [
-    "Propagator", "Remote", "remote", "call_on_shard_and_fetch", "run_call", "call_value",
-    "send_to_port",
-]
+__all__ = ["Propagator", "Remote", "remote", "call_on_shard_and_fetch", "send_to_port"]
 
 Propagator = Union[None, str, Callable[..., Any]]
-log = logging.getLogger(__name__)
-
-
-def _resolve_path(path: str) -> Callable[..., Any]:
-    """'pkg.mod.fn' (or 'pkg.mod:fn') -> the function: the longest importable module
-    prefix, then attributes."""
-    if ":" in path:
-        mod, _, attrs = path.partition(":")
-        obj: Any = importlib.import_module(mod)
-        for a in attrs.split("."):
-            obj = getattr(obj, a)
-        return obj
-    parts = path.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for a in parts[i:]:
-            obj = getattr(obj, a)
-        return obj
-    raise ImportError(f"remote function {path!r}: no importable module in the path "
-                      "(use 'module.function')")
 
 
 def _name_of(fn: Any) -> str:
@@ -109,7 +82,7 @@ class Remote:
         return self._rref(args, kwargs)
 
     def _local_fn(self) -> Callable[..., Any]:
-        return _resolve_path(self._fn) if isinstance(self._fn, str) else self._fn
+        return resolve_path(self._fn) if isinstance(self._fn, str) else self._fn
 
     def _rref(self, args: tuple, kwargs: dict) -> Any:
         engine, key, target, mesh, found = _where(self.name, args, kwargs)
@@ -168,8 +141,6 @@ _then = then
 
 def _values(vm: "ValueMesh") -> "ValueMesh":
     """The workers' ("ok", value) replies unwrapped; the first ("failed", Failure) raises."""
-    from ._fetch import RemoteTensorError
-
     def value(v: tuple) -> Any:
         if v[0] == "failed":
             raise RemoteTensorError(v[1])
@@ -266,94 +237,6 @@ def _call_fake(mode: Any, prop: Callable[..., Any], args: tuple, kwargs: dict,
         e.add_note(f"(raised by remote({name})'s propagate, run on fake tensors on the "
                    "controller; nothing was sent)")
         raise
-
-
-# ---- on the procs: the worker's side -------------------------------------------------------
-
-_FNS: dict = {}
-
-
-def _fn_of(spec: tuple) -> Callable[..., Any]:
-    fn = _FNS.get(spec)
-    if fn is None:
-        if spec[0] == "path":
-            fn = _resolve_path(spec[1])
-        else:
-            import cloudpickle
-
-            fn = cloudpickle.loads(spec[1])
-        if len(_FNS) > 256:
-            _FNS.clear()
-        _FNS[spec] = fn
-    return fn
-
-
-def _inputs(worker: "Worker", args: Any, name: str) -> tuple:
-    """(args with this proc's shards, the failure of a failed input or None)."""
-    bad: list = []
-
-    def value(x: Any) -> Any:
-        if type(x) is Ref:
-            t = worker.refs.get(x.id)
-            if t is None:
-                bad.append(worker.failed.get(x.id) or Failure(
-                    name, worker.rank, f"input ref {x.id} is not on this proc", ""))
-            return t
-        return x
-
-    out = tree_map(value, args)
-    return out, (bad[0] if bad else None)
-
-
-def _failure(name: str, rank: int, e: BaseException) -> Failure:
-    return Failure(f"remote({name})", rank, f"{type(e).__name__}: {e}", traceback.format_exc())
-
-
-def run_call(worker: "Worker", cmd: tuple) -> None:
-    """("call", spec, args, kwargs, out_ids, expected (shape, dtype) per output or None
-    for a broadcast, name): run the function; its tensor results become the shards of
-    out_ids (or they fail)."""
-    _, spec, args, kwargs, out_ids, expect, name = cmd
-    worker.ops_run += 1
-    (args, kwargs), bad = _inputs(worker, (args, kwargs), name)
-    if bad is not None:
-        fail_outputs(worker, out_ids, bad)
-        return
-    try:
-        out = _fn_of(spec)(*args, **kwargs)
-        if expect is None:  # broadcast: for its effects only
-            return
-        leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
-        if len(leaves) != len(out_ids):
-            raise TypeError(f"it returned {len(leaves)} tensors where propagate gave "
-                            f"{len(out_ids)}")
-        for i, (t, (shape, dtype)) in enumerate(zip(leaves, expect)):
-            if tuple(t.shape) != shape or t.dtype != dtype:
-                raise TypeError(f"result {i} is {tuple(t.shape)} {t.dtype} where propagate "
-                                f"gave {shape} {dtype}")
-    except Exception as e:  # the proc lives on; the outputs are failed
-        if expect is None:
-            log.exception("remote(%s).broadcast failed on rank %s", name, worker.rank)
-        fail_outputs(worker, out_ids, _failure(name, worker.rank, e))
-        return
-    for i, t in zip(out_ids, leaves):
-        worker.refs[i] = t
-        worker.failed.pop(i, None)
-
-
-def call_value(worker: "Worker", spec: tuple, args: Any, kwargs: Any, name: str) -> tuple:
-    """Run the function here; ("ok", its value with tensors as CPU copies) or ("failed",
-    Failure)."""
-    worker.ops_run += 1
-    (args, kwargs), bad = _inputs(worker, (args, kwargs), name)
-    if bad is not None:
-        return ("failed", bad)
-    try:
-        out = _fn_of(spec)(*args, **kwargs)
-    except Exception as e:
-        return ("failed", _failure(name, worker.rank, e))
-    return ("ok", tree_map(lambda x: x.detach().to("cpu", copy=True)
-                           if isinstance(x, torch.Tensor) else x, out))
 
 
 def send_to_port(fn: "Remote", args: tuple, kwargs: dict, port: Any, selection: str) -> None:

@@ -5,21 +5,24 @@ for the procs."""
 
 from __future__ import annotations
 
+import html
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
+from ..future import Future
 from . import _coalescing
-from ._engine import Engine, ref_ids, engine_for, send_command, sender
+from ._engine import Engine, ref_ids, engine_for, send_call, send_command, sender
 from ._metacache import ATOMS, cache, cache_key, key_of, lookup, make_key, op_entry, \
     remember, remember_inplace, tensor_key
-from ._worker import Ref, local_shard
+from ._worker import Ref, RemoteTensorError, local_shard
 
 if TYPE_CHECKING:
     from .._meshes import ActorMesh, ProcMesh
 
-__all__ = ["Tensor", "scan", "same_mesh", "dispatch", "placement", "engine_of", "same_place"]
+__all__ = ["Tensor", "scan", "same_mesh", "dispatch", "placement", "engine_of", "same_place",
+           "fetch_one", "tensor_state", "tensor_html"]
 
 _META = torch.device("meta")
 _SCALAR = torch.ops.aten._local_scalar_dense.default
@@ -125,8 +128,6 @@ class Tensor(torch.Tensor):
         return repr(self)
 
     def _repr_html_(self) -> str:
-        from ._fetch import tensor_html
-
         return tensor_html(self)
 
     def __reduce_ex__(self, proto: Any) -> Any:
@@ -366,9 +367,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict, active: Optional["ProcMesh"])
         return func(*args, **kwargs)
     engine.check(key)
     if func is _SCALAR and found:
-        from ._fetch import fetch_shard
-
-        return fetch_shard(found[0]).get(timeout=60).item()
+        return fetch_one(found[0], {}).get(timeout=60).item()
     device = _device_of(kwargs, found, local)
     if ckey is _LATER:
         ckey = cache_key(func, args, kwargs, bool(args) and isinstance(args[0], Tensor))
@@ -409,3 +408,76 @@ def _wrap(o: Any, by_meta: dict, out_ids: list, *where: Any) -> Any:
         out_ids.append(r.ref)
         return r
     return o
+
+
+# -- one tensor's shards and state, read back (fetch_shard, the notebook display) ------------
+
+def _one_proc(t: Tensor, coords: dict) -> "ProcMesh":
+    mesh = t.mesh
+    unknown = set(coords) - set(mesh.sizes)
+    if unknown:
+        raise KeyError(f"{sorted(unknown)} are not dimensions of {mesh!r} "
+                       f"(its dimensions: {list(mesh.sizes)})")
+    sel = {d: coords.get(d, 0) for d in mesh.sizes}
+    for d, v in sel.items():
+        if not isinstance(v, int):
+            raise TypeError(f"fetch_shard wants one proc: {d}={v!r} is not an int")
+    return mesh.slice(**sel)
+
+
+def fetch_one(t: Tensor, coords: dict) -> Future:
+    """A Future of the shard of mesh tensor `t` on the proc at `coords` (its other
+    dimensions 0), as a CPU torch.Tensor; RemoteTensorError when it failed there."""
+    view = _one_proc(t, coords)
+    engine, key = t._engine, t._key
+    engine.check(key)
+    target = engine.target(view)[1]
+    ref = t.ref
+
+    def finish(reply: tuple) -> torch.Tensor:
+        if reply[0] == "failed":
+            if reply[1].op.startswith(("reduce", "to_mesh")):
+                comm = engine.__dict__.get("comm")
+                if comm is not None:  # the procs drop a failed group: name new ones
+                    comm.renew()
+            raise RemoteTensorError(reply[1])
+        return reply[1]
+
+    return send_call(engine, key, lambda: target.fetch.call_one(ref),
+                     f"fetch_shard({coords or 'rank 0'})", finish, keepalive=t)
+
+
+def tensor_state(t: Tensor, timeout: float = 1.0) -> list[str]:
+    """Per rank of `t`'s mesh: 'ready', 'failed: <op>', or 'pending' when the procs have
+    not reached it within `timeout` seconds (they are still running earlier ops)."""
+    engine, key, target = t._engine, t._key, t._target
+    n = len(key)
+    try:
+        engine.check(key)
+    except BaseException as e:
+        return [f"failed: {type(e).__name__}"] * n
+    ref = t.ref
+    fut = send_call(engine, key, lambda: target.state.call(ref), "tensor_state",
+                    lambda vm: list(vm.values()), keepalive=t)
+    try:
+        return fut.get(timeout=timeout)
+    except TimeoutError:
+        return ["pending"] * n
+    except BaseException as e:
+        return [f"failed: {type(e).__name__}"] * n
+
+
+def tensor_html(t: Tensor) -> str:
+    """A mesh tensor's notebook display: shape, dtype, device, the mesh's dimensions and
+    each rank's state (ready, failed, pending)."""
+    dims = ", ".join(f"{k}: {v}" for k, v in t.mesh.sizes.items())
+    states = tensor_state(t)
+    counts: dict[str, int] = {}
+    for s in states:
+        counts[s] = counts.get(s, 0) + 1
+    cells = "".join(f"<td title='rank {r}'>{html.escape(s)}</td>" for r, s in
+                    enumerate(states[:64]))
+    summary = ", ".join(f"{v} {html.escape(k)}" for k, v in counts.items())
+    return (f"<div><b>runtime.Tensor</b> <code>{tuple(t.shape)}</code> {t.dtype} on "
+            f"{t.device}, mesh <code>{html.escape(t.mesh.name)}</code> ({html.escape(dims)})"
+            f"; ranks: {summary}<table><tr>{cells}</tr></table></div>")

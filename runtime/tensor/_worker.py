@@ -1,29 +1,37 @@
 """The tensor engine's worker: one actor per proc that runs the controller's op stream in
-order, keeping the proc's shards in a ref -> tensor table."""
+order, keeping the proc's shards in a ref -> tensor table.
+
+Everything of the engine that runs on a proc is here: the worker, its half of remote
+functions (`run_call`, `call_value`: the controller's half is `_remote`) and a mesh tensor
+passed to an actor (`local_shard`)."""
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import pickle
 import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from ..actor import Actor, context, endpoint
 from ..proc import add_heartbeat_field
 from ..transport.serialization import unpickling_paused
 
-__all__ = ["SHARD_WAIT_S", "Ref", "Failure", "resolve_op", "Worker", "fail_outputs", "local_shard"]
+__all__ = ["SHARD_WAIT_S", "Ref", "Failure", "RemoteTensorError", "resolve_op", "resolve_path",
+           "Worker", "fail_outputs", "local_shard", "run_call", "call_value"]
 
 #: the tensor-engine worker of this proc (a proc belongs to one root mesh: one worker)
 _WORKER: "Worker | None" = None
 _WORKER_UP = threading.Event()  # set once _WORKER is: an actor's call may overtake its spawn
 SHARD_WAIT_S = 60.0
+log = logging.getLogger("runtime.tensor._remote")  # remote functions' failures (run_call)
 
 
 class Ref:
@@ -46,6 +54,17 @@ class Failure:
     rank: int
     error: str
     traceback: str
+
+
+class RemoteTensorError(RuntimeError):
+    """A mesh tensor could not be computed on a proc: names the op that failed there, the
+    rank, and the remote traceback. Tensors computed from it fail with the same error."""
+
+    def __init__(self, failure: Failure) -> None:
+        self.op, self.rank = failure.op, failure.rank
+        self.error, self.remote_traceback = failure.error, failure.traceback
+        tb = f"\nremote traceback:\n{failure.traceback}" if failure.traceback else ""
+        super().__init__(f"{failure.op} failed on rank {failure.rank}: {failure.error}{tb}")
 
 
 _OPS: dict[str, Any] = {}
@@ -139,8 +158,6 @@ class Worker(Actor):
             elif cmd[0] == "rank":
                 self.refs[cmd[1]] = torch.tensor(cmd[2][context().proc_id])
             elif cmd[0] == "call":  # a remote function (runtime.remote)
-                from ._remote import run_call
-
                 run_call(self, cmd)
         with self.ran:
             self.ran.notify_all()
@@ -241,8 +258,6 @@ class Worker(Actor):
     @endpoint
     def call_value(self, spec: tuple, args: Any, kwargs: Any, name: str) -> tuple:
         """Run a remote function here: ("ok", its value) or ("failed", Failure)."""
-        from ._remote import call_value
-
         return call_value(self, spec, args, kwargs, name)
 
     @endpoint
@@ -305,7 +320,115 @@ def local_shard(ref: int, proc_ids: tuple) -> Any:
                                "passed to this actor has no shard here")
         got = _WORKER.shard(ref, SHARD_WAIT_S)
     if isinstance(got, Failure):
-        from ._fetch import RemoteTensorError
-
         raise RemoteTensorError(got)
     return got
+
+
+# -- remote functions (runtime.remote) on this proc ------------------------------------------
+
+def resolve_path(path: str) -> Callable[..., Any]:
+    """'pkg.mod.fn' (or 'pkg.mod:fn') -> the function: the longest importable module
+    prefix, then attributes."""
+    if ":" in path:
+        mod, _, attrs = path.partition(":")
+        obj: Any = importlib.import_module(mod)
+        for a in attrs.split("."):
+            obj = getattr(obj, a)
+        return obj
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for a in parts[i:]:
+            obj = getattr(obj, a)
+        return obj
+    raise ImportError(f"remote function {path!r}: no importable module in the path "
+                      "(use 'module.function')")
+
+
+_FNS: dict = {}
+
+
+def _fn_of(spec: tuple) -> Callable[..., Any]:
+    fn = _FNS.get(spec)
+    if fn is None:
+        if spec[0] == "path":
+            fn = resolve_path(spec[1])
+        else:
+            import cloudpickle
+
+            fn = cloudpickle.loads(spec[1])
+        if len(_FNS) > 256:
+            _FNS.clear()
+        _FNS[spec] = fn
+    return fn
+
+
+def _inputs(worker: Worker, args: Any, name: str) -> tuple:
+    """(args with this proc's shards, the failure of a failed input or None)."""
+    bad: list = []
+
+    def value(x: Any) -> Any:
+        if type(x) is Ref:
+            t = worker.refs.get(x.id)
+            if t is None:
+                bad.append(worker.failed.get(x.id) or Failure(
+                    name, worker.rank, f"input ref {x.id} is not on this proc", ""))
+            return t
+        return x
+
+    out = tree_map(value, args)
+    return out, (bad[0] if bad else None)
+
+
+def _failure(name: str, rank: int, e: BaseException) -> Failure:
+    return Failure(f"remote({name})", rank, f"{type(e).__name__}: {e}", traceback.format_exc())
+
+
+def run_call(worker: Worker, cmd: tuple) -> None:
+    """("call", spec, args, kwargs, out_ids, expected (shape, dtype) per output or None
+    for a broadcast, name): run the function; its tensor results become the shards of
+    out_ids (or they fail)."""
+    _, spec, args, kwargs, out_ids, expect, name = cmd
+    worker.ops_run += 1
+    (args, kwargs), bad = _inputs(worker, (args, kwargs), name)
+    if bad is not None:
+        fail_outputs(worker, out_ids, bad)
+        return
+    try:
+        out = _fn_of(spec)(*args, **kwargs)
+        if expect is None:  # broadcast: for its effects only
+            return
+        leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+        if len(leaves) != len(out_ids):
+            raise TypeError(f"it returned {len(leaves)} tensors where propagate gave "
+                            f"{len(out_ids)}")
+        for i, (t, (shape, dtype)) in enumerate(zip(leaves, expect)):
+            if tuple(t.shape) != shape or t.dtype != dtype:
+                raise TypeError(f"result {i} is {tuple(t.shape)} {t.dtype} where propagate "
+                                f"gave {shape} {dtype}")
+    except Exception as e:  # the proc lives on; the outputs are failed
+        if expect is None:
+            log.exception("remote(%s).broadcast failed on rank %s", name, worker.rank)
+        fail_outputs(worker, out_ids, _failure(name, worker.rank, e))
+        return
+    for i, t in zip(out_ids, leaves):
+        worker.refs[i] = t
+        worker.failed.pop(i, None)
+
+
+def call_value(worker: Worker, spec: tuple, args: Any, kwargs: Any, name: str) -> tuple:
+    """Run the function here; ("ok", its value with tensors as CPU copies) or ("failed",
+    Failure)."""
+    worker.ops_run += 1
+    (args, kwargs), bad = _inputs(worker, (args, kwargs), name)
+    if bad is not None:
+        return ("failed", bad)
+    try:
+        out = _fn_of(spec)(*args, **kwargs)
+    except Exception as e:
+        return ("failed", _failure(name, worker.rank, e))
+    return ("ok", tree_map(lambda x: x.detach().to("cpu", copy=True)
+                           if isinstance(x, torch.Tensor) else x, out))
