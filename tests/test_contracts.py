@@ -686,9 +686,9 @@ IMPORT_COST = "# import cost"
 #: may only shrink: a new cycle fails the test, and so does an entry no longer found.
 CYCLE_DEBT: list[tuple[str, ...]] = [
     ("monarch_kernel.views", "monarch_widgets"),
-    ("runtime._meshes.actor_mesh", "runtime._meshes.adverbs", "runtime._meshes.host_mesh",
-     "runtime._meshes.legacy", "runtime._meshes.local", "runtime._meshes.proc_mesh",
-     "runtime._meshes.reattach", "runtime._meshes.workspace_sync"),
+    # adverbs names ActorMesh in its annotations (TYPE_CHECKING); adverbs.py is being changed
+    # elsewhere now: an `ActorMesh`-free annotation there (a Protocol) ends this one
+    ("runtime._meshes.actor_mesh", "runtime._meshes.adverbs"),
 ]
 
 

@@ -11,7 +11,7 @@ from .adverbs import EndpointRef, NotAnEndpoint, as_endpoint, send
 
 Endpoint = EndpointRef  # Monarch's name for the type of `mesh.method`
 from .host_mesh import HostMesh, attach_to_workers, child_env, this_host
-from .local import get_or_spawn_controller, this_proc
+from .local import get_or_spawn_controller, set_this_host, this_proc
 from .proc_mesh import ProcInfo, ProcMesh, active_mesh_names
 from .proc_logs import ProcLog, ProcLogs, read_logs
 from .workspace_sync import (HostSync, ProcReload, SyncResult, WorkspaceSyncError,
@@ -21,3 +21,5 @@ __all__ = ["ActorMesh", "Endpoint", "EndpointRef", "HostMesh", "NotAnEndpoint", 
            "ProcLogs", "ProcMesh", "active_mesh_names", "as_endpoint", "attach_to_workers", "child_env",
            "get_or_spawn_controller", "read_logs", "send", "this_host", "this_proc", "HostSync",
            "ProcReload", "SyncResult", "WorkspaceSyncError", "reload_actor_class"]
+
+set_this_host(this_host)  # this_proc().host_mesh (local is below host_mesh)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Generator, Optional
+from typing import Any, Generator, Optional, Protocol
 
 from .._core import ActorMeshRecord, Runtime, get_runtime, reach
 from ..future import Future, resolved
@@ -12,13 +12,21 @@ from ..transport.framing import Header, Kind, extra_get
 from .adverbs import EndpointRef, MeshRef, NotAnEndpoint
 from .collector import cancel_calls
 
-if TYPE_CHECKING:
-    from .proc_mesh import ProcMesh
-
 __all__ = [
-    "ActorMesh", "ref_of", "view_of", "forget_endpoints", "stop_now", "arm_raise",
+    "ProcView", "ActorMesh", "ref_of", "view_of", "forget_endpoints", "stop_now", "arm_raise",
     "rebuild_actor_mesh",
 ]
+
+
+class ProcView(Protocol):
+    """What an actor mesh uses of the proc mesh its actors run on (a `ProcMesh`, which
+    spawns it): the unsliced mesh it was sliced from, and its shape."""
+
+    @property
+    def root(self) -> Any: ...
+
+    @property
+    def shape(self) -> Shape: ...
 
 
 class ActorMesh(MeshTrait):
@@ -29,7 +37,7 @@ class ActorMesh(MeshTrait):
         return cls
 
     def __init__(self, rt: Runtime, rec: ActorMeshRecord, shape: Shape,
-                 proc_mesh: Optional["ProcMesh"], actor_class: Optional[type] = None) -> None:
+                 proc_mesh: Optional[ProcView], actor_class: Optional[type] = None) -> None:
         self._ref = MeshRef(rt, rec, shape, proc_mesh, actor_class)  # what endpoints get
         for name in _MESH_METHODS.intersection(rec.sigs):  # as in Monarch, an endpoint named
             self.__dict__[name] = EndpointRef(self, self._ref, name, rec.sigs[name])  # wins
@@ -46,7 +54,7 @@ class ActorMesh(MeshTrait):
         return self._rec.name
 
     @property
-    def proc_mesh(self) -> Optional["ProcMesh"]:
+    def proc_mesh(self) -> Optional[ProcView]:
         return self._proc_mesh
 
     @property
@@ -73,14 +81,14 @@ class ActorMesh(MeshTrait):
         """The name of the actor class."""
         return self._rec.cls_name
 
-    def restricted_to(self, procs: "ProcMesh") -> "ActorMesh":
+    def restricted_to(self, procs: ProcView) -> "ActorMesh":
         """The actors of this mesh that live on `procs`, a view (slice) of the unsliced proc
         mesh this actor mesh was spawned on, with the dimensions of that view."""
         pm = self._proc_mesh
         if pm is None or pm.root is not pm or procs.root is not pm:
             raise ValueError(f"{procs!r} is not a view of the proc mesh actor mesh "
                              f"{self.name!r} was spawned on")
-        return self._new_with_shape(procs._shape)
+        return self._new_with_shape(procs.shape)
 
     def _new_with_shape(self, shape: Shape) -> "ActorMesh":
         return ActorMesh(self._rt, self._rec, shape, self._proc_mesh, self._class)

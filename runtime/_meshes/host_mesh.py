@@ -27,9 +27,30 @@ if TYPE_CHECKING:
     from .proc_mesh import ProcMesh
 
 __all__ = [
-    "child_env", "HostMesh", "host_runtime", "view_agents", "this_host", "local_ip_for",
-    "attach_to_workers",
+    "BOOTSTRAP_ENV", "bootstrap_env", "child_env", "HostMesh", "host_runtime", "view_agents",
+    "this_host", "local_ip_for", "attach_to_workers",
 ]
+
+
+#: the environment variable that carries a proc's bootstrap callable (read by runtime.proc)
+BOOTSTRAP_ENV = "MONARCH_PROC_BOOTSTRAP"
+
+
+def bootstrap_env(bootstrap: Optional[Callable[[], Any]]) -> dict[str, str]:
+    """The proc environment that makes each proc run `bootstrap()` before its first actor."""
+    if bootstrap is None:
+        return {}
+    if not callable(bootstrap):
+        raise TypeError(f"bootstrap must be a callable taking no arguments, got {bootstrap!r}")
+    import base64
+
+    import cloudpickle
+
+    try:
+        data = cloudpickle.dumps(bootstrap)
+    except Exception as e:
+        raise TypeError(f"bootstrap {bootstrap!r} cannot be pickled: {e}") from None
+    return {BOOTSTRAP_ENV: base64.b64encode(data).decode()}
 
 
 def child_env() -> dict:
@@ -169,7 +190,6 @@ class HostMesh(MeshTrait):
         coroutine); if it raises, that proc fails to start."""
         from ..host.zygote import PROCS_PER_HOST
         from .proc_mesh import ProcMesh
-        from .legacy import bootstrap_env
 
         per_host = dict(per_host or {})
         for k, v in per_host.items():
@@ -308,10 +328,15 @@ class HostMesh(MeshTrait):
 
     def _spawn_admin(self, query_engine: Any = None) -> Future:
         """Monarch's (private) `HostMesh._spawn_admin()`, called by its examples: a Future of
-        this controller's admin endpoint address (`monarch-admin` attaches there)."""
-        from .legacy import spawn_admin
+        this controller's admin endpoint address (`monarch-admin` attaches there), started
+        if it is not running."""
+        from ..admin import serve
 
-        return spawn_admin(self._rt, query_engine)
+        if query_engine is not None:
+            raise ValueError("_spawn_admin(query_engine=...): there is no telemetry query "
+                             "engine here; the admin endpoint serves runtime.admin requests")
+        address = serve(self._rt).address
+        return resolved(address.split("://", 1)[-1])
 
     def shutdown(self) -> Future:
         """Stop the agents of this host mesh and every proc they run. Done when it returns;

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
+from typing import Any, Callable, Optional
 
 from .._core import ProcRecord, Runtime, get_runtime
 from .._base import context as _context
@@ -22,13 +22,23 @@ from ..transport.serialization import dumps
 from .proc_mesh import ProcMesh
 
 __all__ = [
-    "ROOT_ENV", "ThisProcMesh", "this_proc", "root_controller_env", "get_or_spawn_controller",
+    "ROOT_ENV", "ThisProcMesh", "set_this_host", "this_proc", "root_controller_env",
+    "get_or_spawn_controller",
 ]
 
 #: env var of procs: "<root controller proc id>|<its address as seen from the proc's host>"
 ROOT_ENV = "MONARCH_ROOT_CONTROLLER"
 _CC_NAME = "controller_controller"
 _lock = threading.RLock()
+#: `host_mesh.this_host`: the host mesh of this process, which `this_proc().host_mesh` is
+#: (host_mesh is above this module; the package, runtime._meshes, hands it over)
+_this_host: Optional[Callable[[], Any]] = None
+
+
+def set_this_host(this_host: Callable[[], Any]) -> None:
+    """Give this module `this_host()` (called once, by the package that composes both)."""
+    global _this_host
+    _this_host = this_host
 
 
 def _cc_actor_id(root_proc_id: str) -> str:
@@ -38,6 +48,12 @@ def _cc_actor_id(root_proc_id: str) -> str:
 class ThisProcMesh(ProcMesh):
     """The calling process as a mesh of one proc. `stop()` stops the actors spawned on it,
     never the process itself."""
+
+    @property
+    def host_mesh(self) -> Any:
+        """this_host(): the host this process runs on."""
+        assert _this_host is not None, "runtime._meshes sets it when it is imported"
+        return _this_host()
 
     def stop(self, reason: str = "stopped by client") -> Future:
         futs = [type(m).stop(m) for m in self._rt.state.live_meshes(internal=True)

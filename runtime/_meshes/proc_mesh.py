@@ -29,7 +29,6 @@ from .collector import cancel_calls
 
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
-    from .host_mesh import HostMesh
 
 __all__ = [
     "ProcInfo", "ProcMesh", "endpoint_signatures", "caller_signature", "method_signatures",
@@ -55,7 +54,7 @@ class ProcMesh(MeshTrait):
     """A mesh of procs; `spawn` starts one actor per proc."""
 
     def __init__(self, rt: Runtime, name: str, procs: list[ProcRecord], shape: Shape,
-                 host_mesh: "HostMesh", _root: Optional["ProcMesh"] = None) -> None:
+                 host_mesh: MeshTrait, _root: Optional["ProcMesh"] = None) -> None:
         self._rt = rt
         self.name = name
         self._procs = procs
@@ -76,12 +75,10 @@ class ProcMesh(MeshTrait):
         return ProcMesh(self._rt, self.name, self._procs, shape, self._host_mesh, self._root)
 
     @property
-    def host_mesh(self) -> "HostMesh":
-        """The host mesh these procs run on (this_host() for this_proc())."""
-        if self._host_mesh is None:
-            from .host_mesh import this_host
-
-            return this_host()
+    def host_mesh(self) -> MeshTrait:
+        """The host mesh (a `HostMesh`) these procs run on (this_host() for this_proc())."""
+        if self._host_mesh is None and self._root is not self:
+            return self._root.host_mesh  # a view of this_proc() (local.ThisProcMesh)
         return self._host_mesh
 
     @property

@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .._core import ActorMeshRecord, ProcRecord, Runtime
 from ..future import Future
-from ..shapes import Shape
+from ..shapes import MeshTrait, Shape
 from ..supervision.health import ActorHealth, ActorState
 from ..transport.framing import Header, Kind
 
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
-    from .host_mesh import HostMesh
     from .proc_mesh import ProcMesh
 
 __all__ = ["LostCall", "LostCallsWarning", "adopt_kept"]
@@ -48,7 +47,7 @@ class LostCallsWarning(UserWarning):
     """Calls of the controller before this one were lost with it (shown once, at reattach)."""
 
 
-def adopt_kept(rt: Runtime, hm: "HostMesh", agents: list, spawned: Callable[[Any], None],
+def adopt_kept(rt: Runtime, hm: MeshTrait, agents: list, spawned: Callable[[Any], None],
                timeout: float = 30.0) -> dict[str, "ProcMesh"]:
     """Rebuild here every proc mesh that `agents` (those of host mesh `hm`) kept for this
     controller, once (later calls return the same objects); `spawned(pm)` records each
@@ -72,7 +71,7 @@ def adopt_kept(rt: Runtime, hm: "HostMesh", agents: list, spawned: Callable[[Any
     return out
 
 
-def _adopt_proc_mesh(rt: Runtime, hm: "HostMesh", name: str, items: list,
+def _adopt_proc_mesh(rt: Runtime, hm: MeshTrait, name: str, items: list,
                      spawned: Callable[[Any], None], timeout: float) -> "ProcMesh":
     from .proc_mesh import ProcMesh
 
@@ -166,7 +165,7 @@ def _ask_procs(rt: Runtime, procs: list[ProcRecord], timeout: float) -> dict[str
     return answers
 
 
-def _adopt_actor_meshes(rt: Runtime, hm: "HostMesh", pm: "ProcMesh", pm_procs: list,
+def _adopt_actor_meshes(rt: Runtime, hm: MeshTrait, pm: "ProcMesh", pm_procs: list,
                         answers: dict[str, dict]) -> dict[str, "ActorMesh"]:
     """ActorMesh objects for the actors the procs of `pm` (`pm_procs`, by rank) listed:
     name -> mesh."""
