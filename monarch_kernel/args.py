@@ -1,7 +1,9 @@
 """Argument parsing for the %mesh magics: pure, no I/O, tested directly.
 
 Every parser raises `MagicArgError` (one line, names the problem) on bad input and
-`MagicHelp` (the help text) on `--help`, instead of printing and exiting.
+`MagicHelp` (the help text) on `--help`, instead of printing and exiting. The grammar is
+built on the views' (`monarch_widgets.views`: the errors, the parser class, and the
+subcommands a plain IPython has too: status, stop, attach, admin).
 """
 
 from __future__ import annotations
@@ -9,9 +11,12 @@ from __future__ import annotations
 import argparse
 import ast
 import re
-import shlex
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Optional, Union
+from typing import Any, Optional, Union
+
+from monarch_widgets.views import (VIEW_COMMANDS, VIEW_USAGE, AdminArgs, AttachArgs,
+                                   MagicArgError, MagicHelp, MagicParser, StatusArgs, StopArgs,
+                                   parse_view_line, split_line, view_command, view_parsers)
 
 __all__ = [
     "MagicArgError", "MagicHelp", "parse_identifier", "parse_sizes", "RankSel", "parse_ranks",
@@ -25,41 +30,7 @@ __all__ = [
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _KWARG = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(?!=)(.*)$", re.S)
-
-
-class MagicArgError(ValueError):
-    """A magic's arguments are wrong; the message is one line naming the problem."""
-
-
-class MagicHelp(Exception):
-    """`--help` was asked for; `text` is the help to show."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser that raises instead of printing and exiting."""
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        kw.setdefault("add_help", True)
-        kw.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kw)
-
-    def error(self, message: str) -> NoReturn:
-        raise MagicArgError(f"{self.prog}: {message}".replace("\n", " "))
-
-    def print_help(self, file: Any = None) -> None:
-        raise MagicHelp(self.format_help())
-
-    def print_usage(self, file: Any = None) -> None:
-        raise MagicHelp(self.format_usage())
-
-    def exit(self, status: int = 0, message: Optional[str] = None) -> NoReturn:
-        if status:
-            raise MagicArgError((message or f"{self.prog}: error").strip())
-        raise MagicHelp(message or self.format_help())
+_Parser = MagicParser
 
 
 # -- value parsers ------------------------------------------------------------------------
@@ -256,18 +227,6 @@ class AttachJobArgs:
 
 
 @dataclass
-class StatusArgs:
-    name: Optional[str] = None
-    text: bool = False
-
-
-@dataclass
-class StopArgs:
-    names: list[str]
-    all: bool = False
-
-
-@dataclass
 class CancelArgs:
     names: list[str]
 
@@ -285,17 +244,6 @@ class WhyArgs:
 @dataclass
 class InterruptArgs:
     mode: Optional[str] = None  # "remote" | "local" | None (show)
-
-
-@dataclass
-class AttachArgs:
-    mesh: str
-    rank: int
-
-
-@dataclass
-class AdminArgs:
-    pass
 
 
 @dataclass
@@ -507,18 +455,9 @@ def _command_parsers() -> dict[str, _Parser]:
     ps["list"] = _Parser(prog="%mesh list",
                          description="Show a table of meshes: name, kind, shape, state.")
 
-    st = ps["status"] = _Parser(
-        prog="%mesh status",
-        description="Show the health dashboard of one mesh or all (a text table where "
-                    "widgets are not available).")
-    st.add_argument("name", metavar="NAME", nargs="?", help="a mesh name (default: all)")
-    st.add_argument("--text", action="store_true", help="a text table, not the live widget")
-
-    sp = ps["stop"] = _Parser(prog="%mesh stop",
-                              description="Stop meshes this notebook created, and their procs.")
-    sp.add_argument("names", metavar="NAME", nargs="*",
-                    help="meshes to stop: notebook variables, or mesh names")
-    sp.add_argument("--all", action="store_true", help="stop every mesh")
+    views = view_parsers()  # status, stop, attach, admin: the views' grammar
+    ps["status"] = views["status"]
+    ps["stop"] = views["stop"]
 
     cn = ps["cancel"] = _Parser(
         prog="%mesh cancel",
@@ -554,17 +493,8 @@ def _command_parsers() -> dict[str, _Parser]:
                     "Without MODE, show the current mode.")
     it.add_argument("mode", nargs="?", choices=["remote", "local"])
 
-    at = ps["attach"] = _Parser(
-        prog="%mesh attach",
-        description="Attach the debugger to rank RANK of actor mesh MESH, paused at a "
-                    "breakpoint (the debugger registers how).")
-    at.add_argument("mesh", metavar="MESH", help="the actor mesh's name")
-    at.add_argument("rank", metavar="RANK", type=int, help="the rank (an integer)")
-
-    ps["admin"] = _Parser(
-        prog="%mesh admin",
-        description="Serve the admin endpoint of this controller and print how to attach "
-                    "the terminal admin (monarch-admin) to it.")
+    ps["attach"] = views["attach"]
+    ps["admin"] = views["admin"]
     ac = ps["activate"] = _Parser(
         prog="%mesh activate",
         description="Make proc mesh NAME active for the cells that follow, as `with "
@@ -695,11 +625,7 @@ def cell_help() -> str:
     return _CELL.format_help()
 
 
-def _split(line: str) -> list[str]:
-    try:
-        return shlex.split(line, posix=True)
-    except ValueError as e:
-        raise MagicArgError(f"cannot split arguments: {e}") from None
+_split = split_line
 
 
 def parse_mesh_line(line: str) -> MeshCommand:
@@ -759,14 +685,8 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
         return ListArgs()
     if cmd == "attach-job":
         return AttachJobArgs(path=ns.path, takeover=ns.takeover)
-    if cmd == "status":
-        return StatusArgs(name=ns.name, text=ns.text)
-    if cmd == "stop":
-        if ns.all and ns.names:
-            raise MagicArgError("%mesh stop: give mesh names or --all, not both")
-        if not ns.all and not ns.names:
-            raise MagicArgError("%mesh stop: give a mesh name, or --all")
-        return StopArgs(names=list(ns.names), all=ns.all)
+    if cmd in VIEW_COMMANDS:
+        return view_command(cmd, ns)
     if cmd == "cancel":
         return CancelArgs(names=list(ns.names))
     if cmd == "kill":
@@ -775,10 +695,6 @@ def _parse_mesh_tokens(tokens: list[str]) -> MeshCommand:
         return WhyArgs(name=ns.name)
     if cmd == "interrupt":
         return InterruptArgs(mode=ns.mode)
-    if cmd == "attach":
-        return AttachArgs(mesh=ns.mesh, rank=ns.rank)
-    if cmd == "admin":
-        return AdminArgs()
     if cmd == "activate":
         return ActivateArgs(name=ns.name)
     if cmd == "deactivate":
@@ -823,35 +739,6 @@ def _chaos_args(ns: argparse.Namespace) -> ChaosArgs:
     return ChaosArgs(mesh=ns.mesh, kill_every=None if ns.raises else every,
                      duration=ns.duration, stop=ns.stop,
                      raise_every=every if ns.raises else None)
-
-
-#: The `%mesh` subcommands that need no kernel session (what `%load_ext monarch_widgets`
-#: offers in a plain IPython): the views' status, stop, attach and admin.
-VIEW_COMMANDS = ("status", "stop", "attach", "admin")
-
-VIEW_USAGE = """usage:
-  %mesh status [--text] [NAME]   live dashboard (or a text status) of every mesh, or of NAME
-  %mesh stop NAME ...            stop meshes (actor meshes or proc meshes) by name
-  %mesh attach MESH RANK         attach the debugger to a paused actor
-  %mesh admin                    how to attach the terminal admin (monarch-admin)"""
-
-
-def parse_view_line(line: Union[str, list[str]]) -> MeshCommand:
-    """Parse `%mesh status|stop|attach|admin ...` with the same grammar as `parse_mesh_line`
-    (StatusArgs, StopArgs, AttachArgs or AdminArgs). An empty line or `--help` raises
-    MagicHelp(VIEW_USAGE); errors end with the subcommand's usage line."""
-    tokens = _split(line) if isinstance(line, str) else [str(t) for t in line]
-    if not tokens or tokens[0] in ("-h", "--help", "help"):
-        raise MagicHelp(VIEW_USAGE)
-    cmd = tokens[0]
-    if cmd not in VIEW_COMMANDS:
-        raise MagicArgError(f"unknown %mesh subcommand {cmd!r} (the Monarch kernel's %mesh, "
-                            f"%load_ext monarch_kernel, has the others)\n{VIEW_USAGE}")
-    try:
-        return _parse_mesh_tokens(tokens)
-    except MagicArgError as e:
-        msg = str(e) if str(e).startswith("%mesh") else f"%mesh {cmd}: {e}"
-        raise MagicArgError(f"{msg}\n{_LINE[cmd].format_usage().strip()}") from None
 
 
 def parse_mesh_cell(line: str) -> CellArgs:

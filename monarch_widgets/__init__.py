@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from monarch_widgets.live import dashboard
 from monarch_widgets.render import render_html, render_text
 from runtime import hooks as _hooks
 
@@ -51,31 +52,6 @@ def install_display_hook(replace: bool = True) -> None:
 install_display_hook(replace=False)  # importing the views is asking for them
 
 
-_dashboards: dict[int, Any] = {}
-
-
-def dashboard(runtime: Any = None, *, health: Any = None, max_rate: float = 4.0) -> Any:
-    """The live dashboard widget of `runtime` (default: `runtime.get_runtime()`).
-
-    Pass `health` (a HealthModel) to show one you fill yourself. Calling it again (a
-    re-run cell) returns the same widget while it is open, so no stale updater piles up."""
-    from monarch_widgets.widget import Dashboard
-
-    if health is None:
-        if runtime is None:
-            from runtime import get_runtime
-
-            runtime = get_runtime()
-        health = runtime.health
-    old = _dashboards.get(id(health))
-    if (old is not None and old.is_live() and old.health is health
-            and old.max_rate == max_rate and old.runtime is runtime):
-        return old
-    w = Dashboard(health, runtime=runtime, max_rate=max_rate)
-    _dashboards[id(health)] = w
-    return w
-
-
 def status_html(mesh_name: Optional[str] = None, runtime: Any = None) -> str:
     """HTML of the current health of one mesh (actor or proc mesh, by name) or of all."""
     if runtime is None:
@@ -91,8 +67,8 @@ def status_html(mesh_name: Optional[str] = None, runtime: Any = None) -> str:
 def load_ipython_extension(ip: Any) -> None:
     """`%load_ext monarch_widgets`: meshes display as health grids, and a `%mesh` with the
     view subcommands (status, stop, attach, admin) unless a `%mesh` is registered already
-    (the Monarch kernel's). The magic, like all `%mesh` parsing, is `monarch_kernel`'s."""
+    (the Monarch kernel's, whose grammar builds on the views': `monarch_widgets.views`)."""
     install_display_hook()
-    from monarch_kernel.views import register_magic  # the one place widgets use the kernel
+    from monarch_widgets.views import register_magic
 
     register_magic(ip)
