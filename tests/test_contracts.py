@@ -849,6 +849,18 @@ def test_no_import_cycles():
     assert not stale, f"no longer a cycle, remove from CYCLE_DEBT ({counts}): {stale}"
 
 
+def test_import_cost_imports_are_on_the_map():
+    """Each module with a lazy import kept for import cost (`# import cost`) is in the list
+    of them in docs/architecture.md's map, and the list names no other."""
+    marked = {p.relative_to(ROOT).as_posix() for p in py_files("runtime", *FRONT_ENDS)
+              if IMPORT_COST in p.read_text()}
+    assert "runtime/debugging/proc_side.py" in marked
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text.split("marked `# import cost` on its line", 1)[1].split("\n\n")[1]
+    listed = set(re.findall(r"^\| `([\w/]+\.py)` \|", table, re.M))
+    assert listed == marked, f"on the map: {sorted(listed)}; marked: {sorted(marked)}"
+
+
 CYCLE_SNIPPET = '''
 from typing import TYPE_CHECKING
 import pkg.b
