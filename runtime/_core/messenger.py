@@ -217,7 +217,8 @@ class Messenger:
     def cast(self, targets: list, header: Header, body: bytes = b"",
              buffers: tuple = (), gather: bool = False,
              base: Optional[Sequence[str]] = None,
-             tree: Optional[casttree.Tree] = None) -> Optional[casttree.Tree]:
+             tree: Optional[casttree.Tree] = None,
+             reduce: Optional[bytes] = None) -> Optional[casttree.Tree]:
         """Send one message to many procs: directly to those with an address, and one
         FANOUT per host agent for the rest (the agent delivers to its local procs). With
         `gather`, each agent sends the replies of its procs back as one REPLY_BATCH.
@@ -225,7 +226,11 @@ class Messenger:
         `base`: the agents of the targets' mesh in rank order. When it has more than
         `cast_fanout`, the FANOUTs go down the cast tree laid over it (runtime/transport/
         casttree.py) and the tree is returned (None otherwise): the caller keeps it to know
-        which replies come through which relay (`tree`: that tree, from `tree_for`)."""
+        which replies come through which relay (`tree`: that tree, from `tree_for`).
+
+        `reduce`: a reduced call's pickled combine; the agents that gather its replies fold
+        them on the way up (runtime/host/folds.py), and every agent with several of the
+        targets gathers (unless `gather_replies` is "off")."""
         if not header.src:
             header.src = self.proc_id
         by_agent: dict[str, list] = {}
@@ -255,6 +260,8 @@ class Messenger:
                     extra["sub"] = sub
                 if gathered:
                     extra["gather"] = True
+                    if reduce:
+                        extra["reduce"] = reduce
                 h = Header(Kind.FANOUT, src=self.proc_id, extra=extra)
                 send(agent_addr, framing.build(self.token_for(agent_addr), h, body, buffers),
                      port)
@@ -262,8 +269,11 @@ class Messenger:
             return tree
         for agent_addr, procs in by_agent.items():
             extra = {"header": inner, "procs": procs}
-            if gather and len(procs) > 1 and self._gathers(agent_addr):
+            if gather and len(procs) > 1 and (self._gathers(agent_addr) or (
+                    reduce and config.gather_replies != "off")):
                 extra["gather"] = True
+                if reduce:
+                    extra["reduce"] = reduce
             h = Header(Kind.FANOUT, src=self.proc_id, extra=extra)
             send(agent_addr, framing.build(self.token_for(agent_addr), h, body, buffers),
                  port)

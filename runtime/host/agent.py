@@ -121,7 +121,7 @@ class Agent:
                            "host": socket.gethostname(), "pid": os.getpid(),
                            "gateway": self.gateway.address if self.gateway else ""}, f)
             os.replace(tmp, args.address_file)
-        self.gather = ReplyGather(self.address, self.loop.send, self.token)
+        self.gather = ReplyGather(self.address, self.loop.send, self.token, self.loop.call_soon)
         self.casts = CastRelay(self.loop, self.token, self.agent_id, self.rundir, self.gather,
                                self.tcp_address)
         self.workspace = WorkspaceStore(self.rundir, self.agent_id, self.send)
@@ -434,6 +434,7 @@ class Agent:
             os.waitpid(self.zygote_pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+        self.gather.stop()
         self.stopped.set()
 
 

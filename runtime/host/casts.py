@@ -49,16 +49,20 @@ class CastRelay:
                             h.src, why)
                 return
         gather = bool(e.get("gather") and inner.port and inner.reply)
+        reduce = e.get("reduce") if gather else None
+        if reduce is not None and type(reduce) is not bytes:
+            log.warning("agent: a cast from %s dropped: its combine is not bytes", h.src)
+            return
         if gather:
-            inner = self.gather.start(inner, procs, sub)
+            inner = self.gather.start(inner, procs, sub, reduce)
         if sub:
-            self._forward(inner, sub, gather, body, buffers)
+            self._forward(inner, sub, gather, body, buffers, reduce)
         frames = framing.build(self.token, inner, body, buffers)
         for proc_id in procs:
             self.loop.send(f"ipc://{self.rundir}/{proc_id}", frames)
 
     def _forward(self, inner: Header, sub: list, gather: bool, body: Any,
-                 buffers: list) -> None:
+                 buffers: list, reduce: Any = None) -> None:
         """A cast on to this agent's children in its tree: each gets its own subtree;
         gathered, they answer to this agent (over TCP where they are other hosts)."""
         by_reach: dict[bool, bytes] = {}
@@ -78,6 +82,8 @@ class CastRelay:
                 extra["sub"] = kids
             if gather:
                 extra["gather"] = True
+                if reduce:
+                    extra["reduce"] = reduce
             self.loop.send(agent, framing.build(
                 self.token, Header(Kind.FANOUT, src=self.agent_id, extra=extra), body,
                 buffers))
