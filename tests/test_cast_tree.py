@@ -403,6 +403,41 @@ def test_a_relay_killed_mid_cast_fails_exactly_its_subtree(tmp_path, capfd) -> N
             job.kill()
 
 
+@pytest.mark.timeout(240)
+def test_spawns_go_down_the_tree_and_around_a_relay_that_dies() -> None:
+    """fan-out 3 over 20 agents: spawn_procs sends 3 messages, not 20, and every proc
+    starts. Then rank 1's agent (the relay of rank 2's) is stopped, procs are spawned, and
+    it is killed before it relayed anything: rank 2's agent is sent its spawn directly, so
+    every proc but the dead host's starts."""
+    rt = runtime.get_runtime()
+    with configured(cast_fanout=3):
+        job = _job(20)
+        try:
+            hosts = job.state().hosts
+            sent0 = rt.messenger.cast_messages
+            pm = hosts.spawn_procs(per_host={"procs": 1}, name="spawned")
+            assert rt.messenger.cast_messages - sent0 == 3
+            m = pm.spawn("spawned", Node)
+            m.initialized.get(timeout=120)
+            assert sorted(m.rank.call().get(timeout=60).values()) == list(range(20))
+            relay_pid = list(m.agent_pid.call().get(timeout=60).values())[1]
+            os.kill(relay_pid, signal.SIGSTOP)
+            try:
+                pm2 = hosts.spawn_procs(per_host={"procs": 1}, name="around")
+                time.sleep(0.5)  # the spawn reaches the stopped relay's socket, no further
+                assert pm2.procs[2].pid == 0
+            finally:
+                os.kill(relay_pid, signal.SIGKILL)
+            pm2.slice(hosts=slice(2, 20)).initialized.get(timeout=120)
+            pm2.slice(hosts=slice(0, 1)).initialized.get(timeout=60)
+            with pytest.raises(Exception):
+                pm2.slice(hosts=slice(1, 2)).initialized.get(timeout=60)
+            m2 = pm2.slice(hosts=slice(2, 20)).spawn("around", Node)
+            assert sorted(m2.rank.call().get(timeout=60).values()) == list(range(18))
+        finally:
+            job.kill()
+
+
 def test_a_relay_reports_an_unreachable_childs_subtree_gone_with_the_cause() -> None:
     """gather.py alone: a batch waiting on two child relays; one of them does not answer
     (the agent's pings: `check_children`), so its subtree's procs go up as gone, with why,
