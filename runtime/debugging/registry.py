@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Literal, Optional, get_args
 
 from ..transport.framing import Header
 from . import settings
@@ -22,7 +22,7 @@ from .protocol import header, op_of
 from .selectors import RankSelector, parse_selector
 
 __all__ = [
-    "NOTE_AFTER", "TICK_S", "Session", "DebugError", "FrontEndHooks", "DebugRegistry", "install",
+    "NOTE_AFTER", "TICK_S", "SessionState", "session_state", "Session", "DebugError", "FrontEndHooks", "DebugRegistry", "install",
     "current_registry", "get_registry",
 ]
 
@@ -30,6 +30,19 @@ log = logging.getLogger("runtime.debugging")
 
 NOTE_AFTER = 1.0  # seconds a breakpoint waits unattended before a note is printed
 TICK_S = 0.25  # how often sessions are checked (notes, timeouts, dead procs) while there are any
+
+
+#: a debug session's life: paused (pdb waits for a line) <-> running (a line was sent) ->
+#: ended (final: the actor went on, or its proc is gone)
+SessionState = Literal["paused", "running", "ended"]
+
+
+def session_state(value: object) -> SessionState:
+    """A session's state as read from the wire (the admin endpoint's answers)."""
+    for state in get_args(SessionState):
+        if value == state:
+            return state
+    raise ValueError(f"not a debug session's state: {value!r}")
 
 
 @dataclass
@@ -52,7 +65,7 @@ class Session:
     line: int = 0
     function: str = ""
     since: float = field(default_factory=time.time)
-    state: str = "paused"  # paused (waiting for a line), running, ended
+    state: SessionState = "paused"
     prompt: str = "(Pdb) "
     output: list = field(default_factory=list)
     attached: bool = False
@@ -229,7 +242,7 @@ class DebugRegistry(FrontEndHooks):
         if self._ticking:
             self.rt.loop.call_later(TICK_S, self.tick)
         now = time.monotonic()
-        dead = getattr(self.rt, "dead_procs", set())
+        dead: Collection[str] = getattr(self.rt, "dead_procs", ())
         notes, expired = [], []
         with self._cond:
             for s in list(self._sessions.values()):
@@ -359,7 +372,7 @@ class DebugRegistry(FrontEndHooks):
             self.abort(s, f"{reason}; set MONARCH_DEBUG_POLICY=continue to continue instead")
 
     def wait(self, s: Session, timeout: Optional[float] = None,
-             stop: Optional[Callable[[], bool]] = None) -> tuple[str, str]:
+             stop: Optional[Callable[[], bool]] = None) -> tuple[str, SessionState]:
         """Wait until `s` wants a line or ended (or `stop()` is true); returns (output, state)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
@@ -374,13 +387,14 @@ class DebugRegistry(FrontEndHooks):
             s.output.clear()
             return text, s.state
 
-    def run_command(self, s: Session, line: str, timeout: float = 30.0) -> tuple[str, str]:
+    def run_command(self, s: Session, line: str,
+                    timeout: float = 30.0) -> tuple[str, SessionState]:
         """Send one line and wait for pdb's answer; returns (output, state)."""
         self.send_line(s, line)
         return self.wait(s, timeout)
 
     def cast(self, selector: str | RankSelector, command: str, mesh: Optional[str] = None,
-             timeout: float = 30.0) -> list[tuple[Session, str, str]]:
+             timeout: float = 30.0) -> list[tuple[Session, str, SessionState]]:
         """Send `command` to every paused session selected; [(session, output, state)]."""
         targets = [s for s in self.select(selector, mesh) if s.state == "paused"]
         if not targets:
