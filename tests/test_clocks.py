@@ -1,7 +1,8 @@
 """Durations as contracts, on a clock the test drives (no sleeping): a kept proc's lease and
-a kept job's agent's (runtime/host/lease.py) and `heartbeat_timeout`
-(runtime/_core/liveness.py) end exactly after their duration, not before. (A notebook's
-output grace, `OutputRouter.settle`, is tested the same way in kernel/test_pure.py.)"""
+a kept job's agent's (runtime/host/lease.py), `heartbeat_timeout` (runtime/_core/liveness.py)
+and `debug_timeout` (runtime/debugging/registry.py) end when their duration says, not
+before. (A notebook's output grace, `OutputRouter.settle`, is tested the same way in
+kernel/test_pure.py.)"""
 
 from __future__ import annotations
 
@@ -162,3 +163,38 @@ def test_a_silent_remote_host_is_lost_exactly_after_heartbeat_timeout(monkeypatc
     why = "host h1 unreachable (no heartbeat for 3 s)"
     assert not agent.alive and agent.lost
     assert rt.failed == [("p1", why), ("tcp://h1:1", f"h1 ({why})")]
+
+
+# -- debug_timeout --------------------------------------------------------------------------
+def test_an_unattended_breakpoint_meets_the_policy_exactly_at_debug_timeout(monkeypatch):
+    """A note after NOTE_AFTER seconds, the policy ('fail': the call fails) once the session
+    has waited `debug_timeout` seconds unattended: at it, not before."""
+    from runtime.debugging.protocol import header
+    from runtime.debugging.registry import NOTE_AFTER, DebugRegistry
+
+    monkeypatch.setattr(config, "debug_timeout", 5.0)
+    monkeypatch.setattr(config, "debug_policy", "fail")
+    clock = FakeClock()
+    sent: list = []
+    rt = SimpleNamespace(
+        loop=SimpleNamespace(call_soon=lambda fn, *a: None, call_later=lambda d, fn, *a: None),
+        send=lambda addr, h: sent.append(h.extra["op"]), actor_meshes={}, dead_procs=set())
+    reg = DebugRegistry(rt, clock=clock)
+    notes: list = []
+    reg.notify = notes.append
+    reg.on_message(header("read", sid="s1", addr="ipc://p", kind="breakpoint", mesh="m",
+                          rank=0, file="train.py", line=3, function="work"), None, [])
+    assert sent == ["ack"] and [s.sid for s in reg.paused()] == ["s1"]
+    clock.advance(NOTE_AFTER - 0.5)
+    reg.tick()
+    assert notes == []
+    clock.advance(0.5)  # NOTE_AFTER: the note
+    reg.tick()
+    assert len(notes) == 1 and "paused at train.py:3" in notes[0], notes
+    clock.advance(5.0 - NOTE_AFTER - 0.25)
+    reg.tick()
+    assert sent == ["ack"] and len(notes) == 1
+    clock.advance(0.25)  # debug_timeout
+    reg.tick()
+    assert sent == ["ack", "abort"] and reg.paused() == []
+    assert "unattended for 5 s" in notes[-1] and "failing the call" in notes[-1]

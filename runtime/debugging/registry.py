@@ -143,11 +143,13 @@ class FrontEndHooks:
 
 
 class DebugRegistry(FrontEndHooks):
-    """Thread-safe registry of paused sessions of one controller."""
+    """Thread-safe registry of paused sessions of one controller. A session unattended for
+    `debug_timeout` seconds on `clock` (time.monotonic; tests pass theirs) meets the policy."""
 
-    def __init__(self, rt: Any) -> None:
+    def __init__(self, rt: Any, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.rt = rt
+        self.clock = clock
         self._cond = threading.Condition()
         self._sessions: dict[str, Session] = {}
         self._ticking = False  # `tick` runs every TICK_S while there are sessions
@@ -198,7 +200,7 @@ class DebugRegistry(FrontEndHooks):
                             coords=dict(e.get("coords") or {}), host=str(e.get("host", "")),
                             pid=int(e.get("pid", 0)), proc_id=str(e.get("proc_id", "")),
                             actor_id=str(e.get("actor_id", "")), port=int(e.get("port", 0)),
-                            endpoint=str(e.get("endpoint", "")))
+                            endpoint=str(e.get("endpoint", "")), unattended_since=self.clock())
                 self._sessions[sid] = s
                 s.attached = self._claimed(s)
                 if not self._ticking:  # the checks run while there are sessions
@@ -213,7 +215,7 @@ class DebugRegistry(FrontEndHooks):
             was = s.state
             s.state = "paused"
             if not s.attached and was != "paused":
-                s.unattended_since = time.monotonic()
+                s.unattended_since = self.clock()
             self._cond.notify_all()
         if addr:
             self.rt.send(addr, header("ack", sid=sid))
@@ -241,7 +243,7 @@ class DebugRegistry(FrontEndHooks):
         self._ticking = bool(self._sessions)
         if self._ticking:
             self.rt.loop.call_later(TICK_S, self.tick)
-        now = time.monotonic()
+        now = self.clock()
         dead: Collection[str] = getattr(self.rt, "dead_procs", ())
         notes, expired = [], []
         with self._cond:
@@ -327,7 +329,7 @@ class DebugRegistry(FrontEndHooks):
         """Stop attending `s`; with release=True the actor continues (breakpoints cleared)."""
         with self._cond:
             s.attached = False
-            s.unattended_since = time.monotonic()
+            s.unattended_since = self.clock()
             s.noted = True
         if release and s.state != "ended":
             self.release(s, clear=True)
