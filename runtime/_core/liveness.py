@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .._base.process import describe_status
 from ..config import config
@@ -53,10 +53,13 @@ def note_reply(rt: "Runtime", m: Any, rank: int) -> None:
 
 
 class Liveness:
-    """Sends heartbeats, records them, and fails what stops answering."""
+    """Sends heartbeats, records them, and fails what stops answering: a peer silent for
+    more than `heartbeat_timeout` seconds on `clock` (the clock of every `last_seen` stamp
+    and of the loop's `last_heard`: time.monotonic; tests pass theirs)."""
 
-    def __init__(self, rt: "Runtime") -> None:
+    def __init__(self, rt: "Runtime", clock: Callable[[], float] = time.monotonic) -> None:
         self.rt = rt
+        self.clock = clock
         self._peer_last: dict[str, float] = {}  # peers we wait on but do not own
         self._next_ping = 0.0
 
@@ -97,7 +100,7 @@ class Liveness:
     # -- in -----------------------------------------------------------------------------------
     def on_heartbeat(self, h: Header, body: Any, buffers: list) -> None:
         rt = self.rt
-        now = time.monotonic()
+        now = self.clock()
         e = h.extra
         if isinstance(e, dict) and ("ping" in e or "pong" in e):
             if "ping" in e and h.reply:  # a peer waiting on us checks we are reachable
@@ -155,7 +158,7 @@ class Liveness:
         connections is read first (the I/O thread may have been busy), and only a peer from
         which nothing at all came meanwhile (no message, no byte of one) is failed."""
         rt = self.rt
-        now = time.monotonic()
+        now = self.clock()
         timeout = config.heartbeat_timeout
         if self._any_silent(now, timeout):
             rt.loop.read_pending()
