@@ -136,6 +136,9 @@ class Liveness:
             rank = m.rank_of(rec.proc_id)
             if rank < 0 or rank in m.failed or m.ready[rank] is None:
                 continue
+            if state != "busy" and m.last_beat.get(rank) == st:
+                continue  # nothing new (a busy one is checked again: stale_busy)
+            m.last_beat[rank] = st
             queued, waits = 0, None
             if len(st) >= 7:  # what waits in its mailbox, and what it waits on (diagnose)
                 m.diag[rank] = (state, endpoint, since, st[5], st[6])
