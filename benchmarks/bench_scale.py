@@ -1,7 +1,9 @@
 """Scale: a call + gather to 64 vs 1,024 actors on 16 host agents (LocalJob), side by side,
 1,024 again with the replies gathered per host (gather_replies='on'), and 1,024 through a
 cast tree of the agents (cast_fanout=--fanout, default 4: the controller sends 4 messages
-per cast and gets 4 batches back).
+per cast and gets 4 batches back), and the same with the answers summed on the way up
+(`Accumulator(..., associative=True)`: the agents fold, the controller gets 4 partial sums).
+With --payload KIB every actor answers a float32 array of that size instead of an int.
 
 16 agents x 4 procs = 64 procs; 16 actor meshes of 64 actors = 1,024 actors. For each size
 it prints the median time of `call()` + gather of every reply, the controller's CPU time
@@ -11,10 +13,12 @@ sends per cast (runtime stats["sent"]): with per-host fan-out that is one per ho
 goes to stderr, the table to stdout.
 
     PYTHONPATH=. python benchmarks/bench_scale.py [--hosts 16] [--procs 4] [--meshes 16] [--fanout 4]
+        [--payload 0]
 """
 from __future__ import annotations
 
 import argparse
+import operator
 import os
 import statistics
 import sys
@@ -34,6 +38,12 @@ class Echo(Actor):
     @endpoint
     def ping(self, x: int) -> int:
         return x
+
+    @endpoint
+    def blob(self, kib: int):
+        import numpy
+
+        return numpy.ones(kib * 256, dtype=numpy.float32)
 
 
 def timed(fn, iters: int, warmup: int = 3) -> tuple[list[float], list[float]]:
@@ -59,6 +69,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--fanout", type=int, default=4,
                     help="cast_fanout of the tree row (the other rows: one FANOUT per agent)")
+    ap.add_argument("--payload", type=int, default=0,
+                    help="KiB of float32 each actor answers (0: an int)")
     a = ap.parse_args()
     rt = runtime.get_runtime()
     t0 = time.perf_counter()
@@ -76,12 +88,25 @@ def main() -> None:
         n_procs = a.hosts * a.procs
         setup = time.perf_counter() - t0
 
+        def ep(m):
+            return m.blob if a.payload else m.ping
+
+        arg = a.payload or 1
+
         def one() -> None:
-            assert len(meshes[0].ping.call(1).get(timeout=60)) == n_procs
+            assert len(ep(meshes[0]).call(arg).get(timeout=60)) == n_procs
 
         def all_() -> None:
-            futs = [m.ping.call(1) for m in meshes]
+            futs = [ep(m).call(arg) for m in meshes]
             assert sum(len(f.get(timeout=60)) for f in futs) == n_procs * a.meshes
+
+        sums = [runtime.Accumulator(ep(m), 0, operator.add, associative=True) for m in meshes]
+
+        def folded() -> None:
+            futs = [s.accumulate(arg) for s in sums]
+            for f in futs:
+                got = f.get(timeout=60)
+                assert (got == n_procs).all() if a.payload else got == n_procs
 
         from runtime.transport.framing import Kind
 
@@ -103,7 +128,8 @@ def main() -> None:
                  (f"{a.meshes} meshes", all_, a.meshes, "off", star),
                  (f"{a.meshes} meshes, gathered", all_, a.meshes, "on", star),
                  (f"{a.meshes} meshes, tree fan-out {a.fanout}", all_, a.meshes, "auto",
-                  a.fanout))
+                  a.fanout),
+                 (f"{a.meshes} meshes, tree, summed", folded, a.meshes, "auto", a.fanout))
         for label, fn, casts, gather, fanout in cases:
             progress(f"{label}: {a.iters} x call + gather to {casts * n_procs} actors")
             with runtime.configured(gather_replies=gather, cast_fanout=fanout):
@@ -117,7 +143,8 @@ def main() -> None:
         progress("stopping the job")
         job.cleanup()  # kill, and remove the job's directory
     ref = rows[0][3]
-    print(f"LocalJob: {a.hosts} host agents, {a.hosts * a.procs} procs, set-up {setup:.1f} s")
+    print(f"LocalJob: {a.hosts} host agents, {a.hosts * a.procs} procs, set-up {setup:.1f} s, "
+          f"answers: {f'{a.payload} KiB of float32 each' if a.payload else 'an int each'}")
     print(f"{'actor meshes':>24} {'actors':>7} {'casts':>6} {'median call+gather ms':>22} "
           f"{'x ref':>6} {'controller CPU ms':>18} {'controller CPU ms/cast':>22} "
           f"{'msgs sent/cast':>15} {'msgs received/cast':>19} {'actors/cast':>12}")
@@ -134,7 +161,10 @@ def main() -> None:
           "tree: casts go down a tree of agents with at most --fanout children each and the "
           "replies come back up it (docs/transport.md, 'The cast tree'). sent: the messages "
           "the casts put on the wire; received: replies and reply batches (heartbeats and "
-          "other traffic not counted), medians over 5 rounds of one iteration.")
+          "other traffic not counted), medians over 5 rounds of one iteration. summed: "
+          "Accumulator(endpoint, 0, operator.add, associative=True).accumulate() on each "
+          "mesh: the agents add their subtree's answers (docs/runtime.md, 'Reducing on the "
+          "way up').")
 
 
 if __name__ == "__main__":

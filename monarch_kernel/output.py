@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import time
 from typing import Any, Callable, Optional
 
 __all__ = ["LinePrefixer", "Writer", "OutputRouter", "kernel_writer"]
@@ -90,8 +91,12 @@ class OutputRouter:
     `target` is the parent header of the cell whose output this is: the running cell, or
     after it ended the last one that ran (late output still lands in that cell)."""
 
-    def __init__(self, write: Writer, partial_delay: float = 0.2, fmt: str = "[{label}] ") -> None:
+    def __init__(self, write: Writer, partial_delay: float = 0.2, fmt: str = "[{label}] ",
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self._write = write
+        #: what `settle` measures its durations with, and waits with (tests pass theirs)
+        self.clock, self.sleep = clock, sleep
         self._lock = threading.Lock()
         self._marked = threading.Condition(self._lock)
         self._marks: dict[str, int] = {}
@@ -113,12 +118,10 @@ class OutputRouter:
 
     def __call__(self, label: str, stream: str, text: str) -> None:
         """The sink: called on the runtime's I/O thread for each chunk of remote output."""
-        import time
-
         stream = "stderr" if stream == "stderr" else "stdout"
         with self._lock:
             self.chunks += 1
-            self.last_output = time.monotonic()
+            self.last_output = self.clock()
             if _MARK_START in text:
                 text = self._take_marks(text)
                 self._marked.notify_all()
@@ -179,15 +182,13 @@ class OutputRouter:
         """Wait `grace` s, then until no output arrived for `quiet` s (at most `limit` s in
         all): output still in flight when a cell ends then lands in that cell. Returns the
         time waited. (Remote output travels proc -> host agent -> here, replies directly.)"""
-        import time
-
-        start = time.monotonic()
+        start = self.clock()
         end = start + limit
         while True:
-            now = time.monotonic()
+            now = self.clock()
             if now >= end or (now - start >= grace and now - self.last_output >= quiet):
                 return now - start
-            time.sleep(0.005)
+            self.sleep(0.005)
 
 
 def kernel_writer(stdout: Any = None, stderr: Any = None) -> Writer:

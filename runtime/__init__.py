@@ -15,13 +15,14 @@ _warnings.filterwarnings("ignore", message=r"'runtime\.transport\.auth' found in
 
 from .actor import (Actor, ActorContext, CreatorInstance, concurrent_endpoint, context,
                     current_actor_name, current_rank, current_size, endpoint)
-from .channel import Accumulator, Channel, Port, PortReceiver
+from .channel import Channel, Port, PortReceiver
 from ._core import get_runtime, shutdown
 from .config import (clear_runtime_config, configure, configured, get_global_config,
                      get_runtime_config)
 from .errors import (ActorError, CancelledError, InjectedFault, MeshStoppedError, MessageTooLargeError,
                      SerializationError, SupervisionError)
 from .future import CallScope, Future, call_scope
+from ._meshes.accumulator import Accumulator
 from ._meshes import (ActorMesh, Endpoint, HostMesh, NotAnEndpoint, ProcInfo, ProcMesh,
                       active_mesh_names, as_endpoint, attach_to_workers,
                       get_or_spawn_controller, send, this_host, this_proc)

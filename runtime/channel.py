@@ -1,4 +1,4 @@
-"""Channels and ports: one-way message streams any actor can send into, and Accumulator.
+"""Channels and ports: one-way message streams any actor can send into.
 
 Layer 5 (on the core): imports `runtime._core`, `runtime.transport` and the basics.
 """
@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Callable, Generic, Optional, TypeVar
+from typing import Any, Generic, Optional, TypeVar
 
 from ._core import get_runtime, reach
 from .future import Future, resolve_later
 from .transport.framing import ERROR, OK, Header, Kind
 from .transport.serialization import check_size, dumps, loads
 
-__all__ = ["T", "Port", "PortReceiver", "Channel", "Accumulator"]
+__all__ = ["T", "Port", "PortReceiver", "Channel"]
 
 T = TypeVar("T")
 
@@ -124,50 +124,3 @@ class Channel(Generic[T]):
         pid = rt.open_port(recv._deliver)
         recv._port_id = pid
         return Port(rt.address, pid), recv
-
-
-class Accumulator(Generic[T]):
-    """Fold an endpoint's results as they arrive, as Monarch: `combine(acc, value)` over
-    `endpoint.stream(...)`, starting from `identity` (the identity when nothing streams)."""
-
-    def __init__(self, endpoint: Any, identity: T, combine: Callable[[T, Any], T]) -> None:
-        self._endpoint = endpoint
-        self._identity = identity
-        self._combine = combine
-
-    def accumulate(self, *args: Any, **kwargs: Any) -> Future[T]:
-        """Call `endpoint.stream(*args, **kwargs)` now; a Future of the fold, left to right
-        in stream (arrival) order; the first error (a rank's, or combine's) fails it."""
-        stream = iter(self._endpoint.stream(*args, **kwargs))
-        out: Future = Future("Accumulator.accumulate")
-
-        def fold(acc: Any) -> None:
-            try:
-                for fut in stream:
-                    if not fut.done():
-                        _start(fut)
-                    if not fut.done():
-                        fut.add_done_callback(lambda f, a=acc: resume(f, a))
-                        return
-                    acc = self._combine(acc, fut.get())
-            except BaseException as e:  # noqa: BLE001 - it belongs to the future
-                out.set_exception(e)
-                return
-            out.set_result(acc)
-
-        def resume(fut: Future, acc: Any) -> None:
-            try:
-                acc = self._combine(acc, fut.get())
-            except BaseException as e:  # noqa: BLE001
-                out.set_exception(e)
-                return
-            fold(acc)
-
-        fold(self._identity)
-        return out
-
-
-def _start(fut: Any) -> None:
-    """Start a `Future(coro=...)` that nobody awaits yet (a stream may yield those)."""
-    if isinstance(fut, Future):
-        fut.start()

@@ -46,3 +46,22 @@ def pipeline_until_death(mesh: Any, size: int, busy: float = 0.0, n: int = 400,
         except runtime.SupervisionError as e:
             errors.append(str(e))
     return answered, errors
+
+
+class FakeClock:
+    """A clock a test drives: pass it where code takes `clock=` (and its `sleep` where code
+    takes `sleep=`: sleeping advances it, after `on_sleep(now)` had its turn)."""
+
+    def __init__(self, now: float = 1000.0, on_sleep: Callable[[float], None] = lambda t: None):
+        self.now = now
+        self.on_sleep = on_sleep
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.on_sleep(self.now)
+        self.now += seconds

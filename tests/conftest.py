@@ -118,7 +118,8 @@ def pytest_addoption(parser):
 #: test files that start no process: `pytest -m pure` runs them (seconds); the
 #: `pure_starts_nothing` fixture fails a test marked pure that starts one
 PURE_FILES = frozenset({
-    "test_architecture_map.py", "test_config.py", "test_contracts.py", "test_dap_engine.py",
+    "test_architecture_map.py", "test_clocks.py", "test_config.py", "test_contracts.py",
+    "test_dap_engine.py",
     "test_debugging_pure.py", "test_log_aggregation.py", "test_malformed_input.py",
     "test_monarch_future.py", "test_porting_table.py", "test_rdma_protocol.py",
     "test_shapes.py", "test_stream.py", "test_tensor_groups.py", "test_transport.py",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -148,6 +149,15 @@ class Node(Actor):
         return psutil.Process(os.getppid()).ppid()
 
     @endpoint
+    def tagged(self) -> dict:
+        """This rank, to fold: {"ranks": [rank], "where": []} (combines add their pid)."""
+        return {"ranks": [runtime.current_rank().rank], "where": []}
+
+    @endpoint
+    def opaque(self) -> "Opaque":
+        return Opaque(runtime.current_rank().rank)
+
+    @endpoint
     def wait_for(self, path: str) -> int:
         """Answer once `path` exists (bounded: 60 s)."""
         deadline = time.monotonic() + 60
@@ -167,6 +177,31 @@ class Node(Actor):
         else:
             time.sleep(others_after)
         return me
+
+
+def _readable_here(v: int, where: list) -> "Opaque":
+    if threading.current_thread().name == "agent-folds":  # a host agent's fold worker
+        raise RuntimeError("only the caller and the procs can read this value")
+    return Opaque(v, where)
+
+
+class Opaque:
+    """A value host agents cannot unpickle (its reconstructor refuses their fold worker)."""
+
+    def __init__(self, v: int, where: list = ()) -> None:
+        self.v, self.where = v, list(where)  # where: the pids of the combines that made it
+
+    def __reduce__(self) -> tuple:
+        return (_readable_here, (self.v, self.where))
+
+
+def _tagging_combine():
+    """A combine defined in a function (so it pickles by value) that records where it ran."""
+    def combine(a: dict, b: dict) -> dict:
+        import os
+
+        return {"ranks": a["ranks"] + b["ranks"], "where": a["where"] + b["where"] + [os.getpid()]}
+    return combine
 
 
 def _job(n: int):
@@ -235,12 +270,90 @@ def test_a_direct_call_after_casts_sees_them(tree20) -> None:
 
 
 @pytest.mark.timeout(240)
+def test_an_associative_accumulator_folds_in_the_agents(tree20) -> None:
+    """Accumulator(associative=True): the relays fold their subtree's answers, so the caller
+    gets at most fan-out partial values and combines only those with the identity."""
+    rt = runtime.get_runtime()
+    stats = rt.loop.stats
+    from runtime.transport.framing import Kind
+
+    agents = set(tree20.agent_pid.call().get(timeout=60).values())
+    acc = runtime.Accumulator(tree20.tagged, {"ranks": [], "where": []}, _tagging_combine(),
+                              associative=True)
+    batches0, replies0 = stats.by_kind[Kind.REPLY_BATCH], stats.by_kind[Kind.REPLY]
+    got = acc.accumulate().get(timeout=60)
+    assert sorted(got["ranks"]) == list(range(20))
+    assert stats.by_kind[Kind.REPLY_BATCH] - batches0 <= 4
+    assert stats.by_kind[Kind.REPLY] - replies0 == 0
+    here = got["where"].count(os.getpid())
+    assert 1 <= here <= 4  # the identity with each partial value
+    assert len(got["where"]) == 20  # 20 values and the identity: 20 combines in all
+    assert set(got["where"]) - {os.getpid()} <= agents  # the rest ran in the host agents
+
+
+@pytest.mark.timeout(240)
+def test_a_combine_that_raises_in_an_agent_fails_the_call(tree20) -> None:
+    def combine(a: dict, b: dict) -> dict:
+        if 7 in a["ranks"] + b["ranks"]:
+            raise ValueError("no seven")
+        return {"ranks": a["ranks"] + b["ranks"], "where": []}
+
+    acc = runtime.Accumulator(tree20.tagged, {"ranks": [], "where": []}, combine,
+                              associative=True)
+    with pytest.raises(runtime.ActorError, match="(?s)combine raised in host agent.*no seven"):
+        acc.accumulate().get(timeout=60)
+    assert sorted(tree20.rank.call().get(timeout=60).values()) == list(range(20))  # usable
+
+
+@pytest.mark.timeout(240)
+def test_values_an_agent_cannot_read_are_folded_by_the_caller(tree20) -> None:
+    acc = runtime.Accumulator(
+        tree20.opaque, Opaque(1000),
+        lambda a, b: Opaque(a.v + b.v, a.where + b.where + [os.getpid()]), associative=True)
+    got = acc.accumulate().get(timeout=60)
+    assert got.v == 1000 + sum(range(20))
+    assert got.where == [os.getpid()] * 20  # every value came up as it was
+
+
+@pytest.mark.timeout(240)
+def test_agents_fold_without_a_tree_too() -> None:
+    """Two agents, three procs each, no tree (fewer agents than the fan-out): each agent
+    still folds its procs' answers into one partial value."""
+    job = _job(2)
+    try:
+        pm = job.state().hosts.spawn_procs(per_host={"procs": 3}, name="star")
+        m = pm.spawn("star", Node)
+        m.initialized.get(timeout=120)
+        agents = set(m.agent_pid.call().get(timeout=60).values())
+        acc = runtime.Accumulator(m.tagged, {"ranks": [], "where": []}, _tagging_combine(),
+                                  associative=True)
+        got = acc.accumulate().get(timeout=60)
+        assert sorted(got["ranks"]) == list(range(6))
+        assert got["where"].count(os.getpid()) == 2  # one partial value per agent
+        assert set(got["where"]) - {os.getpid()} <= agents and len(got["where"]) == 6
+    finally:
+        job.kill()
+
+
+@pytest.mark.timeout(240)
 def test_an_answer_sent_before_a_death_counts_through_the_tree(tree20) -> None:
     """Rank 13 (a proc below a relay) answers, then dies while its answer waits in the batches
     of its agents for the slow ranks: its death reaches the controller first, on another
     path, yet the call returns every answer."""
     got = tree20.answer_then_die.call(13, 2.0).get(timeout=60)
     assert sorted(got.values()) == list(range(20))
+
+
+@pytest.mark.timeout(240)
+def test_an_answer_folded_before_a_death_counts(tree20) -> None:
+    """The same with the answers folded on the way up: rank 6 (a leaf below relay 5) answers
+    and dies while its answer waits, folded, in relay 5's partial value (rank 13 died in
+    the test above: the call goes to ranks 0-12)."""
+    import operator
+
+    acc = runtime.Accumulator(_rank_slice(tree20, 0, 13).answer_then_die, 0, operator.add,
+                              associative=True)
+    assert acc.accumulate(6, 2.0).get(timeout=60) == sum(range(13))
 
 
 @pytest.mark.timeout(240)
@@ -286,6 +399,41 @@ def test_a_relay_killed_mid_cast_fails_exactly_its_subtree(tmp_path, capfd) -> N
             rest = _rank_slice(m, 2, 20).rank.call().get(timeout=60)
             assert sorted(rest.values()) == list(range(18))  # ranks within the slice
             assert _rank_slice(m, 0, 1).rank.call_one().get(timeout=30) == 0
+        finally:
+            job.kill()
+
+
+@pytest.mark.timeout(240)
+def test_spawns_go_down_the_tree_and_around_a_relay_that_dies() -> None:
+    """fan-out 3 over 20 agents: spawn_procs sends 3 messages, not 20, and every proc
+    starts. Then rank 1's agent (the relay of rank 2's) is stopped, procs are spawned, and
+    it is killed before it relayed anything: rank 2's agent is sent its spawn directly, so
+    every proc but the dead host's starts."""
+    rt = runtime.get_runtime()
+    with configured(cast_fanout=3):
+        job = _job(20)
+        try:
+            hosts = job.state().hosts
+            sent0 = rt.messenger.cast_messages
+            pm = hosts.spawn_procs(per_host={"procs": 1}, name="spawned")
+            assert rt.messenger.cast_messages - sent0 == 3
+            m = pm.spawn("spawned", Node)
+            m.initialized.get(timeout=120)
+            assert sorted(m.rank.call().get(timeout=60).values()) == list(range(20))
+            relay_pid = list(m.agent_pid.call().get(timeout=60).values())[1]
+            os.kill(relay_pid, signal.SIGSTOP)
+            try:
+                pm2 = hosts.spawn_procs(per_host={"procs": 1}, name="around")
+                time.sleep(0.5)  # the spawn reaches the stopped relay's socket, no further
+                assert pm2.procs[2].pid == 0
+            finally:
+                os.kill(relay_pid, signal.SIGKILL)
+            pm2.slice(hosts=slice(2, 20)).initialized.get(timeout=120)
+            pm2.slice(hosts=slice(0, 1)).initialized.get(timeout=60)
+            with pytest.raises(Exception):
+                pm2.slice(hosts=slice(1, 2)).initialized.get(timeout=60)
+            m2 = pm2.slice(hosts=slice(2, 20)).spawn("around", Node)
+            assert sorted(m2.rank.call().get(timeout=60).values()) == list(range(18))
         finally:
             job.kill()
 

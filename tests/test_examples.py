@@ -46,6 +46,14 @@ def test_chaos_example_recovers_from_injected_failures():
 
 
 @pytest.mark.timeout(150)
+def test_tree_reduce_example_sums_on_the_way_up():
+    r = run_example("tree_reduce.py")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "summed loss: 68.0\nsame as a plain fold: 68.0\n" in r.stdout
+    assert "label counts: {'all': 16, 'even': 8, 'odd': 8}" in r.stdout
+
+
+@pytest.mark.timeout(150)
 def test_philosophers_example_feeds_everyone_and_stops():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "philosophers.py"),
                         "--seats", "3", "--seconds", "2"], capture_output=True, text=True,

@@ -177,6 +177,26 @@ def test_accumulator(echo):
         .get(timeout=10) == [7] * 4  # one value per actor, keyword arguments too
 
 
+def test_an_associative_accumulator_folds_the_same_value(echo):
+    """associative=True on procs that answer the caller directly (no host agent gathers
+    here): the caller folds, and the result is the plain fold's."""
+    import operator
+
+    acc = Accumulator(echo.ping, 100, operator.add, associative=True)
+    assert acc.accumulate(5).get(timeout=10) == 120
+    assert acc.accumulate(x=1).get(timeout=10) == 104  # the same accumulator again
+
+
+def test_an_associative_accumulator_needs_a_combine_that_pickles(echo):
+    import threading
+
+    lock = threading.Lock()
+    with pytest.raises(SerializationError, match="associative=True.*must pickle"):
+        Accumulator(echo.ping, 0, lambda a, b: (lock, a + b)[1], associative=True)
+    with pytest.raises(TypeError, match="combine must be callable"):
+        Accumulator(echo.ping, 0, 42)
+
+
 class _Streaming:
     """An endpoint stand-in: `stream()` records its arguments and yields given futures."""
 

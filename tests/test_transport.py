@@ -173,3 +173,8 @@ def test_a_gateway_end_keeps_what_it_sent_until_confirmed_and_sends_the_rest_aga
         small.add(b"D", [b"y" * 150])
     assert small.let_go >= 7 and small.lost_after(0) == small.let_go
     assert len(small.after(small.let_go)) == 10 - small.let_go
+    # a send that failed at once is taken back whole: its number and its bytes
+    before = (r.seq, r.bytes, len(r.kept))
+    r.add(b"D", [b"z" * 10])
+    r.take_back()
+    assert (r.seq, r.bytes, len(r.kept)) == before

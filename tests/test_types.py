@@ -1,9 +1,12 @@
 """The type checker passes on the parts whose invariants live in types: runtime's core, its
-transport and the proc side (`[tool.mypy]` in pyproject.toml; mypy is pinned in the lock)."""
+transport, the proc side and the packages beside them that are clean (`files` of
+`[tool.mypy]` in pyproject.toml; mypy is pinned in the lock); and it catches a misspelt
+state."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,17 +14,66 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# the cache lives with the other test artifacts (ignored by git): a re-run is fast
+CACHE = ROOT / "test-artifacts" / "mypy-cache"
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_mypy_is_clean_on_core_transport_and_proc():
+def mypy(*args: str) -> subprocess.CompletedProcess:
     pytest.importorskip("mypy", reason="mypy is in the `test` extra (pip install -e .[test])")
-    # the cache lives with the other test artifacts (ignored by git): a re-run is fast
-    cache = ROOT / "test-artifacts" / "mypy-cache"
-    out = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(cache),
-                          "--show-error-codes"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=280,
-                         env={**os.environ, "MYPY_FORCE_COLOR": "0"})
+    return subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(CACHE),
+                           "--show-error-codes", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=280,
+                          env={**os.environ, "MYPY_FORCE_COLOR": "0", "MYPYPATH": str(ROOT)})
+
+
+def test_mypy_is_clean_on_core_transport_proc_and_the_packages_listed():
+    out = mypy()
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Success" in out.stdout, out.stdout
+
+
+TYPOS = '''
+from runtime._core.records import ProcRecord
+from runtime.debugging.registry import Session
+from runtime.proc._actor_instance import ActorInstance
+from runtime.transport.stream import Outbound
+
+
+def typos(rec: ProcRecord, out: Outbound, a: ActorInstance, s: Session) -> None:
+    rec.state = "runing"
+    a.set_state("bussy")
+    s.state = "stopped"
+    print(out.state == "opened")
+    print(rec.state == "running", out.state != "broken", s.state == "ended")
+'''
+
+
+def test_a_misspelt_state_is_a_type_error(tmp_path):
+    """States are Literal types: assigning, passing or comparing (strict_equality) a string
+    that is not one of the values is an error; the right spellings are not."""
+    (tmp_path / "typos.py").write_text(TYPOS)
+    out = mypy(str(tmp_path / "typos.py"))
+    errors = re.findall(r"typos\.py:(\d+): error: .*\[([\w-]+)\]", out.stdout)
+    assert errors == [("9", "assignment"), ("10", "arg-type"), ("11", "assignment"),
+                      ("12", "comparison-overlap")], out.stdout + out.stderr
+
+
+def test_an_actors_status_is_what_the_health_model_knows():
+    """What a proc's heartbeats report of an actor is a value of the health model's state."""
+    from typing import get_args
+
+    from runtime.proc._actor_instance import ActorStatus
+    from runtime.supervision.health import ActorState
+
+    assert set(get_args(ActorStatus)) == {s.value for s in ActorState}
+
+
+def test_a_debug_sessions_state_from_the_wire_is_checked():
+    from runtime.debugging.registry import session_state
+
+    assert [session_state(v) for v in ("paused", "running", "ended")] == [
+        "paused", "running", "ended"]
+    with pytest.raises(ValueError, match="not a debug session's state: 'stoped'"):
+        session_state("stoped")

@@ -187,6 +187,7 @@ class Failures:
         relay above it, told here, says they are gone (I/O thread)."""
         rt = self.rt
         rt.messenger.agent_down(address)
+        rt.messenger.relay_down(address)  # spawns through it reach its subtree directly
         dead = rt.messenger.dead_agents
         tell: dict[str, set] = {}
         for _port, w in rt.ports.waiters():

@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from .._base.process import describe_status
 from ..config import config
@@ -103,10 +103,13 @@ def note_reply(rt: LivenessHost, m: Any, rank: int) -> None:
 
 
 class Liveness:
-    """Sends heartbeats, records them, and fails what stops answering."""
+    """Sends heartbeats, records them, and fails what stops answering: a peer silent for
+    more than `heartbeat_timeout` seconds on `clock` (the clock of every `last_seen` stamp
+    and of the loop's `last_heard`: time.monotonic; tests pass theirs)."""
 
-    def __init__(self, rt: LivenessHost) -> None:
+    def __init__(self, rt: LivenessHost, clock: Callable[[], float] = time.monotonic) -> None:
         self.rt = rt
+        self.clock = clock
         self._peer_last: dict[str, float] = {}  # peers we wait on but do not own
         self._next_ping = 0.0
 
@@ -147,7 +150,7 @@ class Liveness:
     # -- in -----------------------------------------------------------------------------------
     def on_heartbeat(self, h: Header, body: Any, buffers: list) -> None:
         rt = self.rt
-        now = time.monotonic()
+        now = self.clock()
         e = h.extra
         if isinstance(e, dict) and ("ping" in e or "pong" in e):
             if "ping" in e and h.reply:  # a peer waiting on us checks we are reachable
@@ -183,6 +186,9 @@ class Liveness:
             rank = m.rank_of(rec.proc_id)
             if rank < 0 or rank in m.failed or m.ready[rank] is None:
                 continue
+            if state != "busy" and m.last_beat.get(rank) == st:
+                continue  # nothing new (a busy one is checked again: stale_busy)
+            m.last_beat[rank] = st
             queued, waits = 0, None
             if len(st) >= 7:  # what waits in its mailbox, and what it waits on (diagnose)
                 m.diag[rank] = (state, endpoint, since, st[5], st[6])
@@ -205,7 +211,7 @@ class Liveness:
         connections is read first (the I/O thread may have been busy), and only a peer from
         which nothing at all came meanwhile (no message, no byte of one) is failed."""
         rt = self.rt
-        now = time.monotonic()
+        now = self.clock()
         timeout = config.heartbeat_timeout
         if self._any_silent(now, timeout):
             rt.loop.read_pending()

@@ -8,6 +8,9 @@ call fails.
 
 from __future__ import annotations
 
+import collections
+import logging
+import threading
 from typing import Any, Callable, Collection, Optional, Sequence
 
 from ..config import config
@@ -15,7 +18,12 @@ from ..transport import auth, casttree, framing
 from ..transport.framing import Header, Kind
 from ..transport.loop import IOLoop
 
-__all__ = ["Messenger"]
+__all__ = ["AGENT_CASTS_KEPT", "Messenger"]
+
+log = logging.getLogger("runtime")
+
+#: casts to agents (spawns) whose relays' deaths are watched, newest kept
+AGENT_CASTS_KEPT = 64
 
 
 class Messenger:
@@ -40,6 +48,9 @@ class Messenger:
         #: must be seen to fail what waits on its subtree
         self.watched_agents: Optional[Callable[[], Collection[str]]] = None
         self._watched: dict = {}  # id(base) -> (base, every agent of it watched)
+        #: trees of casts to agents still in progress (a spawn): what to do if a relay dies
+        self._agent_casts: collections.deque = collections.deque(maxlen=AGENT_CASTS_KEPT)
+        self._agent_casts_lock = threading.Lock()
         if keys is not None:
             self.use_keys(keys)
 
@@ -192,6 +203,57 @@ class Messenger:
         self._watched[id(base)] = (base, ok)
         return ok
 
+    def agent_tree(self, base: Sequence[str], want: dict[str, list]
+                   ) -> Optional[casttree.Tree]:
+        """The tree a message to the agents of `base` (a host mesh's, in rank order) goes
+        down, `want` naming what each is asked for (its procs to spawn); None when `base`
+        has at most `cast_fanout` agents or this process does not hear of all their deaths
+        (then the message goes to each agent itself)."""
+        if len(base) <= config.cast_fanout or not self._watches(base):
+            return None
+        return casttree.build(base, want, config.cast_fanout, self.dead_agents)
+
+    def cast_to_agents(self, tree: casttree.Tree, kind: Kind, common: dict,
+                       per_agent: dict[str, dict],
+                       on_relay_died: Callable[[str], bool]) -> None:
+        """Send one `kind` message down `tree` (from `agent_tree`): each of the sender's
+        children gets `common`, its own part of `per_agent` and the parts of its subtree
+        (`sub`, `specs`) to relay (runtime/host/casts.py). While the cast is in progress,
+        `on_relay_died(agent)` runs on the I/O thread when one of its relays dies (to reach
+        that relay's subtree some other way); it returns True once the cast is over."""
+        with self._agent_casts_lock:
+            self._agent_casts.append((tree, on_relay_died))
+        for node in tree.roots:
+            extra = {**common, **per_agent.get(node[0], {})}
+            if node[2]:
+                extra["sub"] = node[2]
+                extra["specs"] = {a: per_agent[a] for k in node[2]
+                                  for a in casttree.agents_of(k) if a in per_agent}
+            self.send(node[0], Header(kind, extra=extra))
+        self.cast_messages += len(tree.roots)
+
+    def relay_down(self, address: str) -> None:
+        """A host agent died (I/O thread): the casts to agents still in progress through it
+        reach its subtree some other way (`cast_to_agents`' `on_relay_died`)."""
+        with self._agent_casts_lock:
+            casts = list(self._agent_casts)
+        over = []
+        for entry in casts:
+            tree, on_relay_died = entry
+            if address in tree.below:  # a relay of it
+                try:
+                    if on_relay_died(address):
+                        over.append(entry)
+                except Exception:
+                    log.exception("a cast's relay-death handler failed")
+        if over:
+            with self._agent_casts_lock:
+                for entry in over:
+                    try:
+                        self._agent_casts.remove(entry)
+                    except ValueError:
+                        pass
+
     def tree_for(self, targets: list, base: Optional[Sequence[str]]) -> Optional[casttree.Tree]:
         """The cast tree a cast to `targets` ((address, route) per proc) goes down, laid over
         `base` (the agents of their mesh, in rank order), or None when it goes straight
@@ -217,7 +279,8 @@ class Messenger:
     def cast(self, targets: list, header: Header, body: bytes = b"",
              buffers: tuple = (), gather: bool = False,
              base: Optional[Sequence[str]] = None,
-             tree: Optional[casttree.Tree] = None) -> Optional[casttree.Tree]:
+             tree: Optional[casttree.Tree] = None,
+             reduce: Optional[bytes] = None) -> Optional[casttree.Tree]:
         """Send one message to many procs: directly to those with an address, and one
         FANOUT per host agent for the rest (the agent delivers to its local procs). With
         `gather`, each agent sends the replies of its procs back as one REPLY_BATCH.
@@ -225,7 +288,11 @@ class Messenger:
         `base`: the agents of the targets' mesh in rank order. When it has more than
         `cast_fanout`, the FANOUTs go down the cast tree laid over it (runtime/transport/
         casttree.py) and the tree is returned (None otherwise): the caller keeps it to know
-        which replies come through which relay (`tree`: that tree, from `tree_for`)."""
+        which replies come through which relay (`tree`: that tree, from `tree_for`).
+
+        `reduce`: a reduced call's pickled combine; the agents that gather its replies fold
+        them on the way up (runtime/host/folds.py), and every agent with several of the
+        targets gathers (unless `gather_replies` is "off")."""
         if not header.src:
             header.src = self.proc_id
         by_agent: dict[str, list] = {}
@@ -255,6 +322,8 @@ class Messenger:
                     extra["sub"] = sub
                 if gathered:
                     extra["gather"] = True
+                    if reduce:
+                        extra["reduce"] = reduce
                 h = Header(Kind.FANOUT, src=self.proc_id, extra=extra)
                 send(agent_addr, framing.build(self.token_for(agent_addr), h, body, buffers),
                      port)
@@ -262,8 +331,11 @@ class Messenger:
             return tree
         for agent_addr, procs in by_agent.items():
             extra = {"header": inner, "procs": procs}
-            if gather and len(procs) > 1 and self._gathers(agent_addr):
+            if gather and len(procs) > 1 and (self._gathers(agent_addr) or (
+                    reduce and config.gather_replies != "off")):
                 extra["gather"] = True
+                if reduce:
+                    extra["reduce"] = reduce
             h = Header(Kind.FANOUT, src=self.proc_id, extra=extra)
             send(agent_addr, framing.build(self.token_for(agent_addr), h, body, buffers),
                  port)

@@ -105,8 +105,21 @@ class Ports:
         except framing.FrameError as e:
             log.warning("dropped a reply batch from %s: %s", h.src, e)
             return
+        parts = framing.extra_get(h, "part")
+        parts = iter(parts if isinstance(parts, list) else ())
         for rh, rbody, rbufs in replies:
-            if entry is not None:
+            if rh.status == framing.PARTIAL:  # host agents' fold of several ranks' answers
+                part = next(parts, None)
+                on_partial = getattr(entry, "on_partial", None)
+                ranks = part[1] if isinstance(part, list) and len(part) == 2 else None
+                if on_partial is not None and isinstance(ranks, list) and \
+                        all(type(r) is int for r in ranks):
+                    on_partial(rh, rbody, rbufs, ranks)
+                elif entry is not None:
+                    log.warning("dropped a partial value from %s: %s", h.src,
+                                "its ranks are malformed" if on_partial is not None else
+                                "the call was not reduced")
+            elif entry is not None:
                 entry.on_reply(rh, rbody, rbufs)
             elif bulk.is_bulk(rbody):
                 bulk.discard(rbody)

@@ -149,6 +149,11 @@ class ActorMeshRecord:
     diag: dict = field(default_factory=dict)
     #: (len(routes), agents in rank order): `agents()`, kept
     agent_order: Optional[tuple] = None
+    #: (len(proc_ids), proc id -> rank): `rank_of`, kept
+    rank_index: Optional[tuple] = None
+    #: rank -> the last heartbeat entry of its actor: an idle actor's unchanged entry is
+    #: skipped (at thousands of procs, heartbeats are most of the controller's work)
+    last_beat: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.inflight_bytes) != len(self.inflight):
@@ -202,8 +207,10 @@ class ActorMeshRecord:
         return got[1]
 
     def rank_of(self, proc_id: str) -> int:
-        """The rank of `proc_id` in this mesh, or -1."""
-        try:
-            return self.proc_ids.index(proc_id)
-        except ValueError:
-            return -1
+        """The rank of `proc_id` in this mesh, or -1 (a lookup: each heartbeat asks it for
+        every actor of the proc)."""
+        got = self.rank_index
+        if got is None or got[0] != len(self.proc_ids):
+            got = self.rank_index = (len(self.proc_ids),
+                                     {p: r for r, p in enumerate(self.proc_ids)})
+        return got[1].get(proc_id, -1)

@@ -25,6 +25,7 @@ from .liveness import Liveness
 from .messenger import Messenger
 from .output import ProcOutput
 from .ports import Ports
+from .records import ProcState
 from .roles import ControllerRole
 from .state import State
 
@@ -305,7 +306,7 @@ class Runtime:
                 "procs": [r.proc_id], "signal": int(signal.SIGKILL)}))
         return fut
 
-    def proc_state(self, proc_id: str) -> Optional[str]:
+    def proc_state(self, proc_id: str) -> Optional[ProcState]:
         """State of a proc this runtime knows: "starting", "running", "failed" or "stopped";
         None for a proc it does not know."""
         rec = self.state.proc(proc_id)

@@ -19,12 +19,13 @@ from ..shapes import Shape
 from ..transport.framing import Header, Kind
 from ..value_mesh import ValueMesh
 from .arguments import ArgumentEncoder, releasing
-from .collector import ReplyCollector, take_room
+from .collector import Fold, ReplyCollector, take_room
 
 if TYPE_CHECKING:
     from .actor_mesh import ActorMesh
 
-__all__ = ["MeshRef", "EndpointRef", "send", "NotAnEndpoint", "as_endpoint", "endpoint_parts"]
+__all__ = ["MeshRef", "EndpointRef", "send", "fold_call", "NotAnEndpoint", "as_endpoint",
+           "endpoint_parts"]
 
 
 class MeshRef:
@@ -227,12 +228,24 @@ class EndpointRef:
         return fut
 
     def _collector(self, ranks: list[int], body: bytes, bufs: list, mode: str,
-                   futs: "list[Future] | Future") -> ReplyCollector:
+                   futs: "list[Future] | Future", fold: Optional[Fold] = None
+                   ) -> ReplyCollector:
         """What gathers the replies of one call of this endpoint to `ranks`."""
         return ReplyCollector(self._ref.rt, self._ref.rec, self._name, self._qualname(),
                               self._call_extra(), self._where(ranks),
                               self._dense_shape() if mode == "call" else None, ranks, body,
-                              bufs, mode, futs)
+                              bufs, mode, futs, fold)
+
+    def _fold(self, args: tuple, kwargs: dict, fold: Fold) -> Future:
+        """Call every actor; a Future of their results folded with `fold` (host agents
+        fold on the way up: runtime/host/folds.py)."""
+        ranks = self._ranks()
+        self._check_usable(ranks)
+        keep, held = self._ipc_keep(ranks), []
+        body, bufs = self._args.encode(args, kwargs, keep, held)
+        fut: Future = Future(f"{self._qualname()}.accumulate")
+        self._collector(ranks, body, bufs, "call", fut, fold).start()
+        return releasing(fut, (keep or []) + held)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Send to every actor without waiting; an exception there fails the actor."""
@@ -313,6 +326,12 @@ def send(endpoint: EndpointRef, args: tuple, kwargs: dict, port: Any = None,
         raise TypeError(f"send() needs an endpoint of an actor mesh (mesh.method) or a "
                         f"runtime.remote function, got {endpoint!r}")
     endpoint._send(tuple(args), dict(kwargs or {}), port, selection)
+
+
+def fold_call(endpoint: EndpointRef, args: tuple, kwargs: dict, fold: Fold) -> Future:
+    """`Accumulator(endpoint, ..., associative=True).accumulate(*args, **kwargs)`: one call
+    of every actor whose results are folded on the way up (runtime/_meshes/accumulator.py)."""
+    return endpoint._fold(tuple(args), dict(kwargs or {}), fold)
 
 
 class NotAnEndpoint:

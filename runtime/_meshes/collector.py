@@ -22,7 +22,7 @@ from ..value_mesh import ValueMesh
 
 __all__ = [
     "FAILED_RANKS_GRACE_S", "CallInterrupt", "wait_for_room", "take_room", "cancel_calls",
-    "ReplyCollector",
+    "ReplyCollector", "Fold",
 ]
 
 #: how long call() waits for the other ranks after one rank's actor failed
@@ -60,6 +60,32 @@ class CallInterrupt:
             now()
         else:
             rt.loop.call_soon(now)
+
+
+class Fold:
+    """A reduced call's fold: `combine` (associative and commutative), its `identity`, and
+    the combine pickled once for the host agents that fold on the way up."""
+
+    __slots__ = ("combine", "identity", "pickled")
+
+    def __init__(self, combine: Any, identity: Any, pickled: bytes) -> None:
+        self.combine, self.identity, self.pickled = combine, identity, pickled
+
+    def result(self, got: tuple) -> Any:
+        """The call's value from (its answers by rank, the partial values, how to unpickle
+        one): the identity, then each folded in (the thread that takes it: user code)."""
+        values, parts, value_of = got
+        acc = self.identity
+        for v in values:
+            if v is not _FOLDED:
+                acc = self.combine(acc, value_of(v) if type(v) is _Encoded else v)
+        for p in parts:
+            acc = self.combine(acc, value_of(p))
+        return acc
+
+
+#: a call()'s slot for a rank whose answer came folded into a partial value
+_FOLDED = object()
 
 
 class _Encoded:
@@ -142,14 +168,16 @@ class ReplyCollector:
     __slots__ = ("rt", "rec", "method", "label", "extra", "targets", "shape", "ranks",
                  "values", "index", "remaining", "mode", "futs", "fut", "next_stream", "body",
                  "bufs", "port", "error", "done", "lock", "procs", "size", "tree",
-                 "tree_gathered", "deferred", "gone")
+                 "tree_gathered", "deferred", "gone", "fold", "parts")
 
     def __init__(self, rt: Any, rec: Any, method: str, label: str, extra: Optional[dict],
                  where: tuple[list, frozenset], shape: Optional[Shape], ranks: list[int],
-                 body: bytes, bufs: list, mode: str, futs: "list[Future] | Future") -> None:
+                 body: bytes, bufs: list, mode: str, futs: "list[Future] | Future",
+                 fold: Optional["Fold"] = None) -> None:
         """A call of `method` (`label`: Class.method, for errors; `extra`: its CALL header's
         extra) on actor mesh `rec`'s `ranks` at `where` (targets, proc ids); `shape` lays out
-        a call()'s ValueMesh; `mode` is "call", "one" or "stream"."""
+        a call()'s ValueMesh; `mode` is "call", "one" or "stream". `fold`: a call() whose
+        answers are reduced to one value (host agents fold them on the way up)."""
         self.rt = rt
         self.rec = rec
         self.method = method
@@ -186,6 +214,8 @@ class ReplyCollector:
         self.tree_gathered = False
         self.deferred: Optional[dict] = None
         self.gone: Optional[set] = None
+        self.fold = fold
+        self.parts: list = []  # a reduced call: the partial values host agents folded
 
     def start(self) -> None:
         rt = self.rt
@@ -218,7 +248,7 @@ class ReplyCollector:
             self.deferred, self.gone = {}, set()
         try:
             rt.messenger.cast(targets, h, body, tuple(bufs), gather=gather, base=base,
-                              tree=tree)
+                              tree=tree, reduce=self.fold.pickled if self.fold else None)
         except BaseException:  # not sent: raised at the call site, and nothing kept for it
             for r in ranks:
                 self._finish_rank(r)
@@ -270,6 +300,23 @@ class ReplyCollector:
             self._deliver(h, r, self._decode(h, r, body, buffers))
         else:  # unpickled by the thread that takes the value, never the I/O thread
             self._deliver(h, r, _Encoded(body, buffers, r))
+
+    def on_partial(self, h: Header, body: Any, buffers: list, ranks: list[int]) -> None:
+        """Several ranks' answers folded into one value by host agents (I/O thread): those
+        ranks are answered; the value is folded with the others by the thread that takes
+        the result."""
+        with self.lock:
+            if self.done or self.fold is None:
+                return
+            got = [r for r in ranks if r in self.remaining]
+            if not got:
+                return
+            for r in got:
+                self._finish_rank(r)
+                self.values[self.index[r] if self.index is not None else 0] = _FOLDED
+            self.parts.append(_Encoded(body, buffers, got[0]))
+            if not self.remaining:
+                self._complete()
 
     def _deliver_read(self, h: Header, r: int, value: Any) -> None:
         with self.lock:
@@ -326,16 +373,24 @@ class ReplyCollector:
         else:
             self.values[self.index[r] if self.index is not None else 0] = value
         if not self.remaining:
-            self._close()
-            if self.error is not None:
-                self.rt.ports.settle()
-                self.fut.set_exception(self.error)
-            elif self.mode == "call":
-                self.rt.ports.settle()
-                resolve_later(self.fut, self.values, self._values_of)
-            elif self.mode == "one":
-                self.rt.ports.settle()
-                _set(self.fut, self.values, self._value_of)
+            self._complete()
+
+    def _complete(self) -> None:
+        """Every rank has answered: resolve the call."""
+        self._close()
+        if self.error is not None:
+            self.rt.ports.settle()
+            self.fut.set_exception(self.error)
+        elif self.fold is not None:
+            self.rt.ports.settle()
+            resolve_later(self.fut, (self.values, self.parts, self._value_of),
+                          self.fold.result)
+        elif self.mode == "call":
+            self.rt.ports.settle()
+            resolve_later(self.fut, self.values, self._values_of)
+        elif self.mode == "one":
+            self.rt.ports.settle()
+            _set(self.fut, self.values, self._value_of)
 
     def on_fail(self, exc: BaseException, proc: Optional[str] = None,
                 actor: Optional[str] = None) -> None:

@@ -115,6 +115,35 @@ def _start_local_agent(rt: Runtime) -> AgentRecord:
     return rt.state.change(start)
 
 
+
+def _send_spawns(rt: Any, base: list[str], common: dict, specs: dict[str, dict],
+                 procs: list[ProcRecord]) -> None:
+    """One SPAWN_PROCS per agent of `base` (`common` and its own `specs` entry), down the
+    cast tree of the hosts when there are more than `cast_fanout`: each relay passes on its
+    subtree's specs. A relay that dies before its subtree's procs have started is gone
+    around: the agents below it are sent their specs directly (an agent spawns a proc id
+    once, so one that got it both ways starts it once)."""
+    tree = rt.messenger.agent_tree(base, {a: [p["proc_id"] for p in s["procs"]]
+                                          for a, s in specs.items()})
+    if tree is None:
+        for address, spec in specs.items():
+            rt.send(address, Header(Kind.SPAWN_PROCS, extra={**common, **spec}))
+        rt.messenger.cast_messages += len(specs)
+        return
+
+    def relay_died(dead: str) -> bool:
+        starting = {p.proc_id for p in procs if p.state == "starting"}
+        if not starting:
+            return True
+        for address in tree.agents_below(dead):
+            spec = specs.get(address)
+            if spec and address not in rt.messenger.dead_agents and \
+                    any(p["proc_id"] in starting for p in spec["procs"]):
+                rt.send(address, Header(Kind.SPAWN_PROCS, extra={**common, **spec}))
+        return False
+
+    rt.messenger.cast_to_agents(tree, Kind.SPAWN_PROCS, common, specs, relay_died)
+
 class HostMesh(MeshTrait):
     """A mesh of hosts; each runs a host agent that spawns procs."""
 
@@ -238,16 +267,19 @@ class HostMesh(MeshTrait):
         rt.state.change(rt.state.add_procs, procs)
         from .local import root_controller_env
 
+        common: dict = {"cwd": os.getcwd(), "labels": list(full.labels),
+                        "sizes": list(full.sizes_)}
+        if keep is not None:  # else the agent's own (a kept job's --keep)
+            common["keep"] = keep
+        specs: dict[str, dict] = {}
         for agent, plist in by_agent.values():
             root = root_controller_env(rt, agent.address)
             for p in plist:
                 p["env"].update(root)
-            extra = {"procs": plist, "owner": rt.reply_address_for(agent.address),
-                     "cwd": os.getcwd(), "labels": list(full.labels),
-                     "sizes": list(full.sizes_)}
-            if keep is not None:  # else the agent's own (a kept job's --keep)
-                extra["keep"] = keep
-            rt.send(agent.address, Header(Kind.SPAWN_PROCS, extra=extra))
+            specs[agent.address] = {"procs": plist,
+                                    "owner": rt.reply_address_for(agent.address)}
+        _send_spawns(rt, [self._agents[hr].address for hr in self._shape.global_ranks()],
+                     common, specs, procs)
         pm = ProcMesh(rt, name, procs, full, self)
         rt.register_mesh(pm)
         self._spawned.add(pm)

@@ -34,7 +34,7 @@ class AdminClient:
         self._token = token
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(address)

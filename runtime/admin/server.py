@@ -50,7 +50,7 @@ class AdminServer:
         self.rt = rt
         self.token = secrets.token_hex(32)
         self._handlers: dict[str, Handler] = {}
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)

@@ -57,19 +57,23 @@ class SettingSweeps:
         ids = ["-".join(f"{k}={v}" for k, v in c.items()) for c in combos]
 
         def decorate(fn: Callable) -> Callable:
+            wrapper: Callable[..., Any]
             if inspect.iscoroutinefunction(fn):
-                async def wrapper(*args: Any, _runtime_config: dict, **kwargs: Any) -> Any:
+                async def run_async(*args: Any, _runtime_config: dict, **kwargs: Any) -> Any:
                     with self._quietly_configured(_runtime_config):
                         return await fn(*args, **kwargs)
+                wrapper = run_async
             else:
-                def wrapper(*args: Any, _runtime_config: dict, **kwargs: Any) -> Any:
+                def run_sync(*args: Any, _runtime_config: dict, **kwargs: Any) -> Any:
                     with self._quietly_configured(_runtime_config):
                         return fn(*args, **kwargs)
+                wrapper = run_sync
             functools.update_wrapper(wrapper, fn)
             sig = inspect.signature(fn)
             extra = inspect.Parameter("_runtime_config", inspect.Parameter.KEYWORD_ONLY)
-            wrapper.__signature__ = sig.replace(  # type: ignore[attr-defined]
-                parameters=[*sig.parameters.values(), extra])
+            # what inspect.signature (and so pytest) reads: fn's parameters and the combo's
+            setattr(wrapper, "__signature__",
+                    sig.replace(parameters=[*sig.parameters.values(), extra]))
             return pytest.mark.parametrize("_runtime_config", combos, ids=ids)(wrapper)
 
         return decorate

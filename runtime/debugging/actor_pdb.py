@@ -17,7 +17,7 @@ import pdb
 import queue
 import sys
 import time
-from typing import Any, Optional
+from typing import IO, Any, Literal, Optional, cast
 
 from . import breakpoints, settings
 from .proc_side import ProcDebugger, running_actor
@@ -176,8 +176,9 @@ class RemotePdb(pdb.Pdb):
     """pdb driven from the controller; source the proc lacks comes from the controller."""
 
     def __init__(self, chan: _Channel) -> None:
-        super().__init__(stdin=chan.stdin, stdout=chan.stdout, skip=SKIP, nosigint=True,
-                         readrc=False)
+        # pdb reads readline() and writes write()/flush(): the two channel ends are enough
+        super().__init__(stdin=cast(IO[str], chan.stdin), stdout=cast(IO[str], chan.stdout),
+                         skip=SKIP, nosigint=True, readrc=False)
         self.use_rawinput = False
         self.chan = chan
         self.continued = False
@@ -201,7 +202,7 @@ class RemotePdb(pdb.Pdb):
             k += 1
         return stack[k:], i - k
 
-    def do_break(self, arg: str, temporary: int = 0) -> Any:
+    def do_break(self, arg: str, temporary: bool | Literal[0, 1] = False) -> Optional[bool]:
         fname = arg.split(":", 1)[0].strip() if ":" in arg else ""
         if fname:
             self.chan.debugger.ensure_source(fname)
@@ -211,7 +212,8 @@ class RemotePdb(pdb.Pdb):
 
     def lookupmodule(self, filename: str) -> Any:
         found = super().lookupmodule(filename)
-        if found is None and linecache.cache.get(filename, (0, 0, None))[2]:
+        entry = linecache.cache.get(filename)
+        if found is None and entry is not None and len(entry) > 2 and entry[2]:
             return filename  # a cell's code: its source came from the controller
         return found
 

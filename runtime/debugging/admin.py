@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from .registry import DebugError, DebugRegistry, Session
+from .registry import DebugError, DebugRegistry, Session, SessionState, session_state
 
 __all__ = ["FIELDS", "register", "RemoteRegistry"]
 
@@ -78,7 +78,10 @@ def register(server: Any, get_registry: Optional[Callable[[], DebugRegistry]] = 
 
 
 def _session(d: dict) -> Session:
-    return Session(addr="", **{k: d[k] for k in FIELDS if k in d})
+    fields = {k: d[k] for k in FIELDS if k in d}
+    if "state" in fields:
+        fields["state"] = session_state(fields["state"])
+    return Session(addr="", **fields)
 
 
 class RemoteRegistry:
@@ -88,7 +91,7 @@ class RemoteRegistry:
     def __init__(self, client: Any, timeout: float = 30.0) -> None:
         self.client = client
         self.timeout = timeout
-        self._pending: dict[str, tuple[str, str]] = {}
+        self._pending: dict[str, tuple[str, SessionState]] = {}
 
     def _call(self, op: str, wait: Optional[float] = None, **args: Any) -> Any:
         try:
@@ -118,7 +121,7 @@ class RemoteRegistry:
     def attach(self, s: Session) -> Session:
         r = self._call("debug.attach", sid=s.sid)
         s.attached = True
-        self._pending[s.sid] = (r["output"], r["state"])
+        self._pending[s.sid] = (r["output"], session_state(r["state"]))
         return s
 
     def detach(self, s: Session, release: bool = False) -> None:
@@ -129,22 +132,26 @@ class RemoteRegistry:
     def send_line(self, s: Session, line: str) -> None:
         r = self._call("debug.send", wait=self.timeout + 5.0, sid=s.sid, line=line,
                        timeout=self.timeout)
-        self._pending[s.sid] = (r["output"], r["state"])
+        self._pending[s.sid] = (r["output"], session_state(r["state"]))
 
     def wait(self, s: Session, timeout: Optional[float] = None,
-             stop: Optional[Callable[[], bool]] = None) -> tuple[str, str]:
+             stop: Optional[Callable[[], bool]] = None) -> tuple[str, SessionState]:
         got = self._pending.pop(s.sid, None)
         if got is None:
             r = self._call("debug.wait", wait=15.0, sid=s.sid, timeout=10.0)
-            got = (r["output"], r["state"])
+            got = (r["output"], session_state(r["state"]))
         s.state = got[1]
         return got
 
     def cast(self, selector: str, command: str, mesh: Optional[str] = None,
-             timeout: float = 30.0) -> list:
+             timeout: float = 30.0) -> list[tuple[Session, str, SessionState]]:
         rows = self._call("debug.cast", wait=timeout + 5.0, selector=selector,
                           command=command, mesh=mesh, timeout=timeout)
-        return [(_session(r["session"]), r["output"], r["state"]) for r in rows]
+        return [(_session(r["session"]), r["output"], session_state(r["state"])) for r in rows]
 
     def continue_all(self, clear: bool = False) -> int:
         return int(self._call("debug.continue", clear=clear))
+
+    def apply_policy(self, s: Session, reason: str, pol: Optional[str] = None) -> None:
+        """Nothing to do from here: detached, the session is unattended, and the
+        controller's registry applies its own policy when `debug_timeout` passes."""

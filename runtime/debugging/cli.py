@@ -23,15 +23,16 @@ PROMPT = "monarch_dbg> "
 def connect(path: Optional[str]) -> Any:
     """An AdminClient for connection file `path` (default: the newest one)."""
     try:
-        from runtime.admin import AdminClient, newest_connection_file
+        from runtime.admin import AdminClient, ConnectionFileError, newest_connection_file
     except ImportError as e:  # the admin endpoint ships in runtime.admin
         raise SystemExit(f"monarch-debug: the admin endpoint is not available: {e}") from None
-    if path is None:
-        path = newest_connection_file()
-        if path is None:
-            raise SystemExit("monarch-debug: no running controller found "
-                             "(no admin connection file); pass --connection-file")
-    return AdminClient.from_connection_file(path)
+    if path is not None:
+        return AdminClient.from_connection_file(path)
+    try:
+        newest = newest_connection_file()
+    except ConnectionFileError as e:  # no running controller
+        raise SystemExit(f"monarch-debug: {e}") from None
+    return AdminClient.from_connection_file(newest)
 
 
 def run_command(console: DebugConsole, line: str) -> bool:

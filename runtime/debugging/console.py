@@ -9,14 +9,14 @@ from __future__ import annotations
 import builtins
 import sys
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from ..config import config
 from . import settings
 from .commands import HELP, Command, CommandError, parse_command
-from .registry import DebugError, DebugRegistry, Session
+from .registry import DebugError, DebugRegistry, Session, SessionState
 
-__all__ = ["NoStdin", "default_input", "DebugConsole", "console_factory", "wait_hook"]
+__all__ = ["NoStdin", "default_input", "ConsoleRegistry", "DebugConsole", "console_factory", "wait_hook"]
 
 
 class NoStdin(Exception):
@@ -51,10 +51,28 @@ def _is_no_stdin(e: BaseException) -> bool:
     return isinstance(e, (NoStdin, NotImplementedError))
 
 
+class ConsoleRegistry(Protocol):
+    """What a DebugConsole uses of its registry: the controller's `DebugRegistry`, or
+    `admin.RemoteRegistry` over the admin endpoint (`monarch-debug`)."""
+
+    def sessions(self) -> list[Session]: ...
+    def paused(self) -> list[Session]: ...
+    def find(self, rank: Optional[int] = None, mesh: Optional[str] = None) -> Session: ...
+    def attach(self, s: Session) -> Session: ...
+    def detach(self, s: Session, release: bool = False) -> None: ...
+    def send_line(self, s: Session, line: str) -> None: ...
+    def wait(self, s: Session, timeout: Optional[float] = None,
+             stop: Optional[Callable[[], bool]] = None) -> tuple[str, SessionState]: ...
+    def cast(self, selector: str, command: str, mesh: Optional[str] = None,
+             timeout: float = 30.0) -> list[tuple[Session, str, SessionState]]: ...
+    def continue_all(self, clear: bool = False) -> int: ...
+    def apply_policy(self, s: Session, reason: str, pol: Optional[str] = None) -> None: ...
+
+
 class DebugConsole:
     """Attends paused sessions: prints pdb's output, reads lines, handles meta-commands."""
 
-    def __init__(self, registry: DebugRegistry, input_fn: Optional[Callable[[str], str]] = None,
+    def __init__(self, registry: ConsoleRegistry, input_fn: Optional[Callable[[str], str]] = None,
                  print_fn: Optional[Callable[..., None]] = None) -> None:
         self.reg = registry
         self.input = input_fn or default_input

@@ -10,7 +10,7 @@ import itertools
 import logging
 import queue
 import threading
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 from . import breakpoints, registry
 from .protocol import header
@@ -48,7 +48,7 @@ class DapClient:
     def broadcast(self, table: dict) -> None:
         """Send the table to every live proc this controller owns, from the calling thread
         (so a call this thread makes next finds the table there)."""
-        dead = getattr(self.rt, "dead_procs", set())
+        dead: Collection[str] = getattr(self.rt, "dead_procs", ())
         for _ in range(3):
             try:
                 recs = list(self.rt.procs.values())

@@ -14,10 +14,13 @@ import os
 import queue
 import sys
 import threading
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 from ..transport.framing import Header
 from .protocol import FROM_ACTOR, header, op_of
+
+if TYPE_CHECKING:
+    from importlib.abc import Loader
 
 __all__ = [
     "BREAKS_ENV", "spawn_env", "ProcDebugger", "running_actor", "set_trace", "breakpointhook",
@@ -139,7 +142,7 @@ class ProcDebugger:
         if not filename or filename in self._no_source:
             return
         entry = linecache.cache.get(filename)
-        if entry is not None and entry[2]:
+        if entry is not None and (len(entry) == 1 or entry[2]):  # lazy (a loader's) or read
             return
         if not filename.startswith("<") and os.path.exists(filename):
             return
@@ -152,8 +155,8 @@ class ProcDebugger:
         server = getattr(self.rt.role, "server", None)  # the ProcServer holds the actors
         actor = getattr(server, "actors", {}).get(str(e.get("actor", ""))) if server else None
         exc = getattr(actor, "last_exception", None) if actor is not None else None
-        if exc is None or exc.__traceback__ is None:
-            self.send("nopm", sid=sid, reason="no failed frame is kept" if actor else
+        if actor is None or exc is None or exc.__traceback__ is None:
+            self.send("nopm", sid=sid, reason="no failed frame is kept" if actor is not None else
                       f"no actor {e.get('actor')!r} in proc {self.rt.proc_id}")
             return
         from .actor_pdb import run_postmortem  # import cost (pdb, on first use only)
@@ -262,7 +265,8 @@ class _PdbImportHook:
 
         spec = importlib.util.find_spec("pdb")
         if spec is not None and spec.loader is not None:
-            spec.loader = _PatchingLoader(spec.loader)
+            # a Loader by duck typing (importlib.abc, not imported for it: import cost)
+            spec.loader = cast("Loader", _PatchingLoader(spec.loader))
         return spec
 
 

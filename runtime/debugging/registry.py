@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Literal, Optional, get_args
 
 from ..transport.framing import Header
 from . import settings
@@ -22,7 +22,7 @@ from .protocol import header, op_of
 from .selectors import RankSelector, parse_selector
 
 __all__ = [
-    "NOTE_AFTER", "TICK_S", "Session", "DebugError", "FrontEndHooks", "DebugRegistry", "install",
+    "NOTE_AFTER", "TICK_S", "SessionState", "session_state", "Session", "DebugError", "FrontEndHooks", "DebugRegistry", "install",
     "on_install", "current_registry", "get_registry",
 ]
 
@@ -30,6 +30,19 @@ log = logging.getLogger("runtime.debugging")
 
 NOTE_AFTER = 1.0  # seconds a breakpoint waits unattended before a note is printed
 TICK_S = 0.25  # how often sessions are checked (notes, timeouts, dead procs) while there are any
+
+
+#: a debug session's life: paused (pdb waits for a line) <-> running (a line was sent) ->
+#: ended (final: the actor went on, or its proc is gone)
+SessionState = Literal["paused", "running", "ended"]
+
+
+def session_state(value: object) -> SessionState:
+    """A session's state as read from the wire (the admin endpoint's answers)."""
+    for state in get_args(SessionState):
+        if value == state:
+            return state
+    raise ValueError(f"not a debug session's state: {value!r}")
 
 
 @dataclass
@@ -52,7 +65,7 @@ class Session:
     line: int = 0
     function: str = ""
     since: float = field(default_factory=time.time)
-    state: str = "paused"  # paused (waiting for a line), running, ended
+    state: SessionState = "paused"
     prompt: str = "(Pdb) "
     output: list = field(default_factory=list)
     attached: bool = False
@@ -130,11 +143,13 @@ class FrontEndHooks:
 
 
 class DebugRegistry(FrontEndHooks):
-    """Thread-safe registry of paused sessions of one controller."""
+    """Thread-safe registry of paused sessions of one controller. A session unattended for
+    `debug_timeout` seconds on `clock` (time.monotonic; tests pass theirs) meets the policy."""
 
-    def __init__(self, rt: Any) -> None:
+    def __init__(self, rt: Any, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.rt = rt
+        self.clock = clock
         self._cond = threading.Condition()
         self._sessions: dict[str, Session] = {}
         self._ticking = False  # `tick` runs every TICK_S while there are sessions
@@ -185,7 +200,7 @@ class DebugRegistry(FrontEndHooks):
                             coords=dict(e.get("coords") or {}), host=str(e.get("host", "")),
                             pid=int(e.get("pid", 0)), proc_id=str(e.get("proc_id", "")),
                             actor_id=str(e.get("actor_id", "")), port=int(e.get("port", 0)),
-                            endpoint=str(e.get("endpoint", "")))
+                            endpoint=str(e.get("endpoint", "")), unattended_since=self.clock())
                 self._sessions[sid] = s
                 s.attached = self._claimed(s)
                 if not self._ticking:  # the checks run while there are sessions
@@ -200,7 +215,7 @@ class DebugRegistry(FrontEndHooks):
             was = s.state
             s.state = "paused"
             if not s.attached and was != "paused":
-                s.unattended_since = time.monotonic()
+                s.unattended_since = self.clock()
             self._cond.notify_all()
         if addr:
             self.rt.send(addr, header("ack", sid=sid))
@@ -228,8 +243,8 @@ class DebugRegistry(FrontEndHooks):
         self._ticking = bool(self._sessions)
         if self._ticking:
             self.rt.loop.call_later(TICK_S, self.tick)
-        now = time.monotonic()
-        dead = getattr(self.rt, "dead_procs", set())
+        now = self.clock()
+        dead: Collection[str] = getattr(self.rt, "dead_procs", ())
         notes, expired = [], []
         with self._cond:
             for s in list(self._sessions.values()):
@@ -314,7 +329,7 @@ class DebugRegistry(FrontEndHooks):
         """Stop attending `s`; with release=True the actor continues (breakpoints cleared)."""
         with self._cond:
             s.attached = False
-            s.unattended_since = time.monotonic()
+            s.unattended_since = self.clock()
             s.noted = True
         if release and s.state != "ended":
             self.release(s, clear=True)
@@ -359,7 +374,7 @@ class DebugRegistry(FrontEndHooks):
             self.abort(s, f"{reason}; set MONARCH_DEBUG_POLICY=continue to continue instead")
 
     def wait(self, s: Session, timeout: Optional[float] = None,
-             stop: Optional[Callable[[], bool]] = None) -> tuple[str, str]:
+             stop: Optional[Callable[[], bool]] = None) -> tuple[str, SessionState]:
         """Wait until `s` wants a line or ended (or `stop()` is true); returns (output, state)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
@@ -374,13 +389,14 @@ class DebugRegistry(FrontEndHooks):
             s.output.clear()
             return text, s.state
 
-    def run_command(self, s: Session, line: str, timeout: float = 30.0) -> tuple[str, str]:
+    def run_command(self, s: Session, line: str,
+                    timeout: float = 30.0) -> tuple[str, SessionState]:
         """Send one line and wait for pdb's answer; returns (output, state)."""
         self.send_line(s, line)
         return self.wait(s, timeout)
 
     def cast(self, selector: str | RankSelector, command: str, mesh: Optional[str] = None,
-             timeout: float = 30.0) -> list[tuple[Session, str, str]]:
+             timeout: float = 30.0) -> list[tuple[Session, str, SessionState]]:
         """Send `command` to every paused session selected; [(session, output, state)]."""
         targets = [s for s in self.select(selector, mesh) if s.state == "paused"]
         if not targets:

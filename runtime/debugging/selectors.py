@@ -73,7 +73,9 @@ def _parse_spec(text: str) -> Spec:
 
 
 def _split_args(body: str) -> list[str]:
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in body:
         if ch in "[{":
             depth += 1
@@ -110,8 +112,7 @@ def parse_selector(text: str) -> RankSelector:
         else:
             if dims:
                 raise SelectorError(f"positional rank after named ones in {text!r}")
-            spec = _parse_spec(arg)
-            flat.append(spec)
+            flat.append(_parse_spec(arg))
     if not flat and not dims:
         return RankSelector(everything=True)
     return RankSelector(flat=tuple(flat), dims=dims)

@@ -28,8 +28,9 @@ def timeout() -> float:
     return config.debug_timeout
 
 
-def set_timeout(seconds: float) -> None:
-    """Set the unattended-breakpoint timeout of this controller, in seconds (> 0)."""
+def set_timeout(seconds: float | str) -> None:
+    """Set the unattended-breakpoint timeout of this controller, in seconds (> 0; a
+    number's text too: `%timeout 30` in the console)."""
     try:
         s = float(seconds)
     except (TypeError, ValueError):

@@ -121,7 +121,7 @@ class Agent:
                            "host": socket.gethostname(), "pid": os.getpid(),
                            "gateway": self.gateway.address if self.gateway else ""}, f)
             os.replace(tmp, args.address_file)
-        self.gather = ReplyGather(self.address, self.loop.send, self.token)
+        self.gather = ReplyGather(self.address, self.loop.send, self.token, self.loop.call_soon)
         self.casts = CastRelay(self.loop, self.token, self.agent_id, self.rundir, self.gather,
                                self.tcp_address)
         self.workspace = WorkspaceStore(self.rundir, self.agent_id, self.send)
@@ -130,7 +130,7 @@ class Agent:
             Kind.KILL_PROCS: self._on_kill, Kind.AGENT_ATTACH: self._attach,
             Kind.AGENT_STOP: self._on_stop, Kind.FANOUT: self.casts.on_fanout,
             Kind.REPLY: self.gather.on_reply, Kind.WORKSPACE: self.workspace.on_message,
-            Kind.AGENT_QUERY: self._on_query, Kind.RELAY: self._on_relay,
+            Kind.AGENT_QUERY: self._on_query, Kind.RELAY: self.casts.on_relay,
             Kind.DELIVER: self._on_deliver, Kind.REPLY_BATCH: self.gather.on_batch,
             Kind.RELAY_LOST: self.casts.on_relay_lost,
         }
@@ -209,19 +209,6 @@ class Agent:
         else:
             self.shutdown("asked to stop")
 
-    def _on_relay(self, h: Header, body: Any, buffers: list) -> None:
-        """A local proc's message to a peer on another host (`peers.relay_peer`): sent on,
-        after any gathered replies of that proc this agent still holds (they were sent
-        first). Its frames are passed as they came; the receiver checks them."""
-        to = framing.extra_get(h, "to")
-        if not isinstance(to, str) or not to.startswith("tcp://") or not buffers:
-            log.warning("agent: a relay from %s to %r dropped: not a message for another "
-                        "host", h.src, to)
-            return
-        if framing.peek_kind(buffers[0], len(self.token)) != Kind.HEARTBEAT:
-            self.gather.flush_from(h.src)  # (a heartbeat needs no order: batches stay)
-        self.loop.send(to, buffers)
-
     def _on_deliver(self, h: Header, body: Any, buffers: list) -> None:
         """A message from another host for one local proc (`peers.agent_routed_peer`): passed
         on its stream, after what the same sender sent it through this agent before."""
@@ -285,8 +272,12 @@ class Agent:
 
     def _spawn(self, h: Header, body: Any = None, buffers: Any = None) -> None:
         e = h.extra or {}
+        if e.get("sub") and not self.casts.relay_spawn(h):  # a tree: the children first
+            return
         owner = e.get("owner") or h.reply or self.owner
         for p in e.get("procs", []):
+            if not self.casts.first_spawn(p["proc_id"]):  # sent again around a dead relay
+                continue
             cfg = {
                 "proc_id": p["proc_id"], "rank": p["rank"], "mesh": p["mesh"],
                 "token": self.token.hex(), "rundir": self.rundir, "owner": owner,
@@ -434,6 +425,7 @@ class Agent:
             os.waitpid(self.zygote_pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+        self.gather.stop()
         self.stopped.set()
 
 

@@ -1,6 +1,8 @@
 """The host agent's part in a cast: delivering a FANOUT to its procs and, in a cast tree,
 relaying it to its child agents first (runtime/transport/casttree.py), with the replies of
-its subtree gathered here (runtime/host/gather.py). Runs on the agent's I/O thread.
+its subtree gathered here (runtime/host/gather.py); a SPAWN_PROCS down the hosts' tree
+relayed the same way; a local proc's message to another host passed on. Runs on the
+agent's I/O thread.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ from ..transport import casttree, framing
 from ..transport.framing import Header, Kind
 from .gather import ReplyGather
 
-__all__ = ["CastRelay"]
+__all__ = ["SPAWNED_KEPT", "CastRelay"]
 
 log = logging.getLogger("runtime.host")
+
+#: proc ids an agent remembers being asked to spawn (a spawn that comes twice starts once)
+SPAWNED_KEPT = 4096
 
 
 class CastRelay:
@@ -32,6 +37,7 @@ class CastRelay:
         self.address = gather.address  # where same-host agents (and local procs) answer
         #: child relay -> (when this agent started asking it, when it last answered)
         self.asked: dict[str, list] = {}
+        self.spawned: dict[str, None] = {}  # proc ids asked of this agent (oldest first)
 
     def on_fanout(self, h: Header, body: Any, buffers: list) -> None:
         """Deliver the enclosed message to several local procs, and in a cast tree forward
@@ -49,16 +55,20 @@ class CastRelay:
                             h.src, why)
                 return
         gather = bool(e.get("gather") and inner.port and inner.reply)
+        reduce = e.get("reduce") if gather else None
+        if reduce is not None and type(reduce) is not bytes:
+            log.warning("agent: a cast from %s dropped: its combine is not bytes", h.src)
+            return
         if gather:
-            inner = self.gather.start(inner, procs, sub)
+            inner = self.gather.start(inner, procs, sub, reduce)
         if sub:
-            self._forward(inner, sub, gather, body, buffers)
+            self._forward(inner, sub, gather, body, buffers, reduce)
         frames = framing.build(self.token, inner, body, buffers)
         for proc_id in procs:
             self.loop.send(f"ipc://{self.rundir}/{proc_id}", frames)
 
     def _forward(self, inner: Header, sub: list, gather: bool, body: Any,
-                 buffers: list) -> None:
+                 buffers: list, reduce: Any = None) -> None:
         """A cast on to this agent's children in its tree: each gets its own subtree;
         gathered, they answer to this agent (over TCP where they are other hosts)."""
         by_reach: dict[bool, bytes] = {}
@@ -78,9 +88,61 @@ class CastRelay:
                 extra["sub"] = kids
             if gather:
                 extra["gather"] = True
+                if reduce:
+                    extra["reduce"] = reduce
             self.loop.send(agent, framing.build(
                 self.token, Header(Kind.FANOUT, src=self.agent_id, extra=extra), body,
                 buffers))
+
+    def relay_spawn(self, h: Header) -> bool:
+        """A SPAWN_PROCS down the hosts' cast tree: pass each child its part (`specs`) and
+        the parts of its subtree; False (and nothing sent) when the tree is malformed."""
+        e = h.extra
+        sub, specs = e.get("sub"), e.get("specs")
+        why = casttree.valid_node(["", [], sub]) if isinstance(sub, list) else "no tree"
+        if why is None and not (isinstance(specs, dict) and all(
+                isinstance(s, dict) and isinstance(s.get("procs"), list)
+                for s in specs.values())):
+            why = "its specs are not per agent"
+        if why is not None:
+            log.warning("agent: a spawn from %s dropped: its tree is malformed (%s)",
+                        h.src, why)
+            return False
+        common = {k: v for k, v in e.items() if k not in ("sub", "specs", "procs", "owner")}
+        for node in sub:
+            if node[0] in self.gather.lost:
+                continue
+            extra = {**common, **specs.get(node[0], {})}
+            if node[2]:
+                extra["sub"] = node[2]
+                extra["specs"] = {a: specs[a] for k in node[2] for a in casttree.agents_of(k)
+                                  if a in specs}
+            self.loop.send(node[0], framing.build(
+                self.token, Header(Kind.SPAWN_PROCS, src=self.agent_id, extra=extra)))
+        return True
+
+    def on_relay(self, h: Header, body: Any, buffers: list) -> None:
+        """A local proc's message to a peer on another host (`peers.relay_peer`): sent on,
+        after any gathered replies of that proc this agent still holds (they were sent
+        first). Its frames are passed as they came; the receiver checks them."""
+        to = framing.extra_get(h, "to")
+        if not isinstance(to, str) or not to.startswith("tcp://") or not buffers:
+            log.warning("agent: a relay from %s to %r dropped: not a message for another "
+                        "host", h.src, to)
+            return
+        if framing.peek_kind(buffers[0], len(self.token)) != Kind.HEARTBEAT:
+            self.gather.flush_from(h.src)  # (a heartbeat needs no order: batches stay)
+        self.loop.send(to, buffers)
+
+    def first_spawn(self, proc_id: str) -> bool:
+        """Whether `proc_id` is asked of this agent for the first time (a spawn sent again
+        around a dead relay may come twice: it starts once)."""
+        if proc_id in self.spawned:
+            return False
+        self.spawned[proc_id] = None
+        while len(self.spawned) > SPAWNED_KEPT:
+            del self.spawned[next(iter(self.spawned))]
+        return True
 
     def on_relay_lost(self, h: Header, body: Any, buffers: list) -> None:
         """A relay below this agent died (its caller says so): stop waiting for its

@@ -13,7 +13,7 @@ import os
 import shutil
 import signal
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 __all__ = ["Leases"]
 
@@ -22,16 +22,19 @@ log = logging.getLogger("runtime.host")
 
 class Leases:
     """The agent's record of its procs (mesh, rank, shape, lease) and of the controller
-    that went away (who, when it was last heard)."""
+    that went away (who, when it was last heard). A lease is a duration on `clock`, the
+    clock of the agent's own stamps (`owner_last_seen`): time.monotonic; tests pass theirs."""
 
-    def __init__(self, agent: Any, keep_default: float) -> None:
+    def __init__(self, agent: Any, keep_default: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.agent = agent
         self.keep_default = keep_default
+        self.clock = clock
         self.info: dict[str, dict] = {}  # proc id -> mesh, rank, labels, sizes, keep, pid
         self.prev_owner = ""  # the controller before the current one (or before none)
-        self.prev_seen = time.monotonic()  # ... when it was last heard
+        self.prev_seen = clock()  # ... when it was last heard
         #: when the last controller went away (None: one is attached)
-        self.orphaned_at: Optional[float] = None if agent.owner else time.monotonic()
+        self.orphaned_at: Optional[float] = None if agent.owner else clock()
 
     def spawned(self, proc_id: str, pid: int, spec: dict) -> None:
         """A proc started, from a spawn request `spec` (its mesh, rank, shape, keep)."""
@@ -73,12 +76,13 @@ class Leases:
                 "prev_silent_for": now - self.prev_seen}
 
     def check(self) -> None:
-        """With no controller attached: end the procs whose lease has passed; an agent of a
+        """With no controller attached: end the procs whose lease has passed (more than
+        their `keep` seconds without a controller: not at exactly `keep`); an agent of a
         kept job ends itself once its own lease has passed and no proc is left."""
         a = self.agent
         if self.orphaned_at is None or a.stopping:
             return
-        gone_for = time.monotonic() - self.orphaned_at
+        gone_for = self.clock() - self.orphaned_at
         for proc_id, info in self.info.items():
             if 0 < info.get("keep", 0) < gone_for and not info.get("ending"):
                 info["ending"] = True

@@ -244,7 +244,7 @@ class TaggedWriter(io.TextIOBase):
         self._lock = threading.Lock()
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:
         return self._name
 
     def writable(self) -> bool:

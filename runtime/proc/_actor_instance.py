@@ -20,7 +20,7 @@ import threading
 import time
 import traceback
 import types
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from .. import logs, timeline
 from ..stacks import CCallWatch
@@ -41,13 +41,18 @@ from ..transport import cuda_tensors
 from ..transport.serialization import dumps, loads
 
 __all__ = [
-    "STOP", "set_error_hook", "set_call_hook", "current_actor", "ActorInstance", "Confirmations",
+    "ActorStatus", "STOP", "set_error_hook", "set_call_hook", "current_actor", "ActorInstance", "Confirmations",
 ]
 
 log = logging.getLogger("runtime.proc")
 
 #: the mailbox entry that stops an actor
 STOP = "stop"
+
+#: what an actor is doing, as its heartbeats report it (the values of the health model's
+#: `supervision.health.ActorState`): starting (in `__init__`) -> idle <-> busy (in an
+#: endpoint) <-> paused (in a debugger); failed and stopped are final
+ActorStatus = Literal["starting", "idle", "busy", "paused", "failed", "stopped"]
 _tls = _context.local  # .actor: the running ActorInstance (read by runtime.actor too)
 
 
@@ -108,7 +113,7 @@ class ActorInstance:
         self.injector = _supervise.Injector(self, self.injection)
         self.owner_addr: str = h.reply
         self.mailbox: queue.SimpleQueue = _endpoints.Mailbox()
-        self.state = "starting"
+        self.state: ActorStatus = "starting"
         self.endpoint: Optional[str] = None
         self.since = time.time()
         self.handled = 0
@@ -195,7 +200,7 @@ class ActorInstance:
                                              rank=self.rank))
         self.injector.start()  # inject_actor_failures: its rolls, if its class is named
 
-    def set_state(self, state: str, endpoint: Optional[str] = None) -> None:
+    def set_state(self, state: ActorStatus, endpoint: Optional[str] = None) -> None:
         """What the actor is doing now (its heartbeats report it): "idle", "busy" (in
         `endpoint`), "paused" (in a debugger), "failed", "stopped"."""
         self.state = state

@@ -24,7 +24,7 @@ import random
 import threading
 import time
 import traceback
-from typing import Any, Optional, Protocol
+from typing import Any, Literal, Optional, Protocol
 
 from ..errors import InjectedFault
 from ..supervision import MeshFailure
@@ -55,8 +55,8 @@ class ActorLoopPort(Protocol):
 class SupervisedActor(Protocol):
     """What Supervision and Injector use of the actor they serve (the proc's ActorInstance,
     which makes them): who it is, its state, mailbox and event loop, its proc (`server`:
-    the failures waiting there, whether it is stopping, its runtime's loop and ports), and
-    failing it."""
+    the failures waiting there, whether it is stopping, its runtime's loop and ports),
+    marking it busy in `__supervise__` and idle after, and failing it."""
 
     @property
     def server(self) -> Any: ...
@@ -97,7 +97,8 @@ class SupervisedActor(Protocol):
     @property
     def aloop(self) -> ActorLoopPort: ...
 
-    def set_state(self, state: str, endpoint: Optional[str] = None) -> None: ...
+    def set_state(self, state: Literal["idle", "busy"], endpoint: Optional[str] = None
+                  ) -> None: ...
 
     def fail(self, cause: str, tb: str = "", caused_by: Optional[MeshFailure] = None,
              call: str = "", injected: bool = False) -> None: ...

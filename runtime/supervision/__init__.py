@@ -166,7 +166,7 @@ def is_interactive() -> bool:
     return False
 
 
-_reported: set[tuple[str, str]] = set()
+_reported: set[str] = set()  # the failures reported (a proc, or a mesh and its ranks)
 _report_lock = threading.Lock()
 
 #: reports that arrive within this many seconds of each other are folded: the same failure

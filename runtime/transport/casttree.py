@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Collection, Iterable, Mapping, Optional, Sequence
 
-__all__ = ["Tree", "chunks", "build", "procs_of", "valid_node"]
+__all__ = ["Tree", "chunks", "build", "agents_of", "procs_of", "valid_node"]
 
 
 @dataclass
@@ -49,6 +49,16 @@ class Tree:
     def subtree(self, agent: str) -> set:
         """The procs of `agent` and of every agent below it."""
         return set(self.own.get(agent, ())) | set(self.below.get(agent, ()))
+
+    def agents_below(self, agent: str) -> list:
+        """Every agent of the subtree below `agent` (not itself), top down."""
+        stack = list(self.roots)
+        while stack:
+            node = stack.pop()
+            if node[0] == agent:
+                return [a for k in node[2] for a in agents_of(k)]
+            stack.extend(node[2])
+        return []
 
     def nearest_live_ancestor(self, agent: str, dead: Collection[str]) -> str:
         """The closest agent above `agent` not in `dead`; "" when that is the sender."""
@@ -118,6 +128,16 @@ def _procs_of(node: list) -> Iterable[str]:
     yield from node[1]
     for k in node[2]:
         yield from _procs_of(k)
+
+
+def agents_of(node: list) -> list:
+    """Every agent of a node's subtree, its own first (top down)."""
+    out, stack = [], [node]
+    while stack:
+        n = stack.pop(0)
+        out.append(n[0])
+        stack.extend(n[2])
+    return out
 
 
 def procs_of(node: list) -> list:

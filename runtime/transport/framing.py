@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 import msgspec
 
 __all__ = [
-    "Kind", "Header", "OK", "ERROR", "FrameError", "encode_header", "decode_header",
+    "Kind", "Header", "OK", "ERROR", "PARTIAL", "FrameError", "encode_header", "decode_header",
     "INLINE_BODY", "build", "parse", "peek_kind", "frames_nbytes", "summarize", "extra_get",
     "reply_batch", "split_reply_batch", "PREAMBLE", "PREAMBLE_MAX", "NO_LIMIT", "MAX_FRAMES",
     "IOV_MAX", "nbytes", "stream_parts", "stream_message", "preamble", "parse_preamble",
@@ -76,7 +76,7 @@ class Header(msgspec.Struct, array_like=True, omit_defaults=False, gc=False):
     reply: str = ""  # address to reply to
     port: int = 0  # port id at `reply` (0: none)
     rank: int = -1  # sender rank (replies) or target rank (calls)
-    status: int = 0  # 0 ok, 1 error
+    status: int = 0  # OK, ERROR, or PARTIAL (in a REPLY_BATCH)
     extra: Any = None  # small kind-specific data (msgpack types only)
 
 
@@ -86,6 +86,9 @@ _dec = msgspec.msgpack.Decoder(Header)
 
 OK = 0
 ERROR = 1
+#: a REPLY_BATCH item that is several ranks' answers folded into one value by host agents
+#: (a reduced call: runtime/host/folds.py); the batch's "part" extra names its ranks
+PARTIAL = 2
 
 
 class FrameError(ValueError):

@@ -37,7 +37,7 @@ import struct
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional
 
 import zmq
 
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .loop import IOLoop
 
 __all__ = [
-    "HEARTBEAT_MS", "HEARTBEAT_TIMEOUT_MS", "MAX_PEERS", "client_gateways", "Resend", "Receipt",
+    "HEARTBEAT_MS", "HEARTBEAT_TIMEOUT_MS", "MAX_PEERS", "client_gateways", "Kept", "Resend", "Receipt",
     "Gateway", "GatewayLink", "GatewayPeer", "main",
 ]
 
@@ -77,6 +77,14 @@ def _heartbeats(s: zmq.Socket) -> None:
     s.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
 
 
+class Kept(NamedTuple):
+    """A numbered message `Resend` keeps until the other end confirms it."""
+
+    seq: int
+    frames: list  # [kind, seq, *frames], as sent
+    nbytes: int  # counted against the limit
+
+
 class Resend:
     """The numbered messages one end of a gateway connection sent, kept until the other end
     confirms them, to send again after a cut (pure logic: no I/O). Bounded: past `limit`
@@ -85,7 +93,7 @@ class Resend:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.seq = 0  # the last number given
-        self.kept: collections.deque = collections.deque()  # (seq, frames, bytes)
+        self.kept: collections.deque[Kept] = collections.deque()
         self.bytes = 0
         self.let_go = 0
 
@@ -94,24 +102,30 @@ class Resend:
         self.seq += 1
         msg = [kind, _SEQ.pack(self.seq), *frames]
         n = 64 + sum(_nbytes(f) for f in frames)
-        self.kept.append((self.seq, msg, n))
+        self.kept.append(Kept(self.seq, msg, n))
         self.bytes += n
         while self.bytes > self.limit and len(self.kept) > 1:
-            seq, _, m = self.kept.popleft()
-            self.bytes -= m
-            self.let_go = seq
+            gone = self.kept.popleft()
+            self.bytes -= gone.nbytes
+            self.let_go = gone.seq
         return msg
 
     def confirmed(self, upto: int) -> None:
         """The other end has every message up to `upto`."""
         kept = self.kept
-        while kept and kept[0][0] <= upto:
-            self.bytes -= kept.popleft()[2]
+        while kept and kept[0].seq <= upto:
+            self.bytes -= kept.popleft().nbytes
 
     def after(self, upto: int) -> list:
         """The kept messages the other end lacks, having everything up to `upto`."""
         self.confirmed(upto)
-        return [msg for _, msg, _ in self.kept]
+        return [k.frames for k in self.kept]
+
+    def take_back(self) -> None:
+        """Forget the message `add` numbered last (its send failed: never sent again)."""
+        last = self.kept.pop()
+        self.bytes -= last.nbytes
+        self.seq -= 1
 
     def lost_after(self, upto: int) -> int:
         """How many messages the other end lacks that are no longer kept."""
@@ -470,8 +484,7 @@ class GatewayLink:
                 try:
                     self.sock.send_multipart(msg, _NOBLOCK, copy=False)
                 except zmq.ZMQError as e:
-                    self.sent.kept.pop()  # failed here: never sent again
-                    self.sent.seq -= 1
+                    self.sent.take_back()  # failed here: never sent again
                     error = f"send to {dest} through the gateway {self.address} failed: {e}"
         if error and port:
             self.loop.schedule(self.loop.peers.send_failed, dest, [port], error, False)

@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional, Protocol
 
 from ..config import config
@@ -24,7 +25,7 @@ from . import framing
 __all__ = [
     "CONNECT_RETRY_S", "CONNECT_RETRY_MAX_S", "READS_PER_EVENT", "SNDBUF", "SendFailed",
     "ConnectionEvents", "LoopCounters", "ConnectionLoop", "path_of", "listen",
-    "OutboundState", "Outbound", "Inbound",
+    "OutboundState", "Pending", "Outbound", "Inbound",
 ]
 
 log = logging.getLogger("runtime.transport")
@@ -124,6 +125,17 @@ def listen(addr: str) -> socket.socket:
 OutboundState = Literal["connecting", "open", "broken"]
 
 
+@dataclass(slots=True)
+class Pending:
+    """A message of an `Outbound` that the kernel has not taken whole yet (under the
+    connection's lock): what is left of its buffers, the reply port of the call it carries
+    (0: none), and its bytes left. Written, `bufs` is emptied: its sender may go on."""
+
+    bufs: list
+    port: int
+    left: int
+
+
 class Outbound:
     """The connection this process dialed to one peer (any thread sends; whole messages in
     call order). States: connecting -> open -> broken (docs/transport.md). A message the
@@ -141,14 +153,14 @@ class Outbound:
         self.opened = False
         self.lock = threading.Lock()
         self.written = threading.Condition(self.lock)  # notified as the queue drains
-        self.queue: collections.deque = collections.deque()  # [buffers, port, bytes left]
+        self.queue: collections.deque[Pending] = collections.deque()
         self.state: OutboundState = "connecting"
         self.error = ""
         self.gone = False  # broken because the peer went away (not an error of ours)
         self.sender: Optional[int] = None  # the thread inside send (a finalizer re-enters)
         self.watching = 0  # the events the I/O thread polls for
         self.retry = CONNECT_RETRY_S
-        self.hello: Optional[list] = None  # the preamble while it waits for the connect
+        self.hello: Optional[Pending] = None  # the preamble while it waits for the connect
         self.sent = 0
         self.give_up_at = time.monotonic() + config.connect_timeout  # while connecting
         # set before the first connect: one that fails at once (a dead peer's path) reports
@@ -159,7 +171,7 @@ class Outbound:
             self.state, self.opened = "open", True
             self._write_now(hello, 0, sum(framing.nbytes(b) for b in hello))
         else:
-            self.hello = [hello, 0, sum(framing.nbytes(b) for b in hello)]
+            self.hello = Pending(hello, 0, sum(framing.nbytes(b) for b in hello))
             self.queue.append(self.hello)
         loop.schedule(self._watch)
 
@@ -176,7 +188,7 @@ class Outbound:
             return
         bufs, size = framing.stream_parts(frames)
         failed = ""
-        item: Optional[list] = None
+        item: Optional[Pending] = None
         with self.lock:
             self.sender = me
             self.sent += 1
@@ -184,12 +196,12 @@ class Outbound:
                 if self.state == "broken":
                     failed = self.error
                 elif self.queue or self.state != "open":
-                    item = [bufs, port, size]
+                    item = Pending(bufs, port, size)
                     self.queue.append(item)
                 else:
                     failed, item = self._write_now(bufs, port, size)
                 if item is not None and self.state == "open" and me != self.loop.thread_id:
-                    while item[0] and self.state == "open":  # written: emptied by flush
+                    while item.bufs and self.state == "open":  # written: emptied by flush
                         self.written.wait()  # (broken: _report fails its port)
             finally:
                 self.sender = None
@@ -197,7 +209,7 @@ class Outbound:
             self.loop.schedule(self.loop.peers.send_failed, self.addr, [port], failed,
                                self.gone)
 
-    def _write_now(self, bufs: list, port: int, size: int) -> tuple[str, Optional[list]]:
+    def _write_now(self, bufs: list, port: int, size: int) -> tuple[str, Optional[Pending]]:
         """Write a message to the empty queue's socket (lock held); what the kernel did not
         take is queued for the I/O thread: (error text if the connection broke, the queued
         item or None)."""
@@ -210,7 +222,7 @@ class Outbound:
         except OSError as e:
             return self._break(f"send to {self.addr} failed: {e}", e.errno in _GONE), None
         if n < size:
-            item = [framing.advance(bufs, n), port, size - n]
+            item = Pending(framing.advance(bufs, n), port, size - n)
             self.queue.append(item)
             self.loop.schedule(self._watch)
             return "", item
@@ -287,9 +299,9 @@ class Outbound:
             while queue and self.state == "open":
                 bufs: list = []
                 for item in queue:
-                    if len(bufs) + len(item[0]) > _IOV and bufs:
+                    if len(bufs) + len(item.bufs) > _IOV and bufs:
                         break
-                    bufs += item[0]
+                    bufs += item.bufs
                 assert self.sock is not None  # open: connected
                 try:
                     n = self.sock.sendmsg(bufs if len(bufs) <= _IOV else bufs[:_IOV])
@@ -300,12 +312,12 @@ class Outbound:
                     break
                 while queue and n:
                     item = queue[0]
-                    if n < item[2]:
-                        item[0] = framing.advance(item[0], n)
-                        item[2] -= n
+                    if n < item.left:
+                        item.bufs = framing.advance(item.bufs, n)
+                        item.left -= n
                         break
-                    n -= item[2]
-                    queue.popleft()[0] = []  # written: its sender may go on
+                    n -= item.left
+                    queue.popleft().bufs = []  # written: its sender may go on
                 self.written.notify_all()
             failed = self.error if self.state == "broken" else ""
         if failed:
@@ -326,7 +338,7 @@ class Outbound:
         with self.lock:
             items, self.queue = list(self.queue), collections.deque()
             self.written.notify_all()
-        ports = [port for _, port, _ in items if port]
+        ports = [it.port for it in items if it.port]
         if [it for it in items if it is not self.hello]:
             log.warning("%s: %d message(s) to %s not sent: %s", self.loop.name, len(items),
                         self.addr, self.error)
@@ -352,8 +364,8 @@ class Outbound:
             if self.state == "open" and self.queue and self.sock is not None:
                 self.sock.settimeout(timeout)
                 try:
-                    for bufs, _, _ in self.queue:
-                        for b in bufs:
+                    for item in self.queue:
+                        for b in item.bufs:
                             self.sock.sendall(b)
                     self.queue.clear()
                 except OSError as e:

@@ -9,6 +9,8 @@ from monarch_kernel.folding import (MeshCellError, RankFailure, compress_ranks, 
                                     live_selection, render)
 from monarch_kernel.output import LinePrefixer, OutputRouter
 
+from _util import FakeClock
+
 
 def run(ns, code):
     return asyncio.run(run_cell(ns, code, "t"))
@@ -160,25 +162,44 @@ def test_router_is_thread_safe_lines_never_interleave():
         assert rest.endswith(f"of {label[-1]}"), line
 
 
-def test_router_settle_waits_for_late_output_then_quiet():
-    import time
+def _router(clock: FakeClock) -> OutputRouter:
+    """A router whose `settle` measures and waits on `clock` (no sleeping)."""
+    return OutputRouter(lambda stream, text, parent: None, clock=clock, sleep=clock.sleep)
 
-    r = OutputRouter(lambda s, t, p: None)
+
+STEP = 0.005  # settle's poll: what it waits is its duration, to one poll
+
+
+def test_settle_waits_the_grace_when_no_output_comes():
+    clock = FakeClock()
+    r = _router(clock)
     waited = r.settle(grace=0.05, quiet=0.03, limit=1.0)
-    assert 0.05 <= waited < 0.5  # nothing arrives: just the grace
+    assert 0.05 <= waited < 0.05 + STEP + 1e-9
 
-    def late():
-        for _ in range(6):
+
+def test_settle_waits_until_output_has_been_quiet_for_quiet_seconds():
+    clock = FakeClock()
+    r = _router(clock)
+    start = clock()
+
+    def output_until_0_1(now: float) -> None:  # a chunk at each poll for the first 0.1 s
+        if now - start < 0.1:
             r("m 0", "stdout", "x\n")
-            time.sleep(0.02)
 
-    t = threading.Thread(target=late)
-    t.start()
-    time.sleep(0.005)
+    clock.on_sleep = output_until_0_1
     waited = r.settle(grace=0.01, quiet=0.05, limit=2.0)
-    t.join()
-    assert waited >= 0.1  # kept waiting while output kept coming
-    assert r.settle(grace=0.0, quiet=0.05, limit=0.2) <= 0.2
+    last = r.last_output - start
+    assert 0.1 - STEP - 1e-9 <= last < 0.1  # the last chunk came just before 0.1 s
+    assert last + 0.05 <= waited < last + 0.05 + STEP + 1e-9  # then quiet for 0.05 s
+
+
+def test_settle_stops_at_its_limit_while_output_keeps_coming():
+    clock = FakeClock()
+    r = _router(clock)
+    r("m 0", "stdout", "x\n")  # output came just now, and keeps coming at each poll
+    clock.on_sleep = lambda now: r("m 0", "stdout", "x\n")
+    waited = r.settle(grace=0.0, quiet=0.05, limit=0.2)
+    assert 0.2 <= waited < 0.2 + STEP + 1e-9
 
 
 def test_live_selection_keeps_the_most_ranks_without_the_dead_ones():

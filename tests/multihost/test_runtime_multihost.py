@@ -138,6 +138,32 @@ def test_cast_sends_one_message_per_host(cluster, mesh3):
     assert rt.stats["sent"] - before == min(3, config.cast_fanout)
 
 
+def test_a_reduced_call_is_folded_on_the_hosts(cluster, mesh3):
+    """Accumulator(associative=True) across the namespaced hosts: each host's agent folds
+    its procs' answers (its combines run on that host), the controller only the partial
+    values (one per agent it hears from: 3, or 2 down a tree of fan-out 2)."""
+    import socket
+
+    hosts, procs, where = mesh3
+
+    def combine(a, b):
+        import socket
+
+        def acc(v):
+            return v if isinstance(v, dict) else {"n": 1, "by": []}
+
+        a, b = acc(a), acc(b)
+        return {"n": a["n"] + b["n"], "by": a["by"] + b["by"] + [socket.gethostname()]}
+
+    got = runtime.Accumulator(where.where, {"n": 0, "by": []}, combine,
+                              associative=True).accumulate().get(timeout=30)
+    assert got["n"] == 6 and len(got["by"]) == 6
+    here = got["by"].count(socket.gethostname())
+    assert 1 <= here <= min(3, config.cast_fanout)
+    assert set(got["by"]) - {socket.gethostname()} <= set(cluster.nodes)
+    assert len(set(got["by"]) - {socket.gethostname()}) >= 2  # folded on several hosts
+
+
 def _wait_failure(call_future, budget: float):
     t0 = time.monotonic()
     with pytest.raises(runtime.SupervisionError) as e:
