@@ -22,7 +22,8 @@ from .ports import Ports
 from .state import State
 
 __all__ = [
-    "FailureSink", "LivenessHost", "stale_busy", "note_reply", "Liveness", "split_status", "gateway_outage", "gateway_lost",
+    "FailureSink", "LivenessHost", "stale_busy", "note_reply", "Liveness", "split_status",
+    "gateway_outage", "gateway_lost",
 ]
 
 log = logging.getLogger("runtime")
