@@ -404,24 +404,27 @@ class ReplyCollector:
     def on_gone(self, procs: list, why: Optional[dict] = None) -> None:
         """A cast tree says these procs will not answer this call (they exited, a relay on
         their way died, or, with `why`, a relay could not reach theirs): the deaths told
-        here, or `why`, fail their ranks now (I/O thread)."""
+        here, or `why`, fail their ranks now (I/O thread). A call that is not gathered
+        hears only the last kind (its answers do not come up the tree)."""
         with self.lock:
-            if self.done or not self.tree_gathered:
+            if self.done or (not self.tree_gathered and not why):
                 return
             unreached: dict[str, list] = {}  # why -> procs a relay could not reach
             for p in procs:
-                exc = self.deferred.pop(p, None)
+                exc = self.deferred.pop(p, None) if self.deferred is not None else None
                 if exc is not None:
                     self._on_fail(exc, p, None, settled=True)
                 elif why and isinstance(why.get(p), str):
                     unreached.setdefault(why[p], []).append(p)
-                else:
+                elif self.gone is not None:
                     self.gone.add(p)
             if unreached:
                 from ..supervision.fold import ranks_phrase
 
             for text, ps in unreached.items():
-                ranks = sorted(self.rec.rank_of(p) for p in ps)
+                ranks = sorted(r for r in map(self.rec.rank_of, ps) if r in self.remaining)
+                if not ranks:
+                    continue
                 exc = SupervisionError(f"{self.label}: {ranks_phrase(ranks)} of actor mesh "
                                        f"{self.rec.name!r}: {text}")
                 for p in ps:
