@@ -10,10 +10,11 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from ..transport import casttree, framing
 from ..transport.framing import Header, Kind
+from ..transport.payloads import FanoutExtra, SpawnExtra
 from .gather import ReplyGather
 
 __all__ = ["SPAWNED_KEPT", "UNSURE_KEPT", "CastRelay"]
@@ -100,7 +101,7 @@ class CastRelay:
                     h = framing.decode_header(framing.encode_header(inner))
                     h.reply = self.tcp_address
                 raw = by_reach[far] = framing.encode_header(h)
-            extra: dict[str, Any] = {"header": raw, "procs": procs}
+            extra: FanoutExtra = {"header": raw, "procs": procs}
             if kids:
                 extra["sub"] = kids
             if gather:
@@ -129,7 +130,7 @@ class CastRelay:
         for node in sub:
             if node[0] in self.gather.lost:
                 continue
-            extra = {**common, **specs.get(node[0], {})}
+            extra = cast(SpawnExtra, {**common, **specs.get(node[0], {})})  # checked above
             if node[2]:
                 extra["sub"] = node[2]
                 extra["specs"] = {a: specs[a] for k in node[2] for a in casttree.agents_of(k)
