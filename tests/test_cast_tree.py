@@ -459,3 +459,55 @@ def test_a_relay_reports_an_unreachable_childs_subtree_gone_with_the_cause() -> 
     assert sorted(h.extra["gone"]) == ["pb", "pc"]
     assert h.extra["why"] == {"pb": "no answer (a partition?)", "pc": "no answer (a partition?)"}
     assert g.waiting_children(-1) == {"tcp://d:1"}  # the other child is still waited on
+
+
+class _Loop:
+    """What CastRelay sends through: recorded."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def send(self, addr: str, frames: list, port: int = 0) -> None:
+        self.sent.append((addr, frames))
+
+
+def test_a_relay_reports_a_call_it_could_not_pass_on_to_its_caller() -> None:
+    """casts.py alone: a call_one-style cast (its answers go straight back, not through the
+    relay) forwarded to two child relays; one answers the relay's pings, so its entry is
+    dropped; the other stays silent past the timeout, so the caller gets an empty batch
+    naming that child's subtree's procs gone, with why."""
+    from runtime.host.casts import CastRelay
+    from runtime.host.gather import ReplyGather
+    from runtime.transport import framing
+    from runtime.transport.framing import Header, Kind
+
+    tok = b"t" * 32
+    now = [100.0]
+    loop = _Loop()
+    relay = CastRelay(loop, tok, "agent-a", "/run", ReplyGather("ipc:///a", loop.send, tok),
+                      "tcp://a:1", clock=lambda: now[0])
+    call = Header(Kind.CALL, src="ctl", reply="tcp://ctl:1", port=7)
+    sub = [["tcp://b:1", ["pb"], [["tcp://c:1", ["pc"], []]]], ["tcp://d:1", ["pd"], []]]
+    relay.on_fanout(Header(Kind.FANOUT, src="ctl", extra={
+        "header": framing.encode_header(call), "procs": ["pa"], "sub": sub}), b"x", [])
+    assert [a for a, _ in loop.sent] == ["tcp://b:1", "tcp://d:1", "ipc:///run/pa"]
+    loop.sent.clear()
+    now[0] += 1.0
+    relay.check_children(0.5, 3.0)  # both pinged
+    pings = {a: framing.parse(f, tok)[0] for a, f in loop.sent}
+    assert set(pings) == {"tcp://b:1", "tcp://d:1"}
+    at = pings["tcp://d:1"].extra["at"]
+    assert relay.on_heartbeat(Header(Kind.HEARTBEAT, src="tcp://d:1",
+                                     extra={"pong": "tcp://d:1", "at": at}))
+    loop.sent.clear()
+    now[0] += 4.0  # b silent past the timeout; d answered after the cast: nothing to say
+    relay.check_children(0.5, 3.0)
+    (addr, frames), = loop.sent
+    h, _, _ = framing.parse(frames, tok)
+    assert addr == "tcp://ctl:1" and h.kind == Kind.REPLY_BATCH and h.port == 7
+    assert h.extra["items"] == [] and h.extra["gone"] == ["pb", "pc"]
+    assert "tcp://b:1 did not answer its relay agent-a" in h.extra["why"]["pb"]
+    loop.sent.clear()
+    now[0] += 1.0
+    relay.check_children(0.5, 3.0)
+    assert loop.sent == []  # told once; nothing left to wait on

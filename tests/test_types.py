@@ -77,3 +77,27 @@ def test_a_debug_sessions_state_from_the_wire_is_checked():
         "paused", "running", "ended"]
     with pytest.raises(ValueError, match="not a debug session's state: 'stoped'"):
         session_state("stoped")
+
+
+PAYLOADS = '''
+from runtime.transport.payloads import FanoutExtra, RelayLostExtra, SpawnSpec
+
+
+def payloads(inner: bytes) -> None:
+    ok: FanoutExtra = {"header": inner, "procs": ["p0"], "gather": True}
+    typo: FanoutExtra = {"header": inner, "proc": ["p0"]}
+    wrong: FanoutExtra = {"header": inner, "procs": "p0"}
+    missing: RelayLostExtra = {"relays": ["tcp://a:1"]}
+    spec: SpawnSpec = {"procs": [], "owner": "tcp://c:1"}
+    print(ok, typo, wrong, missing, spec)
+'''
+
+
+def test_a_misspelt_payload_key_is_a_type_error(tmp_path):
+    """The cast tree's messages are built as TypedDicts (runtime/transport/payloads.py): a
+    misspelt key, a value of the wrong type and a missing required key are errors."""
+    (tmp_path / "payloads.py").write_text(PAYLOADS)
+    out = mypy(str(tmp_path / "payloads.py"))
+    errors = re.findall(r"payloads\.py:(\d+): error: .*\[([\w-]+)\]", out.stdout)
+    assert [e[0] for e in errors] == ["7", "8", "9"], out.stdout + out.stderr
+    assert {e[1] for e in errors} <= {"typeddict-unknown-key", "typeddict-item", "dict-item"}

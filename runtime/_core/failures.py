@@ -20,6 +20,7 @@ from ..supervision.health import ActorState, HealthModel
 from ..transport import casttree
 from ..transport.framing import Header, Kind
 from ..transport.loop import IOLoop
+from ..transport.payloads import RelayLostExtra
 from ..transport.serialization import loads
 from .messenger import Messenger
 from .ports import Ports
@@ -198,8 +199,8 @@ class Failures:
             if got is not None:
                 tell.setdefault(got[0], set()).update(got[1])
         for up, procs in tell.items():  # the dead relay's live ancestor stops waiting for it
-            rt.send(up, Header(Kind.RELAY_LOST, extra={"relays": [address],
-                                                       "procs": sorted(procs)}))
+            lost: RelayLostExtra = {"relays": [address], "procs": sorted(procs)}
+            rt.send(up, Header(Kind.RELAY_LOST, extra=lost))
         self._release_behind(address, label)
 
     def _release_behind(self, address: str, label: str) -> None:

@@ -17,6 +17,7 @@ from ..config import config
 from ..transport import auth, casttree, framing
 from ..transport.framing import Header, Kind
 from ..transport.loop import IOLoop
+from ..transport.payloads import FanoutExtra, SpawnExtra, SpawnSpec
 
 __all__ = ["AGENT_CASTS_KEPT", "Messenger"]
 
@@ -213,8 +214,8 @@ class Messenger:
             return None
         return casttree.build(base, want, config.cast_fanout, self.dead_agents)
 
-    def cast_to_agents(self, tree: casttree.Tree, kind: Kind, common: dict,
-                       per_agent: dict[str, dict],
+    def cast_to_agents(self, tree: casttree.Tree, kind: Kind, common: SpawnExtra,
+                       per_agent: dict[str, SpawnSpec],
                        on_relay_died: Callable[[str], bool]) -> None:
         """Send one `kind` message down `tree` (from `agent_tree`): each of the sender's
         children gets `common`, its own part of `per_agent` and the parts of its subtree
@@ -224,7 +225,9 @@ class Messenger:
         with self._agent_casts_lock:
             self._agent_casts.append((tree, on_relay_died))
         for node in tree.roots:
-            extra = {**common, **per_agent.get(node[0], {})}
+            extra: SpawnExtra = {**common}
+            if node[0] in per_agent:
+                extra.update(per_agent[node[0]])
             if node[2]:
                 extra["sub"] = node[2]
                 extra["specs"] = {a: per_agent[a] for k in node[2]
@@ -317,7 +320,7 @@ class Messenger:
         if tree is not None:
             gathered = gather and config.gather_replies != "off"
             for agent_addr, procs, sub in tree.roots:
-                extra: dict[str, Any] = {"header": inner, "procs": procs}
+                extra: FanoutExtra = {"header": inner, "procs": procs}
                 if sub:
                     extra["sub"] = sub
                 if gathered:
@@ -330,13 +333,13 @@ class Messenger:
             self.cast_messages += len(tree.roots)
             return tree
         for agent_addr, procs in by_agent.items():
-            extra = {"header": inner, "procs": procs}
+            each: FanoutExtra = {"header": inner, "procs": procs}
             if gather and len(procs) > 1 and (self._gathers(agent_addr) or (
                     reduce and config.gather_replies != "off")):
-                extra["gather"] = True
+                each["gather"] = True
                 if reduce:
-                    extra["reduce"] = reduce
-            h = Header(Kind.FANOUT, src=self.proc_id, extra=extra)
+                    each["reduce"] = reduce
+            h = Header(Kind.FANOUT, src=self.proc_id, extra=each)
             send(agent_addr, framing.build(self.token_for(agent_addr), h, body, buffers),
                  port)
         self.cast_messages += len(by_agent)

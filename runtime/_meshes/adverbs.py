@@ -184,7 +184,8 @@ class EndpointRef:
         body = self._args.plain(args, kwargs)
         if body is not None:  # plain data: nothing to keep alive or release
             return self._start(ranks, "call", body, [])
-        keep, held = self._ipc_keep(ranks), []
+        keep = self._ipc_keep(ranks)
+        held: list = []
         fut = self._start(ranks, "call", *self._args.encode(args, kwargs, keep, held))
         return releasing(fut, (keep or []) + held)
 
@@ -200,7 +201,8 @@ class EndpointRef:
         body = self._args.plain(args, kwargs)
         if body is not None:  # plain data: nothing to keep alive or release
             return self._start(ranks, "one", body, [], "call_one")
-        keep, held = self._ipc_keep(ranks), []
+        keep = self._ipc_keep(ranks)
+        held: list = []
         fut = self._start(ranks, "one", *self._args.encode(args, kwargs, keep, held), "call_one")
         return releasing(fut, (keep or []) + held)
 
@@ -211,7 +213,8 @@ class EndpointRef:
         if not ranks:
             self._check_usable(self._ranks())
         best = min(ranks, key=lambda r: (rec.inflight[r], (r - rec.rr) % len(rec.inflight)))
-        keep, held = self._ipc_keep([best]), []
+        keep = self._ipc_keep([best])
+        held: list = []
         body, bufs = self._args.encode(args, kwargs, keep, held)
         rec.rr = best + 1
         return releasing(self._start([best], "one", body, bufs, "choose"),
@@ -241,7 +244,8 @@ class EndpointRef:
         fold on the way up: runtime/host/folds.py)."""
         ranks = self._ranks()
         self._check_usable(ranks)
-        keep, held = self._ipc_keep(ranks), []
+        keep = self._ipc_keep(ranks)
+        held: list = []
         body, bufs = self._args.encode(args, kwargs, keep, held)
         fut: Future = Future(f"{self._qualname()}.accumulate")
         self._collector(ranks, body, bufs, "call", fut, fold).start()
@@ -306,9 +310,11 @@ class EndpointRef:
         """Call every actor; yields one future per actor, in the order replies arrive."""
         ranks = self._ranks()
         self._check_usable(ranks)
-        keep, held = self._ipc_keep(ranks), []
+        keep = self._ipc_keep(ranks)
+        held: list = []
         body, bufs = self._args.encode(args, kwargs, keep, held)
-        futs = [Future(f"{self._qualname()}.stream[{i}]") for i in range(len(ranks))]
+        futs: list[Future] = [Future(f"{self._qualname()}.stream[{i}]")
+                              for i in range(len(ranks))]
         self._collector(ranks, body, bufs, "stream", futs).start()
         releasing(futs, (keep or []) + held)
         return iter(futs)

@@ -194,10 +194,10 @@ class ReplyCollector:
         self.mode = mode
         # stream(): a future per rank; else the call's one future (no list around it)
         self.futs = futs
-        self.fut: Future = futs[0] if type(futs) is list else futs
+        self.fut: Future = futs[0] if isinstance(futs, list) else futs
         self.next_stream = 0
-        self.body = body
-        self.bufs = bufs
+        self.body: Optional[bytes] = body
+        self.bufs: Optional[list] = bufs
         self.port = 0
         self.size = 0  # bytes of the call's message (its share of the call window)
         # call(): the first failed actor's SupervisionError, raised once every rank has
@@ -231,14 +231,13 @@ class ReplyCollector:
         for f in (self.futs if type(self.futs) is list else (self.fut,)):
             f.reply_ports = (port,)
             f.interrupt_hook = interrupt
-        bufs = self.bufs
-        size = self.size = len(self.body) + (sum(memoryview(b).nbytes for b in bufs)
-                                             if bufs else 0)
+        body, bufs = self.body or b"", self.bufs or []
+        size = self.size = len(body) + (sum(memoryview(b).nbytes for b in bufs)
+                                        if bufs else 0)
         take_room(rt, rec, ranks, size)
         h = Header(Kind.CALL, src=rt.proc_id, actor=rec.actor_id, method=self.method,
                    reply=rt.reply_address_for(first),
                    port=port, extra=self.extra)
-        body, bufs = self.body, self.bufs
         self.body = self.bufs = None
         gather = self.mode == "call" and self._gatherable()
         base = rec.agents() if rec.routes else None
@@ -346,12 +345,14 @@ class ReplyCollector:
     def _values_of(self, values: list) -> ValueMesh:
         """call()'s ValueMesh, each answer unpickled (the thread that takes it)."""
         out = [self._value_of(v) if type(v) is _Encoded else v for v in values]
+        assert self.shape is not None  # call() has its shape
         return ValueMesh(self.shape, out, self.shape)
 
     def _deliver(self, h: Header, r: int, value: Any) -> None:
         if h.status == ERROR and not isinstance(value, BaseException):
             value = ActorError(str(value), mesh=self.rec.name, rank=r, endpoint=self.method)
         if self.mode == "stream":
+            assert isinstance(self.futs, list)
             f = self.futs[self.next_stream]
             self.next_stream += 1
             if h.status == ERROR:
@@ -404,24 +405,27 @@ class ReplyCollector:
     def on_gone(self, procs: list, why: Optional[dict] = None) -> None:
         """A cast tree says these procs will not answer this call (they exited, a relay on
         their way died, or, with `why`, a relay could not reach theirs): the deaths told
-        here, or `why`, fail their ranks now (I/O thread)."""
+        here, or `why`, fail their ranks now (I/O thread). A call that is not gathered
+        hears only the last kind (its answers do not come up the tree)."""
         with self.lock:
-            if self.done or not self.tree_gathered:
+            if self.done or (not self.tree_gathered and not why):
                 return
             unreached: dict[str, list] = {}  # why -> procs a relay could not reach
             for p in procs:
-                exc = self.deferred.pop(p, None)
+                exc = self.deferred.pop(p, None) if self.deferred is not None else None
                 if exc is not None:
                     self._on_fail(exc, p, None, settled=True)
                 elif why and isinstance(why.get(p), str):
                     unreached.setdefault(why[p], []).append(p)
-                else:
+                elif self.gone is not None:
                     self.gone.add(p)
             if unreached:
                 from ..supervision.fold import ranks_phrase
 
             for text, ps in unreached.items():
-                ranks = sorted(self.rec.rank_of(p) for p in ps)
+                ranks = sorted(r for r in map(self.rec.rank_of, ps) if r in self.remaining)
+                if not ranks:
+                    continue
                 exc = SupervisionError(f"{self.label}: {ranks_phrase(ranks)} of actor mesh "
                                        f"{self.rec.name!r}: {text}")
                 for p in ps:
@@ -456,14 +460,16 @@ class ReplyCollector:
                     self._on_fail(exc, rec.proc_ids[r], None)
                 return None
             up = tree.nearest_live_ancestor(agent, dead)
+            gone, deferred = self.gone, self.deferred
+            assert gone is not None and deferred is not None  # (tree-gathered)
             for r in ranks:
                 p = rec.proc_ids[r]
-                if not up or p in self.gone:
-                    self.gone.discard(p)
-                    self.deferred.pop(p, None)
+                if not up or p in gone:
+                    gone.discard(p)
+                    deferred.pop(p, None)
                     self._on_fail(exc, p, None, settled=True)
                 else:  # this names the whole subtree (and the host's death)
-                    self.deferred[p] = exc
+                    deferred[p] = exc
             return (up, procs) if up else None
 
     def _on_fail(self, exc: BaseException, proc: Optional[str], actor: Optional[str],
@@ -473,10 +479,12 @@ class ReplyCollector:
         if self.tree_gathered and proc is not None and not settled:
             if not self._proc_dead(proc):
                 return  # an actor failed, its proc lives: its error replies come up the tree
-            if proc in self.gone:
-                self.gone.discard(proc)
+            gone, deferred = self.gone, self.deferred
+            assert gone is not None and deferred is not None  # (tree-gathered)
+            if proc in gone:
+                gone.discard(proc)
             else:  # its answers may still be on their way up the tree: wait for "gone"
-                self.deferred.setdefault(proc, exc)
+                deferred.setdefault(proc, exc)
                 return
         proc_ids = self.rec.proc_ids
         failed_ranks = [r for r in self.remaining if proc is None or proc_ids[r] == proc]
@@ -484,6 +492,7 @@ class ReplyCollector:
             return
         exc = self._monarch_wording(exc, failed_ranks[0])
         if self.mode == "stream":
+            assert isinstance(self.futs, list)
             for r in failed_ranks:
                 self._finish_rank(r)
                 fut = self.futs[self.next_stream]

@@ -22,6 +22,7 @@ from ..errors import MeshStoppedError
 from ..future import Future, resolved
 from ..shapes import MeshTrait, Shape
 from ..transport.framing import Header, Kind
+from ..transport.payloads import SpawnExtra, SpawnSpec
 
 if TYPE_CHECKING:
     from .proc_mesh import ProcMesh
@@ -116,7 +117,7 @@ def _start_local_agent(rt: Runtime) -> AgentRecord:
 
 
 
-def _send_spawns(rt: Any, base: list[str], common: dict, specs: dict[str, dict],
+def _send_spawns(rt: Any, base: list[str], common: SpawnExtra, specs: dict[str, SpawnSpec],
                  procs: list[ProcRecord]) -> None:
     """One SPAWN_PROCS per agent of `base` (`common` and its own `specs` entry), down the
     cast tree of the hosts when there are more than `cast_fanout`: each relay passes on its
@@ -267,11 +268,11 @@ class HostMesh(MeshTrait):
         rt.state.change(rt.state.add_procs, procs)
         from .local import root_controller_env
 
-        common: dict = {"cwd": os.getcwd(), "labels": list(full.labels),
-                        "sizes": list(full.sizes_)}
+        common: SpawnExtra = {"cwd": os.getcwd(), "labels": list(full.labels),
+                              "sizes": list(full.sizes_)}
         if keep is not None:  # else the agent's own (a kept job's --keep)
             common["keep"] = keep
-        specs: dict[str, dict] = {}
+        specs: dict[str, SpawnSpec] = {}
         for agent, plist in by_agent.values():
             root = root_controller_env(rt, agent.address)
             for p in plist:

@@ -16,7 +16,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .._base import process as _process
 from ..transport import framing
@@ -67,7 +67,7 @@ class Agent:
         from ..config import config
 
         self.key_file = args.key_file or config.key_file or ""
-        if args.listen:
+        if args.listen and self.keys is not None:  # (--listen without keys exited above)
             self.token = auth.cluster_token(self.keys)
         else:
             self.token = bytes.fromhex(args.token) if args.token else auth.new_token()
@@ -125,7 +125,7 @@ class Agent:
         self.casts = CastRelay(self.loop, self.token, self.agent_id, self.rundir, self.gather,
                                self.tcp_address)
         self.workspace = WorkspaceStore(self.rundir, self.agent_id, self.send)
-        self._handlers = {
+        self._handlers: dict[int, Callable[[Header, Any, list], None]] = {
             Kind.HEARTBEAT: self._on_heartbeat, Kind.SPAWN_PROCS: self._spawn,
             Kind.KILL_PROCS: self._on_kill, Kind.AGENT_ATTACH: self._attach,
             Kind.AGENT_STOP: self._on_stop, Kind.FANOUT: self.casts.on_fanout,
@@ -296,7 +296,7 @@ class Agent:
             env = dict(p.get("env") or {})
             msg = {"op": "spawn", "cfg": cfg, "env": env, "cwd": e.get("cwd")}
             if p.get("gpu"):  # one GPU per proc, chosen from this host's devices
-                msg["env"], msg["error"] = _with_gpu(p["gpu"], msg["env"])
+                msg["env"], msg["error"] = _with_gpu(p["gpu"], env)
             self._to_zygote(json.dumps(msg).encode())
 
     # -- the zygote's socket: never a blocking send on the I/O thread --------------------

@@ -7,27 +7,33 @@ agent's I/O thread.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
-from typing import Any
+from typing import Any, Callable, cast
 
 from ..transport import casttree, framing
 from ..transport.framing import Header, Kind
+from ..transport.payloads import FanoutExtra, SpawnExtra
 from .gather import ReplyGather
 
-__all__ = ["SPAWNED_KEPT", "CastRelay"]
+__all__ = ["SPAWNED_KEPT", "UNSURE_KEPT", "CastRelay"]
 
 log = logging.getLogger("runtime.host")
 
 #: proc ids an agent remembers being asked to spawn (a spawn that comes twice starts once)
 SPAWNED_KEPT = 4096
 
+#: calls forwarded to one child relay and not yet known to have got there, newest kept
+UNSURE_KEPT = 1024
+
 
 class CastRelay:
     """Delivers casts to this agent's procs and relays them down its cast tree."""
 
     def __init__(self, loop: Any, token: bytes, agent_id: str, rundir: str,
-                 gather: ReplyGather, tcp_address: str) -> None:
+                 gather: ReplyGather, tcp_address: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.loop = loop
         self.token = token
         self.agent_id = agent_id
@@ -37,6 +43,11 @@ class CastRelay:
         self.address = gather.address  # where same-host agents (and local procs) answer
         #: child relay -> (when this agent started asking it, when it last answered)
         self.asked: dict[str, list] = {}
+        #: child relay -> calls forwarded to it whose answers do not come back through this
+        #: agent (call_one, stream: not gathered), until a pong after them says they got
+        #: there: (when, caller, port, the subtree's procs), oldest first
+        self.unsure: dict[str, collections.deque] = {}
+        self.clock = clock
         self.spawned: dict[str, None] = {}  # proc ids asked of this agent (oldest first)
 
     def on_fanout(self, h: Header, body: Any, buffers: list) -> None:
@@ -72,9 +83,16 @@ class CastRelay:
         """A cast on to this agent's children in its tree: each gets its own subtree;
         gathered, they answer to this agent (over TCP where they are other hosts)."""
         by_reach: dict[bool, bytes] = {}
+        unsure = not gather and bool(inner.port and inner.reply)  # answers go straight back
         for agent, procs, kids in sub:
             if agent in self.gather.lost:  # dead (the caller said so): nothing to relay
                 continue
+            if unsure:
+                q = self.unsure.get(agent)
+                if q is None:
+                    q = self.unsure[agent] = collections.deque(maxlen=UNSURE_KEPT)
+                q.append((self.clock(), inner.reply, inner.port,
+                          casttree.procs_of([agent, procs, kids])))
             far = agent.startswith("tcp://")
             raw = by_reach.get(far)
             if raw is None:
@@ -83,7 +101,7 @@ class CastRelay:
                     h = framing.decode_header(framing.encode_header(inner))
                     h.reply = self.tcp_address
                 raw = by_reach[far] = framing.encode_header(h)
-            extra: dict[str, Any] = {"header": raw, "procs": procs}
+            extra: FanoutExtra = {"header": raw, "procs": procs}
             if kids:
                 extra["sub"] = kids
             if gather:
@@ -112,7 +130,7 @@ class CastRelay:
         for node in sub:
             if node[0] in self.gather.lost:
                 continue
-            extra = {**common, **specs.get(node[0], {})}
+            extra = cast(SpawnExtra, {**common, **specs.get(node[0], {})})  # checked above
             if node[2]:
                 extra["sub"] = node[2]
                 extra["specs"] = {a: specs[a] for k in node[2] for a in casttree.agents_of(k)
@@ -160,8 +178,13 @@ class CastRelay:
         (I/O thread, every heartbeat): one silent past `timeout` is unreachable from here
         (a partition between two hosts the caller both reaches), and its subtree's ranks
         are reported gone with that cause instead of waited for."""
-        now = time.monotonic()
+        now = self.clock()
         waiting = self.gather.waiting_children(interval)
+        for child, q in list(self.unsure.items()):
+            if not q or child in self.gather.lost:
+                del self.unsure[child]
+            elif now - q[0][0] > interval:
+                waiting.add(child)
         for child in list(self.asked):
             if child not in waiting:
                 del self.asked[child]
@@ -169,15 +192,31 @@ class CastRelay:
             since, heard = self.asked.setdefault(child, [now, now])
             if now - heard > timeout:
                 del self.asked[child]
-                self.gather.child_unreachable(child, (
-                    f"host agent {child} did not answer its relay {self.agent_id} for "
-                    f"{now - heard:.1f} s (a network partition between the two hosts?); "
-                    "the call may reach it when the link heals"))
+                why = (f"host agent {child} did not answer its relay {self.agent_id} for "
+                       f"{now - heard:.1f} s (a network partition between the two hosts?); "
+                       "the call may reach it when the link heals")
+                self.gather.child_unreachable(child, why)
+                self._unreached(child, why)
                 continue
             reply = self.tcp_address if child.startswith("tcp://") and self.tcp_address \
                 else self.address
             self.loop.send(child, framing.build(self.token, Header(
-                Kind.HEARTBEAT, src=self.agent_id, reply=reply, extra={"ping": child})))
+                Kind.HEARTBEAT, src=self.agent_id, reply=reply, extra={"ping": child,
+                                                                      "at": now})))
+
+    def _unreached(self, child: str, why: str) -> None:
+        """The calls forwarded to `child` not known to have got there: their callers are
+        told its subtree's procs are gone, with `why` (an empty REPLY_BATCH to each call's
+        port), so those calls fail instead of waiting for the link."""
+        by_call: dict[tuple, list] = {}
+        for _t, caller, port, procs in self.unsure.pop(child, ()):
+            by_call.setdefault((caller, port), []).extend(procs)
+        for (caller, port), procs in by_call.items():
+            h, body = framing.reply_batch(port, [], [])
+            h.src = self.agent_id
+            h.extra["gone"] = sorted(set(procs))
+            h.extra["why"] = dict.fromkeys(h.extra["gone"], why)
+            self.loop.send(caller, framing.build(self.token, h, body))
 
     def on_heartbeat(self, h: Header) -> bool:
         """A relay's ping (answered) or a child's answer to ours; False for any other
@@ -187,10 +226,15 @@ class CastRelay:
             return False
         if "ping" in e and h.reply:
             self.loop.send(h.reply, framing.build(self.token, Header(
-                Kind.HEARTBEAT, src=self.agent_id, extra={"pong": e["ping"]})))
+                Kind.HEARTBEAT, src=self.agent_id, extra={"pong": e["ping"],
+                                                          "at": e.get("at")})))
         elif isinstance(e.get("pong"), str):
-            got = self.asked.get(e["pong"])
+            child = e["pong"]
+            got = self.asked.get(child)
             if got is not None:  # reachable
-                got[1] = time.monotonic()
+                got[1] = self.clock()
+            q, at = self.unsure.get(child), e.get("at")
+            while q and isinstance(at, float) and q[0][0] <= at:
+                q.popleft()  # sent before the ping this answers, on the same connection
         return True
 

@@ -141,7 +141,7 @@ class Folds:
             self._combines[combine] = fn
             while len(self._combines) > COMBINES_KEPT:
                 del self._combines[next(iter(self._combines))]
-        fold.combine = fn or None
+        fold.combine = fn if callable(fn) else None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run `fn(*args)` on the worker, after what was submitted before (any thread)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from ..config import config
 from ..transport import bulk, casttree, framing
@@ -98,7 +98,7 @@ class ReplyGather:
         if self.folds is not None:
             self.folds.stop()
 
-    def start(self, inner: Header, procs: list[str], sub: list = (),
+    def start(self, inner: Header, procs: list[str], sub: Sequence[list] = (),
               reduce: Optional[bytes] = None) -> Header:
         """Take over the replies of the call `inner` to `procs` (this agent's) and to the
         subtrees `sub` below it (a cast tree's child nodes): returns the header to deliver,
@@ -108,7 +108,8 @@ class ReplyGather:
         gid = next(self._ids)
         extra = dict(inner.extra) if isinstance(inner.extra, dict) else {}
         up_g = extra.get("g") if "caller" in extra else None  # from a parent agent
-        waiting, gone = [], []
+        waiting: list[str] = []
+        gone: list[str] = []
         exited = self.exited
         for p in procs:
             (gone if p in exited else waiting).append(p)

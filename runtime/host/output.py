@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 import os
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .. import logs
 from .logfiles import LogFile
@@ -21,7 +21,7 @@ class ProcPipes:
     """The output pipes of one proc, read on the agent's I/O thread."""
 
     def __init__(self, proc_id: str, pid: int, mesh: str, owner: str, out_fd: int,
-                 err_fd: int, tail_lines: int, loop: object, forward: Forward,
+                 err_fd: int, tail_lines: int, loop: Any, forward: Forward,
                  log_file: Optional[LogFile] = None) -> None:
         self.proc_id = proc_id
         self.log_file = log_file

@@ -73,7 +73,7 @@ class WorkspaceStore:
     def _work(self) -> None:
         while True:
             h, body, buffers = self._queue.get()
-            op = (h.extra or {}).get("op")
+            op = str((h.extra or {}).get("op"))
             try:
                 fn = {"offer": self._offer, "put": self._put, "commit": self._commit}[op]
                 out = fn(h.extra, body, buffers)

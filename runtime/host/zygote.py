@@ -71,7 +71,7 @@ def zygote_main(sock: socket.socket) -> None:
 
     while True:
         try:
-            r, _, _ = select.select([sock, rfd], [], [], 1.0)
+            r, _, _ = select.select([sock.fileno(), rfd], [], [], 1.0)
         except InterruptedError:
             continue
         if rfd in r:
@@ -81,7 +81,7 @@ def zygote_main(sock: socket.socket) -> None:
             except BlockingIOError:
                 pass
         reap()
-        if sock not in r:
+        if sock.fileno() not in r:
             continue
         try:
             data = sock.recv(1 << 20)

@@ -258,6 +258,17 @@ def test_partition_between_agents_is_reported_not_fatal(cluster, mesh3, record_d
             with pytest.raises(runtime.SupervisionError, match="network partition") as e2:
                 late.get(timeout=HB_TIMEOUT * 4 + 10)
             assert "ranks 2-3" in str(e2.value), e2.value
+            # not gathered either (a stream: its answers go straight back, not through
+            # the relay): host 0's agent says it could not pass the call on; the other
+            # ranks answer
+            answered, failed = [], []
+            for f in where.where.stream():
+                try:
+                    answered.append(f.get(timeout=HB_TIMEOUT * 4 + 10)[0])
+                except runtime.SupervisionError as e3:
+                    failed.append(str(e3))
+            assert sorted(answered) == sorted([a, a, hosts.hosts[2], hosts.hosts[2]])
+            assert len(failed) == 2 and all("network partition" in f for f in failed), failed
     finally:
         cluster.heal(a)
 
