@@ -683,11 +683,7 @@ IMPORT_COST = "# import cost"
 #: `# import cost`), each the sorted tuple of its modules: the debt of 2026-12-07 (then 0
 #: cycles at module level, 9 with function-local imports, 12 with TYPE_CHECKING ones). It
 #: may only shrink: a new cycle fails the test, and so does an entry no longer found.
-CYCLE_DEBT: list[tuple[str, ...]] = [
-    # adverbs names ActorMesh in its annotations (TYPE_CHECKING); adverbs.py is being changed
-    # elsewhere now: an `ActorMesh`-free annotation there (a Protocol) ends this one
-    ("runtime._meshes.actor_mesh", "runtime._meshes.adverbs"),
-]
+CYCLE_DEBT: list[tuple[str, ...]] = []
 
 
 def _from_base(node: ast.ImportFrom, package: str) -> str:

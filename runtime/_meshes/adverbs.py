@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Protocol
 
 from .._base import features as _features
 from ..errors import MeshStoppedError, SupervisionError, actor_failed_message
@@ -21,11 +21,16 @@ from ..value_mesh import ValueMesh
 from .arguments import ArgumentEncoder, releasing
 from .collector import Fold, ReplyCollector, take_room
 
-if TYPE_CHECKING:
-    from .actor_mesh import ActorMesh
+__all__ = ["EndpointMesh", "MeshRef", "EndpointRef", "send", "fold_call", "NotAnEndpoint",
+           "as_endpoint", "endpoint_parts"]
 
-__all__ = ["MeshRef", "EndpointRef", "send", "fold_call", "NotAnEndpoint", "as_endpoint",
-           "endpoint_parts"]
+
+class EndpointMesh(Protocol):
+    """What an endpoint uses of the actor mesh it belongs to (an ActorMesh): its sizes, for
+    errors, and its repr."""
+
+    @property
+    def sizes(self) -> Any: ...
 
 
 class MeshRef:
@@ -84,7 +89,7 @@ class EndpointRef:
     def __class_getitem__(cls, item: Any) -> type:
         return cls
 
-    def __init__(self, mesh: "ActorMesh", ref: MeshRef, name: str,
+    def __init__(self, mesh: EndpointMesh, ref: MeshRef, name: str,
                  signature: Optional[inspect.Signature], extra: Optional[dict] = None) -> None:
         self._mesh = mesh
         self._ref = ref  # the mesh's runtime, record and view
@@ -344,7 +349,7 @@ class NotAnEndpoint:
     """`mesh.method` for a public method not marked `@endpoint`: calling it raises;
     `as_endpoint(mesh.method)` makes it callable as an endpoint."""
 
-    def __init__(self, mesh: "ActorMesh", ref: MeshRef, name: str) -> None:
+    def __init__(self, mesh: EndpointMesh, ref: MeshRef, name: str) -> None:
         self._mesh = mesh
         self._ref = ref
         self._name = name
