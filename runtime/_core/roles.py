@@ -36,6 +36,7 @@ class ControllerRole:
         return None
 
     local_server: Any = None  # the ProcServer of actors hosted here (this_proc()), if any
+    this_proc_mesh: Any = None  # this_proc(), once made (runtime._meshes.local)
 
     def on_unhandled_failure(self, owner_actor: Optional[str], failure: MeshFailure) -> None:
         """Give the failure to the owning actor hosted here (`this_proc()`), else run
@@ -63,6 +64,7 @@ class ProcRole:
     """A proc: hosts actors (through `server`) and knows its host agent."""
 
     is_proc = True
+    this_proc_mesh: Any = None  # this_proc(), once made (runtime._meshes.local)
 
     def __init__(self, server: Any, agent_address: str, host_id: str) -> None:
         self.server = server

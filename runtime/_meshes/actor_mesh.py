@@ -45,7 +45,7 @@ class ActorMesh(MeshTrait):
     # this view's parts, all held by its MeshRef (`ref_of` below gives it to other modules)
     _rt = property(lambda self: self._ref.rt)
     _rec = property(lambda self: self._ref.rec)
-    _shape = property(lambda self: self._ref.shape)  # type: ignore[assignment]
+    _shape = property(lambda self: self._ref.shape)
     _proc_mesh = property(lambda self: self._ref.proc_mesh)
     _class = property(lambda self: self._ref.actor_class)
 
@@ -96,7 +96,7 @@ class ActorMesh(MeshTrait):
     def _ranks(self) -> list[int]:
         return self._ref.ranks()
 
-    def __getattr__(self, name: str) -> EndpointRef:
+    def __getattr__(self, name: str) -> "EndpointRef | NotAnEndpoint":
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
         ref = self.__dict__.get("_ref")

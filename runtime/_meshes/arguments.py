@@ -79,6 +79,7 @@ class ArgumentEncoder:
                     f"limit of {config.max_message_bytes} bytes (MONARCH_MAX_MESSAGE_BYTES); "
                     f"{how}")
             body, bufs, mine = moved
+            assert held is not None  # (moved only where held)
             held.extend(mine)
         return body, bufs
 

@@ -215,7 +215,9 @@ class ReplyCollector:
         self.deferred: Optional[dict] = None
         self.gone: Optional[set] = None
         self.fold = fold
-        self.parts: list = []  # a reduced call: the partial values host agents folded
+        #: a reduced call: the partial values host agents folded (made with the first: one
+        #: tracked object less per call for the garbage collector)
+        self.parts: Optional[list] = None
 
     def start(self) -> None:
         rt = self.rt
@@ -313,6 +315,8 @@ class ReplyCollector:
             for r in got:
                 self._finish_rank(r)
                 self.values[self.index[r] if self.index is not None else 0] = _FOLDED
+            if self.parts is None:
+                self.parts = []
             self.parts.append(_Encoded(body, buffers, got[0]))
             if not self.remaining:
                 self._complete()
@@ -384,7 +388,7 @@ class ReplyCollector:
             self.fut.set_exception(self.error)
         elif self.fold is not None:
             self.rt.ports.settle()
-            resolve_later(self.fut, (self.values, self.parts, self._value_of),
+            resolve_later(self.fut, (self.values, self.parts or (), self._value_of),
                           self.fold.result)
         elif self.mode == "call":
             self.rt.ports.settle()

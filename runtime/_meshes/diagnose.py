@@ -194,6 +194,7 @@ def _add_native_stacks(rt: Any, entries: list, in_c: list, timeout: float) -> No
 
     from .proc_stacks import stacks_of_procs
 
+    got: list = []  # a proc's stacks, or None
     try:
         got = stacks_of_procs(rt, [(p.rank, p) for _, p, _ in in_c], True, timeout)
     except Exception as e:  # noqa: BLE001 - a diagnosis without stacks still helps

@@ -256,12 +256,13 @@ class HostMesh(MeshTrait):
                 addr = f"ipc://{rt.rundir}/{proc_id}" if not agent.remote else ""
                 procs.append(ProcRecord(proc_id, rank, name, agent, addr, host=agent.host,
                                         keep=keep or 0.0))
-                spec = {"proc_id": proc_id, "rank": rank, "mesh": name,
-                        "env": {**config.spawn_env(), **debug_env, **(env or {}), **binds[j]}}
+                proc_env = {**config.spawn_env(), **debug_env, **(env or {}), **binds[j]}
+                spec: dict[str, Any] = {"proc_id": proc_id, "rank": rank, "mesh": name,
+                                        "env": proc_env}
                 if n_inner > 1:  # the proc's host picks its intra-op threads from this
-                    spec["env"][PROCS_PER_HOST] = str(n_inner)
+                    proc_env[PROCS_PER_HOST] = str(n_inner)
                 if gpu_env is not None:  # one GPU per proc: decided here for this host
-                    spec["env"].update(gpu_env(j) if not agent.remote else {})
+                    proc_env.update(gpu_env(j) if not agent.remote else {})
                     if agent.remote:  # ... and by the remote host's agent for its GPUs
                         spec["gpu"] = {"per_host": per_host, "coords": inner.coords_of(j)}
                 by_agent.setdefault(agent.agent_id, (agent, []))[1].append(spec)
@@ -411,8 +412,11 @@ class HostMesh(MeshTrait):
         # done when it returns: the procs count as stopped now (an agent that exits reports
         # none of them; a report that still comes changes nothing)
         if ending:
-            rt.state.change(lambda: [rt.failures.stopped_unreported(rec.proc_id)
-                                     for rec in ending])
+            def report() -> None:
+                for rec in ending:
+                    rt.failures.stopped_unreported(rec.proc_id)
+
+            rt.state.change(report)
         if rt.this_host_mesh is self:
             rt.this_host_mesh = None
         return resolved(None)
@@ -608,7 +612,7 @@ def attach_to_workers(addresses: Optional[list[str]] = None, key_file: Optional[
         my_addr = rt.messenger.use_gateway(keys, gateway, timeout,
                                            on_loss=lambda link, text: gateway_lost(rt, link, text))
     else:
-        ip = local_ip_for(tcp[0].hostname, tcp[0].port) if tcp else "127.0.0.1"
+        ip = local_ip_for(tcp[0].hostname or "", tcp[0].port or 0) if tcp else "127.0.0.1"
         my_addr = rt.enable_tcp(ip, keys)
     agents = []
     for a in addresses:

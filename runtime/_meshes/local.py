@@ -12,8 +12,9 @@ import threading
 from typing import Any, Callable, Optional
 
 from .._core import ProcRecord, Runtime, get_runtime
+from .._core.roles import ProcRole
 from .._base import context as _context
-from ..actor import Actor, endpoint
+from ..actor import Actor, endpoint, endpoints_of
 from ..errors import ActorError
 from ..future import Future, resolved, when_all
 from ..shapes import Shape
@@ -60,7 +61,11 @@ class ThisProcMesh(ProcMesh):
                 if getattr(m, "proc_mesh", None) is self and not m.stopped]
         self._stopped_flag = True
         out: Future = Future("this_proc.stop")
-        when_all(futs, lambda: out.set_result(None))
+
+        def done() -> None:
+            out.set_result(None)
+
+        when_all(futs, done)
         return out
 
     def _stop_now(self, timeout: float = 5.0) -> None:
@@ -73,7 +78,7 @@ class ThisProcMesh(ProcMesh):
 def _local_server(rt: Runtime) -> Any:
     """The ProcServer hosting actors in this process (made on first use in a controller)."""
     role = rt.role
-    if role.is_proc:
+    if isinstance(role, ProcRole):
         return role.server
     with _lock:
         server = getattr(role, "local_server", None)
@@ -99,7 +104,7 @@ def this_proc() -> ProcMesh:
     its own thread, callable like any other."""
     rt = get_runtime()
     with _lock:
-        pm = getattr(rt.role, "this_proc_mesh", None)
+        pm = rt.role.this_proc_mesh
         if pm is not None and not pm.stopped:
             return pm
         _local_server(rt)
@@ -186,7 +191,7 @@ def get_or_spawn_controller(name: str, cls: type, *args: Any, **kwargs: Any) -> 
         "cls_name": "_ControllerController", "proc_ids": [root_id], "addresses": [root_addr],
         "hosts": [""], "routes": [], "sizes": {},
         "sigs": {"get_or_spawn": caller_signature(
-            _ControllerController.get_or_spawn.fn, False)},
+            endpoints_of(_ControllerController)["get_or_spawn"].fn, False)},
         "shape": Shape((), ())})
     return cc.get_or_spawn.call_one(name, cls, args, kwargs)
 

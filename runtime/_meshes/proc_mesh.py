@@ -10,7 +10,8 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generator, Optional
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Generator, Optional
 
 from .._base import context as _context
 from .._base import features as _features
@@ -188,8 +189,10 @@ class ProcMesh(MeshTrait):
         rec.explicit_ports = frozenset(n for n, ep in endpoints_of(actor_class).items()
                                        if ep.explicit_response_port)
         shape = Shape(labels, sizes)
+        first = procs[0] if procs else None
         reply = rt.reply_address_for(
-            (procs[0].address or procs[0].agent.address) if procs else "")
+            (first.address or (first.agent.address if first.agent is not None else ""))
+            if first is not None else "")
 
         def add() -> list:
             """On the I/O thread: record the mesh; the ranks whose proc is already dead."""
@@ -325,7 +328,7 @@ class ProcMesh(MeshTrait):
                 for m in [m for m in rt.state.actor_meshes.all_values()
                           if set(m.proc_ids) <= ids]:
                     rt.health.remove_mesh(m.health_name)
-                rt.output.writer.when_drained(lambda: fut.set_result(None))  # printed, too
+                rt.output.writer.when_drained(partial(_set_none, fut))  # printed, too
                 return
             if time.monotonic() > deadline:
                 for p in pending:
@@ -418,15 +421,21 @@ class ProcMesh(MeshTrait):
         return mesh_html(self, "proc_mesh")
 
 
+def _set_none(fut: Future) -> None:
+    """Resolve `fut` with None (a callback that returns nothing)."""
+    fut.set_result(None)
+
+
 def _check_init_args(actor_class: type, args: tuple, kwargs: dict) -> None:
     """A TypeError at the call site when the arguments do not fit the actor's __init__."""
-    if actor_class.__init__ is object.__init__:
+    init = getattr(actor_class, "__init__")
+    if init is object.__init__:
         if args or kwargs:
             raise TypeError(f"{actor_class.__name__}() takes no arguments (it defines no "
                             f"__init__), got {len(args)} positional and {len(kwargs)} keyword")
         return
     try:
-        inspect.signature(actor_class.__init__).bind(None, *args, **kwargs)
+        inspect.signature(init).bind(None, *args, **kwargs)
     except TypeError as e:
         raise TypeError(f"{actor_class.__name__}.__init__: {e}") from None
     except ValueError:
@@ -586,6 +595,7 @@ def stop_owned_meshes(rt: Runtime, actor_id: str, timeout: float) -> None:
     from .actor_mesh import ActorMesh, ref_of, stop_now
 
     for obj in list(rt.meshes(internal=True)):
+        stop: Callable[[Any, float], None]
         if isinstance(obj, ActorMesh):
             if ref_of(obj).rec.owner_actor != actor_id:
                 continue
