@@ -15,6 +15,7 @@ from .._core.liveness import note_reply
 from ..errors import ActorError, CancelledError, SupervisionError
 from ..future import Future, note_call, resolve_later
 from ..shapes import Shape
+from ..supervision.fold import ranks_phrase
 from ..transport.framing import ERROR, Header, Kind
 from ..transport import bulk
 from ..transport.serialization import loads
@@ -423,9 +424,6 @@ class ReplyCollector:
                     unreached.setdefault(why[p], []).append(p)
                 elif self.gone is not None:
                     self.gone.add(p)
-            if unreached:
-                from ..supervision.fold import ranks_phrase
-
             for text, ps in unreached.items():
                 ranks = sorted(r for r in map(self.rec.rank_of, ps) if r in self.remaining)
                 if not ranks:
@@ -452,8 +450,6 @@ class ReplyCollector:
             ranks = [r for r in self.remaining if rec.proc_ids[r] in procs]
             if not ranks:
                 return None
-            from ..supervision.fold import ranks_phrase
-
             how = ("before their answers came back through it" if self.tree_gathered else
                    "before it was known whether the call reached them")
             exc = SupervisionError(
