@@ -173,6 +173,8 @@ class ReplyGather:
                     log.warning("agent: a partial value from %s without its ranks dropped",
                                 h.src)
                     continue
+                if b.waiting.isdisjoint(part[0]):
+                    continue  # its procs were given up on here (gone): not counted twice
                 b.waiting.difference_update(part[0])
                 if b.fold is not None:
                     self._fold(gid, b.fold, [rh.src, rh.actor, rh.rank, rh.status,
