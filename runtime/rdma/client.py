@@ -13,7 +13,7 @@ import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..config import config
 from . import cuda
@@ -26,6 +26,9 @@ from .handle import Handle
 from .identity import host_id, process_alive, session_secret
 from .memory import Span, view_of
 from .server import INFO_REPLY, MR_REPLY, PIN_REPLY, current_server
+
+if TYPE_CHECKING:  # imported when first used (ib_transfer)
+    from .ibverbs import IbvEndpoint
 
 __all__ = [
     "MIN_STREAM_BYTES", "VM_CHUNK", "transport_mode", "Deadline", "split_pieces", "run_pieces",
@@ -396,7 +399,7 @@ def local_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: b
 
 # ibverbs endpoints, one per owner address, each tied to its own data-server connection.
 _ib_lock = threading.Lock()
-_ib_peers: dict[str, tuple[object, socket.socket]] = {}
+_ib_peers: dict[str, tuple[IbvEndpoint, socket.socket]] = {}
 
 
 def ib_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool,
@@ -410,8 +413,8 @@ def ib_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool
     addr = _pick_address(h, False)
     with _ib_lock:
         peer = _ib_peers.get(addr)
-        if peer is not None and getattr(peer[0], "broken", False):
-            peer[0].close()  # type: ignore[attr-defined]
+        if peer is not None and peer[0].broken:
+            peer[0].close()
             peer[1].close()
             peer = None
         if peer is None:
@@ -426,7 +429,7 @@ def ib_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool
         remote, rkey = MR_REPLY.unpack(c.call(P.OP_IB_MR, offset, nbytes))
     mr = ctx.register(span_addr, nbytes, remote=False)
     try:
-        ep.transfer(mr, span_addr, remote, rkey, nbytes, write=write, deadline=dl.at)  # type: ignore[attr-defined]
+        ep.transfer(mr, span_addr, remote, rkey, nbytes, write=write, deadline=dl.at)
     finally:
         mr.close()
 
