@@ -25,6 +25,7 @@ from .errors import (RDMAAuthError, RDMABufferDroppedError, RDMAError, RDMAOwner
 from .handle import Handle
 from .identity import host_id, process_alive, session_secret
 from .memory import Span, view_of
+from .registry import Entry, Registry
 from .server import INFO_REPLY, MR_REPLY, PIN_REPLY, current_server
 
 if TYPE_CHECKING:  # imported when first used (ib_transfer)
@@ -371,30 +372,31 @@ class _VMRefused(Exception):
     """process_vm_* is not permitted here; the caller falls back to sockets."""
 
 
-def _pin_own(h: Handle) -> Any:
-    """Pin a buffer of this very process in its registry, or raise why it cannot be."""
+def _pin_own(h: Handle) -> tuple[Registry, Entry]:
+    """Pin a buffer of this very process in its registry, or raise why it cannot be: (the
+    registry, to unpin it from, and the pinned entry)."""
     server = current_server()
     lk = server.registry.pin(h.buffer_id) if server is not None else None
-    if lk is None or lk.entry is None:
+    if server is None or lk is None or lk.entry is None:
         status = P.ST_DROPPED if lk is not None and lk.status == "dropped" else P.ST_UNKNOWN
         raise _status_error(status, b"", h)
-    return lk
+    return server.registry, lk.entry
 
 
 def local_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool) -> None:
     """Owner and caller are one process: pin in the registry and memmove."""
-    lk = _pin_own(h)
+    registry, entry = _pin_own(h)
     try:
-        size = lk.entry.span.nbytes
+        size = entry.span.nbytes
         if offset + nbytes > size:
             raise RDMASizeError(f"range [{offset}, {offset + nbytes}) outside buffer of {size} bytes")
-        remote = lk.entry.span.addr + offset
+        remote = entry.span.addr + offset
         if write:
             ctypes.memmove(remote, span_addr, nbytes)
         else:
             ctypes.memmove(span_addr, remote, nbytes)
     finally:
-        current_server().registry.unpin(lk.entry)  # type: ignore[union-attr]
+        registry.unpin(entry)
 
 
 # ibverbs endpoints, one per owner address, each tied to its own data-server connection.
@@ -527,9 +529,9 @@ def local_cuda_transfer(h: Handle, span: Span, offset: int, write: bool) -> None
     """Owner and caller are one process and one side is CUDA memory: a torch copy."""
     import torch
 
-    lk = _pin_own(h)
+    registry, entry = _pin_own(h)
     try:
-        own = lk.entry.span
+        own = entry.span
         if offset + span.nbytes > own.nbytes:
             raise RDMASizeError(f"range [{offset}, {offset + span.nbytes}) outside buffer of "
                                 f"{own.nbytes} bytes")
@@ -546,7 +548,7 @@ def local_cuda_transfer(h: Handle, span: Span, offset: int, write: bool) -> None
             if t.is_cuda:
                 torch.cuda.synchronize(t.device)
     finally:
-        current_server().registry.unpin(lk.entry)  # type: ignore[union-attr]
+        registry.unpin(entry)
 
 
 # -- choosing ---------------------------------------------------------------------------
