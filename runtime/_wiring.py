@@ -8,45 +8,50 @@ debugger.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
 
 from . import _core
 from ._base import features as _features
-from ._meshes import this_proc
+from ._core import Runtime
+from ._meshes import ProcMesh, this_proc
+
+if TYPE_CHECKING:  # loaded when first called (below), not by `import runtime`
+    from .rdma import RDMABuffer
 
 __all__: list[str] = []
 
 
-def _rdma_buffer(view: object) -> object:
+def _rdma_buffer(view: Any) -> RDMABuffer:
     from .rdma import RDMABuffer
 
     return RDMABuffer(view)
 
 
-def _rdma_read_ipc(buf: object, out: object, timeout: float) -> None:
+def _rdma_read_ipc(buf: RDMABuffer, out: Any, timeout: float) -> None:
     from .rdma.buffer import read_ipc
 
     read_ipc(buf, out, timeout)
 
 
-def _rdma_close_ipc(buf: object) -> None:
+def _rdma_close_ipc(buf: RDMABuffer) -> None:
     from .rdma.buffer import close_ipc
 
     close_ipc(buf)
 
 
-def _install_debugger_in_controller(rt: object) -> None:
+def _install_debugger_in_controller(rt: Runtime) -> None:
     from .debugging import install_in_controller
 
     install_in_controller(rt)
 
 
-def _install_debugger_in_proc(rt: object) -> None:
+def _install_debugger_in_proc(rt: Runtime) -> None:
     from .debugging import install_in_proc
 
     install_in_proc(rt)
 
 
-def _start_admin_endpoint(rt: object) -> None:
+def _start_admin_endpoint(rt: Runtime) -> None:
     from .admin import serve
     from .debugging.admin import register
 
@@ -59,7 +64,7 @@ def _debugging_spawn_env() -> dict:
     return spawn_env()
 
 
-def _tensor_activate(mesh: object) -> object:
+def _tensor_activate(mesh: ProcMesh) -> object:
     from .tensor import activate
 
     return activate(mesh)
@@ -71,16 +76,16 @@ def _tensor_rref(endpoint: object, args: tuple, kwargs: dict) -> object:
     return rref(endpoint, args, kwargs)
 
 
-def _stacks_of_proc(rt: object, proc_id: str, native: bool, timeout: float) -> object:
+def _stacks_of_proc(rt: Runtime, proc_id: str, native: bool, timeout: float) -> object:
     from ._meshes.proc_stacks import stacks_of_proc
 
     return stacks_of_proc(rt, proc_id, native, timeout)
 
 
-def _stop_owned_meshes(rt: object, actor_id: str, timeout: float) -> None:
+def _stop_owned_meshes(rt: Runtime, actor_id: str, timeout: float) -> None:
     from ._meshes.proc_mesh import stop_owned_meshes
 
-    stop_owned_meshes(rt, actor_id, timeout)  # type: ignore[arg-type]
+    stop_owned_meshes(rt, actor_id, timeout)
 
 
 def _shutdown_runtime(timeout: float) -> None:

@@ -40,7 +40,10 @@ def _load(path: Optional[str]) -> tuple[Any, Path]:
 
     try:
         if path is None:
-            return load_current_job(), current_job_path()  # type: ignore[return-value]
+            job = load_current_job()
+            current = current_job_path()
+            assert current is not None  # load_current_job raised JobError without one
+            return job, current
         return job_load(path), Path(path).resolve()
     except FileNotFoundError:
         raise CliError(f"no saved job at {path!r}") from None

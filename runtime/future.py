@@ -171,7 +171,8 @@ class Future(Generic[R]):
         self._lk: Any = None
         self._value: Any = _PENDING
         self._exc: Optional[BaseException] = None
-        self._callbacks: Optional[list[Callable[["Future[R]"], None]]] = None  # made on use
+        # made on use; an _Inline runs on the resolving thread
+        self._callbacks: Optional[list[Callable[["Future[R]"], None] | _Inline]] = None
         self._on_interrupt: Optional[Callable[[], None]] = None
         self._label = label
         self._ports: tuple = ()  # reply ports of the call (the debugger matches sessions)
@@ -256,7 +257,7 @@ class Future(Generic[R]):
         if not self._add_callback(fn):
             fn(self)
 
-    def _add_callback(self, fn: Callable) -> bool:
+    def _add_callback(self, fn: "Callable[[Future[R]], None] | _Inline") -> bool:
         """Keep `fn` for the resolution; False (kept nowhere) if resolved already."""
         with self._lock:
             if self._flag:
@@ -435,7 +436,9 @@ class Future(Generic[R]):
         async def everything() -> list:
             return list(await asyncio.gather(*awaitables, return_exceptions=return_exceptions))
 
-        return cls("Future.gather", coro=everything())
+        # a plain Future whatever the class: a subclass's (_Completed: resolved already,
+        # rdma's _Deferred: no coro) cannot stand for a pending coroutine
+        return Future("Future.gather", coro=everything())
 
     def get(self, timeout: Optional[float] = None) -> R:
         """Block until resolved and return the value (or raise the error).

@@ -196,7 +196,7 @@ class Shape:
         for k, v in given.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ShapeError(f"split size {k}={v!r} must be a positive int")
-        used = set()
+        used: set[str] = set()
         labels, sizes, strides = [], [], []
         for name, size, stride in zip(self.labels, self.sizes_, self.strides):
             if name not in plans:

@@ -67,7 +67,9 @@ def _host_address(use_ipaddr: Any) -> str:
     if family is None:
         raise ValueError(f"use_ipaddr must be None, 'ipv4', 'ipv6' or 'loopback', got "
                          f"{use_ipaddr!r}")
-    return socket.getaddrinfo(host, None, family, socket.SOCK_STREAM)[0][4][0]
+    addr = socket.getaddrinfo(host, None, family, socket.SOCK_STREAM)[0][4][0]
+    assert isinstance(addr, str)  # an AF_INET/AF_INET6 sockaddr starts with the host string
+    return addr
 
 
 class SPMDActor(Actor):

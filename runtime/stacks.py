@@ -390,11 +390,11 @@ class CCallWatch:
         block at the same place (a frame's id may be reused)."""
         frame = sys._current_frames().get(ident) if ident is not None else None
         info = c_call_at(frame) if frame is not None else None
-        if info is None or frame is None:
+        if info is None or frame is None or ident is None:  # (a frame only with an ident)
             self.key = self.info = None
             return None
         key = (id(frame), frame.f_code, frame.f_lasti, epoch)
-        now, cpu = time.time(), _thread_cpu(ident)  # type: ignore[arg-type]
+        now, cpu = time.time(), _thread_cpu(ident)
         if key != self.key:
             self.key, self.wall, self.cpu, self.info = key, now, cpu, info
             return None

@@ -298,7 +298,7 @@ def traced(fn: Any = None, *, name: Optional[str] = None) -> Any:
         name, fn = fn, None
     if fn is None:
         return lambda f: traced(f, name=name)
-    label = name or getattr(fn, "__qualname__", getattr(fn, "__name__", "traced"))
+    label: str = name if name else getattr(fn, "__qualname__", getattr(fn, "__name__", "traced"))
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def run_async(*args: Any, **kwargs: Any) -> Any:

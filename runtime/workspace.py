@@ -228,8 +228,8 @@ def _mb(n: int) -> str:
 def _walk(out: Scan, name: str, directory: Path, rel: str, ignore: _Ignore) -> None:
     try:
         entries = sorted(os.scandir(directory), key=lambda e: e.name)
-    except OSError as e:
-        raise WorkspaceError(f"cannot read workspace directory {directory}: {e}") from None
+    except OSError as err:
+        raise WorkspaceError(f"cannot read workspace directory {directory}: {err}") from None
     for e in entries:
         r = f"{rel}/{e.name}" if rel else e.name
         try:

@@ -1,7 +1,6 @@
-"""The type checker passes on the parts whose invariants live in types: runtime's core, its
-transport, the proc side and the packages beside them that are clean (`files` of
-`[tool.mypy]` in pyproject.toml; mypy is pinned in the lock); and it catches a misspelt
-state."""
+"""The type checker passes on all of runtime (`files` of `[tool.mypy]` in pyproject.toml:
+its layers, rdma, job, tensor and the root's modules; mypy is pinned in the lock); and it
+catches a misspelt state."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ def mypy(*args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "MYPY_FORCE_COLOR": "0", "MYPYPATH": str(ROOT)})
 
 
-def test_mypy_is_clean_on_core_transport_proc_and_the_packages_listed():
+def test_mypy_is_clean_on_runtime():
     out = mypy()
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Success" in out.stdout, out.stdout

@@ -573,7 +573,7 @@ def _unused(name: str, taken: set) -> str:
 
 # -- what the runtime's other modules read of a proc mesh ----------------------------------
 
-def runtime_of(pm: ProcMesh) -> Optional[Runtime]:
+def runtime_of(pm: ProcMesh) -> Runtime:
     """The runtime `pm` belongs to."""
     return pm._rt
 

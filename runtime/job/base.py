@@ -16,6 +16,7 @@ import tempfile
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
+from types import EllipsisType
 from typing import Any
 
 from .clients import register_owner
@@ -114,6 +115,8 @@ class Job(JobTrait, ABC):
     default_cached_path: str | None = None
     #: whether a running job of this kind can be saved and reattached from another process
     cacheable = True
+    #: where `AllocSpec.run` saved a kept job (set only then)
+    saved_path: str
 
     def __init__(self, meshes: dict[str, int], *, key_file: str | os.PathLike | None = None,
                  workdir: str | os.PathLike | None = None, timeout: float = 300.0,
@@ -133,7 +136,7 @@ class Job(JobTrait, ABC):
             auth.check_key_file(str(self._key_file_arg), "key file (key_file=)")
         self.workdir: Path | None = None
         self.key_file: Path | None = None
-        self._state: JobState | None = None
+        self._job_state: JobState | None = None  # (JobTrait's hook is the method `_state`)
         self._launched = False
         self._killed = False
 
@@ -240,8 +243,8 @@ class Job(JobTrait, ABC):
         attaches) plays the part of Monarch's mesh admin: `state().admin_url` is its
         address (`tcp://127.0.0.1:PORT`). Returns self."""
         self._admin = True
-        if self._state is not None:
-            self._state.admin_url = admin_address()
+        if self._job_state is not None:
+            self._job_state.admin_url = admin_address()
         return self
 
     def _with_admin(self, state: JobState) -> JobState:
@@ -272,7 +275,7 @@ class Job(JobTrait, ABC):
         """Start the job from `state()`; `cached` says the job will be saved for reattaching."""
         self.apply()
 
-    def state(self, cached_path: str | os.PathLike | None | object = ...,
+    def state(self, cached_path: str | os.PathLike | None | EllipsisType = ...,
               timeout: float | None = None, takeover: bool = False) -> JobState:
         """Start if needed, wait for every agent, and return mesh name -> HostMesh.
 
@@ -281,9 +284,9 @@ class Job(JobTrait, ABC):
         here is saved there (Monarch's `job.state(cached_path=...)`). Agents that serve
         another live controller refuse (`AttachRefusedError`) unless `takeover=True`;
         meshes they kept for a next controller are then reached with `proc_mesh(name)`."""
-        if self._state is not None:  # as in Monarch, each call its own HostMesh objects
+        if self._job_state is not None:  # as in Monarch, each call its own HostMesh objects
             again = JobState()     # (same hosts): stop() on one leaves the others' procs
-            for name, hm in self._state.items():
+            for name, hm in self._job_state.items():
                 again[name] = hm.slice()  # a new view, the same shape
             return again
         path = self.default_cached_path if cached_path is ... else cached_path
@@ -312,7 +315,7 @@ class Job(JobTrait, ABC):
         except BaseException:
             self.kill()
             raise
-        self._state = self._with_admin(state)
+        self._job_state = self._with_admin(state)
         if path is not None and started_here:
             self.dump(path)
         register_owner(self)  # its terminal clients ask through this controller's endpoint
@@ -323,7 +326,7 @@ class Job(JobTrait, ABC):
         kept by the agents after the controller before it went away (a restarted kernel
         reattaching with `Job.load(path).state()`), its actors reached with
         `.actor_mesh(actor_name)`. KeyError naming the proc meshes there are."""
-        state = self._state if self._state is not None else self.state()
+        state = self._job_state if self._job_state is not None else self.state()
         names: list[str] = []
         for hm in state.values():
             try:
@@ -336,7 +339,7 @@ class Job(JobTrait, ABC):
     def proc_mesh_names(self, timeout: float = 30.0) -> list[str]:
         """The names of the live proc meshes on this job's hosts: spawned by this controller,
         or kept for it (adopted here)."""
-        state = self._state if self._state is not None else self.state()
+        state = self._job_state if self._job_state is not None else self.state()
         names: set[str] = set()
         for hm in state.values():
             hm.kept_meshes(timeout)
@@ -351,7 +354,7 @@ class Job(JobTrait, ABC):
     def kept_meshes(self, timeout: float = 30.0) -> dict[str, Any]:
         """Proc mesh name -> ProcMesh of every mesh the job's agents kept for this
         controller (after the one before it went away); empty when none."""
-        state = self._state if self._state is not None else self.state()
+        state = self._job_state if self._job_state is not None else self.state()
         out: dict[str, Any] = {}
         for hm in state.values():
             out.update(hm.kept_meshes(timeout))
@@ -365,7 +368,7 @@ class Job(JobTrait, ABC):
         lines matching `grep`. Works for procs that have exited and after `Job.load()`."""
         from .._meshes import read_logs
 
-        state = self._state if self._state is not None else self.state()
+        state = self._job_state if self._job_state is not None else self.state()
         name = mesh if isinstance(mesh, str) else getattr(mesh, "name", None)
         return read_logs(list(state.values()), name, rank=rank, tail=tail, grep=grep,
                          timeout=timeout)
@@ -375,7 +378,7 @@ class Job(JobTrait, ABC):
         if self._killed:
             return
         self._killed = True
-        for mesh in (self._state or {}).values():
+        for mesh in (self._job_state or {}).values():
             try:
                 mesh.shutdown()
             except Exception:  # the agents may already be gone; cancelling follows anyway
@@ -395,7 +398,7 @@ class Job(JobTrait, ABC):
         return ""
 
     # --- persistence: reattach from a new kernel ------------------------------------------
-    _transient = ("_state",)
+    _transient: tuple[str, ...] = ("_job_state",)
 
     def dumps(self) -> bytes:
         """What `dump()` writes, as bytes (`runtime.job.job_loads` reads them back)."""
@@ -410,11 +413,14 @@ class Job(JobTrait, ABC):
     def load(path: str | os.PathLike) -> "Job":
         """A job saved with `dump()`; its agents must still be running. The file must be
         ours and not writable by others (it is unpickled)."""
-        return job_load(path)
+        job = job_load(path)
+        if not isinstance(job, Job):
+            raise JobError(f"{str(path)!r} holds a {type(job).__name__}, not a runtime Job")
+        return job
 
     def _after_load(self) -> None:
         """Reset what `_transient` left out of a saved job."""
-        self._state = None
+        self._job_state = None
 
     def __enter__(self) -> "Job":
         return self.apply()
@@ -441,7 +447,7 @@ def adopt(spec: "Job", path: str | os.PathLike) -> bool:
         cached = job_load(path)
     except FileNotFoundError:
         return False
-    if not cached.can_run(spec):
+    if not isinstance(cached, Job) or not cached.can_run(spec):
         log.info("cached job at %s cannot run %r: replacing it", path, spec)
         try:
             cached.kill()

@@ -107,8 +107,8 @@ def _run_captured(fn: Any) -> tuple[str, str, str]:
 
 
 def _result(stdout: str, stderr: str, error: str) -> dict:
-    rank = context().actor_instance.rank  # a Point: its flat rank in the mesh
-    return {"rank": int(getattr(rank, "rank", rank)), "host": socket.gethostname(),
+    rank = context().actor_instance.rank.rank  # its Point's flat rank in the mesh
+    return {"rank": rank, "host": socket.gethostname(),
             "pid": os.getpid(), "stdout": stdout, "stderr": stderr, "error": error}
 
 
@@ -120,8 +120,11 @@ class ExecActor(Actor):
     def run(self, code: str) -> dict:
         def run() -> None:
             tree = ast.parse(code, "<exec>", "exec")
-            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) \
-                else None
+            last = tree.body[-1] if tree.body else None
+            if isinstance(last, ast.Expr):
+                tree.body.pop()
+            else:
+                last = None
             ns: dict[str, Any] = {"__name__": "__main__"}
             exec(compile(tree, "<exec>", "exec"), ns)
             if last is not None:

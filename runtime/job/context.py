@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .trait import DEFAULT_JOB_PATH, JobError
-
-if TYPE_CHECKING:
-    from .base import Job
+from .trait import DEFAULT_JOB_PATH, JobError, JobTrait
 
 __all__ = [
     "CURRENT_FILE", "SAVED_JOBS_DIR", "set_current_job", "current_job_path", "clear_current_job",
@@ -69,7 +65,7 @@ def clear_current_job() -> None:
     Path(CURRENT_FILE).unlink(missing_ok=True)
 
 
-def load_current_job() -> "Job":
+def load_current_job() -> JobTrait:
     """The current job, loaded from its file (not attached yet: call `.state()`, as with
     Monarch's). JobError saying what to do when there is none or its file is gone."""
     from .trait import job_load

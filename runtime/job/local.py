@@ -51,9 +51,13 @@ class LocalJob(Job):
     def __init__(self, hosts: int | None = None, *, meshes: dict[str, int] | None = None,
                  python: str = sys.executable, env: dict[str, str] | None = None,
                  **kw) -> None:
-        if (hosts is None) == (meshes is None):
+        if meshes is None:
+            if hosts is None:
+                raise ValueError("give exactly one of hosts=N or meshes={name: N}")
+            meshes = {"hosts": hosts}
+        elif hosts is not None:
             raise ValueError("give exactly one of hosts=N or meshes={name: N}")
-        super().__init__(meshes if meshes is not None else {"hosts": hosts}, **kw)
+        super().__init__(meshes, **kw)
         self.python = python
         self.env = env
         self.procs: dict[tuple[str, int], subprocess.Popen] = {}
@@ -81,6 +85,7 @@ class LocalJob(Job):
         return read_address_files(self.workdir / "addrs", list(self.procs))
 
     def _check(self) -> str:
+        assert self.workdir is not None  # checked only once applied (wait_addresses)
         for (mesh, i), p in self.procs.items():
             if p.poll() is not None:
                 raise JobError(f"local agent {mesh}[{i}] (pid {p.pid}) exited with {p.returncode}:\n"
@@ -99,7 +104,7 @@ class LocalJob(Job):
                 p.kill()
                 p.wait(timeout=5)
 
-    def dump(self, path):  # type: ignore[override]
+    def dump(self, path: str | os.PathLike) -> Path:
         """Not supported: local agents exit with the process that started them."""
         raise JobError("a LocalJob's agents exit with this process; it cannot be dumped")
 
@@ -135,18 +140,20 @@ class ThisHostJob(LocalJob):
 
     def kill(self) -> None:
         """Forget the meshes; this host's agent keeps running (it is the controller's own)."""
-        self._state = None
+        self._job_state = None
 
     def can_run(self, spec: Job) -> bool:
         """Never: like Monarch's LocalJob, the spec itself is always used."""
         return False
 
-    def state(self, cached_path: Any = None, timeout: float | None = None) -> JobState:
-        """Every named mesh as `this_host()`; `cached_path` is ignored (nothing to cache)."""
+    def state(self, cached_path: Any = None, timeout: float | None = None,
+              takeover: bool = False) -> JobState:
+        """Every named mesh as `this_host()`; `cached_path` is ignored (nothing to cache),
+        and so is `takeover` (this host's agent is this controller's own)."""
         from .._meshes import this_host
 
         self.apply()
-        if self._state is None:
-            self._state = self._with_admin(
+        if self._job_state is None:
+            self._job_state = self._with_admin(
                 JobState({name: this_host() for name in self.meshes}))
-        return self._state
+        return self._job_state

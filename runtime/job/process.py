@@ -36,7 +36,7 @@ class ProcessJob(LocalJob):
     kind = "process"
     cacheable = True
     default_cached_path = DEFAULT_JOB_PATH
-    _transient = ("_state", "procs")
+    _transient = ("_job_state", "procs")
 
     def __init__(self, meshes: dict[str, int], env: dict[str, str] | None = None,
                  keep: float | None = None, **kw: Any) -> None:

@@ -7,6 +7,7 @@ when the ssh session ends (controller gone, `kill()`), the remote side stops the
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -92,7 +93,7 @@ class SSHJob(Job):
         self._found: dict[tuple[str, int], str] = {}
         self._errors: dict[tuple[str, int], list[str]] = {}
 
-    def dump(self, path):  # type: ignore[override]
+    def dump(self, path: str | os.PathLike) -> Path:
         """Not supported: the agents live only as long as this process's ssh sessions."""
         raise JobError("an SSHJob's agents end with this process's ssh sessions; it cannot be dumped")
 
@@ -110,9 +111,11 @@ class SSHJob(Job):
 
     def _read(self, slot: tuple[str, int], p: subprocess.Popen) -> None:
         err = self._errors.setdefault(slot, [])
+        stdout, stderr = p.stdout, p.stderr
+        assert stdout is not None and stderr is not None  # Popen'd with PIPEs (_launch)
         threading.Thread(target=lambda: err.extend(
-            line.decode(errors="replace").rstrip() for line in p.stderr), daemon=True).start()
-        for raw in p.stdout:
+            line.decode(errors="replace").rstrip() for line in stderr), daemon=True).start()
+        for raw in stdout:
             line = raw.decode(errors="replace").strip()
             if line.startswith(ADDRESS_TAG):
                 try:

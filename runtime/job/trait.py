@@ -16,7 +16,7 @@ import os
 import pickle
 import stat
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 __all__ = ["JobError", "JobState", "JobTrait", "restore_saved", "DEFAULT_JOB_PATH", "job_loads",
            "job_load"]
@@ -33,8 +33,8 @@ class JobState(dict):
     service (`telemetry_url`, `query_engine` stay None)."""
 
     query_engine = None
-    telemetry_url = None
-    admin_url = None
+    telemetry_url: Optional[str] = None
+    admin_url: Optional[str] = None
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -121,7 +121,10 @@ class JobTrait:
         """Called on a job read back by `job_load`/`job_loads`."""
 
 
-def restore_saved(cls: type, fields: dict) -> Any:
+J = TypeVar("J", bound=JobTrait)
+
+
+def restore_saved(cls: type[J], fields: dict) -> J:
     """A job of class `cls` (a JobTrait) with the saved `fields`, its `_after_load` run
     (`job_loads` reads saved jobs back)."""
     job = cls.__new__(cls)

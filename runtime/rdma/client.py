@@ -13,7 +13,7 @@ import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..config import config
 from . import cuda
@@ -25,7 +25,11 @@ from .errors import (RDMAAuthError, RDMABufferDroppedError, RDMAError, RDMAOwner
 from .handle import Handle
 from .identity import host_id, process_alive, session_secret
 from .memory import Span, view_of
+from .registry import Entry, Registry
 from .server import INFO_REPLY, MR_REPLY, PIN_REPLY, current_server
+
+if TYPE_CHECKING:  # imported when first used (ib_transfer)
+    from .ibverbs import IbvEndpoint
 
 __all__ = [
     "MIN_STREAM_BYTES", "VM_CHUNK", "transport_mode", "Deadline", "split_pieces", "run_pieces",
@@ -368,35 +372,36 @@ class _VMRefused(Exception):
     """process_vm_* is not permitted here; the caller falls back to sockets."""
 
 
-def _pin_own(h: Handle) -> Any:
-    """Pin a buffer of this very process in its registry, or raise why it cannot be."""
+def _pin_own(h: Handle) -> tuple[Registry, Entry]:
+    """Pin a buffer of this very process in its registry, or raise why it cannot be: (the
+    registry, to unpin it from, and the pinned entry)."""
     server = current_server()
     lk = server.registry.pin(h.buffer_id) if server is not None else None
-    if lk is None or lk.entry is None:
+    if server is None or lk is None or lk.entry is None:
         status = P.ST_DROPPED if lk is not None and lk.status == "dropped" else P.ST_UNKNOWN
         raise _status_error(status, b"", h)
-    return lk
+    return server.registry, lk.entry
 
 
 def local_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool) -> None:
     """Owner and caller are one process: pin in the registry and memmove."""
-    lk = _pin_own(h)
+    registry, entry = _pin_own(h)
     try:
-        size = lk.entry.span.nbytes
+        size = entry.span.nbytes
         if offset + nbytes > size:
             raise RDMASizeError(f"range [{offset}, {offset + nbytes}) outside buffer of {size} bytes")
-        remote = lk.entry.span.addr + offset
+        remote = entry.span.addr + offset
         if write:
             ctypes.memmove(remote, span_addr, nbytes)
         else:
             ctypes.memmove(span_addr, remote, nbytes)
     finally:
-        current_server().registry.unpin(lk.entry)  # type: ignore[union-attr]
+        registry.unpin(entry)
 
 
 # ibverbs endpoints, one per owner address, each tied to its own data-server connection.
 _ib_lock = threading.Lock()
-_ib_peers: dict[str, tuple[object, socket.socket]] = {}
+_ib_peers: dict[str, tuple[IbvEndpoint, socket.socket]] = {}
 
 
 def ib_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool,
@@ -410,8 +415,8 @@ def ib_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool
     addr = _pick_address(h, False)
     with _ib_lock:
         peer = _ib_peers.get(addr)
-        if peer is not None and getattr(peer[0], "broken", False):
-            peer[0].close()  # type: ignore[attr-defined]
+        if peer is not None and peer[0].broken:
+            peer[0].close()
             peer[1].close()
             peer = None
         if peer is None:
@@ -426,7 +431,7 @@ def ib_transfer(h: Handle, span_addr: int, nbytes: int, offset: int, write: bool
         remote, rkey = MR_REPLY.unpack(c.call(P.OP_IB_MR, offset, nbytes))
     mr = ctx.register(span_addr, nbytes, remote=False)
     try:
-        ep.transfer(mr, span_addr, remote, rkey, nbytes, write=write, deadline=dl.at)  # type: ignore[attr-defined]
+        ep.transfer(mr, span_addr, remote, rkey, nbytes, write=write, deadline=dl.at)
     finally:
         mr.close()
 
@@ -524,9 +529,9 @@ def local_cuda_transfer(h: Handle, span: Span, offset: int, write: bool) -> None
     """Owner and caller are one process and one side is CUDA memory: a torch copy."""
     import torch
 
-    lk = _pin_own(h)
+    registry, entry = _pin_own(h)
     try:
-        own = lk.entry.span
+        own = entry.span
         if offset + span.nbytes > own.nbytes:
             raise RDMASizeError(f"range [{offset}, {offset + span.nbytes}) outside buffer of "
                                 f"{own.nbytes} bytes")
@@ -543,7 +548,7 @@ def local_cuda_transfer(h: Handle, span: Span, offset: int, write: bool) -> None
             if t.is_cuda:
                 torch.cuda.synchronize(t.device)
     finally:
-        current_server().registry.unpin(lk.entry)  # type: ignore[union-attr]
+        registry.unpin(entry)
 
 
 # -- choosing ---------------------------------------------------------------------------

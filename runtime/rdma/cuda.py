@@ -163,12 +163,16 @@ def host_to_device(dev: Any, produce: Callable[[int, int, int], None],
 
 def memmove_to(dst_addr: int) -> Callable[[int, int, int], None]:
     """A `consume` that copies each chunk to host memory at dst_addr + pos."""
-    return lambda addr, n, pos: ctypes.memmove(dst_addr + pos, addr, n)
+    def consume(addr: int, n: int, pos: int) -> None:
+        ctypes.memmove(dst_addr + pos, addr, n)
+    return consume
 
 
 def memmove_from(src_addr: int) -> Callable[[int, int, int], None]:
     """A `produce` that copies each chunk from host memory at src_addr + pos."""
-    return lambda addr, n, pos: ctypes.memmove(addr, src_addr + pos, n)
+    def produce(addr: int, n: int, pos: int) -> None:
+        ctypes.memmove(addr, src_addr + pos, n)
+    return produce
 
 
 def flat_u8(t: Any) -> Any:

@@ -40,7 +40,7 @@ def _pyverbs() -> Optional[dict[str, Any]]:
         try:
             import pyverbs.enums as e
         except ImportError:  # pyverbs before v46
-            import pyverbs.libibverbs_enums as e  # type: ignore[no-redef]
+            import pyverbs.libibverbs_enums as e
     except Exception as exc:  # ImportError, or a missing libibverbs.so behind it
         log.debug("pyverbs unavailable: %s", exc)
         return None
@@ -76,8 +76,9 @@ class IbvContext:
     """An opened device + protection domain + port facts; registers memory, makes endpoints."""
 
     def __init__(self, name: str, port: int, gid_index: int) -> None:
-        pv = self.pv = _pyverbs()
-        assert pv is not None
+        pv = _pyverbs()
+        assert pv is not None  # opened only for a device that list_devices() found via pyverbs
+        self.pv: dict[str, Any] = pv
         e = pv["e"]
         self.name, self.port, self.gid_index = name, port, gid_index
         self.ctx = pv["Context"](name=name)

@@ -11,7 +11,7 @@ from .errors import RDMABufferError, RDMADTypeError, RDMASizeError
 try:  # torch is a dependency of the project, but keep memoryview-only use possible
     import torch
 except ImportError:  # pragma: no cover
-    torch = None  # type: ignore[assignment]
+    torch = None  # type: ignore[assignment]  # (optional here: None without it)
 
 __all__ = ["Span", "span_of", "check_dtype", "view_of"]
 

@@ -11,7 +11,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from .. import rundir
 from ..config import config
@@ -20,6 +20,9 @@ from . import protocol as P
 from .identity import process_start_time, session_secret
 from .memory import view_of
 from .registry import Entry, Registry
+
+if TYPE_CHECKING:  # imported when a peer asks for a queue pair
+    from .ibverbs import IbvEndpoint
 
 __all__ = [
     "HANDSHAKE_TIMEOUT", "PIN_REPLY", "INFO_REPLY", "MR_REPLY", "DataServer", "get_server",
@@ -116,7 +119,7 @@ class DataServer:
             sock.close()
             return
         pins: list[Entry] = []
-        endpoints: list[object] = []  # ibverbs queue pairs live as long as this connection
+        endpoints: list[IbvEndpoint] = []  # ibverbs queue pairs live as long as this connection
         try:
             while True:
                 req = P.recv_request(sock)
@@ -132,7 +135,7 @@ class DataServer:
                 self.registry.unpin(entry)
             for ep in endpoints:
                 try:
-                    ep.close()  # type: ignore[attr-defined]
+                    ep.close()
                 except Exception:
                     pass
             sock.close()
@@ -154,7 +157,7 @@ class DataServer:
         return lk.entry
 
     def _handle(self, sock: socket.socket, req: tuple, pins: list[Entry],
-                endpoints: list[object]) -> None:
+                endpoints: list[IbvEndpoint]) -> None:
         op, bid, off, length, payload = req
         if op == P.OP_READ:
             entry = self._lookup_pinned(sock, bid, off, length)

@@ -66,8 +66,9 @@ class _Comm:
 
             from .._meshes.host_mesh import local_ip_for
 
-            far = next(p for p in all_procs(root) if p.host != rt.host and p.agent is not None)
-            u = urlparse(far.agent.address)
+            far, agent = next((p, p.agent) for p in all_procs(root)
+                              if p.host != rt.host and p.agent is not None)
+            u = urlparse(agent.address)
             host = local_ip_for(u.hostname or far.host, u.port or 0)
             self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
             self.rdv = ("tcp", host, self.store.port)
@@ -316,10 +317,10 @@ def renew_groups(mesh: "ProcMesh") -> None:
 
 def _attach() -> None:
     """Monarch's method forms: t.reduce(...), t.reduce_(...), t.to_mesh(m), t.slice_mesh()."""
-    Tensor.reduce = reduce  # type: ignore[attr-defined]
-    Tensor.reduce_ = reduce_  # type: ignore[attr-defined]
-    Tensor.to_mesh = to_mesh  # type: ignore[attr-defined]
-    Tensor.slice_mesh = slice_mesh  # type: ignore[attr-defined]
+    Tensor.reduce = reduce  # (declared on Tensor)
+    Tensor.reduce_ = reduce_
+    Tensor.to_mesh = to_mesh
+    Tensor.slice_mesh = slice_mesh
 
 
 _attach()

@@ -73,7 +73,8 @@ class Groups:
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = _timeout()
             return dist.ProcessGroupNCCL(store, rank, n, opts)
-        opts = dist.ProcessGroupGloo._Options()
+        # the pybind class with _devices/_timeout; torch's stub knows only its `Options`
+        opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # stub omits it
         if rdv[0] == "file":
             opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
         else:  # this proc's address on the route to the store: what the peers reach
@@ -96,7 +97,8 @@ def agree(pg: Any, ok: bool, device: torch.device) -> bool:
     input failed does not leave the others waiting in the real collective)."""
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
     opts = dist.AllreduceOptions()
-    opts.reduceOp = dist.ReduceOp.MIN
+    # pybind converts the RedOpType to a ReduceOp; torch's stub does not say so
+    opts.reduceOp = dist.ReduceOp.MIN  # type: ignore[assignment]  # stub lacks the conversion
     pg.allreduce([flag], opts).wait()
     return bool(flag.item())
 
@@ -124,14 +126,14 @@ def reduce(pg: Any, n: int, x: torch.Tensor, reduction: str, scatter: bool,
     op = getattr(dist.ReduceOp, _OPS[reduction])
     if scatter:
         out = torch.empty(x.shape[1:], dtype=x.dtype, device=x.device)
-        opts = dist.ReduceScatterOptions()
-        opts.reduceOp = op
-        pg.reduce_scatter([out], [list(x.unbind(0))], opts).wait()
+        ropts = dist.ReduceScatterOptions()
+        ropts.reduceOp = op
+        pg.reduce_scatter([out], [list(x.unbind(0))], ropts).wait()
     else:
         out = x.clone()
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = op
-        pg.allreduce([out], opts).wait()
+        aopts = dist.AllreduceOptions()
+        aopts.reduceOp = op
+        pg.allreduce([out], aopts).wait()
     if reduction == "avg":
         out.div_(n)
     return out
@@ -273,6 +275,7 @@ class Collectives:
             if out is not None:
                 pass
             elif kind == "reduce":
+                assert x is not None  # every member's input was ready (agree): ours too
                 out = reduce(pg, len(members), x, spec["reduction"], spec["scatter"],
                              spec["into"] == in_ref)
             else:
@@ -309,7 +312,8 @@ class Collectives:
             pg, _ = self.groups.get(gid, members, spec["rdv"], spec["backend"])
             buf = torch.zeros(total + 1, dtype=dtype, device=dev)
             if mine is None:
-                torch.cat([x.reshape(-1) for x in xs], out=buf[:total])
+                # (every x is there when mine is None)
+                torch.cat([x.reshape(-1) for x in xs if x is not None], out=buf[:total])
             buf[total] = ok_v if mine is None else bad_v
             opts = dist.AllreduceOptions()
             opts.reduceOp = getattr(dist.ReduceOp, _OPS[red])
@@ -367,6 +371,7 @@ def _exchange_vm(pg: Any, rank_of: dict, me: str, pairs: list, shard: Optional[t
     sends = [(s, d) for s, d in pairs if s == me and d != me]
     works = []
     if sends:  # tell each receiver where the bytes are, then wait until it has them
+        assert src_t is not None  # a sender's input was ready (agree)
         head = torch.tensor([src_t.data_ptr(), src_t.numel() * src_t.element_size()],
                             dtype=torch.int64)
         works = [pg.send([head], rank_of[d], 1) for _, d in sends]
@@ -374,6 +379,7 @@ def _exchange_vm(pg: Any, rank_of: dict, me: str, pairs: list, shard: Optional[t
         if d != me:
             continue
         if s == me:
+            assert shard is not None
             got = shard.clone()
             continue
         head = torch.empty(2, dtype=torch.int64)

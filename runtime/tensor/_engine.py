@@ -10,7 +10,7 @@ import pickle
 import threading
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from . import _coalescing
 from ..future import Future
@@ -41,8 +41,17 @@ def mesh_key(mesh: "ProcMesh") -> tuple:
     return tuple(p.proc_id for p in mesh.procs)
 
 
+class _CommState(Protocol):
+    """What the engine uses of its collectives' state (runtime.tensor._collectives._Comm)."""
+
+    def close(self) -> None: ...
+
+
 class Engine:
     """The workers of one root proc mesh, and the per-view targets sliced from them."""
+
+    #: the collectives' rendezvous state, made on first use (runtime.tensor._collectives)
+    comm: _CommState
 
     def __init__(self, root: "ProcMesh") -> None:
         self.root = root
@@ -171,7 +180,7 @@ class Sender:
             cur = entry
             batch.append(entry[4])
             plain = plain and entry[5]
-        if batch:
+        if cur is not None:  # (set with the batch's first command)
             self._send(cur, batch, plain)
         elif q:
             entry = q.popleft()

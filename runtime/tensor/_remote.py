@@ -77,16 +77,19 @@ class Remote:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """With propagate: mesh tensors (nothing waits). Without: a Future of a ValueMesh
         of every rank's return value (as `call`)."""
-        if self._propagate is None:
+        propagate = self._propagate
+        if propagate is None:
             return self.call(*args, **kwargs)
-        return self._rref(args, kwargs)
+        return self._rref(propagate, args, kwargs)
 
     def _local_fn(self) -> Callable[..., Any]:
         return resolve_path(self._fn) if isinstance(self._fn, str) else self._fn
 
-    def _rref(self, args: tuple, kwargs: dict) -> Any:
+    def _rref(self, propagate: Union[str, Callable[..., Any]], args: tuple, kwargs: dict
+              ) -> Any:
         engine, key, target, mesh, found = _where(self.name, args, kwargs)
-        prop = self._local_fn() if self._propagate == "inspect" else self._propagate
+        # a string is "inspect" (__init__ takes no other)
+        prop = self._local_fn() if isinstance(propagate, str) else propagate
         fake_out = _run_fake(prop, args, kwargs, self.name)
         out_ids: list = []
         expect: list = []
@@ -189,10 +192,11 @@ def _where(name: str, args: tuple, kwargs: dict) -> tuple:
         engine, key, target = placement(first)
         mesh = first.mesh
     else:
-        mesh = get_active_mesh()
-        if mesh is None:
+        active = get_active_mesh()
+        if active is None:
             raise RuntimeError(f"remote({name}) needs an active mesh (`with mesh.activate():`) "
                                "or mesh tensors among its arguments")
+        mesh = active
         engine = engine_for(mesh)
         key, target = engine.target(mesh)
     engine.check(key)

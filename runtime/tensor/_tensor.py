@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import html
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -34,7 +34,8 @@ class _Freer(weakref.ref):
     shards on its procs when the tensor dies: what a `weakref.finalize` with atexit=False
     did, at a tenth of its cost (no Python frame to make one)."""
 
-    __slots__ = ("args",)  # (engine, key, target, ref)
+    __slots__ = ("args",)
+    args: tuple[Engine, tuple, "ActorMesh", int]  # (engine, key, target, ref)
 
 
 #: ref id -> its _Freer (a weak reference must outlive its referent for its callback to run)
@@ -87,6 +88,11 @@ class Tensor(torch.Tensor):
     _target: "ActorMesh"
     #: this tensor's part of a metadata cache key (made when first needed)
     _mkey: Optional[tuple] = None
+    # Monarch's method forms, set by runtime.tensor._collectives (which imports this module)
+    reduce: Callable[..., "Tensor"]
+    reduce_: Callable[..., "Tensor"]
+    to_mesh: Callable[..., Any]
+    slice_mesh: Callable[..., Any]
 
     @staticmethod
     def __new__(cls, size: Any, stride: Any, offset: int, dtype: torch.dtype,
@@ -110,14 +116,18 @@ class Tensor(torch.Tensor):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    # a C function (it does not bind); torch's stub declares it a def, which mypy binds
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
+    # torch.Tensor's is that C function too: mypy, seeing a def, binds away its `func`
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (),
-                           kwargs: Optional[dict] = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]  # (torch's stub, as above)
+            cls, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None
+    ) -> Any:
         return dispatch(func, args, kwargs or {}, None)
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    # torch's own signature; mypy finds even that incompatible with torch's untyped __repr__
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         dims = ", ".join(f"{k}={v}" for k, v in self.mesh.sizes.items())
         return (f"runtime.Tensor(shape={tuple(self.shape)}, dtype={self.dtype}, "
                 f"device={self.device}, mesh={self.mesh.name!r} ({dims}))")
@@ -287,7 +297,8 @@ def _prepare(name: str, kind: Optional[str], args: tuple, kwargs: dict) -> tuple
             ckey = (None if kind == "i" and not first_is_mesh
                     else make_key(name, tuple(parts), tuple(kparts)))
             return tuple(wire), wkw, found, [], ckey, True
-    found, local = [], []
+    local: list = []
+    found = []
     wire_args = _wire(args, found, local)
     wire_kwargs = {k: _wire(v, found, local) for k, v in kwargs.items()} if kwargs else {}
     return wire_args, wire_kwargs, found, local, _LATER, False
