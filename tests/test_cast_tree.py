@@ -405,21 +405,24 @@ def test_a_relay_killed_mid_cast_fails_exactly_its_subtree(tmp_path, capfd) -> N
 
 @pytest.mark.timeout(240)
 def test_spawns_go_down_the_tree_and_around_a_relay_that_dies() -> None:
-    """fan-out 3 over 20 agents: spawn_procs sends 3 messages, not 20, and every proc
-    starts. Then rank 1's agent (the relay of rank 2's) is stopped, procs are spawned, and
-    it is killed before it relayed anything: rank 2's agent is sent its spawn directly, so
-    every proc but the dead host's starts."""
+    """fan-out 2 over 10 agents: spawn_procs sends 2 messages, not 10, and every proc
+    starts. Then rank 1's agent (the relay of rank 2's, below rank 0's) is stopped, procs
+    are spawned, and it is killed before it relayed anything: rank 2's agent is sent its
+    spawn directly, so every proc but the dead host's starts."""
     rt = runtime.get_runtime()
-    with configured(cast_fanout=3):
-        job = _job(20)
+    base = [str(r) for r in range(10)]
+    tree = casttree.build(base, {a: [a] for a in base}, 2)
+    assert tree.parent["1"] == "0" and tree.below["1"] == ["2"]  # the shape tested
+    with configured(cast_fanout=2):
+        job = _job(10)
         try:
             hosts = job.state().hosts
             sent0 = rt.messenger.cast_messages
             pm = hosts.spawn_procs(per_host={"procs": 1}, name="spawned")
-            assert rt.messenger.cast_messages - sent0 == 3
+            assert rt.messenger.cast_messages - sent0 == 2
             m = pm.spawn("spawned", Node)
             m.initialized.get(timeout=120)
-            assert sorted(m.rank.call().get(timeout=60).values()) == list(range(20))
+            assert sorted(m.rank.call().get(timeout=60).values()) == list(range(10))
             relay_pid = list(m.agent_pid.call().get(timeout=60).values())[1]
             os.kill(relay_pid, signal.SIGSTOP)
             try:
@@ -428,12 +431,12 @@ def test_spawns_go_down_the_tree_and_around_a_relay_that_dies() -> None:
                 assert pm2.procs[2].pid == 0
             finally:
                 os.kill(relay_pid, signal.SIGKILL)
-            pm2.slice(hosts=slice(2, 20)).initialized.get(timeout=120)
+            pm2.slice(hosts=slice(2, 10)).initialized.get(timeout=120)
             pm2.slice(hosts=slice(0, 1)).initialized.get(timeout=60)
             with pytest.raises(Exception):
                 pm2.slice(hosts=slice(1, 2)).initialized.get(timeout=60)
-            m2 = pm2.slice(hosts=slice(2, 20)).spawn("around", Node)
-            assert sorted(m2.rank.call().get(timeout=60).values()) == list(range(18))
+            m2 = pm2.slice(hosts=slice(2, 10)).spawn("around", Node)
+            assert sorted(m2.rank.call().get(timeout=60).values()) == list(range(8))
         finally:
             job.kill()
 
