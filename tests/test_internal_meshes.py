@@ -10,21 +10,14 @@ import threading
 import pytest
 
 import runtime
-from runtime import this_host
 from _actors import Echo, ShardUser
 from _util import wait_until
+from _procs import spawn_procs_fixture
 
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture
-def trainers():
-    procs = this_host().spawn_procs(per_host={"procs": 2}, name="trainers")
-    try:
-        procs.initialized.get(timeout=60)
-        yield procs
-    finally:
-        procs.stop().get(timeout=30)
+trainers = spawn_procs_fixture({"procs": 2}, "trainers", scope="function", ready_timeout=60)
 
 
 def test_internal_meshes_are_left_out_of_meshes_and_the_snapshot(trainers):
