@@ -49,3 +49,14 @@ def spawn_procs_fixture(per_host: dict, name: str | None = None, *, scope: str =
             pm.stop().get(timeout=stop_timeout)
 
     return procs_fixture
+
+
+def wait_pids_gone(pids, timeout: float = 10.0, what: str = "processes end",
+                   every: float = 0.05) -> None:
+    """Wait until none of `pids` runs (`pid_alive`); AssertionError naming `what` and the
+    pids still running once `timeout` seconds pass."""
+    from _util import wait_until
+
+    wait_until(lambda: not any(pid_alive(p) for p in pids), timeout,
+               what=lambda: f"{what}: still running {[p for p in pids if pid_alive(p)]}",
+               every=every)
