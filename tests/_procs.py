@@ -25,3 +25,38 @@ def fault_hooks_done(timeout: float = 20.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def spawn_procs_fixture(per_host: dict, name: str | None = None, *, scope: str = "module",
+                        stop_timeout: float = 30.0, ready_timeout: float | None = None):
+    """A pytest fixture (assign it to the fixture's name in the test module) that spawns
+    `this_host().spawn_procs(per_host=per_host, name=name)`, yields the proc mesh, and
+    stops it (waiting `stop_timeout` seconds) after the last test of its `scope`, also when
+    the set-up failed. With `ready_timeout`, the set-up waits that long for every proc to
+    have started."""
+    import pytest
+
+    from runtime import this_host
+
+    @pytest.fixture(scope=scope)
+    def procs_fixture():
+        pm = this_host().spawn_procs(per_host=per_host, name=name)
+        try:
+            if ready_timeout is not None:
+                pm.initialized.get(timeout=ready_timeout)
+            yield pm
+        finally:
+            pm.stop().get(timeout=stop_timeout)
+
+    return procs_fixture
+
+
+def wait_pids_gone(pids, timeout: float = 10.0, what: str = "processes end",
+                   every: float = 0.05) -> None:
+    """Wait until none of `pids` runs (`pid_alive`); AssertionError naming `what` and the
+    pids still running once `timeout` seconds pass."""
+    from _util import wait_until
+
+    wait_until(lambda: not any(pid_alive(p) for p in pids), timeout,
+               what=lambda: f"{what}: still running {[p for p in pids if pid_alive(p)]}",
+               every=every)

@@ -6,16 +6,19 @@ import time
 from typing import Any, Callable
 
 
-def wait_until(cond: Callable[[], Any], timeout: float = 10.0, what: str = "",
-               every: float = 0.005) -> Any:
+def wait_until(cond: Callable[[], Any], timeout: float = 10.0,
+               what: str | Callable[[], Any] = "", every: float = 0.005) -> Any:
     """Poll `cond` until it returns something true, and return that; AssertionError naming
-    `what` once `timeout` seconds pass. A test waits for a condition, with a bound."""
+    `what` once `timeout` seconds pass (a callable `what` is called then: the message can
+    show the state that was not reached). A test waits for a condition, with a bound."""
     deadline = time.monotonic() + timeout
     while True:
         got = cond()
         if got:
             return got
-        assert time.monotonic() < deadline, what or "condition not met in time"
+        if time.monotonic() >= deadline:
+            msg = str(what()) if callable(what) else what
+            raise AssertionError(msg or "condition not met in time")
         time.sleep(every)
 
 

@@ -9,21 +9,21 @@ import gc
 
 import pytest
 
-from runtime import this_host
-
 from _actors import Ledger
+from _procs import spawn_procs_fixture
 
 pytestmark = pytest.mark.timeout(120)
 N = 500
 
 
+procs = spawn_procs_fixture({"procs": 1}, "gcobj")
+
+
 @pytest.fixture(scope="module")
-def ledger():
-    pm = this_host().spawn_procs(per_host={"procs": 1}, name="gcobj")
-    m = pm.spawn("ledger", Ledger)
+def ledger(procs):
+    m = procs.spawn("ledger", Ledger)
     m.add.call_one(0, 0).get(timeout=30)
-    yield m
-    pm.stop().get(timeout=30)
+    return m
 
 
 def _tracked() -> collections.Counter:

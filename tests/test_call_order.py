@@ -16,15 +16,12 @@ from runtime import Actor, Port, SupervisionError, concurrent_endpoint, endpoint
 
 from _actors import Ledger
 from _threads import run_in_threads
+from _procs import spawn_procs_fixture
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def procs():
-    pm = this_host().spawn_procs(per_host={"procs": 2}, name="order")
-    yield pm
-    pm.stop().get(timeout=30)
+procs = spawn_procs_fixture({"procs": 2}, "order")
 
 
 @pytest.fixture

@@ -7,19 +7,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime import ActorError, configured, this_host
+from runtime import ActorError, configured
 from runtime.transport import cuda_tensors, serialization
 from _gpu_actors import FakeCUDATensor, Taker
+from _procs import spawn_procs_fixture
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 pytestmark = pytest.mark.timeout(120)
 
 
+procs = spawn_procs_fixture({"gpus": 1})
+
+
 @pytest.fixture(scope="module")
-def taker():
-    pm = this_host().spawn_procs(per_host={"gpus": 1})
-    yield pm.spawn("taker", Taker)
-    pm.stop().get(timeout=30)
+def taker(procs):
+    return procs.spawn("taker", Taker)
 
 
 def test_finding_the_argument_that_holds_a_cuda_tensor():

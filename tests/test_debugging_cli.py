@@ -11,6 +11,7 @@ import pytest
 import runtime
 from runtime import Actor, endpoint, this_host
 from runtime.debugging import admin, cli, settings
+from _util import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -53,10 +54,7 @@ def procs():
 
 def _wait_sessions(n):
     reg = runtime.debugging.get_registry()
-    deadline = time.monotonic() + 20
-    while len(reg.paused()) < n:
-        assert time.monotonic() < deadline, reg.sessions()
-        time.sleep(0.02)
+    wait_until(lambda: len(reg.paused()) >= n, 20, what=reg.sessions, every=0.02)
 
 
 def _call_in_thread(fut):

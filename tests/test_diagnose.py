@@ -15,6 +15,7 @@ from runtime import Actor, Channel, diagnose, endpoint, this_host
 from runtime._meshes.diagnose import Stuck, explain
 from runtime.stacks import CCallWatch, find_py_spy
 from _util import wait_until
+from _procs import spawn_procs_fixture
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -47,11 +48,7 @@ class Hangs(Actor):
         return 2
 
 
-@pytest.fixture(scope="module")
-def procs():
-    pm = this_host().spawn_procs(per_host={"procs": 1}, name="why")
-    yield pm
-    pm.stop().get(timeout=30)
+procs = spawn_procs_fixture({"procs": 1}, "why")
 
 
 def test_a_sync_endpoint_calling_its_own_actor_is_named_with_its_fix(procs):

@@ -6,35 +6,18 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 
 import pytest
 
 import runtime
-from runtime import this_host
 from _actors import Echo, ShardUser
+from _util import wait_until
+from _procs import spawn_procs_fixture
 
 pytestmark = pytest.mark.timeout(90)
 
 
-def wait_for(cond, timeout: float = 30.0) -> bool:
-    """Poll `cond` until it is true or `timeout` passes; returns its last value."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return bool(cond())
-
-
-@pytest.fixture
-def trainers():
-    procs = this_host().spawn_procs(per_host={"procs": 2}, name="trainers")
-    try:
-        procs.initialized.get(timeout=60)
-        yield procs
-    finally:
-        procs.stop().get(timeout=30)
+trainers = spawn_procs_fixture({"procs": 2}, "trainers", scope="function", ready_timeout=60)
 
 
 def test_internal_meshes_are_left_out_of_meshes_and_the_snapshot(trainers):
@@ -69,8 +52,8 @@ def test_a_user_name_wins_over_an_internal_one(trainers):
     # calls still reach both, and their states are kept under the new names
     assert list(user.ping.call(1).get(timeout=30).values()) == [1, 1]
     assert list(cells.ping.call(2).get(timeout=30).values()) == [2, 2]
-    assert wait_for(lambda: all(a.handled >= 1 for a in
-                                rt.health.mesh("trainers.cells~2").actors))
+    wait_until(lambda: all(a.handled >= 1 for a in rt.health.mesh("trainers.cells~2").actors),
+               30.0, what="both renamed actors' handled calls counted")
 
 
 def test_a_proc_mesh_html_view_shows_only_the_users_meshes(trainers):
@@ -110,7 +93,7 @@ def test_a_proc_that_dies_under_an_internal_mesh_is_reported_against_the_proc_me
     cells.initialized.get(timeout=30)
     proc = trainers.procs[1]
     runtime.get_runtime().kill_proc(proc.proc_id, signal.SIGKILL)
-    assert wait_for(lambda: hook.got)
+    wait_until(lambda: hook.got, 30.0, what="the failure reached the hook")
     _all_failures_handed_out()
     assert len(hook.got) == 1
     f = hook.got[0]

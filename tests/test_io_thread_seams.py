@@ -14,6 +14,7 @@ import runtime
 from runtime import this_host
 from _seam_actors import Worker
 from _util import wait_until
+from _procs import spawn_procs_fixture
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -21,13 +22,14 @@ pytestmark = pytest.mark.timeout(90)
 SHORT = 1.0
 
 
+procs = spawn_procs_fixture({"procs": 3}, "seams", stop_timeout=15)
+
+
 @pytest.fixture(scope="module")
-def workers():
-    pm = this_host().spawn_procs(per_host={"procs": 3}, name="seams")
-    m = pm.spawn("workers", Worker)
+def workers(procs):
+    m = procs.spawn("workers", Worker)
     m.initialized.get(timeout=30)
-    yield m
-    pm.stop().get(timeout=15)
+    return m
 
 
 def all_alive(m) -> list:

@@ -11,15 +11,12 @@ import runtime
 from runtime import Point, Shape, context, current_actor_name, this_host
 
 from _monarch_context_actors import Parent, Whoami
+from _procs import spawn_procs_fixture
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def procs():
-    pm = this_host().spawn_procs(per_host={"hosts": 2, "gpus": 2})
-    yield pm
-    pm.stop().get(timeout=30)
+procs = spawn_procs_fixture({"hosts": 2, "gpus": 2})
 
 
 @pytest.fixture(scope="module")

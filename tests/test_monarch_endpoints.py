@@ -16,15 +16,12 @@ from runtime import (Actor, ActorMesh, Channel, SupervisionError, ValueMesh, as_
                      concurrent_endpoint, endpoint, get_or_spawn_controller, send, this_host,
                      this_proc)
 from _monarch_actors import Answerer, Gate, Ported, Sequential, Where
+from _procs import spawn_procs_fixture
 
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.fixture(scope="module")
-def procs():
-    pm = this_host().spawn_procs(per_host={"procs": 2}, name="monarch_ep")
-    yield pm
-    pm.stop().get(timeout=20)
+procs = spawn_procs_fixture({"procs": 2}, "monarch_ep", stop_timeout=20)
 
 
 @pytest.fixture(scope="module")

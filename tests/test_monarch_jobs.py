@@ -9,24 +9,16 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from runtime.job import (DEFAULT_JOB_PATH, JobError, JobState, JobTrait, LocalJob, ProcessJob,
                          SlurmJob, job_load, job_loads)
-from _procs import pid_alive
+from _procs import pid_alive, wait_pids_gone
 
 pytestmark = pytest.mark.timeout(120)
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _wait_dead(pids, seconds: float = 10) -> bool:
-    deadline = time.monotonic() + seconds
-    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not any(pid_alive(p) for p in pids)
 
 
 def _reap(pids) -> None:
@@ -63,7 +55,8 @@ def test_process_job_meshes_call_and_kill():
         workdir = job.workdir
     finally:
         job.kill()
-    assert _wait_dead(pids) and not workdir.exists()
+    wait_pids_gone(pids, 10, what="the job's agents end")
+    assert not workdir.exists()
     assert not job.active
 
 
@@ -111,7 +104,8 @@ def test_a_second_controller_reattaches_from_the_cached_path(tmp_path):
         other = _controller(path, 1, "kill")
         seen += other["pids"]
         assert other["pids"] != first["pids"] and other["calls"] == 1
-        assert _wait_dead(first["pids"]) and _wait_dead(other["pids"])
+        wait_pids_gone(first["pids"], 10, what="the replaced job's agents end")
+        wait_pids_gone(other["pids"], 10, what="the other controller's agents end")
         # a killed job in the cache is not reused either
         job = job_load(path)
         assert isinstance(job, ProcessJob) and not job.can_run(ProcessJob({"hosts": 1}))
@@ -137,7 +131,7 @@ def test_saved_job_round_trip_and_private_file_check(tmp_path):
         hosts = again.state(cached_path=None).hosts  # attach with the loaded copy
         assert dict(hosts.sizes) == {"hosts": 1}
         again.kill()  # not our child in that copy: killed by pid
-        assert _wait_dead(pids)
+        wait_pids_gone(pids, 10, what="the killed job's agents end")
     finally:
         job.kill()
 
@@ -192,7 +186,7 @@ def test_mesh_alloc_accepts_a_process_job():
         pids = list(job.agent_pids.values())
     finally:
         job.kill()
-    assert _wait_dead(pids)
+    wait_pids_gone(pids, 10, what="the job's agents end")
 
 
 def test_telemetry_and_admin_are_accepted():

@@ -21,25 +21,18 @@ from runtime import SupervisionError, this_host, this_proc
 from runtime.rdma import RDMAAction, RDMABuffer, RDMASizeError
 from _monarch_actors import BadInit, ForeverInInit, Graceful, Parent, SlowInit, Where
 from _procs import fault_hooks_done
+from _util import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _wait_for(cond, timeout: float = 20.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_init_failure_reaches_the_fault_hook_at_once(failures):
     pm = this_host().spawn_procs(per_host={"procs": 1}, name="badinit_root")
     try:
         pm.spawn("bad_at_once", BadInit)  # never used: the failure still arrives
-        assert _wait_for(lambda: any("init exploded at once" in f.cause for f in failures))
+        wait_until(lambda: any("init exploded at once" in f.cause for f in failures), 20.0,
+                   what=lambda: failures, every=0.02)
         f = [f for f in failures if f.mesh == "bad_at_once"][0]
         assert "ValueError" in f.cause and "raise ValueError" in f.traceback
     finally:
@@ -51,7 +44,7 @@ def test_init_failure_reaches_the_owners_supervise(failures):
     try:
         parent = pm.spawn("parent", Parent)
         parent.spawn_bad.call_one().get(timeout=20)
-        assert _wait_for(lambda: parent.seen.call_one().get(timeout=10) != [])
+        wait_until(lambda: parent.seen.call_one().get(timeout=10) != [], 20.0, every=0.02)
         assert "init exploded at once" in parent.seen.call_one().get(timeout=10)[0]
         assert parent.seen.call_one().get(timeout=10) and not failures
     finally:
@@ -88,8 +81,8 @@ def test_proc_stop_while_actors_are_still_in_init_reports_no_failure(failures, t
         pm = this_host().spawn_procs(per_host={"procs": 2}, name="slow_init_procs")
     started = tmp_path / "started"
     slow = pm.spawn("slow_init", SlowInit, 30.0, str(started))
-    assert _wait_for(lambda: all(Path(f"{started}{r}").exists() for r in range(2))), \
-        "the actors are inside __init__"
+    wait_until(lambda: all(Path(f"{started}{r}").exists() for r in range(2)), 20.0,
+               what="the actors are inside __init__", every=0.02)
     pm.stop().get(timeout=10)
     assert fault_hooks_done()  # a failure report, had there been one, reached `failures`
     assert not [f for f in failures if f.mesh == "slow_init"], [f.report() for f in failures]
@@ -105,7 +98,7 @@ def test_system_exit_in_an_endpoint_fails_the_actor(failures):
     with pytest.raises(RuntimeError, match="Actor Where exiter .*exited because of the "
                                            "following reason"):
         m.where.call_one().get(timeout=20)
-    assert _wait_for(lambda: any(f.mesh == "exiter" for f in failures))
+    wait_until(lambda: any(f.mesh == "exiter" for f in failures), 20.0, every=0.02)
 
 
 def test_proc_stop_runs_finally_del_and_atexit(tmp_path):
@@ -119,7 +112,8 @@ def _graceful_stop(tmp_path) -> None:
     g = pm.spawn("graceful", Graceful, path)
     assert g.ping.call_one().get(timeout=20) == 1
     busy = g.busy.call_one()
-    assert _wait_for(lambda: os.path.exists(path + ".busy")), "inside busy() now"
+    wait_until(lambda: os.path.exists(path + ".busy"), 20.0, what="inside busy() now",
+               every=0.02)
     pm.stop().get(timeout=10)
     with open(path) as f:
         lines = f.read().split()
@@ -386,7 +380,7 @@ def test_live_failure_reports_carry_monarchs_phrases(failures):
         victim = pm.spawn("victim", Where)
         pid = victim.where.call_one().get(timeout=20)["pid"]
         os.kill(pid, 9)
-        assert _wait_for(lambda: any(f.mesh == "victim" for f in failures))
+        wait_until(lambda: any(f.mesh == "victim" for f in failures), 20.0, every=0.02)
         report = next(f for f in failures if f.mesh == "victim").report()
         assert re.search(r"The actor <root>\.<_monarch_actors\.Where victim\{'procs': 0/1\}> "
                          r"and all its descendants have failed:\n    the process this actor "
@@ -396,7 +390,7 @@ def test_live_failure_reports_carry_monarchs_phrases(failures):
     m = this_proc().spawn("raises_exit", Where)
     with pytest.raises(SupervisionError):
         m.exit.call_one().get(timeout=20)
-    assert _wait_for(lambda: any(f.mesh == "raises_exit" for f in failures))
+    wait_until(lambda: any(f.mesh == "raises_exit" for f in failures), 20.0, every=0.02)
     report = next(f for f in failures if f.mesh == "raises_exit").report()
     assert re.search(r"The actor <root>\.<_monarch_actors\.Where raises_exit> and all its "
                      r"descendants have failed:\n    .*SystemExit", report), report
@@ -405,14 +399,15 @@ def test_live_failure_reports_carry_monarchs_phrases(failures):
 def test_abort_fails_the_actor_after_the_call_answers(failures):
     m = this_proc().spawn("aborter", Where)
     assert m.abort.call_one("enough").get(timeout=20) == "still answered"
-    assert _wait_for(lambda: any(f.mesh == "aborter" for f in failures))
+    wait_until(lambda: any(f.mesh == "aborter" for f in failures), 20.0, every=0.02)
     f = next(f for f in failures if f.mesh == "aborter")
     assert "actor Where aborter aborted: enough" in f.report()
     with pytest.raises(SupervisionError, match="and all its descendants have failed"):
         m.where.call_one().get(timeout=20)
     m2 = this_proc().spawn("aborter2", Where)
     m2.abort.call_one().get(timeout=20)
-    assert _wait_for(lambda: any("no reason provided" in f.report() for f in failures))
+    wait_until(lambda: any("no reason provided" in f.report() for f in failures), 20.0,
+               what=lambda: failures, every=0.02)
     with pytest.raises(RuntimeError, match="inside the actor"):
         runtime.context().actor_instance.abort("from the controller")
 

@@ -11,6 +11,7 @@ import torch
 
 from runtime import Actor, endpoint, get_runtime, this_host
 from runtime.rdma import RDMAAction, RDMABuffer, RDMABufferDroppedError, RDMAOwnerDiedError
+from _procs import spawn_procs_fixture
 
 
 def sha(t: torch.Tensor) -> str:
@@ -77,11 +78,7 @@ class Reader(Actor):
 N = 1 << 20  # floats: 4 MiB
 
 
-@pytest.fixture(scope="module")
-def procs():
-    pm = this_host().spawn_procs(per_host={"procs": 2}, name="rdma_test_procs")
-    yield pm
-    pm.stop().get(timeout=30)
+procs = spawn_procs_fixture({"procs": 2}, "rdma_test_procs")
 
 
 @pytest.mark.timeout(120)

@@ -48,6 +48,11 @@ def test_messages_come_out_whole_and_in_order_whatever_the_reads(chunks):
         sizes = [rng.choice([0, 1, 100, 5000, 40000, 200000]) for _ in range(rng.randint(1, 4))]
         messages.append([bytes([i % 251]) * s if s else b"" for s in sizes])
         messages[-1][0] = f"head {i}".encode()
+    if chunks == [1]:  # a decoder call per byte: the first 15 messages (1.2 of 6 MB)
+        messages = messages[:15]
+    # every frame size (one over the decoder's 64 KiB chunk) and 1 to 4 frames a message
+    assert {len(f) for m in messages for f in m[1:]} == {0, 1, 100, 5000, 40000, 200000}
+    assert {len(m) for m in messages} == {1, 2, 3, 4}
     data = b"".join(bytes(b) for m in messages for b in framing.stream_message(m))
     assert _decode(data, chunks) == messages
 

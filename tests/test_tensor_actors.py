@@ -7,17 +7,14 @@ import pytest
 import torch
 
 import runtime
-from runtime import Channel, send, this_host
+from runtime import Channel, send
 from runtime.tensor import mesh_rank
+from _procs import spawn_procs_fixture
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    pm = this_host().spawn_procs(per_host={"procs": 2}, name="te_actors")
-    yield pm
-    pm.stop().get(timeout=30)
+mesh = spawn_procs_fixture({"procs": 2}, "te_actors")
 
 
 def test_rref_makes_mesh_tensors_from_an_endpoint(mesh):

@@ -16,6 +16,7 @@ import torch
 import runtime
 from runtime import SupervisionError, this_host
 from runtime.tensor import MeshDimError, RemoteTensorError, flush, manual_seed, mesh_rank
+from _procs import spawn_procs_fixture
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -23,11 +24,7 @@ LOCAL = {"sum": lambda s: s.sum(0), "avg": lambda s: s.mean(0), "product": lambd
          "min": lambda s: s.amin(0), "max": lambda s: s.amax(0), "stack": lambda s: s}
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    pm = this_host().spawn_procs(per_host={"host": 2, "gpu": 2}, name="coll")
-    yield pm
-    pm.stop().get(timeout=30)
+mesh = spawn_procs_fixture({"host": 2, "gpu": 2}, "coll")
 
 
 def shards(t, shape):

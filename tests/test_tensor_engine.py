@@ -12,15 +12,12 @@ import torch
 import runtime
 from runtime import SupervisionError, get_runtime, this_host
 from runtime.tensor import RemoteTensorError, engine_stats, flush, manual_seed, tensor_state
+from _procs import spawn_procs_fixture
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    pm = this_host().spawn_procs(per_host={"procs": 4}, name="te")
-    yield pm
-    pm.stop().get(timeout=30)
+mesh = spawn_procs_fixture({"procs": 4}, "te")
 
 
 def _stats(pm, rank=0):

@@ -14,15 +14,12 @@ import runtime
 from runtime import SerializationError, ValueMesh, this_host
 from runtime.tensor import (RemoteTensorError, call_on_shard_and_fetch, engine_stats, flush,
                             grad_generator, remote, tensor_state)
+from _procs import spawn_procs_fixture
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def mesh():
-    pm = this_host().spawn_procs(per_host={"procs": 4}, name="tr")
-    yield pm
-    pm.stop().get(timeout=30)
+mesh = spawn_procs_fixture({"procs": 4}, "tr")
 
 
 def _ops(pm, rank=0):

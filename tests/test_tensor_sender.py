@@ -8,6 +8,7 @@ import threading
 import time
 
 from runtime.tensor._engine import Sender
+from _util import wait_until
 
 
 class Recording(Sender):
@@ -21,22 +22,14 @@ class Recording(Sender):
         self.batches += 1
 
 
-def wait_for(cond, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.0005)
-    return True
-
-
 def test_a_lone_command_is_sent_without_another_put():
     s = Recording()
     rng = random.Random(7)
     for i in range(300):  # each put lands at a different point of the loop's cycle
         time.sleep(rng.random() * 0.003)
         s.put(("cmd", None, "k", None, i, True))
-        assert wait_for(lambda: len(s.got) == i + 1, 2.0), f"command {i} was not sent"
+        wait_until(lambda: len(s.got) == i + 1, 2.0, what=f"command {i} was not sent",
+                   every=0.0005)
     assert s.got == list(range(300))
 
 
@@ -55,7 +48,8 @@ def test_commands_from_threads_arrive_whole_in_each_threads_order_and_batched():
         t.start()
     for t in ts:
         t.join(30)
-    assert wait_for(lambda: len(s.got) == n * threads), len(s.got)
+    wait_until(lambda: len(s.got) == n * threads, 5.0, what=lambda: f"{len(s.got)} sent",
+               every=0.0005)
     for t in range(threads):
         assert [i for (u, i) in s.got if u == t] == list(range(n))
     assert s.batches < n * threads / 10  # gathered, not one message per command

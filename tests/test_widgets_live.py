@@ -17,6 +17,7 @@ from runtime.admin.server import AdminServer
 from monarch_widgets.state import STATE_NAMES, actor_at
 from monarch_widgets.widget import Dashboard
 from monarch_widgets.admin_cli import main as admin_main
+from _util import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -43,15 +44,6 @@ class SelfCaller(Actor):
         return 1
 
 
-def wait_for(pred, timeout: float = 20.0, every: float = 0.05) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(every)
-    return pred()
-
-
 def grid(widget: Dashboard, mesh: str) -> list[str]:
     for m in widget.state["meshes"]:
         if m["name"] == mesh:
@@ -67,7 +59,8 @@ def test_dashboard_and_admin_follow_a_killed_proc():
         rt = runtime.get_runtime()
         w = Dashboard(rt.health, runtime=rt, max_rate=10)
         try:
-            assert wait_for(lambda: grid(w, "talkers") == ["idle"] * 4), grid(w, "talkers")
+            wait_until(lambda: grid(w, "talkers") == ["idle"] * 4, 20.0,
+                       what=lambda: grid(w, "talkers"))
             # frontends without widgets: the meshes' own HTML comes from render_html
             assert talkers._repr_html_().count('data-state="idle"') == 4
             assert procs._repr_html_().count('data-state="idle"') == 4
@@ -77,27 +70,32 @@ def test_dashboard_and_admin_follow_a_killed_proc():
             try:
                 victim = procs.procs[1]
                 assert victim.pid == list(pids.values())[1]
-                assert wait_for(lambda: any("hello from a talker" in ln for ln in
-                                            client.output_tail(victim.proc_id)), 10)
+                wait_until(lambda: any("hello from a talker" in ln for ln in
+                                       client.output_tail(victim.proc_id)), 10,
+                           what="the talker's output in the proc's tail", every=0.05)
                 stack = client.dump_stack(procs.procs[2].proc_id)
                 assert "Thread actor-talkers-2" in stack and "File " in stack
                 # a busy actor shows its endpoint
                 fut = talkers.slice(procs=3).nap.call_one(3.0)
-                assert wait_for(lambda: grid(w, "talkers")[3] == "busy", 10)
+                wait_until(lambda: grid(w, "talkers")[3] == "busy", 10,
+                           what=lambda: grid(w, "talkers"))
                 assert actor_at(w.state, "talkers", 3)["endpoint"] == "nap"
                 fut.get(timeout=10)
                 # kill one proc through the admin endpoint
                 assert client.kill_proc(victim.proc_id)
-                assert wait_for(lambda: grid(w, "talkers")[1] == "failed"), grid(w, "talkers")
+                wait_until(lambda: grid(w, "talkers")[1] == "failed", 20.0,
+                           what=lambda: grid(w, "talkers"))
                 failed = actor_at(w.state, "talkers", 1)
                 assert failed["last_error"], failed
                 # the others live on (rank 3 is idle: its nap has answered)
-                assert wait_for(lambda: grid(w, "talkers") == ["idle", "failed", "idle", "idle"])
+                wait_until(lambda: grid(w, "talkers") == ["idle", "failed", "idle", "idle"],
+                           20.0, what=lambda: grid(w, "talkers"))
                 snap = {m.name: m for m in client.snapshot()}
                 assert snap["talkers"].actors[1].state.value == "failed"
                 # stop the whole mesh through the endpoint
                 assert client.stop_mesh("wlive") == 1
-                assert wait_for(lambda: set(grid(w, "talkers")) <= {"failed", "stopped"})
+                wait_until(lambda: set(grid(w, "talkers")) <= {"failed", "stopped"}, 20.0,
+                           what=lambda: grid(w, "talkers"))
             finally:
                 client.close()
         finally:
@@ -132,7 +130,8 @@ def test_monarch_admin_attaches_to_a_plain_script(tmp_path, monkeypatch, capsys)
     try:
         assert p.stdout.readline().strip() == "ready"
         monkeypatch.setenv("MONARCH_RUNTIME_DIR", str(rundir))
-        assert wait_for(lambda: admin_main(["--status"]) == 0, 10)
+        wait_until(lambda: admin_main(["--status"]) == 0, 10, what="monarch-admin --status",
+                   every=0.05)
         out = capsys.readouterr().out
         assert "mesh workers [procs=2] on script:" in out, out
         files = list(rundir.glob("admin-*.json"))
@@ -157,7 +156,7 @@ def test_an_answered_call_shows_idle_at_once_and_stays_idle():
 
         talker.nap.call_one(0.01).get(timeout=30)
         fut = talker.nap.call_one(1.2)
-        assert wait_for(lambda: state() == "busy", 10)  # a heartbeat saw the nap
+        wait_until(lambda: state() == "busy", 10, what=state)  # a heartbeat saw the nap
         fut.get(timeout=10)
         assert state() == "idle"
         seen = []
@@ -215,7 +214,7 @@ def test_the_dashboard_and_admin_show_what_a_stuck_actor_waits_on():
                 rec = actor_at(w.state, "selfcaller", 0)
                 return rec if rec and rec["waits"] and rec["queued"] == 1 else None
 
-            assert wait_for(shown), actor_at(w.state, "selfcaller", 0)
+            wait_until(shown, 20.0, what=lambda: actor_at(w.state, "selfcaller", 0))
             rec = shown()
             assert rec["state"] == "busy" and rec["endpoint"] == "call_self"
             assert rec["waits"] == "a call SelfCaller.ping to selfcaller rank 0", rec
@@ -223,8 +222,9 @@ def test_the_dashboard_and_admin_show_what_a_stuck_actor_waits_on():
                     if m.name == "selfcaller"]
             assert m.actors[0].waits == rec["waits"] and m.actors[0].queued == 1
             assert fut.cancel()
-            assert wait_for(lambda: (r := actor_at(w.state, "selfcaller", 0)) is not None
-                            and r["state"] == "idle" and r["queued"] == 0 and not r["waits"])
+            wait_until(lambda: (r := actor_at(w.state, "selfcaller", 0)) is not None
+                       and r["state"] == "idle" and r["queued"] == 0 and not r["waits"], 20.0,
+                       what=lambda: actor_at(w.state, "selfcaller", 0))
         finally:
             w.close()
     finally:

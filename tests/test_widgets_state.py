@@ -14,6 +14,7 @@ from monarch_widgets.widget import Dashboard
 from monarch_widgets.render import render_html, render_text
 from monarch_widgets.state import STATE_NAMES, actor_at, build_state, grid_shape
 from runtime.supervision.health import ActorHealth, ActorState, HealthModel, ProcStats
+from _util import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -28,15 +29,6 @@ def fill(model: HealthModel, name: str = "trainers", hosts: int = 2, gpus: int =
                                     cpu_percent=50.0 + r, rss_bytes=(r + 1) << 20,
                                     gpu_mem_bytes=None if r else 2 << 30))
     model.add_mesh(name, "procs", {"hosts": hosts, "gpus": gpus}, actors)
-
-
-def wait_for(pred, timeout: float = 5.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
 
 
 def states(widget: Dashboard, mesh: str = "trainers") -> list[str]:
@@ -92,16 +84,18 @@ def test_widget_shows_failed_actor_live():
         # the runtime's thread reports a failure: the widget follows without any call
         threading.Thread(target=model.update, args=("trainers", 3, ActorState.FAILED),
                          kwargs={"last_error": "proc exited with SIGKILL"}).start()
-        assert wait_for(lambda: states(w)[3] == "failed")
+        wait_until(lambda: states(w)[3] == "failed", 5.0, what=lambda: states(w))
         assert actor_at(w.state, "trainers", 3)["last_error"] == "proc exited with SIGKILL"
         # a second mesh appears; a removed one disappears
         fill(model, "evals", 1, 2)
-        assert wait_for(lambda: [m["name"] for m in w.state["meshes"]] == ["trainers", "evals"])
+        wait_until(lambda: [m["name"] for m in w.state["meshes"]] == ["trainers", "evals"], 5.0,
+                   what=lambda: w.state["meshes"])
         model.remove_mesh("trainers")
-        assert wait_for(lambda: [m["name"] for m in w.state["meshes"]] == ["evals"])
+        wait_until(lambda: [m["name"] for m in w.state["meshes"]] == ["evals"], 5.0,
+                   what=lambda: w.state["meshes"])
     finally:
         w.close()
-    assert not w._thread.is_alive() or wait_for(lambda: not w._thread.is_alive(), 3)
+    wait_until(lambda: not w._thread.is_alive(), 3, what="the widget's thread ended")
 
 
 def test_widget_coalesces_bursts():
@@ -118,7 +112,8 @@ def test_widget_coalesces_bursts():
             t.start()
         for t in threads:
             t.join()
-        assert wait_for(lambda: w.state["v"] == model.version, 5)  # the last one is shown
+        wait_until(lambda: w.state["v"] == model.version, 5,  # the last one is shown
+                   what=lambda: (w.state["v"], model.version))
         pushes = w.pushes - start_pushes
         # 2,000 changes from 4 threads are coalesced: far fewer pushes than changes (the
         # rate itself, at most max_rate a second, is measured by benchmarks/bench_dashboard.py)
@@ -154,8 +149,9 @@ def test_controls_from_widget_callbacks():
     try:
         # callbacks arrive on the comm thread; actions run on their own thread
         w._on_front_msg(w, {"action": "stop_mesh", "mesh": "trainers"}, [])
-        assert wait_for(lambda: rt.mesh.stops == 1)
-        assert wait_for(lambda: w.state["notice"] == "stopped mesh trainers")
+        wait_until(lambda: rt.mesh.stops == 1, 5.0, what=lambda: rt.mesh.stops)
+        wait_until(lambda: w.state["notice"] == "stopped mesh trainers", 5.0,
+                   what=lambda: w.state["notice"])
         assert "no live mesh named 'x'" in w.handle_action({"action": "stop_mesh", "mesh": "x"})
         controls.set_attach_handler(None)
         assert "no debugger attach handler" in w.handle_action(

@@ -11,18 +11,9 @@ import pytest
 import runtime
 from runtime import ActorState, this_host
 from _actors import Echo, FailingInit
+from _util import wait_until
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def wait_for(pred, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError("condition not reached")
 
 
 def actor_states(name):
@@ -41,18 +32,19 @@ def test_states_through_a_mesh_lifetime(monkeypatch):
         assert {a.state for a in actor_states("watched").values()} <= {ActorState.STARTING,
                                                                        ActorState.IDLE}
         m.initialized.get(timeout=30)
-        wait_for(lambda: all(a.state == ActorState.IDLE for a in actor_states("watched").values()))
+        wait_until(lambda: all(a.state == ActorState.IDLE
+                               for a in actor_states("watched").values()), what="all idle")
         fut = m.slice(procs=0).sleep.call_one(2.0)
-        busy = wait_for(lambda: actor_states("watched")[0].state == ActorState.BUSY
-                        and actor_states("watched")[0])
+        busy = wait_until(lambda: actor_states("watched")[0].state == ActorState.BUSY
+                          and actor_states("watched")[0])
         assert busy.endpoint == "sleep" and busy.since <= time.time()
         fut.get(timeout=10)
-        wait_for(lambda: actor_states("watched")[0].state == ActorState.IDLE)
+        wait_until(lambda: actor_states("watched")[0].state == ActorState.IDLE)
         snap = rt.health.mesh("watched")
         assert snap.procs and all(p.rss_bytes > 0 for p in snap.procs)
         os.kill(pm.procs[1].pid, signal.SIGKILL)
-        failed = wait_for(lambda: actor_states("watched")[1].state == ActorState.FAILED
-                          and actor_states("watched")[1], timeout=5)
+        failed = wait_until(lambda: actor_states("watched")[1].state == ActorState.FAILED
+                            and actor_states("watched")[1], timeout=5)
         assert "SIGKILL" in failed.last_error
         assert any(e.mesh == "watched" and e.rank == 1 and e.new == ActorState.FAILED
                    for e in events)
