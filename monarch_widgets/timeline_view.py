@@ -39,15 +39,19 @@ def _extent(tl: Any) -> tuple[int, int]:
 
 
 def _bars(records: list, kind: str, x: Any) -> list[tuple[float, float, list]]:
-    """Merged bars [(x0, x1, records)] of one lane and kind, in time order."""
-    out: list[tuple[float, float, list]] = []
+    """Merged bars [(x0, x1, records)] of one lane and kind, in time order: a record joins
+    the bar before it when they touch, unless either failed (a failed one stands alone).
+    Linear in the records (a bar grows in place)."""
+    out: list[list] = []  # [x0, x1, records, failed]
     for r in sorted((r for r in records if r[2] == kind), key=lambda r: r[0]):
         x0, x1 = x(r[0]), max(x(r[1]), x(r[0]) + (3.0 if r[6] else 1.0))
-        if out and x0 <= out[-1][1] + 0.5 and not r[6] and not any(p[6] for p in out[-1][2]):
-            out[-1] = (out[-1][0], max(out[-1][1], x1), out[-1][2] + [r])
+        last = out[-1] if out else None
+        if last is not None and x0 <= last[1] + 0.5 and not r[6] and not last[3]:
+            last[1] = max(last[1], x1)
+            last[2].append(r)
         else:
-            out.append((x0, x1, [r]))
-    return out
+            out.append([x0, x1, [r], bool(r[6])])
+    return [(x0, x1, recs) for x0, x1, recs, _ in out]
 
 
 def _title(recs: list) -> str:
