@@ -30,6 +30,7 @@ from ._meshes.proc_logs import ProcLog, ProcLogs, read_logs
 from ._meshes.proc_stacks import proc_stacks
 from ._meshes.diagnose import Diagnosis, diagnose
 from ._meshes.proc_timeline import read_timeline
+from ._meshes.reattach import LostCallsWarning
 from .stacks import ProcStacks, StacksError
 from .timeline import Timeline
 from .telemetry import get_meter, span, traced
@@ -118,5 +119,5 @@ __all__ = [
     "this_host", "this_proc", "unhandled_fault_hook",
     "Workspace", "WorkspaceError", "WorkspaceTooLarge", "WorkspaceSyncError", "SyncResult",
     "HostSync", "ProcReload", "reload_actor_class", "ActorFailurePolicy",
-    "InjectedFault", "inject_actor_failures", "inject_raise",
+    "InjectedFault", "inject_actor_failures", "inject_raise", "LostCallsWarning",
 ]

@@ -202,10 +202,10 @@ def test_autograd_and_optimizer_match_local_torch(mesh, opt_name):
                    for p in model.parameters())
         with torch.no_grad():
             for k, p in model.named_parameters():
-                p.copy_(torch.tensor(state[k]))
+                p.copy_(torch.tensor(state[k].tolist()))  # a mesh tensor of the same values
                 assert not (p * 2).requires_grad
         opt = opt_cls(model.parameters(), lr=0.05)
-        x, y = torch.tensor(xs), torch.tensor(ys)
+        x, y = torch.tensor(xs.tolist()), torch.tensor(ys.tolist())
         for _ in range(2):
             opt.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)

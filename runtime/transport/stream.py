@@ -344,9 +344,12 @@ class Outbound:
                         self.addr, self.error)
         if ports:
             self.loop.peers.send_failed(self.addr, ports, self.error, self.gone)
-        if self.sock is not None and self.watching:
-            self.loop.unwatch(self.sock.fileno())
-            self.watching = 0
+        if self.sock is not None:
+            if self.watching:
+                self.loop.unwatch(self.sock.fileno())
+                self.watching = 0
+            with self.lock:  # broken: no sender writes to it any more
+                self.sock.close()  # now, not when the garbage collector gets to it
         self.loop.peers.dropped(self)  # the next send to this address dials anew
 
     def close(self, why: str = "", gone: bool = True) -> None:
