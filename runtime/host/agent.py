@@ -393,7 +393,7 @@ class Agent:
             return
         self.send(self.owner, Header(Kind.HEARTBEAT))
         silent = time.monotonic() - self.owner_last_seen
-        if silent <= (getattr(self, "owner_lease", 0) or max(config.heartbeat_timeout, 5.0) * 2):
+        if silent <= (getattr(self, "owner_lease", 0) or config.heartbeat_timeout * 2):
             return
         if self.args.listen:
             log.warning("controller %s silent for %.0f s: ending its procs", self.owner, silent)
