@@ -20,9 +20,10 @@ from _actors import Echo
 pytestmark = pytest.mark.timeout(90)
 
 
-def start_agent(tmp_path, i: int, key_file: str) -> tuple[subprocess.Popen, str]:
+def start_agent(tmp_path, i: int, key_file: str,
+                listen: str = "tcp://127.0.0.1:0") -> tuple[subprocess.Popen, str]:
     addr_file = tmp_path / f"agent{i}.json"
-    p = subprocess.Popen([sys.executable, "-m", "runtime.host", "--listen", "tcp://127.0.0.1:0",
+    p = subprocess.Popen([sys.executable, "-m", "runtime.host", "--listen", listen,
                           "--key-file", key_file, "--address-file", str(addr_file),
                           "--parent-pid", str(os.getpid())],
                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
@@ -158,6 +159,33 @@ def test_monarch_keywords_workers_and_ca(agents, monkeypatch):
     pm = hosts.spawn_procs(per_host={"procs": 1})
     assert list(pm.spawn("kw", Echo).ping.call(3).get(timeout=60).values()) == [3, 3]
     pm.stop().get(timeout=20)
+
+
+def test_an_agent_at_a_reused_port_with_another_key_is_reached(tmp_path):
+    """A host:port an earlier cluster's agent had (ephemeral ports come back in a long-lived
+    controller) now serves an agent of another key: the attach reaches it (the connection
+    made for the earlier agent authenticated that agent's key; it is dialed anew)."""
+    first, second = str(tmp_path / "a.key"), str(tmp_path / "b.key")
+    auth.write_key_file(first)
+    auth.write_key_file(second)
+    p, addr = start_agent(tmp_path, 0, first)
+    try:
+        hosts = attach_to_workers([addr], key_file=first, timeout=30)
+        procs = hosts.spawn_procs(per_host={"procs": 1})
+        assert procs.spawn("echo", Echo).ping.call_one(1).get(timeout=30) == 1
+    finally:
+        p.kill()
+        p.wait(10)
+    p2, addr2 = start_agent(tmp_path, 1, second, listen=addr)  # the same host:port
+    try:
+        assert addr2 == addr
+        again = attach_to_workers([addr], key_file=second, timeout=15)
+        procs2 = again.spawn_procs(per_host={"procs": 1})
+        assert procs2.spawn("echo", Echo).ping.call_one(2).get(timeout=30) == 2
+        again.shutdown()
+    finally:
+        p2.kill()
+        p2.wait(10)
 
 
 def test_listen_without_keys_is_refused(tmp_path):

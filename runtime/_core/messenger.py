@@ -128,15 +128,21 @@ class Messenger:
         return gws.get(keys.public) if keys is not None else None
 
     def add_peer(self, addr: str, keys: auth.CurveKeys) -> None:
-        """Remember that the TCP peer at `addr` belongs to the cluster of `keys`."""
+        """Remember that the TCP peer at `addr` belongs to the cluster of `keys`. A host:port
+        a peer of another key had (an ephemeral port that came back, in a long-lived
+        controller) is dialed anew: the connection made for that peer authenticates its key,
+        so nothing sent on it would reach this one."""
+        used = self.loop.peer_keys.get(addr, self.keys)
         self.loop.peer_keys[addr] = keys
+        if used is not None and used.public != keys.public:
+            self.loop.run_sync(self.loop.forget_peer, addr)
 
     def same_cluster_as(self, addr: str, known: str) -> None:
         """The TCP peer at `addr` (a proc) holds the cluster key of `known` (its agent): a
         controller attached to several clusters answers each proc with its own key."""
         keys = self.loop.peer_keys.get(known)
         if keys is not None:
-            self.loop.peer_keys[addr] = keys
+            self.add_peer(addr, keys)
 
     def forget_cluster_of(self, addr: str) -> None:
         """A proc recorded by `same_cluster_as` is gone."""
