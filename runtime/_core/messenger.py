@@ -134,8 +134,8 @@ class Messenger:
         so nothing sent on it would reach this one."""
         used = self.loop.peer_keys.get(addr, self.keys)
         self.loop.peer_keys[addr] = keys
-        if used is not None and used.public != keys.public:
-            self.loop.run_sync(self.loop.forget_peer, addr)
+        if addr.startswith("tcp://") and used is not None and used.public != keys.public:
+            self.loop.run_sync(self.loop.forget_peer, addr)  # (an ipc path is never reused)
 
     def same_cluster_as(self, addr: str, known: str) -> None:
         """The TCP peer at `addr` (a proc) holds the cluster key of `known` (its agent): a
