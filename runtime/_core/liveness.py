@@ -14,12 +14,9 @@ from typing import Any, Callable, Optional, Protocol
 from .._base.process import describe_status
 from ..config import config
 from ..errors import SupervisionError
-from ..supervision.health import ActorState, HealthModel, ProcStats, waits_text
+from ..supervision.health import ActorState, ProcStats, waits_text
 from ..transport.framing import Header, Kind
-from ..transport.loop import IOLoop
-from .messenger import Messenger
-from .ports import Ports
-from .state import State
+from .failures import FailuresHost
 
 __all__ = [
     "FailureSink", "LivenessHost", "stale_busy", "note_reply", "Liveness", "split_status",
@@ -41,10 +38,10 @@ class FailureSink(Protocol):
     def relay_died(self, address: str, label: str) -> None: ...
 
 
-class LivenessHost(Protocol):
-    """What liveness uses of its process's Runtime: who it is (proc id, host, owner), its
-    parts (state, ports, messenger, I/O loop, health model, role) and where deaths go
-    (`failures`), and sending."""
+class LivenessHost(FailuresHost, Protocol):
+    """What liveness uses of its process's Runtime: what Failures does (its parts, role,
+    owner, sending), and who it is (proc id, host), where deaths go (`failures`) and how a
+    peer reaches it back."""
 
     @property
     def proc_id(self) -> str: ...
@@ -53,30 +50,7 @@ class LivenessHost(Protocol):
     def host(self) -> str: ...
 
     @property
-    def owner_address(self) -> str: ...
-
-    @property
-    def state(self) -> State: ...
-
-    @property
-    def ports(self) -> Ports: ...
-
-    @property
-    def messenger(self) -> Messenger: ...
-
-    @property
-    def loop(self) -> IOLoop: ...
-
-    @property
-    def health(self) -> HealthModel: ...
-
-    @property
-    def role(self) -> Any: ...
-
-    @property
     def failures(self) -> FailureSink: ...
-
-    def send(self, addr: str, header: Header, body: bytes = b"", buffers: tuple = ()) -> None: ...
 
     def reply_address_for(self, target_addr: str) -> str: ...
 
