@@ -514,3 +514,35 @@ def test_a_relay_reports_a_call_it_could_not_pass_on_to_its_caller() -> None:
     now[0] += 1.0
     relay.check_children(0.5, 3.0)
     assert loop.sent == []  # told once; nothing left to wait on
+
+
+def test_a_relay_splits_a_spawn_for_its_children_and_an_agent_spawns_a_proc_once() -> None:
+    """casts.py alone: a SPAWN_PROCS down the hosts' tree gives each child its own spec
+    and the specs of its subtree, nothing else; a malformed tree is dropped; a proc id asked
+    twice (sent again around a dead relay) is spawned once."""
+    from runtime.host.casts import CastRelay
+    from runtime.host.gather import ReplyGather
+    from runtime.transport import framing
+    from runtime.transport.framing import Header, Kind
+
+    tok = b"t" * 32
+    loop = _Loop()
+    relay = CastRelay(loop, tok, "agent-a", "/run", ReplyGather("ipc:///a", loop.send, tok),
+                      "tcp://a:1")
+    specs = {a: {"procs": [{"proc_id": f"p{a[-3]}"}], "owner": "tcp://ctl:1"}
+             for a in ("tcp://b:1", "tcp://c:1", "tcp://d:1")}
+    sub = [["tcp://b:1", ["pb"], [["tcp://c:1", ["pc"], []]]], ["tcp://d:1", ["pd"], []]]
+    assert relay.relay_spawn(Header(Kind.SPAWN_PROCS, src="ctl", extra={
+        "procs": [{"proc_id": "pa"}], "owner": "tcp://ctl:1", "cwd": "/w", "sub": sub,
+        "specs": specs}))
+    got = {a: framing.parse(f, tok)[0].extra for a, f in loop.sent}
+    assert set(got) == {"tcp://b:1", "tcp://d:1"}
+    assert got["tcp://b:1"]["procs"] == [{"proc_id": "pb"}] and got["tcp://b:1"]["cwd"] == "/w"
+    assert got["tcp://b:1"]["sub"] == [["tcp://c:1", ["pc"], []]]
+    assert set(got["tcp://b:1"]["specs"]) == {"tcp://c:1"}
+    assert "sub" not in got["tcp://d:1"] and "specs" not in got["tcp://d:1"]
+    loop.sent.clear()
+    assert not relay.relay_spawn(Header(Kind.SPAWN_PROCS, src="ctl", extra={
+        "sub": [["tcp://b:1", "not a list", []]], "specs": specs}))
+    assert loop.sent == []
+    assert relay.first_spawn("p1") and not relay.first_spawn("p1") and relay.first_spawn("p2")
