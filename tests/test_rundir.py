@@ -134,6 +134,9 @@ def started():
             q.wait(10)
         except psutil.Error:
             pass
+    for p in procs:  # after the pids: a reader thread waits on a pipe that they held open
+        if p.stdout is not None:
+            p.stdout.close()
 
 
 def _env(root: Path) -> dict:
@@ -221,10 +224,13 @@ _FORKER = textwrap.dedent("""
     import os, subprocess, sys, time
     from runtime import rundir
     d = rundir.make_dir("run")
+    r, w = os.pipe()
     child = os.fork()
     if child == 0:  # forked without exec: it must not keep its parent's directory alive
+        os.write(w, b"x")  # fork() has returned here: the after-fork hooks have run
         time.sleep(120)
         os._exit(0)
+    os.read(r, 1)  # (a creator that dies first leaves the lock to a child not yet run)
     spawned = subprocess.Popen(["sleep", "120"], close_fds=False)  # exec'd, fds kept
     print("FORKED", d, child, spawned.pid, flush=True)
     os._exit(0)  # a crash: nothing removed
