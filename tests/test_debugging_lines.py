@@ -36,7 +36,8 @@ class Lines(Actor):
         return sys.gettrace() is not None
 
 
-LINE_A = next(i for i, ln in enumerate(open(__file__), 1) if ln.rstrip().endswith("# LINE-A"))
+with open(__file__) as _f:
+    LINE_A = next(i for i, ln in enumerate(_f, 1) if ln.rstrip().endswith("# LINE-A"))
 
 
 @pytest.fixture(scope="module")

@@ -75,8 +75,9 @@ class Stepper(Actor):
         return old
 
 
-STOP_LINE = next(i for i, ln in enumerate(open(__file__), 1)
-                 if ln.strip() == "z = y + current_rank().rank")
+with open(__file__) as _f:
+    STOP_LINE = next(i for i, ln in enumerate(_f, 1)
+                     if ln.strip() == "z = y + current_rank().rank")
 CELL = "<monarch-test-cell-1>"
 CELL_SRC = '''\
 from runtime import Actor, endpoint

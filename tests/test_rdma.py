@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 import torch
@@ -22,6 +22,7 @@ from runtime.rdma import (RDMABuffer, RDMAAuthError, RDMABufferDroppedError, RDM
                           RDMADTypeError, RDMAError, RDMAOwnerDiedError, RDMASizeError,
                           RDMATimeoutError, get_rdma_backend)
 from runtime.rdma import client, ibverbs, vm
+from _util import wait_until
 from runtime.rdma.identity import process_alive, process_start_time
 
 TRANSPORTS = ["vm", "tcp"]
@@ -214,6 +215,47 @@ def test_parallel_transfers_are_independent(owner, transport):
         assert sha(d) == sha(pattern(3 << 20, s))
 
 
+def _served_connections(pid: int) -> int:
+    """The connections the data server of process `pid` serves now (a thread each): the
+    sockets it accepted on its unix path (on one host every transport connects there)."""
+    import psutil
+
+    on_path = [c for c in psutil.Process(pid).net_connections(kind="unix")
+               if c.laddr.endswith("data.sock")]
+    return len(on_path) - 1  # the listening socket has that address too
+
+
+@pytest.mark.timeout(60)
+def test_idle_connections_are_bounded(owner, fresh_owner, monkeypatch):
+    """At most `rdma_idle_connections` connections stay open for the next transfer, the
+    least recently used closed first (a controller reading from procs all day keeps no
+    descriptor, nor a data server's thread, for each proc it ever read from)."""
+    import runtime
+
+    monkeypatch.setenv("MONARCH_RDMA_TRANSPORT", "tcp")
+    monkeypatch.setattr(runtime.config.config, "rdma_streams", 1)
+    monkeypatch.setattr(runtime.config.config, "rdma_idle_connections", 1)
+
+    def read(o: Owner) -> None:
+        key, buf = o.make(1 << 16, seed=o.pid % 7)
+        dst = torch.empty(1 << 16, dtype=torch.uint8)
+        buf.read_into(dst, timeout=20).get(timeout=30)
+        assert sha(dst) == o.call("sha", key)
+
+    def served(*owners: Owner) -> Callable[[], list[int]]:
+        return lambda: [_served_connections(o.pid) for o in owners]
+
+    read(owner)
+    wait_until(lambda: served(owner)() == [1], 10, served(owner))  # kept for the next
+    read(fresh_owner)  # the older one is closed for it
+    wait_until(lambda: served(owner, fresh_owner)() == [0, 1], 10, served(owner, fresh_owner))
+    read(owner)
+    wait_until(lambda: served(owner, fresh_owner)() == [1, 0], 10, served(owner, fresh_owner))
+    monkeypatch.setattr(runtime.config.config, "rdma_idle_connections", 0)
+    read(fresh_owner)
+    wait_until(lambda: served(owner, fresh_owner)() == [0, 0], 10, served(owner, fresh_owner))
+
+
 def test_same_process_buffer_reads_and_writes_locally():
     t = pattern(5000, 8).clone()
     buf = RDMABuffer(t)
@@ -375,6 +417,7 @@ def test_owner_dying_while_we_connect_is_owner_died(owner, tmp_path, monkeypatch
     finally:
         dying.kill()
         dying.wait(timeout=10)
+        dying.stdout.close()
 
 
 @pytest.mark.timeout(60)

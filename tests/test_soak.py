@@ -236,6 +236,7 @@ def _crash_and_sweep(root: Path, rundir) -> None:
         if p.poll() is None:
             p.kill()
             p.wait(10)
+        p.stdout.close()
     # every process of the dead controller goes (PDEATHSIG), leaving its files behind
     for pid in proc_pids:
         try:
@@ -276,6 +277,16 @@ _SERVER = textwrap.dedent("""
 """)
 
 
+def _end(p: subprocess.Popen) -> None:
+    """Kill `p` if it still runs, reap it, close our ends of its pipes."""
+    if p.poll() is None:
+        p.kill()
+        p.wait(10)
+    for f in (p.stdin, p.stdout, p.stderr):
+        if f is not None:
+            f.close()
+
+
 def _flood(addr: str, n: int) -> list[socket.socket]:
     """Up to `n` connections to `addr`, held open; a connect the server's full backlog does
     not take is given up after 0.25 s (loopback answers at once when it does)."""
@@ -285,8 +296,12 @@ def _flood(addr: str, n: int) -> list[socket.socket]:
         try:
             if kind == "unix":
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                s.settimeout(0.25)
-                s.connect(rest)
+                try:
+                    s.settimeout(0.25)
+                    s.connect(rest)
+                except OSError:
+                    s.close()
+                    raise
             else:
                 host, _, port = rest.rpartition(":")
                 s = socket.create_connection((host.strip("[]"), int(port)), timeout=0.25)
@@ -370,9 +385,7 @@ def test_data_server_serves_again_after_a_descriptor_flood(transport, monkeypatc
         err = p.stderr.read()
         assert "accept failed" in err and "accepting again" in err, err[-2000:]
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
+        _end(p)
 
 
 @pytest.mark.timeout(120)
@@ -402,9 +415,7 @@ def test_idle_unauthenticated_connections_cannot_lock_out_a_client():
     finally:
         for s in flood:
             s.close()
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
+        _end(p)
 
 
 _ADMIN = textwrap.dedent("""
@@ -435,13 +446,13 @@ def test_admin_endpoint_answers_again_after_a_descriptor_flood(tmp_path):
         _until(lambda: _fds(p) >= 60, "the endpoint never ran out of descriptors")
         for s in flood:
             s.close()
-        assert AdminClient.from_connection_file(path, timeout=5).ping()["pid"] == p.pid
+        with AdminClient.from_connection_file(path, timeout=5) as client:
+            assert client.ping()["pid"] == p.pid
     finally:
         for s in flood:
             s.close()
         p.stdin.close()
         try:
             p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
+        finally:
+            _end(p)

@@ -178,6 +178,9 @@ _SETTINGS: tuple[Setting, ...] = (
     _s("rdma_max_pending", "int", 64, "Connections to an RDMA data server that may wait "
        "for authentication at once (the oldest is dropped for a new one; each has 5 s).",
        live=True, minimum=1),
+    _s("rdma_idle_connections", "int", 64, "Idle connections to RDMA data servers this "
+       "process keeps for its next transfers (the least recently used closed first).",
+       live=True, minimum=0),
     _s("rdma_ib_device", "str", "", "ibverbs device, e.g. mlx5_0 (default: the first with "
        "an active port).", live=True),
     _s("rdma_ib_port", "int", 1, "ibverbs port number.", live=True, minimum=1),

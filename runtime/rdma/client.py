@@ -5,6 +5,8 @@ Runs in transfer threads (never in an actor's endpoint code); raises RDMAError s
 from __future__ import annotations
 
 import ctypes
+import atexit
+import collections
 import errno
 import logging
 import os
@@ -82,28 +84,68 @@ def _status_error(status: int, msg: bytes, h: Handle) -> RDMAError:
 # -- connections -----------------------------------------------------------------------
 class _Pool:
     """Idle authenticated connections per data-server address, each with the number of
-    replies still to read from it (acknowledgements we chose not to wait for)."""
+    replies still to read from it (acknowledgements we chose not to wait for). At most
+    `config.rdma_idle_connections` are kept, the least recently given back closed first: a
+    controller that reads from procs all day keeps no descriptor (nor a data server's
+    thread) for each proc it ever read from."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._idle: dict[str, list[tuple[socket.socket, int]]] = {}
+        # address -> its idle connections; the least recently given back address first
+        self._idle: collections.OrderedDict[str, list[tuple[socket.socket, int]]] = \
+            collections.OrderedDict()
+        self._count = 0
 
     def take(self, addr: str) -> Optional[tuple[socket.socket, int]]:
         with self._lock:
             socks = self._idle.get(addr)
-            return socks.pop() if socks else None
+            if not socks:
+                return None
+            got = socks.pop()
+            if not socks:
+                del self._idle[addr]
+            self._count -= 1
+            return got
 
     def give(self, addr: str, sock: socket.socket, pending: int = 0) -> None:
+        evicted = []
         with self._lock:
             self._idle.setdefault(addr, []).append((sock, pending))
+            self._idle.move_to_end(addr)
+            self._count += 1
+            while self._count > max(0, config.rdma_idle_connections):
+                oldest, socks = next(iter(self._idle.items()))
+                evicted.append(socks.pop(0)[0])
+                if not socks:
+                    del self._idle[oldest]
+                self._count -= 1
+        for s in evicted:
+            s.close()
 
     def discard(self, addr: str) -> None:
         with self._lock:
-            for s, _ in self._idle.pop(addr, []):
-                s.close()
+            socks = self._idle.pop(addr, [])
+            self._count -= len(socks)
+        for s, _ in socks:
+            s.close()
+
+    def idle(self) -> int:
+        """How many idle connections are kept."""
+        with self._lock:
+            return self._count
+
+    def close_all(self) -> None:
+        """Close every idle connection (at exit)."""
+        with self._lock:
+            socks = [s for lst in self._idle.values() for s, _ in lst]
+            self._idle.clear()
+            self._count = 0
+        for s in socks:
+            s.close()
 
 
 _pool = _Pool()
+atexit.register(_pool.close_all)
 
 
 def _owner_gone(h: Handle, detail: str) -> RDMAOwnerDiedError:
@@ -116,8 +158,12 @@ def _connect(h: Handle, addr: str, dl: Deadline) -> socket.socket:
     try:
         if kind == "unix":
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(dl.remaining())
-            sock.connect(rest)
+            try:
+                sock.settimeout(dl.remaining())
+                sock.connect(rest)
+            except BaseException:
+                sock.close()  # (create_connection closes its own)
+                raise
         else:
             host, _, port = rest.rpartition(":")
             sock = socket.create_connection((host.strip("[]"), int(port)), timeout=dl.remaining())

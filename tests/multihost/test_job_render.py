@@ -127,6 +127,8 @@ def test_ssh_remote_script_runs_agent_and_stops_it(tmp_path, how):
         if p.poll() is None:
             p.kill()
             p.wait()
+        for f in (p.stdin, p.stdout, p.stderr):
+            f.close()
 
 
 def test_kubernetes_manifests_validate():
