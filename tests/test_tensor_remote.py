@@ -206,6 +206,36 @@ def test_grad_generator_matches_backward_on_local_tensors():
     assert not [t for t in threading.enumerate() if t.name == "grad-generator"]
 
 
+def test_grad_generator_pauses_the_backward_even_when_it_reaches_a_hook_first(monkeypatch):
+    """The loop body runs while the backward pass waits, also when the backward thread got
+    to a gradient before the loop asked for it (on a loaded machine the thread that
+    started it may wait its turn: here it sleeps after starting the backward thread)."""
+    xs, ys = _data()
+    model = _mlp()
+    first, middle, last = model[0], model[2], model[4]
+    steps: list[str] = []  # gradients of the activations, as the backward pass reaches them
+    h = first(xs)
+    h.register_hook(lambda g: steps.append("first"))
+    h = middle(torch.tanh(h))
+    h.register_hook(lambda g: steps.append("middle"))
+    loss = torch.nn.functional.mse_loss(last(torch.tanh(h)), ys)
+    start = threading.Thread.start
+
+    def start_then_lag(self):
+        start(self)
+        if self.name == "grad-generator":
+            time.sleep(0.3)  # the backward thread reaches the last layer's hook meanwhile
+
+    monkeypatch.setattr(threading.Thread, "start", start_then_lag)
+    seen = []
+    for g in grad_generator(loss, [last.weight, middle.weight, first.weight]):
+        before = list(steps)
+        time.sleep(0.2)  # the loop body: the backward pass must not move meanwhile
+        assert steps == before, (seen, before, steps)
+        seen.append(list(steps))
+    assert seen == [[], ["middle"], ["middle", "first"]]
+
+
 class _BadBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):

@@ -4,10 +4,11 @@ it, and pauses the backward pass there: the loop body (a `reduce_` of that gradi
 is issued before the ops of the next gradients.
 
 How: torch's own autograd engine runs `torch.autograd.grad` in a helper thread; a hook on
-each tensor hands its (complete) gradient over and, when the loop is waiting for that one,
-blocks the backward pass until the loop asks for the next. Only one of the two threads
-issues ops at a time, so the procs see the backward pass and the loop's ops interleaved in
-that order."""
+each tensor hands its (complete) gradient over. The backward thread runs only while the
+loop waits in `next()` for a gradient not yet computed: a hook blocks it once the loop has
+what it waits for, or whenever the loop is not waiting (the thread may reach its first hook
+before the loop says what it wants). Only one of the two threads issues ops at a time, so
+the procs see the backward pass and the loop's ops interleaved in that order."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class _State:
         self.grads: list = [None] * n
         self.have = [False] * n
         self.wanted = -1      # the index the loop is waiting for
-        self.paused = False   # the backward thread waits in a hook
+        self.running = False  # the backward thread may run (the loop waits, or is done)
         self.aborted = False
         self.done = False
         self.error: Optional[BaseException] = None
@@ -46,13 +47,13 @@ class _State:
             if self.aborted:
                 raise _Abort()
             self.grads[i], self.have[i] = grad, True
-            self.cond.notify_all()
             if i == self.wanted:
-                self.paused = True
-                while self.paused and not self.aborted:
-                    self.cond.wait()
-                if self.aborted:
-                    raise _Abort()
+                self.running = False  # the loop's body runs now
+            self.cond.notify_all()
+            while not self.running and not self.aborted:
+                self.cond.wait()
+            if self.aborted:
+                raise _Abort()
 
 
 def _run(state: _State, roots: list, wrt: list, grad_roots: Optional[list],
@@ -69,7 +70,7 @@ def _run(state: _State, roots: list, wrt: list, grad_roots: Optional[list],
     finally:
         with state.cond:
             state.done = True
-            state.paused = False
+            state.running = True
             state.cond.notify_all()
 
 
@@ -110,7 +111,7 @@ class GradGenerator:
             self._start()
         with st.cond:
             if not st.have[i]:
-                st.wanted, st.paused = i, False
+                st.wanted, st.running = i, True
                 st.cond.notify_all()
                 while not st.have[i] and not st.done:
                     st.cond.wait()
@@ -130,7 +131,7 @@ class GradGenerator:
         st = self._state
         if self._thread is not None:
             with st.cond:
-                st.wanted, st.paused = -1, False
+                st.wanted, st.running = -1, True  # to its end, unpaused
                 st.cond.notify_all()
             self._thread.join(_JOIN_S)
             self._thread = None
