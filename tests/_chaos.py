@@ -20,6 +20,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from runtime import Actor, SupervisionError, endpoint
@@ -151,7 +152,7 @@ def run(hosts: Any, log_dir: str, seconds: float, every: float, depth: int = 10,
             out.undetected.append((m.pids[rank], "no answer"))
     for pid in out.kills:  # every answer a killed proc sent counts
         path = os.path.join(log_dir, str(pid))
-        lines = open(path).read().split("\n")[:-1] if os.path.exists(path) else []
+        lines = Path(path).read_text().split("\n")[:-1] if os.path.exists(path) else []
         for line in lines[:-1]:
             who, s = map(int, line.split())
             if out.answers.get((who, s)) != pid:

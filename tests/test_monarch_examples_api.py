@@ -65,7 +65,8 @@ def test_spawn_admin_returns_the_admin_endpoint_address():
     # it is the endpoint `monarch-admin` attaches to: the connection file names it
     infos = [read_connection_file(p) for p in list_connection_files()]
     info = next(i for i in infos if i.address == f"tcp://{addr}")
-    assert AdminClient(info.address, info.token).ping()
+    with AdminClient(info.address, info.token) as client:
+        assert client.ping()
     with pytest.raises(ValueError, match="query engine"):
         this_host()._spawn_admin(query_engine=object())
 

@@ -10,10 +10,22 @@ import pytest
 from runtime.rdma import protocol as P
 
 
+_opened: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_pairs():
+    """The socketpairs a test made are closed after it."""
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
 def _pair():
     a, b = socket.socketpair()
     a.settimeout(5)
     b.settimeout(5)
+    _opened.extend((a, b))
     return a, b
 
 

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -361,7 +362,7 @@ def test_stop_runs_cleanup_children_first(tmp_path):
     assert list(c.ping.call().get(timeout=30).values()) == [1, 1]
     pids = [p.pid for p in pm.procs]
     pm.stop().get(timeout=15)
-    assert sorted(open(path).read().split("\n")[:-1]) == ["cleanup 0", "cleanup 1"]
+    assert sorted(Path(path).read_text().split("\n")[:-1]) == ["cleanup 0", "cleanup 1"]
     assert not _wait_dead(_procs(pids), 0)
 
 
