@@ -195,26 +195,26 @@ def unit_of(nodeid: str) -> str:
     return path
 
 
-#: In a parallel run (`pytest -n 2`, scripts/test.sh) each unit goes whole to one worker
+#: In a parallel run (`pytest -n 3`, scripts/test.sh) each unit goes whole to one worker
 #: (its module fixtures start once), the longest first so that none is left for the end
-#: while the other worker idles; the other units (none over 25 s) follow in their usual
-#: order. Seconds of one unit in a `-n 2` run on the 2-core machine: quiet, and (second
-#: figure) while other work loaded it.
+#: while the other workers idle; the other units (none over 20 s) follow in their usual
+#: order. Seconds of one unit in a `-n 3` run on the 2-core machine (the sum of all units
+#: was 1,125 s there: 375 s a worker).
 _LONG_FIRST = (
-    CLUSTER_FILES,                       # 190 s
-    "tests/kernel/test_notebooks.py",    # 75-140 s
-    "tests/test_soak.py",                # 80 s
-    "tests/test_attach_loopback.py",     # 60-90 s
-    "tests/test_cast_tree.py",           # 75 s
-    "tests/test_cli.py",                 # 45-70 s
-    "tests/faults/test_faults.py",       # 25-50 s
-    "tests/test_agent_zygote.py",        # 25-115 s
-    "tests/kernel/test_first_day.py",    # 40 s
-    "tests/test_rdma.py",                # 35 s
-    "tests/browser/test_dashboard_browser.py",  # 30 s
-    "tests/test_tensor_collectives.py",  # 30 s
-    "tests/kernel/test_extension.py",    # 25 s
-    "tests/test_monarch_jobs.py",        # 25 s
+    CLUSTER_FILES,                       # 204 s
+    "tests/kernel/test_notebooks.py",    # 78 s
+    "tests/test_soak.py",                # 68 s
+    "tests/test_attach_loopback.py",     # 49 s
+    "tests/test_cast_tree.py",           # 39 s
+    "tests/test_rdma.py",                # 32 s
+    "tests/test_cli.py",                 # 27 s
+    "tests/kernel/test_first_day.py",    # 24 s
+    "tests/faults/test_faults.py",       # 21 s
+    "tests/browser/test_kept_restart_browser.py",  # 21 s
+    "tests/test_agent_zygote.py",        # 21 s
+    "tests/kernel/test_extension.py",    # 20 s
+    "tests/browser/test_dashboard_browser.py",  # 20 s
+    "tests/browser/test_visual_debugger_browser.py",  # 19 s
 )
 
 
