@@ -22,8 +22,8 @@ from runtime.rdma import (RDMABuffer, RDMAAuthError, RDMABufferDroppedError, RDM
                           RDMADTypeError, RDMAError, RDMAOwnerDiedError, RDMASizeError,
                           RDMATimeoutError, get_rdma_backend)
 from runtime.rdma import client, ibverbs, vm
-from _util import wait_until
 from runtime.rdma.identity import process_alive, process_start_time
+from _util import wait_until
 
 TRANSPORTS = ["vm", "tcp"]
 

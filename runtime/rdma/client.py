@@ -4,9 +4,9 @@ Runs in transfer threads (never in an actor's endpoint code); raises RDMAError s
 
 from __future__ import annotations
 
-import ctypes
 import atexit
 import collections
+import ctypes
 import errno
 import logging
 import os
@@ -128,11 +128,6 @@ class _Pool:
             self._count -= len(socks)
         for s, _ in socks:
             s.close()
-
-    def idle(self) -> int:
-        """How many idle connections are kept."""
-        with self._lock:
-            return self._count
 
     def close_all(self) -> None:
         """Close every idle connection (at exit)."""
