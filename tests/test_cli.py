@@ -98,6 +98,9 @@ def _reap(ctl, info: dict) -> None:
     for pid in info.get("agents", []) + info.get("procs", []):
         if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
+    if ctl is not None:  # after the pids: they may hold its pipes open
+        ctl.stdout.close()
+        ctl.stderr.close()
     if info.get("workdir"):
         shutil.rmtree(info["workdir"], ignore_errors=True)
 

@@ -94,11 +94,16 @@ def _start_controller(path: Path, keep: float, mode: str = "", arg: str = "0") -
     return p, json.loads(line)
 
 
-def _reap(pids, workdir: str = "") -> None:
-    """Kill what a failed test left (by pid), and the job directory its agents kept."""
+def _reap(pids, workdir: str = "", ctl: "subprocess.Popen | None" = None) -> None:
+    """Kill what a failed test left (by pid), and the job directory its agents kept; close
+    the pipes of the controller `ctl` (once the pids are gone: they may hold them open)."""
     for pid in pids:
         if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
+    if ctl is not None:
+        ctl.wait(10)
+        ctl.stdout.close()
+        ctl.stderr.close()
     if workdir:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -174,7 +179,7 @@ def test_a_killed_controllers_meshes_are_reattached_with_their_state(tmp_path):
     finally:
         if job is not None:
             job.kill()
-        _reap(pids, info["workdir"])
+        _reap(pids, info["workdir"], ctl)
 
 
 def test_a_lease_that_ends_with_nobody_attached_leaves_nothing(tmp_path):
@@ -196,4 +201,4 @@ def test_a_lease_that_ends_with_nobody_attached_leaves_nothing(tmp_path):
         with pytest.raises(JobError, match="has ended.*lease"):
             Job.load(path).state(cached_path=None, timeout=10)
     finally:
-        _reap(pids, info["workdir"])
+        _reap(pids, info["workdir"], ctl)

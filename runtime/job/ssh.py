@@ -113,16 +113,20 @@ class SSHJob(Job):
         err = self._errors.setdefault(slot, [])
         stdout, stderr = p.stdout, p.stderr
         assert stdout is not None and stderr is not None  # Popen'd with PIPEs (_launch)
-        threading.Thread(target=lambda: err.extend(
-            line.decode(errors="replace").rstrip() for line in stderr), daemon=True).start()
-        for raw in stdout:
-            line = raw.decode(errors="replace").strip()
-            if line.startswith(ADDRESS_TAG):
-                try:
-                    self._published[slot] = line[len(ADDRESS_TAG):]
-                    self._found[slot] = parse_address(line[len(ADDRESS_TAG):])
-                except ValueError as e:
-                    err.append(str(e))
+        def read_stderr() -> None:
+            with stderr:  # closed at EOF: the ssh session ended
+                err.extend(line.decode(errors="replace").rstrip() for line in stderr)
+
+        threading.Thread(target=read_stderr, daemon=True).start()
+        with stdout:
+            for raw in stdout:
+                line = raw.decode(errors="replace").strip()
+                if line.startswith(ADDRESS_TAG):
+                    try:
+                        self._published[slot] = line[len(ADDRESS_TAG):]
+                        self._found[slot] = parse_address(line[len(ADDRESS_TAG):])
+                    except ValueError as e:
+                        err.append(str(e))
 
     def _addresses(self) -> dict[tuple[str, int], str]:
         return dict(self._found)
