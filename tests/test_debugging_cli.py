@@ -140,18 +140,18 @@ def test_real_admin_endpoint(procs):
     server = adm.AdminServer(runtime.get_runtime(), write_file=False)
     try:
         admin.register(server)
-        client = adm.AdminClient(server.address, server.token)
-        m = procs.spawn("clia", Worker)
-        t, box = _call_in_thread(m.work.call(2))
-        _wait_sessions(2)
-        out = []
-        pr = lambda *a, **k: out.append(" ".join(map(str, a)) + k.get("end", "\n"))  # noqa
-        cli.repl(client, print_fn=pr, commands=["cast", "all", "p", "y"])
-        assert "".join(out).count("3\n") == 2
-        cli.repl(client, print_fn=pr, commands=["continue"])
-        t.join(30)
-        assert list(box["v"].values()) == [30, 30]
-        m.stop().get(10)
+        with adm.AdminClient(server.address, server.token) as client:
+            m = procs.spawn("clia", Worker)
+            t, box = _call_in_thread(m.work.call(2))
+            _wait_sessions(2)
+            out = []
+            pr = lambda *a, **k: out.append(" ".join(map(str, a)) + k.get("end", "\n"))  # noqa
+            cli.repl(client, print_fn=pr, commands=["cast", "all", "p", "y"])
+            assert "".join(out).count("3\n") == 2
+            cli.repl(client, print_fn=pr, commands=["continue"])
+            t.join(30)
+            assert list(box["v"].values()) == [30, 30]
+            m.stop().get(10)
     finally:
         server.close()
 

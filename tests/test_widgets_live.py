@@ -139,6 +139,7 @@ def test_monarch_admin_attaches_to_a_plain_script(tmp_path, monkeypatch, capsys)
     finally:
         p.kill()
         p.wait(timeout=10)
+        p.stdout.close()
 
 
 def test_an_answered_call_shows_idle_at_once_and_stays_idle():

@@ -224,6 +224,7 @@ def test_sigkill_of_controller_leaves_no_orphans(tmp_path, record_detection):
         if p.poll() is None:
             p.kill()
             p.wait()
+        p.stdout.close()
 
 
 def test_unauthenticated_frames_are_dropped(mesh, tmp_path, failures):
