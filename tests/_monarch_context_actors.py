@@ -68,5 +68,16 @@ class Printer(Actor):
         print(text, flush=True)
 
     @endpoint
+    def say_slowly(self, text: str, pause: float) -> None:
+        """`print(text)` as a loaded machine may run it: the newline comes `pause` s after
+        the text (past the agent's 0.1 s flush of a partial line)."""
+        import sys
+        import time
+
+        sys.stdout.write(text)
+        time.sleep(pause)
+        sys.stdout.write("\n")
+
+    @endpoint
     def debug(self, text: str) -> None:
         self.logger.debug(text)

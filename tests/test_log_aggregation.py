@@ -73,3 +73,20 @@ def test_tags_and_control_marks_in_the_middle_of_a_line():
     assert strip_marks(f"{mark}\nnext\n", line_open=True) == "\nnext\n"
     assert strip_marks("a\n" + mark + "\n") == "a\n"
     assert strip_marks("no marks\n") == "no marks\n"
+
+
+def test_a_partial_line_flushed_keeps_its_label_for_the_rest_of_it():
+    """The agent flushes a partial line after 0.1 s; the rest of that line (often only its
+    newline, the second write of a `print`) keeps the label the line started with."""
+    from runtime.logs import TAG_END, TAG_START, LineSplitter
+
+    sp = LineSplitter("procs")
+    assert sp.feed(f"{TAG_START}loud{TAG_END}loss".encode()) == []
+    assert sp.flush() == [("loud", "loss")]
+    assert sp.feed(b"\n") == [("loud", "\n")]
+    assert sp.feed(b"fd-level\n") == [("procs", "fd-level\n")]  # a new line: no label
+    assert sp.feed(f"{TAG_START}a{TAG_END}x{TAG_START}b{TAG_END}y".encode()) == []
+    assert sp.flush() == [("a", "x"), ("b", "y")]
+    assert sp.flush() == []
+    assert sp.feed(b" more") == [] and sp.flush() == [("b", " more")]
+    assert sp.feed(b"\nnext\n") == [("b", "\n"), ("procs", "next\n")]

@@ -74,6 +74,34 @@ def test_similar_lines_from_many_ranks_print_once(sink):
             "printer 0", "printer 1", "printer 2", "printer 3"]
 
 
+def test_a_line_whose_newline_comes_late_is_one_line(sink):
+    """A line written in two parts, its newline after the agent flushed the first (print's
+    text and its newline are two writes, far apart on a loaded machine): one line per rank,
+    aggregated or not, with the actor's label; no empty line (it was one, labelled with the
+    mesh, and counted by the aggregation)."""
+    with this_host().spawn_procs(per_host={"procs": 2}) as pm:
+        pm.logging_option(stream_to_client=True, aggregate_window_sec=1).get()
+        p = pm.spawn("slowly", Printer)
+        p.say_slowly.call("late newline", 0.4).get(timeout=30)
+        p.say.call("after").get(timeout=30)
+        assert sink.wait(lambda g: any("after" in t for _, _, t in g))
+        assert [(lbl, t) for lbl, _, t in sink.got if "similar" in lbl] == [
+            ("2 similar log lines", "[slowly 0-1] late newline\n"),
+            ("2 similar log lines", "[slowly 0-1] after\n")], sink.got
+        for proc in pm.procs:
+            kept = runtime.get_runtime().output_tail(proc.proc_id)
+            assert "[stdout] late newline" in kept and "[stdout] " not in kept, kept
+        pm.logging_option(aggregate_window_sec=None).get()
+        sink.got.clear()
+        p.say_slowly.call("late again", 0.4).get(timeout=30)
+        p.say.call("end").get(timeout=30)
+        assert sink.wait(lambda g: sum("end" in t for _, _, t in g) == 2)
+        by_rank = {lbl: "".join(t for l2, _, t in sink.got if l2 == lbl)
+                   for lbl, _, _ in sink.got}
+        assert by_rank == {"slowly 0": "late again\nend\n", "slowly 1": "late again\nend\n"}, \
+            sink.got
+
+
 def test_stream_off_keeps_lines_in_the_procs_log(sink):
     with this_host().spawn_procs(per_host={"gpus": 2}) as pm:
         pm.logging_option(stream_to_client=False)

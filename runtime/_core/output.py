@@ -11,6 +11,7 @@ from .. import logs
 from ..logs.aggregation import Aggregator
 from ..transport.framing import Header
 from ..transport.loop import IOLoop
+from .records import ProcRecord
 from .state import State
 
 __all__ = ["OutputHost", "ProcOutput"]
@@ -65,23 +66,38 @@ class ProcOutput:
             self.writer.put(self.rt.output_sink, label or proc_id, stream, text)
             return
         label = label or rec.mesh
-        lines = logs.strip_marks(text).splitlines()
+        ends_open_line = self._ends_open_line(rec, stream, text)
+        lines = logs.strip_marks(text).splitlines()[ends_open_line:]
         rec.output.extend(f"[{stream}] {ln}" for ln in lines)
         if stream == "stderr":
             rec.stderr_tail.extend(lines)
         if not rec.log_stream:
             return  # kept in the proc's log only (logging_option(stream_to_client=False))
         if rec.log_window:
-            self._aggregate(label, stream, rec.rank, text, rec.log_window)
+            self._aggregate(label, stream, rec.rank, text.splitlines()[ends_open_line:],
+                            rec.log_window)
             return
         prefix = f"{label} {rec.rank}"
         if rec.agent is not None and rec.agent.remote:
             prefix = f"{label} {rec.rank}@{rec.host}"
         self.writer.put(self.rt.output_sink, prefix, stream, text)
 
-    def _aggregate(self, label: str, stream: str, rank: int, text: str, window: float) -> None:
+    @staticmethod
+    def _ends_open_line(rec: ProcRecord, stream: str, text: str) -> bool:
+        """Whether `text` starts with the newline of a line whose start was taken whole
+        already (its agent flushes a partial line after 0.1 s, and the rest of a `print`,
+        often just its newline, may come later): that newline makes no empty line."""
+        ends = stream in rec.open_streams and text.startswith(("\n", "\r"))
+        if text.endswith(("\n", "\r")):
+            rec.open_streams.discard(stream)
+        else:
+            rec.open_streams.add(stream)
+        return ends
+
+    def _aggregate(self, label: str, stream: str, rank: int, lines: list[str],
+                   window: float) -> None:
         now = time.monotonic()
-        for line in text.splitlines():
+        for line in lines:
             if line.startswith(logs.CONTROL_MARK):
                 # a front-end's mark (e.g. the end of a notebook cell): what came before it
                 # is delivered before it

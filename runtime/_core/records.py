@@ -80,6 +80,8 @@ class ProcRecord:
     tcp_address: str = ""
     log_stream: bool = True  # forward output to the output sink (logging_option)
     log_window: float = 0.0  # > 0: aggregate output over this many seconds
+    #: streams whose last output left its line open (its agent flushed a partial line)
+    open_streams: set = field(default_factory=set)
     keep: float = 0.0  # > 0: its agent keeps it this long after this controller goes away
 
     @property

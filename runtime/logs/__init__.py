@@ -186,6 +186,9 @@ class LineSplitter:
     def __init__(self, default_label: str) -> None:
         self.default_label = default_label
         self._buf = b""
+        #: the label of a partial line already flushed: its continuation (the rest of a
+        #: `print` whose newline came after the flush) keeps it
+        self._open_label: Optional[str] = None
 
     def feed(self, data: bytes) -> list[tuple[str, str]]:
         self._buf += data
@@ -209,7 +212,10 @@ class LineSplitter:
         tags its line there; the text before it keeps the line's label."""
         out: list[tuple[str, str]] = []
         for line in text.splitlines(keepends=True):
-            label = self.default_label
+            label = self._open_label or self.default_label
+            self._open_label = None
+            if not line.endswith(("\n", "\r")):  # a partial line (flush): it may go on
+                self._open_label = self._label_at_end(line, label)
             while line:
                 if line.startswith(TAG_START):
                     end = line.find(TAG_END)
@@ -224,6 +230,13 @@ class LineSplitter:
                 else:
                     out.append((label, seg))
         return out
+
+    @staticmethod
+    def _label_at_end(line: str, label: str) -> str:
+        """The label in force at the end of `line` (the last complete tag in it)."""
+        end = line.rfind(TAG_END)
+        start = line.rfind(TAG_START, 0, end) if end > 0 else -1
+        return line[start + len(TAG_START):end] if start >= 0 else label
 
 
 _current_label = threading.local()
