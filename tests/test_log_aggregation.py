@@ -90,3 +90,18 @@ def test_a_partial_line_flushed_keeps_its_label_for_the_rest_of_it():
     assert sp.flush() == []
     assert sp.feed(b" more") == [] and sp.flush() == [("b", " more")]
     assert sp.feed(b"\nnext\n") == [("b", "\n"), ("procs", "next\n")]
+
+
+def test_a_terminal_prints_a_late_newline_as_the_end_of_its_line(capsys):
+    """Without a sink a partial line prints as a line; the newline that ends it later
+    prints nothing (an empty `[mesh rank]` line before), a newline of its own still does."""
+    from runtime.logs import emit
+
+    open_lines: set = set()
+    emit(None, "loud 0", "stdout", "loss 0.13", open_lines)
+    emit(None, "loud 1", "stdout", "other rank\n", open_lines)
+    emit(None, "loud 0", "stdout", "\nnext\n", open_lines)
+    emit(None, "loud 0", "stdout", "\n", open_lines)  # print(): an empty line of its own
+    assert capsys.readouterr().out == ("[loud 0] loss 0.13\n[loud 1] other rank\n"
+                                       "[loud 0] next\n[loud 0] \n")
+    assert not open_lines

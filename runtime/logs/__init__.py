@@ -51,14 +51,25 @@ Sink = Callable[[str, str, str], None]
 _print_lock = threading.Lock()
 
 
-def emit(sink: Optional[Sink], prefix: str, stream: str, text: str) -> None:
-    """Deliver forwarded output: to `sink(prefix, stream, text)`, or print it prefixed."""
+def emit(sink: Optional[Sink], prefix: str, stream: str, text: str,
+         open_lines: Optional[set] = None) -> None:
+    """Deliver forwarded output: to `sink(prefix, stream, text)`, or print it prefixed (a
+    partial line printed as a line: `open_lines` keeps the (prefix, stream) whose line that
+    was, so that the newline ending it later prints no empty line)."""
     if sink is not None:
         try:
             sink(prefix, stream, text)
             return
         except Exception:
             pass
+    if open_lines is not None:
+        key = (prefix, stream)
+        if key in open_lines and text.startswith(("\n", "\r\n")):
+            text = text[text.index("\n") + 1:]
+        if text.endswith(("\n", "\r")) or not text:
+            open_lines.discard(key)
+        else:
+            open_lines.add(key)
     out = sys.stderr if stream == "stderr" else sys.stdout
     lines = text.splitlines(keepends=True)
     formatted = "".join(f"[{prefix}] {ln}" if ln.strip("\r\n") or ln == "\n" else ln
@@ -92,6 +103,7 @@ class OutputWriter:
         self._thread: Optional[threading.Thread] = None
         self._closed = False
         self._waiters: list[tuple[int, Callable[[], None]]] = []  # (entries, fn): when_drained
+        self._open_lines: set[tuple[str, str]] = set()  # (writer thread only) see `emit`
 
     def put(self, sink: Optional[Sink], prefix: str, stream: str, text: str) -> None:
         """Queue `text` for `emit(sink, prefix, stream, text)` (any thread; never blocks)."""
@@ -164,7 +176,7 @@ class OutputWriter:
                     due, self._waiters = [fn for _, fn in self._waiters], []
                     break
                 sink, prefix, stream, text = self._queue.popleft()
-            emit(sink, prefix, stream, text)
+            emit(sink, prefix, stream, text, self._open_lines)
             with self._cv:
                 self._bytes -= len(text)
                 self._done += 1
