@@ -1,6 +1,7 @@
 """Helpers the tests share about processes and the runtime's own threads."""
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -60,3 +61,13 @@ def wait_pids_gone(pids, timeout: float = 10.0, what: str = "processes end",
     wait_until(lambda: not any(pid_alive(p) for p in pids), timeout,
                what=lambda: f"{what}: still running {[p for p in pids if pid_alive(p)]}",
                every=every)
+
+
+def end_popen(p: "subprocess.Popen", timeout: float = 10.0) -> None:
+    """Kill `p` if it still runs, reap it, close our ends of its pipes (a test's finally)."""
+    if p.poll() is None:
+        p.kill()
+        p.wait(timeout)
+    for f in (p.stdin, p.stdout, p.stderr):
+        if f is not None:
+            f.close()

@@ -31,6 +31,7 @@ import psutil
 import pytest
 
 from runtime.transport.peers import GONE_KEPT
+from _procs import end_popen
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -233,10 +234,7 @@ def _crash_and_sweep(root: Path, rundir) -> None:
         os.kill(p.pid, signal.SIGKILL)
         p.wait(10)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
-        p.stdout.close()
+        end_popen(p)
     # every process of the dead controller goes (PDEATHSIG), leaving its files behind
     for pid in proc_pids:
         try:
@@ -275,16 +273,6 @@ _SERVER = textwrap.dedent("""
     print(base64.b64encode(pickle.dumps(buf)).decode(), flush=True)
     sys.stdin.read()
 """)
-
-
-def _end(p: subprocess.Popen) -> None:
-    """Kill `p` if it still runs, reap it, close our ends of its pipes."""
-    if p.poll() is None:
-        p.kill()
-        p.wait(10)
-    for f in (p.stdin, p.stdout, p.stderr):
-        if f is not None:
-            f.close()
 
 
 def _flood(addr: str, n: int) -> list[socket.socket]:
@@ -385,7 +373,7 @@ def test_data_server_serves_again_after_a_descriptor_flood(transport, monkeypatc
         err = p.stderr.read()
         assert "accept failed" in err and "accepting again" in err, err[-2000:]
     finally:
-        _end(p)
+        end_popen(p)
 
 
 @pytest.mark.timeout(120)
@@ -415,7 +403,7 @@ def test_idle_unauthenticated_connections_cannot_lock_out_a_client():
     finally:
         for s in flood:
             s.close()
-        _end(p)
+        end_popen(p)
 
 
 _ADMIN = textwrap.dedent("""
@@ -455,4 +443,4 @@ def test_admin_endpoint_answers_again_after_a_descriptor_flood(tmp_path):
         try:
             p.wait(10)
         finally:
-            _end(p)
+            end_popen(p)

@@ -18,6 +18,7 @@ from monarch_widgets.state import STATE_NAMES, actor_at
 from monarch_widgets.widget import Dashboard
 from monarch_widgets.admin_cli import main as admin_main
 from _util import wait_until
+from _procs import end_popen
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -137,9 +138,7 @@ def test_monarch_admin_attaches_to_a_plain_script(tmp_path, monkeypatch, capsys)
         files = list(rundir.glob("admin-*.json"))
         assert len(files) == 1 and oct(files[0].stat().st_mode & 0o777) == "0o600"
     finally:
-        p.kill()
-        p.wait(timeout=10)
-        p.stdout.close()
+        end_popen(p)
 
 
 def test_an_answered_call_shows_idle_at_once_and_stays_idle():

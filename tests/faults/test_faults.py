@@ -23,6 +23,7 @@ from runtime.config import config
 from runtime.transport import framing
 from runtime.transport.framing import Header, Kind
 from _actors import Cleaner, Echo, Parent
+from _procs import end_popen
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -221,10 +222,7 @@ def test_sigkill_of_controller_leaves_no_orphans(tmp_path, record_detection):
         assert not alive, alive
         assert len(procs) == 3
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        p.stdout.close()
+        end_popen(p)
 
 
 def test_unauthenticated_frames_are_dropped(mesh, tmp_path, failures):

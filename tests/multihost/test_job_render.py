@@ -11,6 +11,7 @@ import pytest
 from runtime.job import KubernetesJob, LocalJob, SlurmJob, SSHJob
 from runtime.job.base import check_meshes, parse_address, read_address_files, slots
 from runtime.job.ssh import ADDRESS_TAG, remote_script, ssh_argv
+from _procs import end_popen
 
 STANDIN = Path(__file__).parent / "fixtures" / "standin_agent.py"
 
@@ -124,11 +125,7 @@ def test_ssh_remote_script_runs_agent_and_stops_it(tmp_path, how):
                                                  list(tmp_path.glob("monarch-agent.*")))
             time.sleep(0.02)
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        for f in (p.stdin, p.stdout, p.stderr):
-            f.close()
+        end_popen(p)
 
 
 def test_kubernetes_manifests_validate():
