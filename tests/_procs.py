@@ -1,6 +1,8 @@
 """Helpers the tests share about processes and the runtime's own threads."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -61,6 +63,29 @@ def wait_pids_gone(pids, timeout: float = 10.0, what: str = "processes end",
     wait_until(lambda: not any(pid_alive(p) for p in pids), timeout,
                what=lambda: f"{what}: still running {[p for p in pids if pid_alive(p)]}",
                every=every)
+
+
+def stop_all_threads(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP `pid` and wait until every one of its threads is stopped. The signal alone
+    does not stop a multi-threaded process at once: one thread is woken to take it, and
+    until it has run the others go on (an agent's I/O thread relayed a message 6 ms after
+    the kill returned, on a loaded machine)."""
+    from _util import wait_until
+
+    os.kill(pid, signal.SIGSTOP)
+
+    def states() -> list[str]:
+        out = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                out.append(Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                           .rsplit(")", 1)[1].split()[0])
+            except OSError:  # a thread that ended meanwhile
+                pass
+        return out
+
+    wait_until(lambda: all(s in "tT" for s in states()), timeout,
+               what=lambda: f"every thread of {pid} stopped: states {states()}", every=0.005)
 
 
 def end_popen(p: "subprocess.Popen", timeout: float = 10.0) -> None:

@@ -16,6 +16,7 @@ import runtime.config
 from runtime import Actor, SupervisionError, attach_to_workers, endpoint
 from runtime.transport import auth
 from _actors import Echo
+from _procs import stop_all_threads
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -104,7 +105,7 @@ def test_procs_whose_exit_reports_never_come_count_as_stopped(agents):
         for pm in (stopped, shut):
             pm.spawn("unreported", Echo).ping.call(1).get(timeout=60)
         frozen = started[1][0]
-        os.kill(frozen.pid, signal.SIGSTOP)
+        stop_all_threads(frozen.pid)
         try:
             rt = runtime.get_runtime()
             stopped.stop().get(timeout=30)

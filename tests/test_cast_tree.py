@@ -15,6 +15,7 @@ import runtime
 from runtime import Actor, endpoint
 from runtime.config import configured
 from runtime.transport import casttree
+from _procs import stop_all_threads
 from _util import wait_until
 
 # -- the shape (pure) -------------------------------------------------------------------------
@@ -424,7 +425,7 @@ def test_spawns_go_down_the_tree_and_around_a_relay_that_dies() -> None:
             m.initialized.get(timeout=120)
             assert sorted(m.rank.call().get(timeout=60).values()) == list(range(10))
             relay_pid = list(m.agent_pid.call().get(timeout=60).values())[1]
-            os.kill(relay_pid, signal.SIGSTOP)
+            stop_all_threads(relay_pid)
             try:
                 pm2 = hosts.spawn_procs(per_host={"procs": 1}, name="around")
                 time.sleep(0.5)  # the spawn reaches the stopped relay's socket, no further

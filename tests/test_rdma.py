@@ -23,6 +23,7 @@ from runtime.rdma import (RDMABuffer, RDMAAuthError, RDMABufferDroppedError, RDM
                           RDMATimeoutError, get_rdma_backend)
 from runtime.rdma import client, ibverbs, vm
 from runtime.rdma.identity import process_alive, process_start_time
+from _procs import stop_all_threads
 from _util import wait_until
 
 TRANSPORTS = ["vm", "tcp"]
@@ -352,7 +353,7 @@ def test_dead_owner_gives_owner_died_not_a_hang(fresh_owner, transport):
 def test_stalled_owner_times_out_with_an_error(fresh_owner, transport):
     _, buf = fresh_owner.make(8 << 20)
     dst = torch.empty(8 << 20, dtype=torch.uint8)
-    os.kill(fresh_owner.pid, signal.SIGSTOP)
+    stop_all_threads(fresh_owner.pid)
     try:
         # the transfer's own 1 s timeout answers (a wait's TimeoutError is not one)
         with pytest.raises(RDMATimeoutError):

@@ -23,7 +23,7 @@ from runtime.config import config
 from runtime.transport import framing
 from runtime.transport.framing import Header, Kind
 from _actors import Cleaner, Echo, Parent
-from _procs import end_popen
+from _procs import end_popen, stop_all_threads
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -127,7 +127,7 @@ def test_sigstop_is_declared_hung(mesh, failures, record_detection, monkeypatch)
     fut = am.slice(procs=0).sleep.call_one(30)
     _busy_in("w", 0, "sleep")
     t0 = time.monotonic()
-    os.kill(pid, signal.SIGSTOP)
+    stop_all_threads(pid)
     try:
         err, _ = _wait_error(fut, timeout=15)  # not the 30 s call's end
         dt = time.monotonic() - t0
