@@ -52,6 +52,13 @@ class Echo(Actor):
         return t
 
     @endpoint
+    def hold_gil(self, seconds: int) -> int:
+        """C code that holds this proc's GIL for `seconds` (ctypes.PyDLL does not release
+        it): no thread of the proc runs Python meanwhile, heartbeats included."""
+        ctypes.PyDLL(None).sleep(seconds)
+        return seconds
+
+    @endpoint
     def busy_loop(self, t: float):
         end = time.time() + t
         n = 0

@@ -145,6 +145,38 @@ def test_a_silent_proc_fails_exactly_after_heartbeat_timeout(monkeypatch):
     assert rt.failed == [("p0", "proc unresponsive (no heartbeat for 3 s)")]
 
 
+def test_a_silent_proc_its_agent_says_runs_is_failed_once_the_agent_stops_saying_so(
+        monkeypatch):
+    """Silence while the proc's host agent says its process runs (its GIL held by C code)
+    is waited out; the proc fails `heartbeat_timeout` after the agent last said so (it was
+    stopped, or it is gone). An agent vouches only for its own procs."""
+    from runtime._core.liveness import Liveness
+    from runtime._core.records import AgentRecord, ProcRecord
+    from runtime.transport.framing import Header, Kind
+
+    monkeypatch.setattr(config, "heartbeat_timeout", 3.0)
+    clock = FakeClock()
+    agent = AgentRecord("a1", "ipc://a1", "h1", last_seen=clock())
+    other = AgentRecord("a2", "ipc://a2", "h1", last_seen=clock())
+    rec = ProcRecord("p0", 0, "m", agent, "ipc://p0", state="running", last_seen=clock())
+    rt = _runtime_with({"p0": rec}, {"a1": agent, "a2": other})
+    live = Liveness(rt, clock=clock)
+    for _ in range(10):  # 10 s of silence from the proc, its agent saying it runs
+        clock.advance(1.0)
+        live.on_heartbeat(Header(Kind.HEARTBEAT, src="a1", extra={"running": ["p0"]}),
+                          None, [])
+        live.check()
+    assert rt.failed == [] and rec.vouched == clock()
+    live.on_heartbeat(Header(Kind.HEARTBEAT, src="a2", extra={"running": ["p0"]}), None, [])
+    live.on_heartbeat(Header(Kind.HEARTBEAT, src="a1", extra={"running": []}), None, [])
+    clock.advance(3.0)  # exactly heartbeat_timeout since the last word: still waited for
+    live.check()
+    assert rt.failed == []
+    clock.advance(0.001)
+    live.check()
+    assert rt.failed == [("p0", "proc unresponsive (no heartbeat for 3 s)")]
+
+
 def test_a_silent_remote_host_is_lost_exactly_after_heartbeat_timeout(monkeypatch):
     from runtime._core.liveness import Liveness
     from runtime._core.records import AgentRecord

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -23,6 +24,8 @@ import psutil
 import pytest
 
 from runtime import rundir
+from _procs import end_popen, stop_all_threads
+from _util import wait_until
 
 ROOT = str(Path(__file__).resolve().parents[1])
 
@@ -379,3 +382,26 @@ def test_a_zombies_directory_is_swept(own_root, started, tmp_path):
     assert rundir.sweep(own_root) == [os.path.basename(d)]
     assert not os.path.exists(d)
     assert p.wait(10) == 0
+
+
+def test_a_process_runs_unless_stopped_or_gone() -> None:
+    """`runs`, what an agent says of its procs and its controller: a stopped process
+    (SIGSTOP) does not run, nor a zombie, nor one whose pid names another start."""
+    from runtime._base.process import runs, start_time
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        start = start_time(p.pid)
+        assert runs(p.pid) and runs(p.pid, start)
+        assert not runs(p.pid, (start or 0) + 1)
+        stop_all_threads(p.pid)
+        assert not runs(p.pid)
+        os.kill(p.pid, signal.SIGCONT)
+        wait_until(lambda: runs(p.pid), 10, what="the process running again")
+        p.kill()
+        wait_until(lambda: not runs(p.pid), 10, what="the killed process not running")
+        assert Path(f"/proc/{p.pid}").exists()  # a zombie until reaped: not running
+        p.wait(10)
+        assert not runs(p.pid)
+    finally:
+        end_popen(p)

@@ -9,7 +9,7 @@ import socket
 
 __all__ = [
     "PR_SET_PDEATHSIG", "PR_SET_NAME", "PR_SET_PTRACER", "die_with_parent", "allow_tracer",
-    "set_process_name", "hostname", "describe_status", "start_time",
+    "set_process_name", "hostname", "describe_status", "start_time", "runs",
 ]
 
 PR_SET_PDEATHSIG = 1
@@ -70,3 +70,20 @@ def start_time(pid: int) -> int | None:
     except OSError:
         return None
     return None if fields[0] == "Z" else int(fields[19])
+
+
+#: /proc states of a process that cannot run: stopped by a signal (SIGSTOP, Ctrl-Z), a
+#: zombie, dead. A tracing stop (`t`: py-spy reading stacks, a debugger) is not among them.
+_NOT_RUNNING = frozenset("TZXx")
+
+
+def runs(pid: int, start: int | None = None) -> bool:
+    """Whether `pid` (started at `start`, from `start_time`, when given) exists and can run:
+    not stopped, not a zombie. Such a process may still send nothing for a while (C code
+    holding its GIL); one that is stopped or gone will not."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] not in _NOT_RUNNING and (start is None or int(fields[19]) == start)

@@ -136,6 +136,9 @@ class Liveness:
         agent = rt.state.agent_for(h.src)
         if agent is not None:
             agent.last_seen = now
+            running = e.get("running") if isinstance(e, dict) else None
+            if isinstance(running, list):
+                self._vouched(agent, running, now)
             if agent.lost:  # the link came back: usable for new procs; old ones are failed
                 agent.lost, agent.alive = False, True
                 log.warning("host %s is reachable again", agent.host)
@@ -149,6 +152,10 @@ class Liveness:
         if rec is None or rec.state in ("failed", "stopped"):  # a late one: it is retired
             return
         rec.last_seen = now
+        if rec.silent_running:
+            rec.silent_running = False
+            log.warning("proc %s (%s rank %d) is answering again", rec.proc_id, rec.mesh,
+                        rec.rank)
         e = h.extra or {}
         if "rss" in e:
             rt.health.update_proc(ProcStats(rec.proc_id, rec.place, rec.pid, e.get("cpu", 0.0),
@@ -230,8 +237,31 @@ class Liveness:
         for rec in list(rt.state.procs.values()):
             if rec.state == "running" and now - self._heard(rec.proc_id, rec.last_seen) > timeout \
                     and not rec.stopping and not self._behind_silent_gateway(rec, now, cut_off):
+                if rec.vouched is not None and now - rec.vouched <= timeout:  # GIL held
+                    self._silent_running(rec, timeout)
+                    continue
                 rt.failures.proc_failed(
                     rec.proc_id, f"proc unresponsive (no heartbeat for {timeout:g} s)", kill=True)
+
+    def _vouched(self, agent: Any, running: list, now: float) -> None:
+        """A host agent's heartbeat named its procs whose process runs: each of them that
+        this process owns on that agent is vouched for now (I/O thread)."""
+        state = self.rt.state
+        for proc_id in running:
+            rec = state.proc(proc_id) if isinstance(proc_id, str) else None
+            if rec is not None and rec.agent is agent:
+                rec.vouched = now
+
+    def _silent_running(self, rec: Any, timeout: float) -> None:
+        """`rec` is silent past the timeout while its agent says its process runs: C code
+        holds its GIL (a long import, an extension's loop). It is not failed: said once."""
+        if rec.silent_running:
+            return
+        rec.silent_running = True
+        log.warning("proc %s (%s rank %d on %s) has sent nothing for %g s but its process "
+                    "runs: C code is holding its GIL? Its calls wait; runtime.proc_stacks "
+                    "names the holder, kill() ends it", rec.proc_id, rec.mesh, rec.rank,
+                    rec.place, timeout)
 
     def _heard(self, peer_id: str, last_seen: float) -> float:
         """When anything last came from a peer: a message (`last_seen`, stamped at dispatch)

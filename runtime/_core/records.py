@@ -68,6 +68,11 @@ class ProcRecord:
     pid: int = 0
     state: ProcState = "starting"
     last_seen: float = field(default_factory=time.monotonic)
+    #: when its host agent last said its process runs (not stopped, not gone)
+    vouched: Optional[float] = None
+    #: it is silent past the heartbeat timeout while its process runs (its GIL held by C
+    #: code): said once, in the log, until it is heard again
+    silent_running: bool = False
     output: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
     stderr_tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
     failure: Optional[MeshFailure] = None

@@ -48,7 +48,9 @@ _SETTINGS: tuple[Setting, ...] = (
     _s("heartbeat_interval", "float", 0.5, "How often heartbeats go out (procs report "
        "that they are alive and which actors are busy).", minimum=0, strict=True, seconds=True),
     _s("heartbeat_timeout", "float", 5.0, "Silence after which a proc (or a remote host) is "
-       "declared hung and failed.", minimum=0, strict=True, seconds=True),
+       "declared hung and failed; a proc whose process runs (its host agent says so: C code "
+       "holding its GIL) is waited for (supervision.md).", minimum=0, strict=True,
+       seconds=True),
     _s("gateway_lease", "float", 300.0, "How long a job reached through a gateway keeps its "
        "procs while its controller is cut off (a laptop asleep, a tunnel down): calls fail "
        "meanwhile, and a connection back within it finds the meshes alive; after it the "

@@ -391,10 +391,15 @@ class Agent:
         if not self.owner:
             self.leases.check()
             return
-        self.send(self.owner, Header(Kind.HEARTBEAT))
+        # the procs whose process runs (not stopped, not gone): one silent meanwhile is
+        # holding its GIL in C code, not dead (docs/supervision.md, "Silence and the GIL")
+        running = [pp.proc_id for pp in self.procs.values() if _process.runs(pp.pid)]
+        self.send(self.owner, Header(Kind.HEARTBEAT, extra={"running": running}))
         silent = time.monotonic() - self.owner_last_seen
         if silent <= (getattr(self, "owner_lease", 0) or config.heartbeat_timeout * 2):
             return
+        if _owner_runs(self.owner_process, None if self.args.listen else self.args.parent_pid):
+            return  # on this host and running: its GIL is held, it is not gone
         if self.args.listen:
             log.warning("controller %s silent for %.0f s: ending its procs", self.owner, silent)
             self.leases.orphan("controller silent")
@@ -427,6 +432,17 @@ class Agent:
             pass
         self.gather.stop()
         self.stopped.set()
+
+
+def _owner_runs(owner_process: tuple, started_by: Optional[int]) -> bool:
+    """Whether an agent's controller runs on this host and can run (not stopped): its
+    silence is then C code holding its GIL, not a death, which the agent sees at once
+    (the pidfd of `started_by`, the process that started it and owns it; `_owner_exited`
+    for `owner_process`, (host, pid, start time) from its attach)."""
+    host, pid, start = owner_process
+    if host == socket.gethostname() and isinstance(pid, int) and start is not None:
+        return _process.runs(pid, start)
+    return started_by is not None and started_by > 0 and _process.runs(started_by)
 
 
 def _alive(pid: int) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
@@ -24,6 +25,7 @@ from runtime.transport import framing
 from runtime.transport.framing import Header, Kind
 from _actors import Cleaner, Echo, Parent
 from _procs import end_popen, stop_all_threads
+from _util import wait_until
 
 pytestmark = pytest.mark.timeout(90)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -140,6 +142,46 @@ def test_sigstop_is_declared_hung(mesh, failures, record_detection, monkeypatch)
     assert "unresponsive" in str(err)  # declared by the heartbeat timeout, nothing else
     # the hung proc is killed, not left behind
     assert not _wait_dead(_procs([pid]), 5.0)
+
+
+def test_a_proc_holding_its_gil_is_waited_for_not_declared_dead(mesh, failures, monkeypatch,
+                                                                  caplog):
+    """C code holding a proc's GIL past the heartbeat timeout (a long import, an extension's
+    loop) stops its heartbeats, but its host agent says its process runs: the call is waited
+    for and answers, the silence is said once in the log, the proc is neither failed nor
+    killed. (SIGSTOP, above, is declared hung: a stopped process does not run.)"""
+    monkeypatch.setattr(config, "heartbeat_timeout", 2.0)
+    pm, am = mesh
+    pid = pm.procs[0].pid
+    with caplog.at_level(logging.WARNING, logger="runtime"):
+        assert am.slice(procs=0).hold_gil.call_one(5).get(timeout=30) == 5
+        wait_until(lambda: "is answering again" in caplog.text, 10,
+                   what=lambda: f"the proc heard again, in the log: {caplog.text!r}")
+    assert "has sent nothing for 2 s but its process runs" in caplog.text
+    assert caplog.text.count("C code is holding its GIL") == 1
+    assert am.slice(procs=0).whoami.call_one().get(timeout=10)["pid"] == pid
+    assert not failures
+
+
+def test_a_controller_holding_its_gil_keeps_its_procs(tmp_path):
+    """The controller's heartbeats stop while C code holds its GIL; its host agent sees
+    that it runs, on this host, and keeps its procs past twice the heartbeat timeout
+    (it ended them, a notebook cell's long C call losing the mesh)."""
+    script = _controller_script(tmp_path, "gil.py", """
+        import ctypes
+        pm = this_host().spawn_procs(per_host={"procs": 2})
+        am = pm.spawn("e", Echo)
+        before = [v["pid"] for v in am.whoami.call().get(timeout=60).values()]
+        ctypes.PyDLL(None).sleep(4)  # this process's GIL held 4 s: 2 x 1.5 s timeout and more
+        after = [v["pid"] for v in am.whoami.call().get(timeout=60).values()]
+        print(before == after, flush=True)
+        pm.stop().get(timeout=30)
+    """)
+    env = {**os.environ, "MONARCH_HEARTBEAT_TIMEOUT": "1.5"}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True"], r.stdout + r.stderr
 
 
 def test_exception_under_broadcast_fails_actor(mesh, failures, record_detection):

@@ -200,18 +200,7 @@ def test_job_alloc_errors_are_one_line(ip, line, message):
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.fixture
-def patient():
-    """The procs import torch when the engine starts: on a loaded 2-core run torch's C
-    initialisation, which holds the GIL, kept a proc's heartbeats back past the default 5 s
-    (declared unresponsive). What cells do on an active mesh is tested here, not liveness."""
-    from runtime.config import configured
-
-    with configured(heartbeat_timeout=15.0):
-        yield
-
-
-def test_mesh_activate_runs_later_cells_on_the_mesh(ip, patient):
+def test_mesh_activate_runs_later_cells_on_the_mesh(ip):
     with capture_output() as cap:
         ip.run_line_magic("mesh", "alloc act --per-host procs=2 --no-progress")
         ip.run_line_magic("mesh", "activate act")
