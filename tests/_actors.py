@@ -59,6 +59,11 @@ class Echo(Actor):
         return seconds
 
     @endpoint
+    def call_hold_gil(self, other, seconds: int) -> int:
+        """Actor-to-actor: `other` (one actor, not owned here) holds its GIL `seconds`."""
+        return other.hold_gil.call_one(seconds).get(timeout=60)
+
+    @endpoint
     def busy_loop(self, t: float):
         end = time.time() + t
         n = 0

@@ -130,8 +130,10 @@ class Liveness:
         if isinstance(e, dict) and ("ping" in e or "pong" in e):
             if "ping" in e and h.reply:  # a peer waiting on us checks we are reachable
                 rt.send(h.reply, Header(Kind.HEARTBEAT, extra={"pong": e["ping"]}))
-            else:
-                self._peer_last[h.src] = now
+            else:  # the peer's answer, or its host agent's for it (its process runs)
+                peer = e.get("pong")
+                self._peer_last[peer if isinstance(peer, str) and peer in self._peer_last
+                                else h.src] = now
             return
         agent = rt.state.agent_for(h.src)
         if agent is not None:
@@ -325,6 +327,9 @@ class Liveness:
                 reply = rt.reply_address_for(addr or (route or ("",))[0])
                 rt.messenger.send_to_proc(addr, route, Header(Kind.HEARTBEAT, reply=reply,
                                                               extra={"ping": pid}))
+                if route:  # and its host agent, which answers while its process runs
+                    rt.send(route[0], Header(Kind.HEARTBEAT, extra={"ping": pid, "runs": pid},
+                                             reply=rt.reply_address_for(route[0])))
 
 
 def split_status(rc: Optional[int]) -> tuple[Optional[int], Optional[int]]:

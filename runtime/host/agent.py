@@ -179,7 +179,8 @@ class Agent:
         fn(h, body, buffers)
 
     def _on_heartbeat(self, h: Header, body: Any, buffers: list) -> None:
-        if self.casts.on_heartbeat(h):  # a cast tree's relays checking each other
+        # a caller waiting on one of its procs; a cast tree's relays checking each other
+        if _answer_for_proc(self, h) or self.casts.on_heartbeat(h):
             return
         if not self.owner_id or h.src == self.owner_id:  # not a controller taken over
             self.owner_last_seen = time.monotonic()
@@ -432,6 +433,19 @@ class Agent:
             pass
         self.gather.stop()
         self.stopped.set()
+
+
+def _answer_for_proc(agent: Agent, h: Header) -> bool:
+    """A ping from a caller waiting on one of `agent`'s procs (`runs`: its proc id), which
+    cannot answer itself while C code holds its GIL: answered for it while its process runs
+    (docs/supervision.md, "Silence and the GIL"). False when `h` is no such ping."""
+    e = h.extra
+    if not isinstance(e, dict) or "runs" not in e:
+        return False
+    pp = agent.procs.get(e["runs"]) if isinstance(e["runs"], str) else None
+    if pp is not None and h.reply and _process.runs(pp.pid):
+        agent.send(h.reply, Header(Kind.HEARTBEAT, extra={"pong": e.get("ping")}))
+    return True
 
 
 def _owner_runs(owner_process: tuple, started_by: Optional[int]) -> bool:

@@ -163,6 +163,22 @@ def test_a_proc_holding_its_gil_is_waited_for_not_declared_dead(mesh, failures, 
     assert not failures
 
 
+def test_an_actor_waits_for_a_peer_holding_its_gil(failures):
+    """An actor's call to a peer it does not own (pinged by the caller itself: silence reads
+    as a partition) waits while C code holds the peer's GIL: the peer's host agent answers
+    the pings for it while its process runs."""
+    with runtime.configured(heartbeat_timeout=2.0):
+        pm = this_host().spawn_procs(per_host={"procs": 2}, name="peers")
+        try:
+            am = pm.spawn("w", Echo)
+            am.initialized.get(timeout=30)
+            caller, peer = am.slice(procs=0), am.slice(procs=1)
+            assert caller.call_hold_gil.call_one(peer, 5).get(timeout=60) == 5
+            assert not failures
+        finally:
+            pm.stop().get(timeout=15)
+
+
 def test_a_controller_holding_its_gil_keeps_its_procs(tmp_path):
     """The controller's heartbeats stop while C code holds its GIL; its host agent sees
     that it runs, on this host, and keeps its procs past twice the heartbeat timeout
