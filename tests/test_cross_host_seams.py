@@ -200,3 +200,63 @@ def test_chaos_across_hosts_loses_no_answer_and_hangs_no_call(two_hosts, failure
     assert not out.wrong and not out.hung and not out.other_errors, out
     assert not out.lost, f"{len(out.lost)} answers sent and not counted: {out.lost[:5]}"
     assert not out.undetected, out.undetected
+
+
+_PULL_THAT_HOLDS_ITS_GIL = """
+import ctypes, sys, time, zmq
+s = zmq.Context().socket(zmq.PULL)
+port = s.bind_to_random_port("tcp://127.0.0.1")
+print(port, flush=True)
+sys.stdin.readline()
+print("holding", flush=True)
+ctypes.PyDLL(None).sleep(3)  # its GIL held 3 s: no Python runs, zmq's own thread does
+print("released", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_watched_link_stays_up_while_the_peer_holds_its_gil_and_goes_down_when_it_stops():
+    """`Peers.watch_link`'s connection (zmq's heartbeats, answered by the peer's zmq thread):
+    up while the peer's GIL is held past the heartbeat timeout, down when the peer is
+    stopped (SIGSTOP) or killed. What an agent asks of its controller's link."""
+    import select
+    import subprocess
+    import sys
+
+    import zmq
+
+    from runtime.transport.peers import LinkWatch, push_socket
+    from _procs import end_popen, stop_all_threads
+    from _util import wait_until
+
+    p = subprocess.Popen([sys.executable, "-c", _PULL_THAT_HOLDS_ITS_GIL], text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    ctx = zmq.Context()
+    sock = link = None
+    try:
+        port = int(p.stdout.readline())
+        sock = push_socket(ctx, f"tcp://127.0.0.1:{port}", None, link=(0.1, 0.5))
+        link = LinkWatch(sock)
+        wait_until(link.up, 10, what="the link up after its handshake")
+        p.stdin.write("hold\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == "holding\n"
+        seen = []
+        while not select.select([p.stdout], [], [], 0.05)[0]:  # 3 s: 6 heartbeat timeouts
+            seen.append(link.up())
+        assert p.stdout.readline() == "released\n"
+        assert len(seen) > 20 and all(seen), seen
+        stop_all_threads(p.pid)
+        wait_until(lambda: not link.up(), 10, what="the link down once the peer is stopped")
+        os.kill(p.pid, signal.SIGCONT)
+        wait_until(link.up, 10, what="the link up again once the peer runs")
+        p.kill()
+        wait_until(lambda: not link.up(), 10, what="the link down once the peer is killed")
+    finally:
+        if link is not None:
+            sock.disable_monitor()
+            link.close()
+        if sock is not None:
+            sock.close(linger=0)
+        ctx.term()
+        end_popen(p)

@@ -29,7 +29,8 @@ UNMAPPED: dict[str, str] = {
                                   "each spawn carries the controller's settings",
     "mesh_orphan_timeout": "procs end when their controller dies (PDEATHSIG on its host; "
                            "agents on other hosts end them after 2 x heartbeat_timeout of "
-                           "silence, or gateway_lease through a gateway)",
+                           "silence once zmq's heartbeats on the link to it go unanswered, "
+                           "or gateway_lease through a gateway)",
     "mesh_terminate_concurrency": "stop() ends all procs of a mesh at once",
     "mesh_terminate_timeout": "procs are killed after stop_timeout",
     "actor_spawn_max_idle": "spawn waits are bounded by the caller's .get(timeout)",

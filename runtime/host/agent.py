@@ -160,6 +160,7 @@ class Agent:
 
         self.loop.call_every(config.heartbeat_interval, self._tick)
         if self.owner:
+            _watch_link(self, self.owner)
             self.send(self.owner, Header(Kind.HELLO, extra={
                 "pid": os.getpid(), "host": socket.gethostname(), "address": self.address,
                 "agent": True}))
@@ -231,6 +232,7 @@ class Agent:
 
         e = h.extra or {}
         new_owner = e.get("owner", "")
+        _watch_link(self, new_owner)
         now = time.monotonic()
         hello = {"pid": os.getpid(), "host": socket.gethostname(),
                  "address": self.tcp_address, "agent": True,
@@ -399,8 +401,8 @@ class Agent:
         silent = time.monotonic() - self.owner_last_seen
         if silent <= (getattr(self, "owner_lease", 0) or config.heartbeat_timeout * 2):
             return
-        if _owner_runs(self.owner_process, None if self.args.listen else self.args.parent_pid):
-            return  # on this host and running: its GIL is held, it is not gone
+        if _owner_alive(self):  # it runs, C code holding its GIL: not gone
+            return
         if self.args.listen:
             log.warning("controller %s silent for %.0f s: ending its procs", self.owner, silent)
             self.leases.orphan("controller silent")
@@ -446,6 +448,23 @@ def _answer_for_proc(agent: Agent, h: Header) -> bool:
     if pp is not None and h.reply and _process.runs(pp.pid):
         agent.send(h.reply, Header(Kind.HEARTBEAT, extra={"pong": e.get("ping")}))
     return True
+
+
+def _watch_link(agent: Agent, owner: str) -> None:
+    """zmq's heartbeats on `agent`'s link to a controller, before anything is sent there
+    (answered by the controller's zmq thread, without its GIL: `_owner_alive`)."""
+    from ..config import config
+
+    agent.loop.peers.watch_link(owner, config.heartbeat_interval, config.heartbeat_timeout)
+
+
+def _owner_alive(agent: Agent) -> bool:
+    """Whether `agent`'s silent controller still runs (C code holding its GIL): on this
+    host, as its process says; elsewhere, as zmq's heartbeats on the link to it say (not
+    through a gateway, whose link says nothing of the controller behind it)."""
+    if _owner_runs(agent.owner_process, None if agent.args.listen else agent.args.parent_pid):
+        return True
+    return not getattr(agent, "owner_lease", 0) and agent.loop.peers.link_up(agent.owner)
 
 
 def _owner_runs(owner_process: tuple, started_by: Optional[int]) -> bool:

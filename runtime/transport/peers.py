@@ -26,6 +26,7 @@ from .auth import CurveKeys, cluster_token
 __all__ = [
     "GONE_KEPT", "RECONNECT_MAX_MS", "PREAMBLE_TIMEOUT_S", "MAX_UNIDENTIFIED", "PeersLoop",
     "Peers", "WrappedPeer", "relay_peer", "agent_routed_peer", "ZmqPeer", "push_socket",
+    "LinkWatch",
 ]
 
 log = logging.getLogger("runtime.transport")
@@ -105,7 +106,7 @@ class Peers:
             peer = self._new(addr)
         peer.send(frames, port)
 
-    def _new(self, addr: str) -> Any:
+    def _new(self, addr: str, link: Optional[tuple[float, float]] = None) -> Any:
         with self.lock:
             peer = self.out.get(addr)
             if peer is None:
@@ -123,9 +124,24 @@ class Peers:
                         getattr(loop.peer_keys.get(addr, loop.keys), "public", b""))):
                     peer = link.peer(addr)  # this cluster is reached through its gateway
                 else:
-                    peer = ZmqPeer(loop, addr)
+                    peer = ZmqPeer(loop, addr, link)  # watched: `watch_link`
                 self.out[addr] = peer
         return peer
+
+    def watch_link(self, addr: str, interval: float, timeout: float) -> None:
+        """From now on, keep the TCP connection to `addr` checked by zmq's own heartbeats
+        (ZMTP PING and PONG, answered by the peer's zmq thread: they need no GIL), so that
+        `link_up` can tell a peer that runs but is silent from one that is gone. Call it
+        before the first send to `addr`: a connection already made is left as it is (a
+        second socket would break the order of what is sent), and is not watched."""
+        if addr.startswith("tcp://") and addr not in self.out:
+            self._new(addr, (interval, timeout))
+
+    def link_up(self, addr: str) -> bool:
+        """Whether the connection to `addr` (watched: `watch_link`) is up: its handshake
+        done and zmq's heartbeats answered since. False for an address not watched."""
+        peer = self.out.get(addr)
+        return isinstance(peer, ZmqPeer) and peer.link is not None and peer.link.up()
 
     # -- the I/O thread -----------------------------------------------------------------------
     def forget(self, addr: str) -> None:
@@ -310,7 +326,8 @@ class ZmqPeer:
     """The zmq PUSH socket this process sends one TCP peer with (any thread, under a lock:
     one socket per peer keeps this process's messages to it in order)."""
 
-    def __init__(self, loop: PeersLoop, addr: str) -> None:
+    def __init__(self, loop: PeersLoop, addr: str,
+                 link: Optional[tuple[float, float]] = None) -> None:
         self.loop = loop
         self.addr = addr
         self.lock = threading.Lock()
@@ -318,7 +335,9 @@ class ZmqPeer:
         self.error = ""
         self.gone = False
         keys: Optional[CurveKeys] = loop.peer_keys.get(addr, loop.keys)
-        self.sock: Optional[zmq.Socket] = push_socket(loop.ctx, addr, keys)
+        self.sock: Optional[zmq.Socket] = push_socket(loop.ctx, addr, keys, link)
+        #: zmq's view of the connection (`Peers.watch_link`), None when not watched
+        self.link = LinkWatch(self.sock) if link is not None else None
 
     def send(self, frames: list, port: int = 0) -> None:
         error = ""
@@ -343,6 +362,10 @@ class ZmqPeer:
         with self.lock:
             sock, self.sock = self.sock, None
             self.error, self.gone = why or f"{self.addr} is closed", gone
+        if self.link is not None:
+            if sock is not None:
+                sock.disable_monitor()
+            self.link.close()
         if sock is not None:
             sock.close(linger=linger)
 
@@ -366,10 +389,47 @@ def _log_send_failed(addr: str, ports: list, error: str, gone: bool) -> None:
     log.warning("a send to %s failed (%s); %d call(s) lost", addr, error, len(ports))
 
 
-def push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys]) -> zmq.Socket:
+class LinkWatch:
+    """zmq's events of one PUSH socket's connection, read when asked (`up`, any thread,
+    under its lock): up once a handshake has succeeded, down once the connection closed
+    (zmq closes it when its heartbeats go unanswered past their timeout)."""
+
+    _EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED
+               | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+               | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_MONITOR_STOPPED)
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.lock = threading.Lock()
+        self.is_up = False
+        self.monitor: Optional[zmq.Socket] = sock.get_monitor_socket(self._EVENTS)
+
+    def up(self) -> bool:
+        """Read the events so far; whether the connection is up after them."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        with self.lock:
+            while self.monitor is not None and self.monitor.poll(0):
+                event = recv_monitor_message(self.monitor, _NOBLOCK)["event"]
+                self.is_up = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+            return self.is_up
+
+    def close(self) -> None:
+        with self.lock:
+            monitor, self.monitor, self.is_up = self.monitor, None, False
+        if monitor is not None:
+            monitor.close(linger=0)
+
+
+def push_socket(ctx: zmq.Context, addr: str, keys: Optional[CurveKeys],
+                link: Optional[tuple[float, float]] = None) -> zmq.Socket:
+    """The PUSH socket to one TCP peer; `link` (interval, timeout: seconds) turns zmq's
+    heartbeats on for its connection (`Peers.watch_link`)."""
     s = ctx.socket(zmq.PUSH)
     s.setsockopt(zmq.SNDHWM, 0)
     s.setsockopt(zmq.LINGER, 2000)
+    if link is not None:
+        s.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(link[0] * 1000)))
+        s.setsockopt(zmq.HEARTBEAT_TIMEOUT, max(1, int(link[1] * 1000)))
     # peers bind soon after spawn: the first retries come fast (10 ms, doubling), and a
     # peer that stays away (a dead or lost host) is dialed once a second, not 100 times
     s.setsockopt(zmq.RECONNECT_IVL, 10)

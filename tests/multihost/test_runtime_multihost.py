@@ -217,6 +217,22 @@ def test_link_down_fails_actors_on_that_host_only(cluster, mesh3, record_detecti
     assert not any(pid_alive(p) for p in old_pids)
 
 
+def test_a_controller_holding_its_gil_keeps_its_remote_procs(cluster, mesh3):
+    """C code holds the controller's GIL past twice the agents' heartbeat timeout: no
+    heartbeat goes out, but zmq's own heartbeats on each agent's link to the controller are
+    answered (its zmq thread needs no GIL), so the agents on the other hosts keep its procs
+    (they ended them), and the same procs answer afterwards."""
+    import ctypes
+
+    hosts, procs, where = mesh3
+    wait_until(lambda: all(p.pid for p in procs.procs), 10, what="every proc's pid known")
+    before = [p.pid for p in procs.procs]
+    ctypes.PyDLL(None).sleep(int(HB_TIMEOUT * 2 + 2))  # this process's GIL held 8 s
+    got = where.where.call().get(timeout=30)
+    assert [v[0] for _, v in got.items()] == [h for h in hosts.hosts for _ in range(2)]
+    assert [p.pid for p in procs.procs] == before and all(pid_alive(p) for p in before)
+
+
 def test_agent_killed_is_detected_and_named(cluster, mesh3, agents, record_detection):
     hosts, procs, where = mesh3
     victim = hosts.hosts[1]
