@@ -5,6 +5,7 @@ daemon, namespace, bridge or process of the cluster is left. Root only (see `una
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -33,9 +34,49 @@ def unavailable(prefix: str = "mh") -> str | None:
     if r.returncode != 0:
         return f"cannot create network namespaces: {r.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    reclaim_abandoned(prefix)
     if Path(f"/sys/class/net/{prefix}br0").exists():
-        return f"bridge {prefix}br0 already exists: another multihost test run holds the cluster"
+        owner = _owner(prefix)
+        who = f" (test process {owner['pid']})" if owner else ""
+        return (f"bridge {prefix}br0 already exists: another multihost test run{who} holds "
+                "the cluster")
     return None
+
+
+def _owner_file(prefix: str) -> Path:
+    """Where a cluster of `prefix` that is up says which test process owns it."""
+    return Path(f"/run/mhcluster-{prefix}.json")
+
+
+def _owner(prefix: str) -> dict | None:
+    try:
+        return json.loads(_owner_file(prefix).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def reclaim_abandoned(prefix: str = "mh") -> bool:
+    """Tear down a cluster of `prefix` whose test process is gone (a run killed from
+    outside: its fixture's tear-down never ran), with the directory, size and network it
+    recorded, so that this run has it instead of skipping. True when there was one."""
+    owner = _owner(prefix)
+    if owner is None or _start_time(int(owner["pid"])) == owner.get("start"):
+        return False  # none recorded, or its owner still runs
+    env = {**os.environ, "MH_DIR": str(owner["dir"]), "N": str(owner["n"]),
+           "MH_NET": str(owner["net"]), "MH_PFX": prefix}
+    subprocess.run(["nft", "delete", "table", "inet", f"{prefix}fence"], capture_output=True)
+    subprocess.run(["bash", str(DOWN)], env=env, capture_output=True, timeout=60)
+    _owner_file(prefix).unlink(missing_ok=True)
+    return True
+
+
+def _start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot); None when it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
 
 
 def pid_alive(pid: int) -> bool:
@@ -97,6 +138,9 @@ class Cluster:
             raise RuntimeError(f"cluster up failed ({r.returncode}): {r.stderr[-2000:]}\n{logs}")
         self.up_seconds = time.monotonic() - t0
         self.pids = [int(p.read_text()) for p in sorted(self.dir.glob("*.pid"))]
+        _owner_file(self.prefix).write_text(json.dumps({
+            "pid": os.getpid(), "start": _start_time(os.getpid()), "dir": str(self.dir),
+            "n": self.n, "net": self.net}))
         self.check_route()
 
     def check_route(self) -> None:
@@ -169,19 +213,21 @@ class Cluster:
         the (node, port) pairs `allowed` and its answers: as a laptop that reaches one
         forwarded port (or only ssh)."""
         nodes = "{ " + ", ".join(self.addr(n) for n in self.nodes) + " }"
-        rules = ["add table inet mhfence",
-                 "add chain inet mhfence in { type filter hook input priority 0; }",
-                 "add chain inet mhfence out { type filter hook output priority 0; }"]
+        t = f"inet {self.prefix}fence"
+        rules = [f"add table {t}",
+                 f"add chain {t} in {{ type filter hook input priority 0; }}",
+                 f"add chain {t} out {{ type filter hook output priority 0; }}"]
         for node, port in allowed:
             a = self.addr(node)
-            rules += [f"add rule inet mhfence out ip daddr {a} tcp dport {port} accept",
-                      f"add rule inet mhfence in ip saddr {a} tcp sport {port} accept"]
-        rules += [f"add rule inet mhfence out ip daddr {nodes} drop",
-                  f"add rule inet mhfence in ip saddr {nodes} drop"]
+            rules += [f"add rule {t} out ip daddr {a} tcp dport {port} accept",
+                      f"add rule {t} in ip saddr {a} tcp sport {port} accept"]
+        rules += [f"add rule {t} out ip daddr {nodes} drop",
+                  f"add rule {t} in ip saddr {nodes} drop"]
         subprocess.run(["nft", "-f", "-"], input="\n".join(rules) + "\n", text=True, check=True)
 
     def unfence_controller(self) -> None:
-        subprocess.run(["nft", "delete", "table", "inet", "mhfence"], capture_output=True)
+        subprocess.run(["nft", "delete", "table", "inet", f"{self.prefix}fence"],
+                       capture_output=True)
 
     # --- teardown -----------------------------------------------------------------------
     def leftovers(self) -> list[str]:
@@ -215,6 +261,8 @@ class Cluster:
                 pass
         subprocess.run(["bash", str(DOWN)], env=self._script_env(), capture_output=True,
                        timeout=60)
+        if (_owner(self.prefix) or {}).get("dir") == str(self.dir):
+            _owner_file(self.prefix).unlink(missing_ok=True)
         deadline = time.monotonic() + 5
         while (left := self.leftovers()) and time.monotonic() < deadline:
             time.sleep(0.1)
