@@ -61,15 +61,20 @@ def describe_status(code: int | None, sig: int | None) -> str:
     return f"exited with code {code}"
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def start_time(pid: int) -> int | None:
     """When `pid` started (clock ticks since boot), None when it is gone or a zombie; with
     the pid it names one process, even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == "Z" else int(fields[19])
+    fields = _stat(pid)
+    return None if fields is None or fields[0] == "Z" else int(fields[19])
 
 
 #: /proc states of a process that cannot run: stopped by a signal (SIGSTOP, Ctrl-Z), a
@@ -81,9 +86,6 @@ def runs(pid: int, start: int | None = None) -> bool:
     """Whether `pid` (started at `start`, from `start_time`, when given) exists and can run:
     not stopped, not a zombie. Such a process may still send nothing for a while (C code
     holding its GIL); one that is stopped or gone will not."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[0] not in _NOT_RUNNING and (start is None or int(fields[19]) == start)
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in _NOT_RUNNING and \
+        (start is None or int(fields[19]) == start)

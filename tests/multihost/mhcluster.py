@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runtime._base.process import start_time
+
 HERE = Path(__file__).resolve().parent
 UP = HERE / "cluster" / "up.sh"
 DOWN = HERE / "cluster" / "down.sh"
@@ -60,7 +62,7 @@ def reclaim_abandoned(prefix: str = "mh") -> bool:
     outside: its fixture's tear-down never ran), with the directory, size and network it
     recorded, so that this run has it instead of skipping. True when there was one."""
     owner = _owner(prefix)
-    if owner is None or _start_time(int(owner["pid"])) == owner.get("start"):
+    if owner is None or start_time(int(owner["pid"])) == owner.get("start"):
         return False  # none recorded, or its owner still runs
     env = {**os.environ, "MH_DIR": str(owner["dir"]), "N": str(owner["n"]),
            "MH_NET": str(owner["net"]), "MH_PFX": prefix}
@@ -68,15 +70,6 @@ def reclaim_abandoned(prefix: str = "mh") -> bool:
     subprocess.run(["bash", str(DOWN)], env=env, capture_output=True, timeout=60)
     _owner_file(prefix).unlink(missing_ok=True)
     return True
-
-
-def _start_time(pid: int) -> int | None:
-    """When `pid` started (clock ticks since boot); None when it is gone or a zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] == "Z" else int(fields[19])
 
 
 def pid_alive(pid: int) -> bool:
@@ -139,7 +132,7 @@ class Cluster:
         self.up_seconds = time.monotonic() - t0
         self.pids = [int(p.read_text()) for p in sorted(self.dir.glob("*.pid"))]
         _owner_file(self.prefix).write_text(json.dumps({
-            "pid": os.getpid(), "start": _start_time(os.getpid()), "dir": str(self.dir),
+            "pid": os.getpid(), "start": start_time(os.getpid()), "dir": str(self.dir),
             "n": self.n, "net": self.net}))
         self.check_route()
 
