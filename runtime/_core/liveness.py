@@ -17,6 +17,7 @@ from ..errors import SupervisionError
 from ..supervision.health import ActorState, ProcStats, waits_text
 from ..transport.framing import Header, Kind
 from .failures import FailuresHost
+from .records import AgentRecord, ProcRecord
 
 __all__ = [
     "FailureSink", "LivenessHost", "stale_busy", "note_reply", "Liveness", "split_status",
@@ -245,7 +246,7 @@ class Liveness:
                 rt.failures.proc_failed(
                     rec.proc_id, f"proc unresponsive (no heartbeat for {timeout:g} s)", kill=True)
 
-    def _vouched(self, agent: Any, running: list, now: float) -> None:
+    def _vouched(self, agent: AgentRecord, running: list, now: float) -> None:
         """A host agent's heartbeat named its procs whose process runs: each of them that
         this process owns on that agent is vouched for now (I/O thread)."""
         state = self.rt.state
@@ -254,7 +255,7 @@ class Liveness:
             if rec is not None and rec.agent is agent:
                 rec.vouched = now
 
-    def _silent_running(self, rec: Any, timeout: float) -> None:
+    def _silent_running(self, rec: ProcRecord, timeout: float) -> None:
         """`rec` is silent past the timeout while its agent says its process runs: C code
         holds its GIL (a long import, an extension's loop). It is not failed: said once."""
         if rec.silent_running:
