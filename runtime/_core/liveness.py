@@ -265,6 +265,13 @@ class Liveness:
                     "runs: C code is holding its GIL? Its calls wait; runtime.proc_stacks "
                     "names the holder, kill() ends it", rec.proc_id, rec.mesh, rec.rank,
                     rec.place, timeout)
+        # the dashboard and diagnose() show it on its actors until its next heartbeat
+        note = f"C code holding its GIL? (no heartbeat for {timeout:g} s; its process runs)"
+        for m in self.rt.state.actor_meshes.all_values():
+            rank = m.rank_of(rec.proc_id)
+            if rank >= 0 and m.health_name and rank not in m.failed:
+                m.last_beat.pop(rank, None)  # that heartbeat redraws the actor
+                self.rt.health.update(m.health_name, rank, waits=note)
 
     def _heard(self, peer_id: str, last_seen: float) -> float:
         """When anything last came from a peer: a message (`last_seen`, stamped at dispatch)

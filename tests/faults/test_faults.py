@@ -153,10 +153,21 @@ def test_a_proc_holding_its_gil_is_waited_for_not_declared_dead(mesh, failures, 
     monkeypatch.setattr(config, "heartbeat_timeout", 2.0)
     pm, am = mesh
     pid = pm.procs[0].pid
+    health = runtime.get_runtime().health
+
+    def waits() -> object:  # what the dashboard and diagnose() show for rank 0
+        return next(a.waits for m in health.snapshot() if m.name == "w"
+                    for a in m.actors if a.rank == 0)
+
     with caplog.at_level(logging.WARNING, logger="runtime"):
-        assert am.slice(procs=0).hold_gil.call_one(5).get(timeout=30) == 5
+        fut = am.slice(procs=0).hold_gil.call_one(5)
+        wait_until(lambda: "C code holding its GIL?" in str(waits()), 20,
+                   what=lambda: f"the silence on the dashboard: {waits()!r}")
+        assert fut.get(timeout=30) == 5
         wait_until(lambda: "is answering again" in caplog.text, 10,
                    what=lambda: f"the proc heard again, in the log: {caplog.text!r}")
+        wait_until(lambda: "GIL" not in str(waits()), 10,
+                   what=lambda: f"the dashboard redrawn once heard: {waits()!r}")
     assert "has sent nothing for 2 s but its process runs" in caplog.text
     assert caplog.text.count("C code is holding its GIL") == 1
     assert am.slice(procs=0).whoami.call_one().get(timeout=10)["pid"] == pid
