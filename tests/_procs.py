@@ -9,12 +9,17 @@ import time
 from pathlib import Path
 
 
+def _state(stat: str) -> str:
+    """The state letter of a /proc .../stat file ("" when it is gone)."""
+    try:
+        return Path(stat).read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
 def pid_alive(pid: int) -> bool:
     """True when `pid` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return _state(f"/proc/{pid}/stat") not in ("", "Z")
 
 
 def fault_hooks_done(timeout: float = 20.0) -> bool:
@@ -74,17 +79,10 @@ def stop_all_threads(pid: int, timeout: float = 10.0) -> None:
 
     os.kill(pid, signal.SIGSTOP)
 
-    def states() -> list[str]:
-        out = []
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                out.append(Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-                           .rsplit(")", 1)[1].split()[0])
-            except OSError:  # a thread that ended meanwhile
-                pass
-        return out
+    def states() -> list[str]:  # ("": a thread that ended meanwhile)
+        return [_state(f"/proc/{pid}/task/{tid}/stat") for tid in os.listdir(f"/proc/{pid}/task")]
 
-    wait_until(lambda: all(s in "tT" for s in states()), timeout,
+    wait_until(lambda: all(s in ("", "t", "T") for s in states()), timeout,
                what=lambda: f"every thread of {pid} stopped: states {states()}", every=0.005)
 
 

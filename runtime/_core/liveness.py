@@ -265,7 +265,7 @@ class Liveness:
                     "runs: C code is holding its GIL? Its calls wait; runtime.proc_stacks "
                     "names the holder, kill() ends it", rec.proc_id, rec.mesh, rec.rank,
                     rec.place, timeout)
-        # the dashboard and diagnose() show it on its actors until its next heartbeat
+        # the dashboard shows it on its actors until its next heartbeat
         note = f"C code holding its GIL? (no heartbeat for {timeout:g} s; its process runs)"
         for m in self.rt.state.actor_meshes.all_values():
             rank = m.rank_of(rec.proc_id)
